@@ -1,0 +1,42 @@
+// baton: run quantized LLMs from GGUF files across devices. Exit codes: 0 ok, 1 usage error,
+// 2 model/file error, 3 out of memory / does not fit, 130 interrupted.
+#include <algorithm>
+#include <cstdio>
+
+#include "cli/command.h"
+#include "gguf/error.h"
+
+int main(int argc, char** argv) {
+  using namespace baton;
+  CLI::App app{"baton: run quantized LLMs (GGUF) on CPUs and GPUs, split into pipeline stages"};
+  app.set_version_flag("--version", "baton 0.1.0");
+  app.require_subcommand(1);
+  auto& cmds = cli::registry();
+  std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  std::function<int()> run;
+  for (auto& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    auto fn = c.setup(*sub);
+    sub->callback([&run, fn] { run = fn; });
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  try {
+    return run ? run() : 0;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: out of memory\n");
+    return 3;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

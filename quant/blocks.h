@@ -1,0 +1,56 @@
+// Block layouts of the ggml quantized formats, byte for byte as they sit in GGUF files.
+// Field order is byte order; every struct is checked against the traits table's size.
+#pragma once
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace baton {
+
+constexpr int QK = 32;    // elements per legacy block
+constexpr int QK_K = 256; // elements per k-quant super-block
+constexpr int K_SCALE_SIZE = 12;
+
+#pragma pack(push, 1)
+struct BlockQ4_0 { uint16_t d; uint8_t qs[QK / 2]; };
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; };
+struct BlockQ8_0 { uint16_t d; int8_t qs[QK]; };
+struct BlockQ8_1 { uint16_t d, s; int8_t qs[QK]; };
+struct BlockQ2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
+struct BlockQ3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; };
+struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
+struct BlockQ6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
+struct BlockQ8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+#pragma pack(pop)
+
+// Compile-time agreement between the structs and the traits table's numbers.
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+
+template <class B> struct BlockOf;
+#define BATON_BLOCK(T, B) template <> struct BlockOf<B> { static constexpr GgmlType type = GgmlType::T; };
+BATON_BLOCK(Q4_0, BlockQ4_0) BATON_BLOCK(Q4_1, BlockQ4_1) BATON_BLOCK(Q5_0, BlockQ5_0)
+BATON_BLOCK(Q5_1, BlockQ5_1) BATON_BLOCK(Q8_0, BlockQ8_0) BATON_BLOCK(Q8_1, BlockQ8_1)
+BATON_BLOCK(Q2_K, BlockQ2_K) BATON_BLOCK(Q3_K, BlockQ3_K) BATON_BLOCK(Q4_K, BlockQ4_K)
+BATON_BLOCK(Q5_K, BlockQ5_K) BATON_BLOCK(Q6_K, BlockQ6_K) BATON_BLOCK(Q8_K, BlockQ8_K)
+#undef BATON_BLOCK
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
+inline void k_scale_min(int j, const uint8_t* s, uint8_t& sc, uint8_t& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = uint8_t((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+    mn = uint8_t((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# setup + build + every test, then an ASan+UBSan build of the CPU tests, then a short fuzz run.
+#   BATON_FUZZ_SECONDS  length of the fuzz run (default 60)
+#   BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out while iterating locally.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+t0=$(date +%s)
+stage() { echo "== test.sh: $* ($(( $(date +%s) - t0 ))s)"; }
+
+stage "setup and build"
+bash scripts/build.sh
+
+stage "fetch the real models the tests use"
+export BATON_CACHE=${BATON_CACHE:-$HOME/.cache/baton}
+bash scripts/fetch-model.sh smollm2-135m >/dev/null
+bash scripts/fetch-model.sh gemma3-270m >/dev/null
+export BATON_REQUIRE_MODELS=1   # a missing model is a failure here, not a skip
+
+stage "tests"
+(cd build && ctest --output-on-failure -j "$(nproc)")
+
+if [ "${BATON_SKIP_ASAN:-0}" != 1 ]; then
+  stage "ASan+UBSan build of the CPU tests"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF -DBATON_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j "$(nproc)" >/dev/null || cmake --build build-asan -j 1
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure -j "$(nproc)" -L cpu -LE real)
+fi
+
+if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
+  stage "fuzz the GGUF parser for ${BATON_FUZZ_SECONDS:-60}s"
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF \
+     -DBATON_FUZZ=ON >/dev/null
+  cmake --build build-fuzz -j "$(nproc)" --target fuzz_gguf >/dev/null
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus/* "$corpus"/
+  build-fuzz/tests/fuzz_gguf -max_total_time="${BATON_FUZZ_SECONDS:-60}" -max_len=65536 -rss_limit_mb=2048 \
+     -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+  rm -rf "$corpus"
+fi
+stage "all tests passed"

@@ -1,0 +1,37 @@
+// Shared test helpers: paths to peer data, fetched models and generated files.
+#pragma once
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace baton::test {
+
+inline std::string peer(const std::string& rel) { return std::string(BATON_PEER_DIR) + "/" + rel; }
+
+// Path of a fetched model (scripts/fetch-model.sh NAME), or "" when it is absent. With
+// BATON_REQUIRE_MODELS=1 (scripts/test.sh and CI) an absent model fails the test instead.
+inline std::string real_model(const std::string& name, const std::string& file) {
+  const char* c = std::getenv("BATON_CACHE");
+  const char* h = std::getenv("HOME");
+  std::string dir = c && *c ? c : std::string(h ? h : ".") + "/.cache/baton";
+  std::string p = dir + "/models/" + file;
+  if (std::filesystem::exists(p)) return p;
+  const char* req = std::getenv("BATON_REQUIRE_MODELS");
+  if (req && std::string(req) == "1") FAIL("model missing: run scripts/fetch-model.sh " << name);
+  WARN("skipping: model not fetched; run scripts/fetch-model.sh " << name);
+  return "";
+}
+inline std::string smollm2() { return real_model("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"); }
+inline std::string gemma3() { return real_model("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"); }
+
+// A fresh temporary directory per call.
+inline std::string temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "baton-test-XXXXXX").string();
+  char* d = mkdtemp(tmpl.data());
+  REQUIRE(d != nullptr);
+  return d;
+}
+
+}  // namespace baton::test
