@@ -1,0 +1,25 @@
+// A persistent pool of worker threads (no thread creation per call). run(n, fn) calls
+// fn(task, thread) for task in [0, n) spread over exactly `size()` threads, the caller being one of
+// them, and returns when all are done.
+#pragma once
+#include <functional>
+
+namespace baton::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // n_threads >= 1 (the calling thread counts as one)
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+  void run(int n_tasks, const std::function<void(int task, int thread)>& fn);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+  int n_threads_;
+};
+
+}  // namespace baton::cpu

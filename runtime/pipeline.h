@@ -1,0 +1,52 @@
+// A loaded model placed on its devices: one or more stages, each a contiguous block of layers with
+// its own weights, KV cache, scratch and threads, joined by links. This is the interface the engine
+// (sequences, sampling, scheduling) drives; the engine never sees stages or devices.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "quant/types.h"
+#include "runtime/batch.h"
+
+namespace baton {
+namespace gguf { class File; }
+struct ModelConfig;
+class Tokenizer;
+
+struct LoadOptions {
+  int n_ctx = 0;            // context per sequence; 0: the model's context length capped at 4096
+  int n_seq = 1;            // parallel sequences (KV cache slots)
+  int n_batch = 512;        // most tokens evaluated in one forward
+  GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
+  int n_threads = 0;        // CPU threads in total; 0: all cores
+  std::string devices = "cpu";       // device list as for --devices
+  int threads_per_stage = 0;         // CPU stages: worker threads each (0: n_threads / n_cpu_stages)
+  bool verbose = false;
+  // Progress while loading: bytes done of bytes total (called from the loading thread).
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+class Pipeline {
+ public:
+  static std::unique_ptr<Pipeline> load(const std::string& path, const LoadOptions& opt);
+  virtual ~Pipeline() = default;
+
+  virtual const gguf::File& file() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+  virtual int n_ctx() const = 0;
+  virtual int n_seq() const = 0;
+  virtual int n_vocab() const = 0;
+
+  // Evaluate a batch. For each token with logits=1, one row of n_vocab floats is written to
+  // `logits`, in batch order. Positions must continue each sequence's cache (pos == cached length)
+  // and stay below n_ctx; a violation is an Error. Large batches are split internally.
+  virtual void decode(const Batch& batch, float* logits) = 0;
+  // Forget what sequence `seq` has cached from position `from` on (0: all of it).
+  virtual void truncate_seq(int seq, int from = 0) = 0;
+  virtual int seq_len(int seq) const = 0;
+};
+
+}  // namespace baton
