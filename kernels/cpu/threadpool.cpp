@@ -1,0 +1,117 @@
+// Persistent worker pool. Tasks are handed out from one atomic counter, so uneven tasks balance
+// themselves. Workers spin briefly after a job (decode issues many small jobs back to back) and
+// then sleep on a condition variable, so an idle pool costs no CPU on a shared machine.
+#include "kernels/cpu/threadpool.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gguf/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BATON_PAUSE() _mm_pause()
+#else
+#define BATON_PAUSE() std::this_thread::yield()
+#endif
+
+namespace baton::cpu {
+
+struct ThreadPool::Impl {
+  std::mutex mu;
+  std::condition_variable wake;  // workers wait here for a new generation
+  std::condition_variable done;  // the caller waits here for the last worker
+  std::atomic<uint64_t> generation{0};
+  std::atomic<int> next{0};      // next task to hand out
+  std::atomic<int> running{0};   // workers still inside the current job
+  int n_tasks = 0;
+  const std::function<void(int, int)>* fn = nullptr;
+  bool stop = false;
+  bool busy = false;  // a run() is in progress (nested or concurrent runs are a bug)
+  std::vector<std::thread> threads;
+
+  void drain(int thread) {
+    for (;;) {
+      const int t = next.fetch_add(1, std::memory_order_relaxed);
+      if (t >= n_tasks) break;
+      (*fn)(t, thread);
+    }
+  }
+
+  void worker(int thread) {
+    uint64_t seen = 0;
+    for (;;) {
+      // Spin for a short while: the next job usually follows within microseconds.
+      const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      int spins = 0;
+      while (generation.load(std::memory_order_acquire) == seen) {
+        BATON_PAUSE();
+        if (++spins % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
+      }
+      if (generation.load(std::memory_order_acquire) == seen) {
+        std::unique_lock lk(mu);
+        wake.wait(lk, [&] { return stop || generation.load(std::memory_order_acquire) != seen; });
+      }
+      if (stop) return;
+      seen = generation.load(std::memory_order_acquire);
+      drain(thread);
+      if (running.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lk(mu);
+        done.notify_one();
+      }
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int n_threads) : impl_(new Impl), n_threads_(n_threads) {
+  if (n_threads < 1) fail(ErrorKind::Usage, "thread count must be at least 1 (got {})", n_threads);
+  impl_->threads.reserve(size_t(n_threads - 1));
+  for (int i = 1; i < n_threads; i++) impl_->threads.emplace_back([this, i] { impl_->worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->stop = true;
+    impl_->generation.fetch_add(1, std::memory_order_release);
+  }
+  impl_->wake.notify_all();
+  for (auto& t : impl_->threads) t.join();
+  delete impl_;
+}
+
+void ThreadPool::run(int n_tasks, const std::function<void(int task, int thread)>& fn) {
+  if (n_tasks <= 0) return;
+  Impl& p = *impl_;
+  BATON_CHECK(!p.busy);
+  if (n_threads_ == 1 || n_tasks == 1) {
+    for (int t = 0; t < n_tasks; t++) fn(t, 0);
+    return;
+  }
+  p.busy = true;
+  p.fn = &fn;
+  p.n_tasks = n_tasks;
+  p.next.store(0, std::memory_order_relaxed);
+  p.running.store(n_threads_ - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(p.mu);
+    p.generation.fetch_add(1, std::memory_order_release);
+  }
+  p.wake.notify_all();
+  p.drain(0);
+  // Wait for the workers: spin briefly, then sleep.
+  int spins = 0;
+  while (p.running.load(std::memory_order_acquire) != 0 && ++spins < 20000) BATON_PAUSE();
+  if (p.running.load(std::memory_order_acquire) != 0) {
+    std::unique_lock lk(p.mu);
+    p.done.wait(lk, [&] { return p.running.load(std::memory_order_acquire) == 0; });
+  }
+  p.fn = nullptr;
+  p.busy = false;
+}
+
+}  // namespace baton::cpu

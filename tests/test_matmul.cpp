@@ -1,0 +1,209 @@
+// CPU matmul and thread pool: every weight type on every ISA level the CPU has, awkward shapes,
+// against a double-precision reference built from the scalar dequantizer.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "helpers.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/quant.h"
+
+using namespace baton;
+using namespace baton::cpu;
+
+namespace {
+
+// Byte offsets of the fp16 scale fields inside one block of each quantized type. Random bytes
+// everywhere else exercise every code (including extremes such as -128) the formats allow.
+std::vector<int> fp16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+// A random row-major matrix in type t with sane scales (no zeros, no infinities).
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const size_t rb = row_bytes(t, cols);
+  std::vector<uint8_t> m(rb * size_t(rows));
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f), scale(0.002f, 0.02f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto put16 = [&](size_t off, uint16_t v) { std::memcpy(&m[off], &v, 2); };
+  if (t == GgmlType::F32) {
+    for (size_t i = 0; i < m.size(); i += 4) {
+      float v = val(rng);
+      std::memcpy(&m[i], &v, 4);
+    }
+    return m;
+  }
+  if (t == GgmlType::F16 || t == GgmlType::BF16) {
+    for (size_t i = 0; i < m.size(); i += 2) put16(i, t == GgmlType::F16 ? f32_to_fp16(val(rng)) : f32_to_bf16(val(rng)));
+    return m;
+  }
+  for (auto& b : m) b = uint8_t(byte(rng));
+  const TypeTraits& tt = traits(t);
+  const auto fields = fp16_fields(t);
+  for (size_t blk = 0; blk < m.size() / tt.block_bytes; blk++)
+    for (int off : fields) {
+      float s = scale(rng);
+      if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) s = off == 0 ? s : -8 * s * val(rng);  // min
+      put16(blk * tt.block_bytes + size_t(off), f32_to_fp16(s));
+    }
+  return m;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng);
+    if (x == 0.0f) x = 0.5f;
+  }
+  return v;
+}
+
+bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// Checks Y against a double reference. The integer paths quantize each activation block of size
+// `ablk` to 8 bits (scale amax/127), so element k may be off by amax/254; the bound adds that
+// up exactly (times a hair for float rounding) instead of guessing a relative tolerance.
+void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& rng, ThreadPool& pool) {
+  const auto wbytes = random_matrix(t, rows, cols, rng);
+  const auto x = random_floats(size_t(cols) * size_t(n), rng);
+  QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
+  std::vector<float> y(size_t(rows) * size_t(n), std::nanf(""));
+  matmul(W, x.data(), n, y.data(), pool);
+
+  const int64_t ablk = traits(t).block_elems >= 256 ? 256 : 32;
+  std::vector<float> w(static_cast<size_t>(cols));
+  int bad = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    dequantize_row(t, W.row(r), w.data(), cols);
+    for (int j = 0; j < n; j++) {
+      const float* xj = x.data() + size_t(j) * size_t(cols);
+      double ref = 0, mag = 0, qerr = 0;
+      for (int64_t k0 = 0; k0 < cols; k0 += ablk) {
+        double amax = 0, wabs = 0;
+        for (int64_t k = k0; k < std::min(cols, k0 + ablk); k++) {
+          ref += double(w[size_t(k)]) * xj[k];
+          mag += std::fabs(double(w[size_t(k)]) * xj[k]);
+          amax = std::max(amax, std::fabs(double(xj[k])));
+          wabs += std::fabs(double(w[size_t(k)]));
+        }
+        qerr += wabs * amax / 254.0;
+      }
+      const double tol = (is_float_type(t) ? 0.0 : qerr * 1.001) + 2e-5 * mag + 1e-30;
+      const double got = y[size_t(j) * size_t(rows) + size_t(r)];
+      if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+        FAIL_CHECK(type_name(t) << " " << isa_name(active_isa()) << " rows=" << rows << " cols=" << cols << " n=" << n
+                                << " r=" << r << " j=" << j << ": got " << got << " want " << ref << " tol " << tol);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+std::vector<Isa> isa_levels() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (int(i) <= int(detected_isa())) v.push_back(i);
+    else WARN("CPU lacks " << isa_name(i) << ": that path is not tested here");
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("thread pool runs every task exactly once on exactly n threads") {
+  for (int threads = 1; threads <= 4; threads++) {
+    ThreadPool pool(threads);
+    REQUIRE(pool.size() == threads);
+    for (int n_tasks : {0, 1, 2, 3, 7, 64, 1000}) {
+      for (int rep = 0; rep < 3; rep++) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n_tasks));
+        std::vector<std::atomic<int>> by_thread(static_cast<size_t>(threads));
+        pool.run(n_tasks, [&](int task, int thread) {
+          REQUIRE(thread >= 0);
+          REQUIRE(thread < threads);
+          hits[size_t(task)].fetch_add(1);
+          by_thread[size_t(thread)].fetch_add(1);
+        });
+        int total = 0;
+        for (auto& h : hits) CHECK(h.load() == 1);
+        for (auto& b : by_thread) total += b.load();
+        CHECK(total == n_tasks);
+      }
+    }
+  }
+}
+
+TEST_CASE("thread pool uses its workers and survives many small jobs") {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> seen(3);
+  // Tasks that take a while so that every worker gets some.
+  pool.run(60, [&](int, int thread) {
+    seen[size_t(thread)].fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  for (auto& s : seen) CHECK(s.load() > 0);
+  std::atomic<long> sum{0};
+  for (int i = 0; i < 2000; i++) pool.run(4, [&](int task, int) { sum += task; });
+  CHECK(sum.load() == 2000L * 6);
+}
+
+TEST_CASE("isa names parse back and the limit lowers the active level") {
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    Isa back = Isa::Scalar;
+    REQUIRE(parse_isa(isa_name(i), back));
+    CHECK(back == i);
+  }
+  Isa dummy;
+  CHECK_FALSE(parse_isa("sse9", dummy));
+  set_isa_limit(Isa::Scalar);
+  CHECK(active_isa() == Isa::Scalar);
+  set_isa_limit(Isa::Avx512);
+  CHECK(active_isa() == detected_isa());
+}
+
+TEST_CASE("matmul matches the reference for every type, ISA level and awkward shape") {
+  std::mt19937 rng(1234);
+  ThreadPool pool(2);
+  for (Isa isa : isa_levels()) {
+    set_isa_limit(isa);
+    REQUIRE(active_isa() == isa);
+    for (GgmlType t : kComputeTypes) {
+      const int64_t blk = traits(t).block_elems == 1 ? 32 : traits(t).block_elems;
+      INFO("type " << type_name(t) << " isa " << isa_name(isa));
+      check_matmul(t, 1, blk, 1, rng, pool);         // one row, one block
+      check_matmul(t, 37, blk, 3, rng, pool);        // rows not a multiple of any SIMD width
+      check_matmul(t, 19, blk * 9, 1, rng, pool);    // many blocks, odd count
+      check_matmul(t, 70, blk * 2, 257, rng, pool);  // prefill-sized column count
+      check_matmul(t, 5, blk * 3, 17, rng, pool);
+    }
+  }
+  set_isa_limit(Isa::Avx512);
+}
+
+TEST_CASE("matmul is deterministic across thread counts") {
+  std::mt19937 rng(99);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
+    const int64_t rows = 131, cols = 512;
+    const auto wbytes = random_matrix(t, rows, cols, rng);
+    const auto x = random_floats(size_t(cols) * 5, rng);
+    QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
+    std::vector<float> y1(size_t(rows) * 5), y4(size_t(rows) * 5);
+    ThreadPool p1(1), p4(4);
+    matmul(W, x.data(), 5, y1.data(), p1);
+    matmul(W, x.data(), 5, y4.data(), p4);
+    CHECK(std::memcmp(y1.data(), y4.data(), y1.size() * 4) == 0);
+  }
+}
