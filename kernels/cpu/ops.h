@@ -1,0 +1,66 @@
+// The non-matmul operations of a transformer forward on the CPU: norms, RoPE, activations,
+// embedding lookup and attention over a quantized KV cache. Rows are contiguous float vectors.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/types.h"
+
+namespace baton::cpu {
+
+// y[r] = x[r] / rms(x[r]) * w for `rows` rows of n (x and y may alias). w == nullptr: no weight.
+void rms_norm(const float* x, const float* w, float* y, int rows, int n, float eps);
+
+// Rotates the first rope_dim dims of each of n_head heads (head_dim apart) of one token at `pos`.
+// freqs[i] is the angle per position of pair i. neox=false: pairs (2i, 2i+1); true: (i, i+rope_dim/2).
+void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox);
+
+void softmax(float* x, int n);                                    // in place, max-subtracted
+void silu_gate(const float* g, const float* u, float* y, int n);  // y = silu(g) * u
+void gelu_tanh_gate(const float* g, const float* u, float* y, int n);  // y = gelu_tanh(g) * u
+void add(float* y, const float* x, int n);                        // y += x
+void scale(float* y, float s, int n);                             // y *= s
+void softcap(float* y, float cap, int n);                         // y = cap * tanh(y / cap)
+
+// out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
+void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);
+
+// One layer's KV cache: for each sequence slot, n_cells rows of K and of V (all KV heads of one
+// position per row) in `type` (F16 or Q8_0). Position p lives in cell p % n_cells, so a layer that
+// needs only a sliding window can keep a ring of window + n_batch - 1 cells.
+struct KvLayerView {
+  GgmlType type = GgmlType::F16;
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  size_t k_row = 0, v_row = 0;   // bytes per cell
+  int n_cells = 0;
+  int n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
+  uint8_t* k_cell(int seq, int pos) const { return k + (size_t(seq) * n_cells + size_t(pos % n_cells)) * k_row; }
+  uint8_t* v_cell(int seq, int pos) const { return v + (size_t(seq) * n_cells + size_t(pos % n_cells)) * v_row; }
+};
+
+// Writes one position's K and V rows (floats, all KV heads) into the cache, converting to its type.
+void kv_store(const KvLayerView& kv, int seq, int pos, const float* k, const float* v);
+
+// Causal grouped-query attention of n_tokens queries over the cache. Query i (heads of head_dim_k
+// at q + i*q_stride) of sequence seq[i] at position pos[i] sees cached positions
+// [max(0, pos[i] - window + 1), pos[i]] (window 0: from 0); those positions must already be stored.
+// Writes n_head * head_dim_v floats to out + i*out_stride.
+struct AttentionArgs {
+  int n_tokens = 0;
+  const float* q = nullptr;
+  size_t q_stride = 0;
+  float* out = nullptr;
+  size_t out_stride = 0;
+  const int32_t* pos = nullptr;
+  const int32_t* seq = nullptr;
+  int n_head = 0;
+  float scale = 1.f;
+  int window = 0;
+  KvLayerView kv;
+};
+void attention(const AttentionArgs& a, ThreadPool& pool);
+
+}  // namespace baton::cpu

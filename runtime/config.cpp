@@ -1,0 +1,280 @@
+// ModelConfig from GGUF metadata: one pass that collects every problem, then one Error listing all.
+#include "runtime/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+
+namespace baton {
+
+namespace {
+
+struct TensorRow { LayerTensor t; const char* name; bool bias; };
+constexpr TensorRow kLayerTensors[] = {
+  {LayerTensor::AttnNorm, "attn_norm", false},  {LayerTensor::Wq, "attn_q", false},
+  {LayerTensor::Wk, "attn_k", false},           {LayerTensor::Wv, "attn_v", false},
+  {LayerTensor::Wo, "attn_output", false},      {LayerTensor::Bq, "attn_q", true},
+  {LayerTensor::Bk, "attn_k", true},            {LayerTensor::Bv, "attn_v", true},
+  {LayerTensor::QNorm, "attn_q_norm", false},   {LayerTensor::KNorm, "attn_k_norm", false},
+  {LayerTensor::PostAttnNorm, "post_attention_norm", false},
+  {LayerTensor::FfnNorm, "ffn_norm", false},    {LayerTensor::Gate, "ffn_gate", false},
+  {LayerTensor::Up, "ffn_up", false},           {LayerTensor::Down, "ffn_down", false},
+  {LayerTensor::PostFfnNorm, "post_ffw_norm", false},
+};
+static_assert(std::size(kLayerTensors) == size_t(LayerTensor::Count));
+
+// The families Baton knows. Everything not listed here is an Error, not a guess.
+struct Family {
+  const char* arch;
+  RopeStyle rope;
+  Activation act;
+  bool embd_scale_sqrt;  // multiply embeddings by sqrt(n_embd)
+  bool post_norms, qk_norm, attn_bias;
+  int swa_pattern;       // every Nth layer is global, the others sliding-window (0: all global)
+};
+// gemma3: llama.cpp's converter stores RMSNorm weights with Gemma's +1 already added, so the
+// forward multiplies by the stored weight as for llama (norm_add_one stays false); the issue-9 work
+// re-checks this against the real model's output.
+constexpr Family kFamilies[] = {
+  {"llama", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0},
+  {"qwen2", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0},
+  {"gemma3", RopeStyle::NeoX, Activation::GeluTanh, true, true, true, false, 6},
+};
+
+}  // namespace
+
+const char* layer_tensor_name(LayerTensor t) { return kLayerTensors[int(t)].name; }
+
+std::string layer_tensor_key(int layer, LayerTensor t) {
+  const TensorRow& r = kLayerTensors[int(t)];
+  return fmt::format("blk.{}.{}.{}", layer, r.name, r.bias ? "bias" : "weight");
+}
+
+bool ModelConfig::has(LayerTensor t) const {
+  switch (t) {
+    case LayerTensor::Bq: case LayerTensor::Bk: case LayerTensor::Bv: return attn_bias;
+    case LayerTensor::QNorm: case LayerTensor::KNorm: return qk_norm;
+    case LayerTensor::PostAttnNorm: case LayerTensor::PostFfnNorm: return post_norms;
+    default: return true;
+  }
+}
+
+std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s) {
+  std::vector<float> f(size_t(dim / 2));
+  const double pi = 3.14159265358979323846;
+  for (int i = 0; i < dim / 2; ++i) {
+    double theta = std::pow(double(base), -2.0 * i / dim);
+    if (s.type == "linear") {
+      theta /= s.factor;
+    } else if (s.type == "llama3") {
+      // Long wavelengths are slowed by `factor`, short ones kept, a smooth blend in between.
+      const double wavelen = 2 * pi / theta;
+      const double lo_wavelen = s.original_ctx / s.low_freq_factor;
+      const double hi_wavelen = s.original_ctx / s.high_freq_factor;
+      if (wavelen > lo_wavelen) {
+        theta /= s.factor;
+      } else if (wavelen >= hi_wavelen) {
+        const double smooth = (s.original_ctx / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        theta = (1 - smooth) * theta / s.factor + smooth * theta;
+      }
+    }
+    f[size_t(i)] = float(theta);
+  }
+  return f;
+}
+
+ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
+  std::vector<std::string> problems;
+  ModelConfig c;
+  if (!f.has("general.architecture")) {
+    fail(ErrorKind::Model, "{}: no general.architecture key: not a model file", f.path());
+  }
+  c.arch = f.get<std::string>("general.architecture");
+  c.name = f.get_or<std::string>("general.name", "");
+  const Family* fam = nullptr;
+  for (const Family& x : kFamilies) if (c.arch == x.arch) fam = &x;
+  if (!fam) {
+    fail(ErrorKind::Model, "{}: architecture '{}' is not supported (supported: llama, qwen2, gemma3)",
+         f.path(), c.arch);
+  }
+
+  // Typed reads that record a problem instead of throwing.
+  auto get_int = [&](const char* suffix, bool required, int64_t dflt) -> int64_t {
+    const std::string key = f.arch_key(suffix);
+    const gguf::Value* v = f.find(key);
+    if (!v) {
+      if (required) problems.push_back(fmt::format("missing key {}", key));
+      return dflt;
+    }
+    if (!v->is_int()) {
+      problems.push_back(fmt::format("{} must be an integer, found {}", key, gguf::value_type_name(v->type)));
+      return dflt;
+    }
+    try { return f.get<int64_t>(key); } catch (const Error& e) { problems.push_back(e.what()); }
+    return dflt;
+  };
+  auto get_float = [&](const char* suffix, double dflt) -> double {
+    const std::string key = f.arch_key(suffix);
+    if (!f.has(key)) return dflt;
+    try { return f.get<double>(key); } catch (const Error& e) { problems.push_back(e.what()); }
+    return dflt;
+  };
+  auto positive = [&](const char* what, int64_t v) {
+    if (v <= 0 || v > (int64_t(1) << 24)) problems.push_back(fmt::format("{} = {} is out of range", what, v));
+    return int(v);
+  };
+
+  c.n_layer = positive("block_count", get_int("block_count", true, 1));
+  c.n_embd = positive("embedding_length", get_int("embedding_length", true, 1));
+  c.n_head = positive("attention.head_count", get_int("attention.head_count", true, 1));
+  c.n_head_kv = positive("attention.head_count_kv", get_int("attention.head_count_kv", false, c.n_head));
+  c.n_ff = positive("feed_forward_length", get_int("feed_forward_length", true, 1));
+  c.n_ctx_train = positive("context_length", get_int("context_length", true, 1));
+  c.head_dim_k = positive("attention.key_length",
+                          get_int("attention.key_length", false, c.n_head > 0 ? c.n_embd / c.n_head : 1));
+  c.head_dim_v = positive("attention.value_length", get_int("attention.value_length", false, c.head_dim_k));
+  c.rope_dim = positive("rope.dimension_count", get_int("rope.dimension_count", false, c.head_dim_k));
+  c.rms_eps = float(get_float("attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_base = float(get_float("rope.freq_base", 10000.0));
+  if (c.n_head_kv > 0 && c.n_head % c.n_head_kv != 0)
+    problems.push_back(fmt::format("head_count {} is not a multiple of head_count_kv {}", c.n_head, c.n_head_kv));
+  if (!f.has(f.arch_key("attention.key_length")) && c.n_embd % c.n_head != 0)
+    problems.push_back(fmt::format("embedding_length {} is not a multiple of head_count {}", c.n_embd, c.n_head));
+  if (c.rope_dim > c.head_dim_k || c.rope_dim % 2 != 0)
+    problems.push_back(fmt::format("rope.dimension_count {} must be even and <= head dim {}", c.rope_dim, c.head_dim_k));
+  if (!(c.rms_eps > 0 && c.rms_eps < 1)) problems.push_back(fmt::format("rms epsilon {} is out of range", c.rms_eps));
+  if (!(c.rope_base > 1)) problems.push_back(fmt::format("rope.freq_base {} is out of range", c.rope_base));
+
+  // Vocabulary: the key, else the token list, else the embedding's rows.
+  const gguf::TensorInfo* emb = f.tensor("token_embd.weight");
+  if (f.has(f.arch_key("vocab_size"))) {
+    c.n_vocab = positive("vocab_size", get_int("vocab_size", true, 1));
+  } else if (const gguf::Value* toks = f.find("tokenizer.ggml.tokens")) {
+    c.n_vocab = int(toks->arr.size());
+  } else if (emb) {
+    c.n_vocab = int(emb->ne[1]);
+  }
+
+  // Family flags.
+  c.rope_style = fam->rope;
+  c.act = fam->act;
+  c.embd_scale = fam->embd_scale_sqrt ? std::sqrt(float(c.n_embd)) : 1.f;
+  c.post_norms = fam->post_norms;
+  c.qk_norm = fam->qk_norm;
+  c.attn_bias = fam->attn_bias;
+  c.attn_scale = 1.f / std::sqrt(float(c.head_dim_k));
+  // Gemma 3 27B scales queries by 1/sqrt(n_embd / n_head) instead of the head dimension.
+  if (c.arch == "gemma3" && c.n_layer == 62) c.attn_scale = 1.f / std::sqrt(float(c.n_embd / c.n_head));
+  c.final_softcap = float(get_float("final_logit_softcapping", 0.0));
+
+  c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);
+  if (fam->swa_pattern > 0) {
+    c.sliding_window = positive("attention.sliding_window", get_int("attention.sliding_window", true, 1));
+    const int pattern = int(get_int("attention.sliding_window_pattern", false, fam->swa_pattern));
+    for (int l = 0; l < c.n_layer; ++l)
+      if (pattern <= 0 || (l + 1) % pattern != 0) c.layer_window[size_t(l)] = c.sliding_window;
+  }
+
+  // RoPE frequencies, with scaling for global layers only (local layers use the plain local base).
+  RopeScaling rs;
+  rs.type = f.get_or<std::string>(f.arch_key("rope.scaling.type"), "none");
+  if (rs.type != "none") {
+    rs.factor = float(get_float("rope.scaling.factor", 1.0));
+    if (!(rs.factor > 0)) problems.push_back(fmt::format("rope.scaling.factor {} must be > 0", rs.factor));
+  }
+  if (rs.type == "llama3") {
+    rs.low_freq_factor = float(get_float("rope.scaling.low_freq_factor", 1.0));
+    rs.high_freq_factor = float(get_float("rope.scaling.high_freq_factor", 4.0));
+    rs.original_ctx = int(get_int("rope.scaling.original_context_length", true, 8192));
+    if (!(rs.high_freq_factor > rs.low_freq_factor))
+      problems.push_back("rope scaling: high_freq_factor must exceed low_freq_factor");
+  } else if (rs.type != "none" && rs.type != "linear") {
+    problems.push_back(fmt::format("rope.scaling.type '{}' is not supported (none, linear, llama3)", rs.type));
+  }
+  c.rope_scaling = rs.type;
+  c.rope_scale_factor = rs.factor;
+  if (c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim_k) {
+    c.rope_freqs = rope_frequencies(c.rope_dim, c.rope_base, rs);
+    c.rope_freqs_local = rope_frequencies(c.rope_dim, c.rope_base_local, RopeScaling{});
+    // Llama 3 files store their scaling as a tensor of per-pair divisors instead of keys.
+    if (const gguf::TensorInfo* rf = f.tensor("rope_freqs.weight")) {
+      if (rf->type != GgmlType::F32 || rf->nelements() != c.rope_dim / 2) {
+        problems.push_back(fmt::format("rope_freqs.weight must be F32 [{}], found {} {}", c.rope_dim / 2,
+                                       type_name(rf->type), rf->shape_str()));
+      } else {
+        const float* d = reinterpret_cast<const float*>(rf->data);
+        for (int i = 0; i < c.rope_dim / 2; ++i) c.rope_freqs[size_t(i)] /= d[i];
+      }
+    }
+  }
+
+  // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
+  auto check = [&](const std::string& name, bool required, std::vector<int64_t> dims) {
+    const gguf::TensorInfo* t = f.tensor(name);
+    if (!t) {
+      if (required) problems.push_back(fmt::format("missing tensor {}", name));
+      return;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < 4; ++i) ok = ok && t->ne[i] == (i < dims.size() ? dims[i] : 1);
+    if (!ok) {
+      std::string want = "[";
+      for (size_t i = 0; i < dims.size(); ++i) want += fmt::format("{}{}", i ? ", " : "", dims[i]);
+      problems.push_back(fmt::format("tensor {} has shape {}, expected {}]", name, t->shape_str(), want));
+    }
+    if (!traits(t->type).compute)
+      problems.push_back(fmt::format("tensor {} has type {}, which Baton cannot compute with", name, type_name(t->type)));
+    if (dims.size() == 1 && t->type != GgmlType::F32)
+      problems.push_back(fmt::format("tensor {} (a norm or bias) must be F32, found {}", name, type_name(t->type)));
+  };
+  if (problems.empty()) {  // shapes only make sense once the dimensions are known
+    const int64_t E = c.n_embd, V = c.n_vocab;
+    check("token_embd.weight", true, {E, V});
+    check("output_norm.weight", true, {E});
+    c.tied_output = f.tensor("output.weight") == nullptr;
+    check("output.weight", false, {E, V});
+    for (int l = 0; l < c.n_layer; ++l) {
+      const int64_t dims[][2] = {
+        {E, 0}, {E, c.n_embd_q()}, {E, c.n_embd_k()}, {E, c.n_embd_v()}, {c.n_embd_attn(), E},
+        {c.n_embd_q(), 0}, {c.n_embd_k(), 0}, {c.n_embd_v(), 0}, {c.head_dim_k, 0}, {c.head_dim_k, 0},
+        {E, 0}, {E, 0}, {E, c.n_ff}, {E, c.n_ff}, {c.n_ff, E}, {E, 0},
+      };
+      for (int t = 0; t < int(LayerTensor::Count); ++t) {
+        const LayerTensor lt = LayerTensor(t);
+        std::vector<int64_t> d{dims[t][0]};
+        if (dims[t][1]) d.push_back(dims[t][1]);
+        if (c.has(lt)) check(layer_tensor_key(l, lt), true, d);
+      }
+    }
+  }
+
+  if (!problems.empty()) {
+    std::string msg = fmt::format("{}: {} problem{} in the model description:", f.path(), problems.size(),
+                                  problems.size() == 1 ? "" : "s");
+    const size_t shown = std::min<size_t>(problems.size(), 40);
+    for (size_t i = 0; i < shown; ++i) msg += "\n  - " + problems[i];
+    if (shown < problems.size()) msg += fmt::format("\n  ... and {} more", problems.size() - shown);
+    throw Error(ErrorKind::Model, msg);
+  }
+  return c;
+}
+
+std::string ModelConfig::summary() const {
+  int n_local = 0;
+  for (int w : layer_window) n_local += w > 0;
+  return fmt::format(
+      "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
+      "dim {} scaling {}, {}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
+      rope_scaling, act == Activation::SiLU ? "SwiGLU" : "GeGLU", tied_output ? ", tied output" : "",
+      n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
+      qk_norm ? ", q/k norm" : "");
+}
+
+}  // namespace baton

@@ -1,0 +1,89 @@
+// A typed model description read from GGUF metadata. Architectures differ by the flags below and
+// by which tensors they carry (the tensor-name table), never by a second copy of the forward.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace baton {
+namespace gguf { class File; }
+
+enum class RopeStyle {
+  Adjacent,  // rotate (x[2i], x[2i+1]): `llama` GGUF files (the converter permuted Q/K for this)
+  NeoX,      // rotate (x[i], x[i + d/2]): gemma, qwen2, ...
+};
+enum class Activation { SiLU, GeluTanh };  // the FFN gate: down(act(gate·x) * up·x)
+
+// Per-layer tensors of a transformer block. The GGUF names are shared by all families
+// ("blk.N.<name>.weight"); a family decides which are required.
+enum class LayerTensor : int {
+  AttnNorm, Wq, Wk, Wv, Wo, Bq, Bk, Bv, QNorm, KNorm, PostAttnNorm,
+  FfnNorm, Gate, Up, Down, PostFfnNorm,
+  Count,
+};
+const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
+std::string layer_tensor_key(int layer, LayerTensor t);  // "blk.3.attn_q.weight", "blk.3.attn_q.bias"
+
+struct ModelConfig {
+  std::string arch;          // general.architecture
+  std::string name;          // general.name (may be empty)
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim_k = 0;        // attention.key_length, default n_embd / n_head
+  int head_dim_v = 0;        // attention.value_length, default head_dim_k
+  int n_ff = 0;
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+
+  // RoPE. Frequencies are precomputed per rotated pair (rope_dim / 2 of them), scaling included.
+  RopeStyle rope_style = RopeStyle::Adjacent;
+  int rope_dim = 0;                 // rotated dims per head (<= head_dim_k)
+  float rope_base = 10000.f;        // global layers
+  float rope_base_local = 10000.f;  // sliding-window layers (gemma3)
+  std::string rope_scaling = "none";  // none | linear | llama3
+  float rope_scale_factor = 1.f;
+  std::vector<float> rope_freqs;        // theta_i per pair for global layers
+  std::vector<float> rope_freqs_local;  // theta_i per pair for sliding-window layers
+
+  // Family flags.
+  Activation act = Activation::SiLU;
+  float embd_scale = 1.f;        // token embeddings are multiplied by this (gemma: sqrt(n_embd))
+  bool norm_add_one = false;     // RMSNorm weight is (1 + w) and the file did not fold the 1 in
+  bool post_norms = false;       // RMSNorm on the attention and FFN outputs before the residual add
+  bool qk_norm = false;          // per-head RMSNorm on q and k before RoPE
+  bool attn_bias = false;        // q/k/v projections have biases (qwen2)
+  float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k)
+  float final_softcap = 0.f;     // logits = c * tanh(logits / c) when > 0
+  bool tied_output = false;      // no output.weight: the head reuses token_embd
+  int sliding_window = 0;        // tokens a local layer sees (itself included); 0: none
+  std::vector<int> layer_window; // per layer: 0 = full attention, else the window
+
+  bool is_local(int layer) const { return layer_window[layer] > 0; }
+  const std::vector<float>& freqs(int layer) const { return is_local(layer) ? rope_freqs_local : rope_freqs; }
+  int n_embd_q() const { return n_head * head_dim_k; }
+  int n_embd_k() const { return n_head_kv * head_dim_k; }
+  int n_embd_v() const { return n_head_kv * head_dim_v; }
+  int n_embd_attn() const { return n_head * head_dim_v; }  // attention output width (wo input)
+  bool has(LayerTensor t) const;  // does this family carry the tensor in every layer?
+
+  // Reads everything; every missing or inconsistent key is collected and reported in one Error.
+  // Tensor shapes are checked against the dimensions as well.
+  static ModelConfig from_gguf(const gguf::File& f);
+  std::string summary() const;  // one line for logs
+};
+
+// Per-pair RoPE frequencies theta_i = base^(-2i/dim), with optional scaling applied.
+// llama3 scaling needs factor, low/high frequency factors and the original context length.
+struct RopeScaling {
+  std::string type = "none";   // none | linear | llama3
+  float factor = 1.f;
+  float low_freq_factor = 1.f;
+  float high_freq_factor = 4.f;
+  int original_ctx = 8192;
+};
+std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s);
+
+}  // namespace baton
