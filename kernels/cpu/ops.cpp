@@ -133,19 +133,13 @@ void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float
   }
 }
 
-void kv_store(const KvLayerView& kv, int seq, int pos, const float* k, const float* v) {
-  const int nk = kv.n_head_kv * kv.head_dim_k, nv = kv.n_head_kv * kv.head_dim_v;
-  uint8_t* kd = kv.k_cell(seq, pos);
-  uint8_t* vd = kv.v_cell(seq, pos);
-  if (kv.type == GgmlType::F16) {
-    uint16_t* kh = reinterpret_cast<uint16_t*>(kd);
-    uint16_t* vh = reinterpret_cast<uint16_t*>(vd);
-    for (int i = 0; i < nk; ++i) kh[i] = f32_to_fp16(k[i]);
-    for (int i = 0; i < nv; ++i) vh[i] = f32_to_fp16(v[i]);
+void kv_convert(GgmlType type, const float* src, uint8_t* dst, int n) {
+  if (type == GgmlType::F16) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+    for (int i = 0; i < n; ++i) h[i] = f32_to_fp16(src[i]);
   } else {
-    BATON_CHECK(kv.type == GgmlType::Q8_0);
-    quantize_row(GgmlType::Q8_0, k, kd, nk);
-    quantize_row(GgmlType::Q8_0, v, vd, nv);
+    BATON_CHECK(type == GgmlType::Q8_0);
+    quantize_row(GgmlType::Q8_0, src, dst, n);
   }
 }
 
@@ -169,10 +163,12 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     const int t = task / tasks_per_token;
     const int h0 = (task % tasks_per_token) * heads_per_task;  // first query head
     const int g = h0 / n_rep;                                   // its KV head
-    const int p = a.pos[t], s = a.seq[t];
+    const int p = a.pos[t], s = a.seq[t], first = a.first[t], row0 = a.row0[t];
     const int lo = a.window > 0 ? std::max(0, p - a.window + 1) : 0;
     const int n = p - lo + 1;
-    BATON_CHECK(n <= kv.n_cells);
+    BATON_CHECK(lo >= first - kv.n_cells);  // every older position is still in the ring
+    auto key_at = [&](int j) { return j >= first ? a.k_new + size_t(row0 + j - first) * kv.k_row : kv.k_cell(s, j); };
+    auto val_at = [&](int j) { return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row : kv.v_cell(s, j); };
 
     thread_local std::vector<float> buf;
     buf.resize(size_t(heads_per_task) * n + size_t(std::max(dk, dv)));
@@ -181,7 +177,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
 
     const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
     for (int j = 0; j < n; ++j) {
-      load_head(kv.type, kv.k_cell(s, lo + j), g * dk, dk, row, f16);
+      load_head(kv.type, key_at(lo + j), g * dk, dk, row, f16);
       for (int r = 0; r < heads_per_task; ++r) scores[size_t(r) * n + j] = dot(q + size_t(r) * dk, row, dk) * a.scale;
     }
     for (int r = 0; r < heads_per_task; ++r) softmax(scores + size_t(r) * n, n);
@@ -189,7 +185,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
     std::fill(out, out + size_t(heads_per_task) * dv, 0.f);
     for (int j = 0; j < n; ++j) {
-      load_head(kv.type, kv.v_cell(s, lo + j), g * dv, dv, row, f16);
+      load_head(kv.type, val_at(lo + j), g * dv, dv, row, f16);
       for (int r = 0; r < heads_per_task; ++r) axpy(out + size_t(r) * dv, scores[size_t(r) * n + j], row, dv);
     }
   });

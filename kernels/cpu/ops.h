@@ -28,8 +28,8 @@ void softcap(float* y, float cap, int n);                         // y = cap * t
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);
 
 // One layer's KV cache: for each sequence slot, n_cells rows of K and of V (all KV heads of one
-// position per row) in `type` (F16 or Q8_0). Position p lives in cell p % n_cells, so a layer that
-// needs only a sliding window can keep a ring of window + n_batch - 1 cells.
+// position per row) in `type` (F16 or Q8_0). Position p lives in cell p % n_cells, so a
+// sliding-window layer keeps a ring of just `window` cells.
 struct KvLayerView {
   GgmlType type = GgmlType::F16;
   uint8_t* k = nullptr;
@@ -41,12 +41,16 @@ struct KvLayerView {
   uint8_t* v_cell(int seq, int pos) const { return v + (size_t(seq) * n_cells + size_t(pos % n_cells)) * v_row; }
 };
 
-// Writes one position's K and V rows (floats, all KV heads) into the cache, converting to its type.
-void kv_store(const KvLayerView& kv, int seq, int pos, const float* k, const float* v);
+// Converts n floats into a KV row of `type` (F16 or Q8_0; n a multiple of 32 for Q8_0).
+void kv_convert(GgmlType type, const float* src, uint8_t* dst, int n);
 
-// Causal grouped-query attention of n_tokens queries over the cache. Query i (heads of head_dim_k
-// at q + i*q_stride) of sequence seq[i] at position pos[i] sees cached positions
-// [max(0, pos[i] - window + 1), pos[i]] (window 0: from 0); those positions must already be stored.
+// Causal grouped-query attention of a batch's n_tokens queries. The batch's own keys/values are
+// staged (already converted to the cache type) in k_new/v_new, one row per token, each sequence's
+// rows consecutive in position order; older positions come from the cache. Query i of sequence
+// seq[i] at position pos[i] sees positions [max(0, pos[i] - window + 1), pos[i]] (window 0: from 0):
+// position j >= first[i] (its sequence's first position in this batch) is staged row
+// row0[i] + j - first[i], an older one is cache cell (seq, j). Because the batch is read from the
+// staging rows, a ring of `window` cells suffices, and the caller commits the staged rows afterwards.
 // Writes n_head * head_dim_v floats to out + i*out_stride.
 struct AttentionArgs {
   int n_tokens = 0;
@@ -56,6 +60,10 @@ struct AttentionArgs {
   size_t out_stride = 0;
   const int32_t* pos = nullptr;
   const int32_t* seq = nullptr;
+  const int32_t* first = nullptr;
+  const int32_t* row0 = nullptr;
+  const uint8_t* k_new = nullptr;
+  const uint8_t* v_new = nullptr;
   int n_head = 0;
   float scale = 1.f;
   int window = 0;

@@ -1,0 +1,235 @@
+// One forward for the llama family. Family differences are the ModelConfig flags, read top to
+// bottom: embedding scale, q/k bias, q/k norm, RoPE style and per-layer base, sliding window,
+// post-norms, gate activation, final softcap.
+#include "models/llama.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "kernels/cpu/ops.h"
+#include "runtime/kv_cache.h"
+
+namespace baton {
+
+namespace {
+
+cpu::QMatrix matrix(const gguf::TensorInfo& t) {
+  cpu::QMatrix m;
+  m.type = t.type;
+  m.data = t.data;
+  m.cols = t.ne[0];
+  m.rows = t.ne[1];
+  m.row_bytes = row_bytes(t.type, t.ne[0]);
+  return m;
+}
+
+const float* floats(const gguf::TensorInfo& t) { return reinterpret_cast<const float*>(t.data); }
+
+}  // namespace
+
+ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
+                          bool with_embed, bool with_head) {
+  BATON_CHECK(0 <= begin && begin <= end && end <= c.n_layer);
+  ModelWeights w;
+  // A norm weight as stored, or a copy with Gemma's +1 when the file did not fold it in.
+  auto norm = [&](const std::string& name) -> const float* {
+    const gguf::TensorInfo& t = f.require_tensor(name);
+    if (!c.norm_add_one) return floats(t);
+    std::vector<float> v(floats(t), floats(t) + t.nelements());
+    for (float& x : v) x += 1.f;
+    w.owned.push_back(std::move(v));
+    return w.owned.back().data();
+  };
+  auto opt = [&](int l, LayerTensor t) { return c.has(t) ? floats(f.require_tensor(layer_tensor_key(l, t))) : nullptr; };
+  auto mat = [&](int l, LayerTensor t) { return matrix(f.require_tensor(layer_tensor_key(l, t))); };
+
+  if (with_embed || (with_head && c.tied_output)) w.tok_embd = matrix(f.require_tensor("token_embd.weight"));
+  if (with_head) {
+    w.output = c.tied_output ? w.tok_embd : matrix(f.require_tensor("output.weight"));
+    w.output_norm = norm("output_norm.weight");
+  }
+  w.layers.resize(size_t(c.n_layer));
+  for (int l = begin; l < end; ++l) {
+    LayerWeights& L = w.layers[size_t(l)];
+    L.wq = mat(l, LayerTensor::Wq);
+    L.wk = mat(l, LayerTensor::Wk);
+    L.wv = mat(l, LayerTensor::Wv);
+    L.wo = mat(l, LayerTensor::Wo);
+    L.gate = mat(l, LayerTensor::Gate);
+    L.up = mat(l, LayerTensor::Up);
+    L.down = mat(l, LayerTensor::Down);
+    L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
+    L.ffn_norm = norm(layer_tensor_key(l, LayerTensor::FfnNorm));
+    if (c.qk_norm) {
+      L.q_norm = norm(layer_tensor_key(l, LayerTensor::QNorm));
+      L.k_norm = norm(layer_tensor_key(l, LayerTensor::KNorm));
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = norm(layer_tensor_key(l, LayerTensor::PostAttnNorm));
+      L.post_ffn_norm = norm(layer_tensor_key(l, LayerTensor::PostFfnNorm));
+    }
+    L.bq = opt(l, LayerTensor::Bq);
+    L.bk = opt(l, LayerTensor::Bk);
+    L.bv = opt(l, LayerTensor::Bv);
+  }
+  return w;
+}
+
+// ---- scratch ----
+
+struct Scratch::Layout {
+  size_t xb, xb2, q, k, v, hb, hb2, k_new, v_new, total;
+};
+
+Scratch::Layout Scratch::layout(const ModelConfig& c, int n_batch, GgmlType kv_type) {
+  const size_t B = size_t(n_batch), f = sizeof(float);
+  auto align = [](size_t n) { return (n + 63) / 64 * 64; };
+  Layout L{};
+  size_t at = 0;
+  auto take = [&](size_t bytes) { const size_t off = at; at += align(bytes); return off; };
+  L.xb = take(B * c.n_embd * f);
+  L.xb2 = take(B * c.n_embd_attn() * f);
+  L.q = take(B * c.n_embd_q() * f);
+  L.k = take(B * c.n_embd_k() * f);
+  L.v = take(B * c.n_embd_v() * f);
+  L.hb = take(B * c.n_ff * f);
+  L.hb2 = take(B * c.n_ff * f);
+  L.k_new = take(B * row_bytes(kv_type, c.n_embd_k()));
+  L.v_new = take(B * row_bytes(kv_type, c.n_embd_v()));
+  L.total = at;
+  return L;
+}
+
+size_t Scratch::bytes(const ModelConfig& c, int n_batch, GgmlType kv_type) {
+  return layout(c, n_batch, kv_type).total;
+}
+
+Scratch::Scratch(const ModelConfig& c, int n_batch, GgmlType kv_type) : n_batch_(n_batch) {
+  const Layout L = layout(c, n_batch, kv_type);
+  mem_.resize(L.total + 64);
+  uint8_t* base = mem_.data() + (64 - reinterpret_cast<uintptr_t>(mem_.data()) % 64) % 64;
+  auto fp = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+  xb = fp(L.xb); xb2 = fp(L.xb2); q = fp(L.q); k = fp(L.k); v = fp(L.v); hb = fp(L.hb); hb2 = fp(L.hb2);
+  k_new = base + L.k_new;
+  v_new = base + L.v_new;
+  first.resize(size_t(n_batch));
+  row0.resize(size_t(n_batch));
+  row.resize(size_t(n_batch));
+}
+
+// ---- forward ----
+
+void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x) {
+  cpu::embed_rows(w.tok_embd, batch.token.data(), batch.size(), x, c.embd_scale);
+}
+
+void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, const Batch& batch,
+                    int begin, int end, float* x, Scratch& s, cpu::ThreadPool& pool) {
+  const int n = batch.size();
+  BATON_CHECK(n >= 1 && n <= s.n_batch());
+  const int E = c.n_embd, F = c.n_ff, nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
+  const GgmlType kvt = kv.shape().type;
+  const size_t k_row = row_bytes(kvt, nk), v_row = row_bytes(kvt, nv);
+
+  // Staging rows: each sequence's new tokens get consecutive rows in position order.
+  {
+    std::vector<int32_t> seq_first(size_t(kv.shape().n_seq), -1), seq_row0(size_t(kv.shape().n_seq), 0);
+    int next = 0;
+    for (int t = 0; t < n; ++t) {
+      const int sq = batch.seq[size_t(t)];
+      if (seq_first[size_t(sq)] < 0) {
+        seq_first[size_t(sq)] = batch.pos[size_t(t)];
+        seq_row0[size_t(sq)] = next;
+        for (int u = t; u < n; ++u) next += batch.seq[size_t(u)] == sq;
+      }
+      s.first[size_t(t)] = seq_first[size_t(sq)];
+      s.row0[size_t(t)] = seq_row0[size_t(sq)];
+      s.row[size_t(t)] = s.row0[size_t(t)] + batch.pos[size_t(t)] - s.first[size_t(t)];
+      BATON_CHECK(s.row[size_t(t)] < next);  // positions of a sequence are consecutive in the batch
+    }
+  }
+
+  for (int l = begin; l < end; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    const cpu::KvLayerView cache = kv.layer(l);
+
+    // Attention block: norm, projections, q/k norm, RoPE.
+    cpu::rms_norm(x, L.attn_norm, s.xb, n, E, c.rms_eps);
+    cpu::matmul(L.wq, s.xb, n, s.q, pool);
+    cpu::matmul(L.wk, s.xb, n, s.k, pool);
+    cpu::matmul(L.wv, s.xb, n, s.v, pool);
+    if (L.bq) {
+      for (int t = 0; t < n; ++t) {
+        cpu::add(s.q + size_t(t) * nq, L.bq, nq);
+        cpu::add(s.k + size_t(t) * nk, L.bk, nk);
+        cpu::add(s.v + size_t(t) * nv, L.bv, nv);
+      }
+    }
+    if (L.q_norm) {
+      cpu::rms_norm(s.q, L.q_norm, s.q, n * c.n_head, c.head_dim_k, c.rms_eps);
+      cpu::rms_norm(s.k, L.k_norm, s.k, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
+    }
+    const float* freqs = c.freqs(l).data();
+    const bool neox = c.rope_style == RopeStyle::NeoX;
+    for (int t = 0; t < n; ++t) {
+      const int p = batch.pos[size_t(t)];
+      cpu::rope(s.q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, p, freqs, neox);
+      cpu::rope(s.k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, p, freqs, neox);
+      cpu::kv_convert(kvt, s.k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
+      cpu::kv_convert(kvt, s.v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
+    }
+
+    // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
+    cpu::AttentionArgs a;
+    a.n_tokens = n;
+    a.q = s.q;
+    a.q_stride = size_t(nq);
+    a.out = s.xb2;
+    a.out_stride = size_t(c.n_embd_attn());
+    a.pos = batch.pos.data();
+    a.seq = batch.seq.data();
+    a.first = s.first.data();
+    a.row0 = s.row0.data();
+    a.k_new = s.k_new;
+    a.v_new = s.v_new;
+    a.n_head = c.n_head;
+    a.scale = c.attn_scale;
+    a.window = c.layer_window[size_t(l)];
+    a.kv = cache;
+    cpu::attention(a, pool);
+    for (int t = 0; t < n; ++t) {
+      const int sq = batch.seq[size_t(t)], p = batch.pos[size_t(t)];
+      std::memcpy(cache.k_cell(sq, p), s.k_new + size_t(s.row[size_t(t)]) * k_row, k_row);
+      std::memcpy(cache.v_cell(sq, p), s.v_new + size_t(s.row[size_t(t)]) * v_row, v_row);
+    }
+
+    cpu::matmul(L.wo, s.xb2, n, s.xb, pool);
+    if (L.post_attn_norm) cpu::rms_norm(s.xb, L.post_attn_norm, s.xb, n, E, c.rms_eps);
+    cpu::add(x, s.xb, n * E);
+
+    // FFN block: norm, gate and up, activation, down.
+    cpu::rms_norm(x, L.ffn_norm, s.xb, n, E, c.rms_eps);
+    cpu::matmul(L.gate, s.xb, n, s.hb, pool);
+    cpu::matmul(L.up, s.xb, n, s.hb2, pool);
+    if (c.act == Activation::SiLU) cpu::silu_gate(s.hb, s.hb2, s.hb, n * F);
+    else cpu::gelu_tanh_gate(s.hb, s.hb2, s.hb, n * F);
+    cpu::matmul(L.down, s.hb, n, s.xb, pool);
+    if (L.post_ffn_norm) cpu::rms_norm(s.xb, L.post_ffn_norm, s.xb, n, E, c.rms_eps);
+    cpu::add(x, s.xb, n * E);
+  }
+}
+
+void head(const ModelConfig& c, const ModelWeights& w, const Batch& batch, const float* x,
+          float* logits, Scratch& s, cpu::ThreadPool& pool) {
+  const int E = c.n_embd;
+  int m = 0;  // rows that want logits, gathered so the output matmul sees only them
+  for (int t = 0; t < batch.size(); ++t)
+    if (batch.logits[size_t(t)]) std::memcpy(s.xb + size_t(m++) * E, x + size_t(t) * E, size_t(E) * sizeof(float));
+  if (m == 0) return;
+  cpu::rms_norm(s.xb, w.output_norm, s.xb, m, E, c.rms_eps);
+  cpu::matmul(w.output, s.xb, m, logits, pool);
+  if (c.final_softcap > 0) cpu::softcap(logits, c.final_softcap, m * c.n_vocab);
+}
+
+}  // namespace baton

@@ -1,0 +1,85 @@
+// The llama-family forward (Llama 2/3, Mistral, SmolLM, TinyLlama; Qwen2 and Gemma 3 through the
+// ModelConfig flags). Three steps a pipeline composes: embed() on the first stage,
+// forward_layers() over each stage's layer range [begin, end), head() on the last stage.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "runtime/batch.h"
+#include "runtime/config.h"
+
+namespace baton {
+
+namespace gguf { class File; }
+class KvCache;
+
+struct LayerWeights {
+  cpu::QMatrix wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* q_norm = nullptr;          // qk_norm
+  const float* k_norm = nullptr;
+  const float* post_attn_norm = nullptr;  // post_norms
+  const float* post_ffn_norm = nullptr;
+  const float* bq = nullptr;              // attn_bias
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+// Views into the mapped file (nothing copied) except norm weights that need the +1 folded in.
+struct ModelWeights {
+  cpu::QMatrix tok_embd;       // bound when with_embed
+  cpu::QMatrix output;         // bound when with_head (token_embd when tied)
+  const float* output_norm = nullptr;
+  std::vector<LayerWeights> layers;  // n_layer entries; only [begin, end) are bound
+  std::vector<std::vector<float>> owned;
+};
+// Binds the tensors of layers [begin, end) (and the embedding / head when asked) of a file whose
+// config was read by ModelConfig::from_gguf (which already checked names, shapes and types).
+ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
+                          bool with_embed, bool with_head);
+
+// Activation buffers for up to n_batch tokens, allocated once. bytes() is the sizing function the
+// constructor uses, so an estimate made with it equals the allocation.
+class Scratch {
+ public:
+  Scratch(const ModelConfig& c, int n_batch, GgmlType kv_type);
+  static size_t bytes(const ModelConfig& c, int n_batch, GgmlType kv_type);
+  int n_batch() const { return n_batch_; }
+
+  float* xb = nullptr;     // normed input / projected output, n_batch × n_embd
+  float* xb2 = nullptr;    // attention output, n_batch × n_head × head_dim_v
+  float* q = nullptr;      // n_batch × n_head × head_dim_k
+  float* k = nullptr;      // n_batch × n_head_kv × head_dim_k
+  float* v = nullptr;      // n_batch × n_head_kv × head_dim_v
+  float* hb = nullptr;     // FFN gate, n_batch × n_ff
+  float* hb2 = nullptr;    // FFN up, n_batch × n_ff
+  uint8_t* k_new = nullptr;  // the batch's keys in the KV type (staging rows, see cpu::attention)
+  uint8_t* v_new = nullptr;
+  std::vector<int32_t> first, row0, row;  // per token: its sequence's first position / staging rows
+
+ private:
+  struct Layout;
+  static Layout layout(const ModelConfig& c, int n_batch, GgmlType kv_type);
+  int n_batch_;
+  std::vector<uint8_t> mem_;
+};
+
+// x[i] = embedding of batch.token[i] (scaled as the family says); x is batch.size() × n_embd.
+void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x);
+
+// Runs layers [begin, end) on the hidden states x (batch.size() × n_embd, updated in place),
+// writing each token's K/V at its position into the cache. Within the batch, every sequence's
+// tokens must have consecutive positions in batch order, continuing what its cache holds.
+void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, const Batch& batch,
+                    int begin, int end, float* x, Scratch& s, cpu::ThreadPool& pool);
+
+// Final norm and output matmul for the tokens with batch.logits[i] set, in batch order:
+// batch.n_logits() rows of n_vocab floats into `logits`. Overwrites scratch xb.
+void head(const ModelConfig& c, const ModelWeights& w, const Batch& batch, const float* x,
+          float* logits, Scratch& s, cpu::ThreadPool& pool);
+
+}  // namespace baton

@@ -1,0 +1,69 @@
+#include "runtime/kv_cache.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "gguf/error.h"
+#include "runtime/config.h"
+
+namespace baton {
+
+void check_kv_type(const ModelConfig& c, GgmlType type) {
+  if (type != GgmlType::F16 && type != GgmlType::Q8_0)
+    fail(ErrorKind::Usage, "KV cache type {} is not supported (f16 or q8_0)", type_name(type));
+  if (type == GgmlType::Q8_0 && (c.head_dim_k % 32 != 0 || c.head_dim_v % 32 != 0))
+    fail(ErrorKind::Usage, "a Q8_0 KV cache needs head dims that are multiples of 32 (this model: {}/{})",
+         c.head_dim_k, c.head_dim_v);
+}
+
+int KvCache::cells(const ModelConfig& c, const KvCacheShape& s, int layer) {
+  const int w = c.layer_window[size_t(layer)];
+  if (w <= 0) return s.n_ctx;
+  return std::min(s.n_ctx, w);
+}
+
+size_t KvCache::bytes(const ModelConfig& c, const KvCacheShape& s) {
+  size_t total = 0;
+  for (int l = s.layer_begin; l < s.layer_end; ++l) {
+    const size_t per_cell = row_bytes(s.type, c.n_embd_k()) + row_bytes(s.type, c.n_embd_v());
+    total += per_cell * size_t(cells(c, s, l)) * size_t(s.n_seq);
+  }
+  return total;
+}
+
+KvCache::KvCache(const ModelConfig& c, const KvCacheShape& s) : shape_(s) {
+  check_kv_type(c, s.type);
+  BATON_CHECK(0 <= s.layer_begin && s.layer_begin <= s.layer_end && s.layer_end <= c.n_layer);
+  BATON_CHECK(s.n_seq >= 1 && s.n_ctx >= 1);
+  layers_.resize(size_t(s.layer_end - s.layer_begin));
+  for (int l = s.layer_begin; l < s.layer_end; ++l) {
+    Layer& L = layers_[size_t(l - s.layer_begin)];
+    cpu::KvLayerView& v = L.view;
+    v.type = s.type;
+    v.n_cells = cells(c, s, l);
+    v.n_head_kv = c.n_head_kv;
+    v.head_dim_k = c.head_dim_k;
+    v.head_dim_v = c.head_dim_v;
+    v.k_row = row_bytes(s.type, c.n_embd_k());
+    v.v_row = row_bytes(s.type, c.n_embd_v());
+    L.k.resize(v.k_row * size_t(v.n_cells) * size_t(s.n_seq));
+    L.v.resize(v.v_row * size_t(v.n_cells) * size_t(s.n_seq));
+    v.k = L.k.data();
+    v.v = L.v.data();
+    total_ += L.k.size() + L.v.size();
+    if (v.n_cells < s.n_ctx) rewind_.push_back(v.n_cells - c.layer_window[size_t(l)] + 1);
+  }
+}
+
+cpu::KvLayerView KvCache::layer(int layer) const {
+  BATON_CHECK(layer >= shape_.layer_begin && layer < shape_.layer_end);
+  return layers_[size_t(layer - shape_.layer_begin)].view;
+}
+
+int KvCache::max_rewind() const {
+  int r = INT_MAX;
+  for (int w : rewind_) r = std::min(r, w);
+  return r;
+}
+
+}  // namespace baton
