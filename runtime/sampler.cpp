@@ -1,0 +1,132 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "gguf/error.h"
+
+namespace baton {
+
+std::string SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0) return fmt::format("temperature must be >= 0 (got {})", temperature);
+  if (top_k < 0) return fmt::format("top_k must be >= 0 (got {})", top_k);
+  if (!(top_p > 0 && top_p <= 1)) return fmt::format("top_p must be in (0, 1] (got {})", top_p);
+  if (!(min_p >= 0 && min_p <= 1)) return fmt::format("min_p must be in [0, 1] (got {})", min_p);
+  if (!(repeat_penalty > 0) || !std::isfinite(repeat_penalty))
+    return fmt::format("repeat_penalty must be > 0 (got {})", repeat_penalty);
+  if (repeat_last_n < 0) return fmt::format("repeat_last_n must be >= 0 (got {})", repeat_last_n);
+  return "";
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  uint64_t s = (uint64_t(rd()) << 32) ^ rd();
+  return s & 0xffffffffull;  // short enough to retype from the stats line
+}
+
+static uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+Rng::Rng(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+uint64_t Rng::next() {
+  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+
+int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history) {
+  BATON_CHECK(n_vocab > 0);
+  work_.assign(logits, logits + n_vocab);
+
+  // Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever
+  // the sign of its logit.
+  if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0 && !history.empty()) {
+    size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
+    std::unordered_set<int32_t> seen;
+    for (size_t i = history.size() - n; i < history.size(); i++) {
+      int32_t t = history[i];
+      if (t < 0 || t >= n_vocab || !seen.insert(t).second) continue;
+      float& l = work_[t];
+      l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    }
+  }
+
+  if (p_.greedy()) {  // ties go to the lowest id, so greedy output is fully reproducible
+    int32_t best = 0;
+    for (int i = 1; i < n_vocab; i++)
+      if (work_[i] > work_[best]) best = i;
+    return best;
+  }
+
+  cand_.resize(n_vocab);
+  for (int i = 0; i < n_vocab; i++) cand_[i] = {work_[i], int32_t(i)};
+  // Sorted by logit, highest first; equal logits by id so the order never depends on the sort.
+  auto higher = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  size_t k = cand_.size();
+  if (p_.top_k > 0 && size_t(p_.top_k) < k) {
+    k = size_t(p_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), higher);
+    cand_.resize(k);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), higher);
+  }
+
+  // Softmax with temperature, in double for a stable sum.
+  double mx = cand_[0].first;
+  double sum = 0;
+  std::vector<double> prob(k);
+  for (size_t i = 0; i < k; i++) {
+    prob[i] = std::exp((double(cand_[i].first) - mx) / double(p_.temperature));
+    sum += prob[i];
+  }
+  for (auto& p : prob) p /= sum;
+
+  // Top-p: the smallest prefix whose mass reaches top_p. Min-p: drop tokens below min_p × the best.
+  size_t keep = k;
+  if (p_.top_p < 1.0f) {
+    double acc = 0;
+    for (size_t i = 0; i < k; i++) {
+      acc += prob[i];
+      if (acc >= p_.top_p) { keep = i + 1; break; }
+    }
+  }
+  if (p_.min_p > 0.0f) {
+    double floor = prob[0] * p_.min_p;
+    size_t n = 1;
+    while (n < keep && prob[n] >= floor) n++;
+    keep = n;
+  }
+
+  double total = 0;
+  for (size_t i = 0; i < keep; i++) total += prob[i];
+  double r = rng_.uniform() * total;
+  for (size_t i = 0; i < keep; i++) {
+    r -= prob[i];
+    if (r < 0) return cand_[i].second;
+  }
+  return cand_[keep - 1].second;  // rounding left a sliver: the last kept token
+}
+
+}  // namespace baton

@@ -1,0 +1,56 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p and a repetition penalty over the last N
+// tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
+// its settings and its own logits — never on which other requests share the batch.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+struct SamplingParams {
+  float temperature = 0.8f;     // <= 0: greedy (argmax)
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;       // tokens of history the penalty looks at (0: none)
+  uint64_t seed = 0;            // the RNG seed; resolved (never "random") by the time a Sampler exists
+
+  bool greedy() const { return temperature <= 0.0f; }
+  // Input check with a message naming the bad value; "" when everything is in range.
+  std::string validate() const;
+};
+
+// A seed from the system's entropy, for requests that did not ask for one.
+uint64_t random_seed();
+
+// Small, fast, portable PRNG (xoshiro256**, seeded by splitmix64): the same seed gives the same
+// stream on every platform and standard library, which std::uniform_*_distribution does not promise.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t next();
+  double uniform();  // [0, 1)
+
+ private:
+  uint64_t s_[4];
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  // Picks a token from one row of logits. `history` is the sequence so far (prompt and generated
+  // tokens); only its last repeat_last_n entries matter. `logits` is not modified.
+  int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
+  const SamplingParams& params() const { return p_; }
+
+ private:
+  SamplingParams p_;
+  Rng rng_;
+  std::vector<float> work_;               // penalised logits
+  std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
+};
+
+}  // namespace baton

@@ -1,0 +1,188 @@
+// Sampler and stop-string matcher: behaviour of each filter, reproducibility from the seed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "runtime/stop.h"
+
+using namespace baton;
+
+static std::vector<float> ramp(int n) {  // logit i = i / 4: token n-1 is the most likely
+  std::vector<float> l(n);
+  for (int i = 0; i < n; i++) l[i] = float(i) / 4.0f;
+  return l;
+}
+
+static std::map<int, int> histogram(SamplingParams p, const std::vector<float>& logits, int draws) {
+  Sampler s(p);
+  std::map<int, int> h;
+  for (int i = 0; i < draws; i++) h[s.sample(logits.data(), int(logits.size()), {})]++;
+  return h;
+}
+
+TEST_CASE("greedy picks the argmax, ties to the lowest id") {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 2.0f, 1.9f};
+  CHECK(s.sample(l.data(), 5, {}) == 1);
+  l[4] = 3.0f;
+  CHECK(s.sample(l.data(), 5, {}) == 4);
+}
+
+TEST_CASE("same seed, same settings: same draws; other seed: other draws") {
+  auto l = ramp(50);
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0;
+  p.seed = 1234;
+  Sampler a(p), b(p);
+  std::vector<int> da, db;
+  for (int i = 0; i < 200; i++) {
+    da.push_back(a.sample(l.data(), 50, {}));
+    db.push_back(b.sample(l.data(), 50, {}));
+  }
+  CHECK(da == db);
+  p.seed = 1235;
+  Sampler c(p);
+  std::vector<int> dc;
+  for (int i = 0; i < 200; i++) dc.push_back(c.sample(l.data(), 50, {}));
+  CHECK(dc != da);
+}
+
+TEST_CASE("top-k keeps only the k most likely") {
+  SamplingParams p;
+  p.temperature = 5.0f;  // flat enough that every token would show up without the filter
+  p.top_k = 3;
+  p.top_p = 1.0f;
+  p.min_p = 0;
+  p.seed = 7;
+  auto h = histogram(p, ramp(20), 2000);
+  REQUIRE(h.size() == 3);
+  CHECK(h.count(19) == 1);
+  CHECK(h.count(18) == 1);
+  CHECK(h.count(17) == 1);
+}
+
+TEST_CASE("top-p keeps the smallest set reaching the mass") {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs, temperature 1).
+  std::vector<float> l = {std::log(0.05f), std::log(0.5f), std::log(0.15f), std::log(0.3f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.min_p = 0;
+  p.top_p = 0.75f;  // 0.5 + 0.3 reaches it
+  p.seed = 3;
+  auto h = histogram(p, l, 4000);
+  REQUIRE(h.size() == 2);
+  CHECK(h.count(1) == 1);
+  CHECK(h.count(3) == 1);
+  // The kept tokens are renormalised: 0.5 / 0.8 = 62.5 %.
+  CHECK(std::abs(h[1] / 4000.0 - 0.625) < 0.03);
+}
+
+TEST_CASE("min-p drops tokens below a fraction of the best") {
+  std::vector<float> l = {std::log(0.05f), std::log(0.5f), std::log(0.15f), std::log(0.3f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.25f;  // floor 0.125: 0.05 goes, 0.15 stays
+  p.seed = 5;
+  auto h = histogram(p, l, 4000);
+  CHECK(h.size() == 3);
+  CHECK(h.count(0) == 0);
+}
+
+TEST_CASE("temperature sharpens and flattens") {
+  std::vector<float> l = {0.0f, 1.0f};
+  SamplingParams p;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0;
+  p.seed = 11;
+  p.temperature = 0.25f;  // p(1) = 1 / (1 + e^-4) ≈ 0.982
+  auto cold = histogram(p, l, 5000);
+  p.temperature = 4.0f;   // p(1) = 1 / (1 + e^-0.25) ≈ 0.562
+  auto hot = histogram(p, l, 5000);
+  CHECK(std::abs(cold[1] / 5000.0 - 0.982) < 0.01);
+  CHECK(std::abs(hot[1] / 5000.0 - 0.562) < 0.03);
+}
+
+TEST_CASE("repetition penalty lowers recent tokens only, whatever the sign") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repeat_penalty = 2.0f;
+  p.repeat_last_n = 2;
+  Sampler s(p);
+  std::vector<float> l = {3.0f, 2.0f, -1.0f, -1.5f};
+  std::vector<int32_t> hist = {0};
+  CHECK(s.sample(l.data(), 4, hist) == 1);  // 3/2 = 1.5 < 2
+  hist = {0, 1};
+  CHECK(s.sample(l.data(), 4, hist) == 0);  // 1.5 vs 1.0
+  hist = {1, 0, 5, 9};                       // only the last 2 count; out-of-vocab ids are ignored
+  CHECK(s.sample(l.data(), 4, hist) == 0);
+  std::vector<float> neg = {-1.0f, -1.2f};
+  hist = {0};
+  CHECK(s.sample(neg.data(), 2, hist) == 1);  // -2.0 < -1.2
+}
+
+TEST_CASE("settings are validated with a message") {
+  SamplingParams p;
+  CHECK(p.validate().empty());
+  p.top_p = 0;
+  CHECK(p.validate().find("top_p") != std::string::npos);
+  p = {};
+  p.temperature = -1;
+  CHECK(p.validate().find("temperature") != std::string::npos);
+  p = {};
+  p.min_p = 2;
+  CHECK(p.validate().find("min_p") != std::string::npos);
+}
+
+TEST_CASE("stop matcher holds back partial matches and cuts at the stop string") {
+  StopMatcher m({"</end>", "STOP"});
+  std::string shown;
+  shown += m.push("Hello </e");
+  CHECK(shown == "Hello ");  // "</e" might become "</end>"
+  shown += m.push("nvelope> S");
+  CHECK(shown == "Hello </envelope> ");
+  CHECK(m.held() == 1);
+  shown += m.push("TO");
+  CHECK(shown == "Hello </envelope> ");
+  shown += m.push("P and more");
+  CHECK(m.stopped());
+  CHECK(m.matched() == "STOP");
+  CHECK(shown == "Hello </envelope> ");
+  CHECK(m.push("x").empty());
+  CHECK(m.flush().empty());
+}
+
+TEST_CASE("stop matcher: the earliest-starting stop wins; unfinished prefix is flushed at the end") {
+  StopMatcher m({"bc", "abcd"});
+  CHECK(m.push("xab") == "x");
+  CHECK(m.push("cd").empty());
+  CHECK(m.stopped());
+  CHECK(m.matched() == "abcd");
+  StopMatcher n({"###"});
+  std::string s = n.push("a##");
+  CHECK(s == "a");
+  CHECK(n.flush() == "##");
+  StopMatcher none;
+  CHECK(none.push("anything") == "anything");
+}
+
+TEST_CASE("utf8 tail detection") {
+  CHECK(utf8_incomplete_tail("abc") == 0);
+  CHECK(utf8_incomplete_tail("a\xC3") == 1);
+  CHECK(utf8_incomplete_tail("a\xC3\xA9") == 0);
+  CHECK(utf8_incomplete_tail("\xE2\x82") == 2);
+  CHECK(utf8_incomplete_tail("\xE2\x82\xAC") == 0);
+  CHECK(utf8_incomplete_tail("\xF0\x9F\x98") == 3);
+  CHECK(utf8_incomplete_tail("\xF0\x9F\x98\x80") == 0);
+}
