@@ -1,0 +1,53 @@
+#include "runtime/buffers.h"
+
+#include <algorithm>
+
+#include "gguf/error.h"
+
+namespace baton {
+
+bool is_kv_type(GgmlType t) { return t == GgmlType::F16 || t == GgmlType::Q8_0; }
+
+uint64_t kv_cells(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_parallel) {
+  BATON_CHECK(il < s.layers.size());
+  const uint32_t w = s.layers[il].sliding_window;
+  const uint64_t per_seq = w > 0 ? std::min(w, n_ctx) : n_ctx;
+  return per_seq * n_parallel;
+}
+
+namespace {
+// Bytes of a row of n elements, rounding a partial block up to a whole one.
+uint64_t row_bytes_ceil(GgmlType t, uint64_t n) {
+  const TypeTraits& tt = traits(t);
+  return (n + tt.block_elems - 1) / tt.block_elems * tt.block_bytes;
+}
+}  // namespace
+
+uint64_t kv_layer_bytes(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_parallel, GgmlType kv_type) {
+  BATON_CHECK(is_kv_type(kv_type));
+  const uint64_t heads = s.layers.at(il).n_head_kv;
+  const uint64_t per_cell = row_bytes_ceil(kv_type, heads * s.head_dim_k) + row_bytes_ceil(kv_type, heads * s.head_dim_v);
+  return kv_cells(s, il, n_ctx, n_parallel) * per_cell;
+}
+
+ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage) {
+  const uint64_t B = n_batch, f = sizeof(float);
+  const uint64_t kvh = s.max_head_kv();
+  const uint64_t att_out = std::max<uint64_t>(s.n_embd, uint64_t(s.n_head) * s.head_dim_v);
+  const uint64_t widest = std::max<uint64_t>({s.n_embd, s.n_ff, att_out, uint64_t(s.n_head) * s.head_dim_k});
+  ScratchLayout L;
+  L.x = align_buffer(B * s.n_embd * f);
+  L.xb = align_buffer(B * s.n_embd * f);
+  L.xb2 = align_buffer(B * att_out * f);
+  L.q = align_buffer(B * s.n_head * s.head_dim_k * f);
+  L.k = align_buffer(B * kvh * s.head_dim_k * f);
+  L.v = align_buffer(B * kvh * s.head_dim_v * f);
+  L.att = align_buffer(uint64_t(s.n_head) * B * n_ctx * f);
+  L.hb = align_buffer(B * s.n_ff * f);
+  L.hb2 = align_buffer(B * s.n_ff * f);
+  L.xq = align_buffer(B * row_bytes_ceil(GgmlType::Q8_K, widest));
+  L.logits = on_last_stage ? align_buffer(B * s.n_vocab * f) : 0;
+  return L;
+}
+
+}  // namespace baton

@@ -1,0 +1,264 @@
+#include "runtime/devices.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "gguf/error.h"
+#if defined(BATON_HAVE_CUDA)
+#include "kernels/cuda/device_info.h"
+#endif
+
+namespace baton {
+
+bool have_cuda_backend() {
+#if defined(BATON_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+ProbedDevice probe_cpu() {
+  ProbedDevice d;
+  d.kind = DeviceKind::Cpu;
+  d.name = "cpu";
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") d.total_bytes = kb * 1024;
+    else if (key == "MemAvailable:") d.free_bytes = kb * 1024;
+  }
+  if (d.total_bytes == 0) {  // no /proc: ask the C library
+    const long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) d.total_bytes = uint64_t(pages) * uint64_t(page);
+    if (avail > 0 && page > 0) d.free_bytes = uint64_t(avail) * uint64_t(page);
+  }
+  if (d.free_bytes == 0 || d.free_bytes > d.total_bytes) d.free_bytes = d.total_bytes;
+  return d;
+}
+
+std::vector<ProbedDevice> probe_devices() {
+  std::vector<ProbedDevice> out{probe_cpu()};
+#if defined(BATON_HAVE_CUDA)
+  for (const auto& g : cuda::list_devices()) {
+    ProbedDevice d;
+    d.kind = DeviceKind::Cuda;
+    d.index = g.index;
+    d.name = g.name;
+    d.total_bytes = g.total_bytes;
+    d.free_bytes = g.free_bytes;
+    d.cc_major = g.cc_major;
+    d.cc_minor = g.cc_minor;
+    out.push_back(d);
+  }
+#endif
+  return out;
+}
+
+// ---- sizes --------------------------------------------------------------------------------------
+
+uint64_t parse_size(std::string_view text, std::string_view what) {
+  auto bad = [&](const char* why) -> uint64_t {
+    fail(ErrorKind::Usage, "{} '{}' is not a valid size ({}): use e.g. 512MiB, 20GiB, 1.5GB or a byte count", what,
+         text, why);
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) i++;
+  const std::string num(text.substr(0, i));
+  std::string unit(text.substr(i));
+  for (char& c : unit) c = char(std::tolower((unsigned char)c));
+  if (num.empty() || std::count(num.begin(), num.end(), '.') > 1 || num == ".") return bad("no number");
+  struct Unit { const char* name; double mult; };
+  static const Unit units[] = {
+    {"", 1}, {"b", 1},
+    {"k", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
+    {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+    {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+    {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+  };
+  const Unit* u = nullptr;
+  for (const Unit& x : units)
+    if (unit == x.name) u = &x;
+  if (!u) return bad("unknown unit");
+  const bool integral = num.find('.') == std::string::npos;
+  if (integral && u->mult == 1) {  // plain byte counts stay exact
+    if (num.size() > 19) return bad("too large");
+    return std::stoull(num);
+  }
+  const double v = std::strtod(num.c_str(), nullptr) * u->mult;
+  if (!std::isfinite(v) || v >= 1.8e19) return bad("too large");
+  if (u->mult == 1 && v != std::floor(v)) return bad("a fraction of a byte");
+  return uint64_t(std::llround(v));
+}
+
+std::string format_bytes(uint64_t b) {
+  static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int k = 0;
+  while (v >= 1024 && k < 4) { v /= 1024; k++; }
+  if (k == 0) return fmt::format("{} B", b);
+  return fmt::format("{:.{}f} {}", v, v >= 100 ? 0 : v >= 10 ? 1 : 2, names[k]);
+}
+
+// ---- --devices ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace((unsigned char)s[b])) b++;
+  while (e > b && std::isspace((unsigned char)s[e - 1])) e--;
+  return std::string(s.substr(b, e - b));
+}
+
+struct Entry {
+  DeviceKind kind;
+  int index;       // -1: no index given
+  bool has_budget;
+  uint64_t budget;
+  std::string text;
+};
+
+Entry parse_entry(const std::string& text) {
+  Entry e{DeviceKind::Cpu, -1, false, 0, text};
+  std::string dev = text;
+  if (const size_t eq = text.find('='); eq != std::string::npos) {
+    dev = trim(text.substr(0, eq));
+    e.has_budget = true;
+    e.budget = parse_size(trim(text.substr(eq + 1)), fmt::format("budget of device '{}'", dev));
+    if (e.budget == 0) fail(ErrorKind::Usage, "device '{}' has a budget of 0 bytes", text);
+  }
+  std::string lower = dev;
+  for (char& c : lower) c = char(std::tolower((unsigned char)c));
+  std::string name = lower, idx;
+  if (const size_t colon = lower.find(':'); colon != std::string::npos) {
+    name = lower.substr(0, colon);
+    idx = lower.substr(colon + 1);
+  }
+  if (name == "cpu") {
+    if (!idx.empty()) fail(ErrorKind::Usage, "device '{}': the CPU takes no index (write 'cpu' or 'cpu=SIZE')", text);
+    e.kind = DeviceKind::Cpu;
+    e.index = 0;
+  } else if (name == "cuda" || name == "gpu") {
+    e.kind = DeviceKind::Cuda;
+    if (lower.find(':') != std::string::npos) {
+      if (idx.empty() || idx.size() > 3 || !std::all_of(idx.begin(), idx.end(), [](char c) { return std::isdigit((unsigned char)c); }))
+        fail(ErrorKind::Usage, "device '{}': the GPU index must be a number, as in cuda:0", text);
+      e.index = std::stoi(idx);
+    }
+  } else {
+    fail(ErrorKind::Usage, "unknown device '{}' (use auto, cpu, cuda:N, cuda, each optionally =SIZE)", text);
+  }
+  return e;
+}
+
+std::string label_of(DeviceKind kind, int index) {
+  if (kind == DeviceKind::Cpu) return "cpu";
+  return index < 0 ? std::string("cuda") : fmt::format("cuda:{}", index);
+}
+
+}  // namespace
+
+std::vector<DeviceSpec> parse_devices(std::string_view spec_in, const std::vector<ProbedDevice>& probed,
+                                      bool allow_hypothetical) {
+  const std::string spec = trim(spec_in);
+  if (spec.empty()) fail(ErrorKind::Usage, "--devices is empty (use auto, or a list such as cuda:0,cpu)");
+
+  const ProbedDevice* cpu = nullptr;
+  std::vector<const ProbedDevice*> gpus;
+  for (const auto& p : probed) {
+    if (p.kind == DeviceKind::Cpu) cpu = &p;
+    else gpus.push_back(&p);
+  }
+
+  std::vector<Entry> entries;
+  if (spec == "auto") {
+    // GPUs by free memory, largest first (ties: lower ordinal first), then the CPU.
+    std::stable_sort(gpus.begin(), gpus.end(), [](auto* a, auto* b) { return a->free_bytes > b->free_bytes; });
+    for (auto* g : gpus) entries.push_back({DeviceKind::Cuda, g->index, false, 0, fmt::format("cuda:{}", g->index)});
+    entries.push_back({DeviceKind::Cpu, 0, false, 0, "cpu"});
+  } else {
+    std::stringstream ss(spec);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      item = trim(item);
+      if (item.empty()) fail(ErrorKind::Usage, "--devices '{}' has an empty entry", spec);
+      if (item == "auto") fail(ErrorKind::Usage, "--devices: 'auto' cannot be combined with other entries");
+      entries.push_back(parse_entry(item));
+    }
+  }
+
+  auto find_probed = [&](const Entry& e) -> const ProbedDevice* {
+    if (e.kind == DeviceKind::Cpu) return cpu;
+    if (e.index < 0) return nullptr;
+    for (auto* g : gpus)
+      if (g->index == e.index) return g;
+    return nullptr;
+  };
+
+  // How many entries share each physical device: they split its free memory when unbudgeted.
+  std::map<std::pair<int, int>, int> unbudgeted;
+  std::map<std::pair<int, int>, uint64_t> budgeted;
+  for (const Entry& e : entries) {
+    if (!find_probed(e)) continue;
+    const auto key = std::make_pair(int(e.kind), e.index);
+    if (e.has_budget) budgeted[key] += e.budget;
+    else unbudgeted[key]++;
+  }
+
+  std::vector<DeviceSpec> out;
+  for (const Entry& e : entries) {
+    DeviceSpec d;
+    d.kind = e.kind;
+    d.index = e.index;
+    d.label = label_of(e.kind, e.index);
+    d.budget_given = e.has_budget;
+    const ProbedDevice* p = find_probed(e);
+    if (!p) {
+      const std::string where = have_cuda_backend() ? fmt::format("{} GPU(s) visible", gpus.size())
+                                                    : std::string("this build has no CUDA backend");
+      if (!allow_hypothetical)
+        fail(ErrorKind::Usage, "unknown device '{}' ({}); hypothetical devices are only for `baton plan`", e.text, where);
+      if (!e.has_budget)
+        fail(ErrorKind::Usage, "device '{}' is not present ({}): give it a budget to plan with, as in {}=24GiB", e.text,
+             where, d.label);
+      d.present = false;
+      d.budget = e.budget;
+      d.runtime_reserve = e.kind == DeviceKind::Cuda ? kCudaContextEstimate + kCudaWorkspaceReserve : 0;
+      out.push_back(d);
+      continue;
+    }
+    d.present = true;
+    d.total_bytes = p->total_bytes;
+    d.free_bytes = p->free_bytes;
+    const auto key = std::make_pair(int(e.kind), e.index);
+    if (e.has_budget) {
+      if (e.budget > p->total_bytes)
+        fail(ErrorKind::Usage, "device '{}': budget {} is larger than the device ({} in total)", e.text,
+             format_bytes(e.budget), format_bytes(p->total_bytes));
+      if (budgeted[key] > p->total_bytes)
+        fail(ErrorKind::Usage, "the budgets given for {} add up to {}, more than the device has ({})", d.label,
+             format_bytes(budgeted[key]), format_bytes(p->total_bytes));
+      d.budget = e.budget;
+    } else {
+      // Unbudgeted entries share what is free after the budgeted ones.
+      const uint64_t rest = p->free_bytes > budgeted[key] ? p->free_bytes - budgeted[key] : 0;
+      d.budget = rest / uint64_t(unbudgeted[key]);
+    }
+    d.runtime_reserve = e.kind == DeviceKind::Cuda ? kCudaWorkspaceReserve : 0;
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace baton

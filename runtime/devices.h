@@ -1,0 +1,70 @@
+// Devices are values. Probing reports what this machine has; parse_devices turns a `--devices`
+// string into the ordered list of stage candidates the planner fills, each with a byte budget.
+//
+//   auto                         every CUDA GPU by free memory (largest first), then the CPU
+//   cuda:0,cuda:1,cpu            explicit order; budgets default to free memory
+//   cuda:0=20GiB,cpu=8GiB        explicit budgets
+//   cpu=2GiB,cpu=2GiB            the same device twice: two stages (virtual devices)
+//   cuda=24GiB,cuda=24GiB        hypothetical GPUs (planning only: `baton plan`)
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton {
+
+enum class DeviceKind { Cpu, Cuda };
+
+// What probing found on this machine.
+struct ProbedDevice {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = 0;             // CUDA ordinal (after CUDA_VISIBLE_DEVICES); 0 for the CPU
+  std::string name;          // "NVIDIA H100 80GB HBM3", "cpu"
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;   // CPU: MemAvailable; CUDA: cudaMemGetInfo after our context exists
+  int cc_major = 0, cc_minor = 0;
+};
+
+// The CPU (always first in the list), then every visible GPU when built with CUDA.
+std::vector<ProbedDevice> probe_devices();
+// Total and available memory from /proc/meminfo (falls back to sysconf when it is unreadable).
+ProbedDevice probe_cpu();
+bool have_cuda_backend();  // compiled with CUDA
+
+// Memory the CUDA runtime itself holds on a GPU, outside our tensors. For a present GPU the
+// context already exists when free memory is measured, so only the cuBLAS workspace and stream
+// bookkeeping are left to reserve. A hypothetical GPU has nothing to measure: it also reserves an
+// estimate of the context (driver, kernel images) out of the budget the user gave.
+inline constexpr uint64_t kCudaWorkspaceReserve = 64ull << 20;
+inline constexpr uint64_t kCudaContextEstimate = 512ull << 20;
+
+// One entry of the device list: one pipeline stage candidate.
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = 0;                 // CUDA ordinal; -1 for a hypothetical `cuda` without one
+  bool present = true;           // false: not on this machine (planning only)
+  std::string label;             // "cpu", "cuda:0", "cuda" (hypothetical), for tables
+  uint64_t budget = 0;           // bytes the plan may use on this entry, runtime reserve included
+  uint64_t runtime_reserve = 0;  // part of the budget held by the runtime itself (see above)
+  bool budget_given = false;     // budget came from the user (=SIZE)
+  uint64_t total_bytes = 0;      // physical memory of the device; 0 when hypothetical
+  uint64_t free_bytes = 0;       // free when probed; a budget above it is allowed but flagged
+
+  bool is_gpu() const { return kind == DeviceKind::Cuda; }
+};
+
+// Parse a --devices string against the probed devices. allow_hypothetical: `cuda` without an
+// index, or an index that is not present, is accepted when it has a budget (for `baton plan`).
+// Entries without a budget split the device's free memory evenly between them. Throws
+// Error(Usage) for unknown devices, malformed sizes, and budgets larger than the device.
+std::vector<DeviceSpec> parse_devices(std::string_view spec, const std::vector<ProbedDevice>& probed,
+                                      bool allow_hypothetical);
+
+// "512MiB", "20GiB", "1.5GB", "1000000", "2K" -> bytes. Binary (KiB, MiB, GiB, TiB) and decimal
+// (KB, MB, GB, TB; K/M/G/T alone are binary) units. Error(Usage) naming `what` on bad input.
+uint64_t parse_size(std::string_view text, std::string_view what = "size");
+// 1536 MiB -> "1.50 GiB": three significant digits, binary units.
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace baton

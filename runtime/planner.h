@@ -1,0 +1,88 @@
+// The planner: which device holds which contiguous block of layers, and how many bytes each needs.
+// A pure function of the model's shape, the device list and the options; no GPU, no file data.
+// docs/PLACEMENT.md explains the policy with worked examples.
+//
+// Per stage: weights(layers [+ embedding] [+ head]) + KV(layers) + scratch + reserve <= budget.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "quant/types.h"
+#include "runtime/devices.h"
+#include "runtime/shape.h"
+
+namespace baton {
+
+struct PlanOptions {
+  uint32_t n_ctx = 4096;      // context per sequence (tokens)
+  uint32_t n_parallel = 1;    // sequences held at once; KV cells = n_ctx × n_parallel
+  uint32_t n_batch = 512;     // tokens per forward step (clamped to n_ctx × n_parallel)
+  GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
+  // User margin per device entry, on top of the device's runtime reserve. Empty: none; one value:
+  // the same for every entry; otherwise one value per entry.
+  std::vector<uint64_t> reserve;
+  // Proportions per device entry (`--tensor-split 3,1`); entries past the end get 0. Empty: fill.
+  std::vector<double> tensor_split;
+  int n_gpu_layers = -1;      // at most this many layers on GPU entries (the first ones); -1: no cap
+  bool no_cpu_spill = false;  // with GPU entries listed: fail instead of putting layers on the CPU
+  bool spread = false;        // use every GPU entry (in proportion to memory) even if one would do
+};
+
+struct Stage {
+  size_t device = 0;           // index into Plan::devices
+  std::string label;           // the device's label
+  uint32_t layer_begin = 0;    // layers [layer_begin, layer_end); may be empty for a head-only stage
+  uint32_t layer_end = 0;
+  bool has_embedding = false;  // holds token_embd for the input lookup (the first stage)
+  bool has_output = false;     // holds output_norm + the head and produces logits (the last stage)
+  uint64_t layer_weight_bytes = 0;  // blk.N.* of its layers
+  uint64_t embedding_bytes = 0;
+  uint64_t output_bytes = 0;        // output_norm + head (0 for a tied head on the embedding's stage)
+  uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
+  uint64_t kv_bytes = 0;
+  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output)
+  uint64_t reserve_bytes = 0;       // device runtime reserve + user margin
+  uint64_t budget = 0;
+
+  uint32_t n_layers() const { return layer_end - layer_begin; }
+  uint64_t weight_bytes() const { return layer_weight_bytes + embedding_bytes + output_bytes + shared_bytes; }
+  uint64_t total_bytes() const { return weight_bytes() + kv_bytes + scratch_bytes + reserve_bytes; }
+  int64_t free_bytes() const { return int64_t(budget) - int64_t(total_bytes()); }  // < 0: over budget
+};
+
+struct Shortfall {
+  size_t device = 0;   // index into Plan::devices
+  std::string label;
+  uint64_t bytes = 0;  // how much more the device would need
+};
+
+struct Plan {
+  std::string model;       // shape name
+  uint32_t n_layer = 0;
+  PlanOptions options;     // as used (n_batch clamped)
+  std::vector<DeviceSpec> devices;
+  std::vector<Stage> stages;     // in pipeline order; devices that got nothing have no stage
+  std::string policy;            // "fill", "spread", "tensor-split", with "+ n-gpu-layers N"
+  bool fits = false;
+  std::vector<Shortfall> shortfalls;  // empty when it fits
+  std::vector<std::string> notes;     // things the user should see (budgets above free memory, ...)
+
+  uint64_t total_bytes() const;
+  uint64_t kv_bytes() const;
+};
+
+// Throws Error(Usage) for contradictory options (no CPU entry for the layers n_gpu_layers leaves,
+// a tensor split that names no device, ...). A plan that does not fit is a result, not an error.
+Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options);
+
+// Human table (with the shortfall when it does not fit) and JSON (bytes exact, layer ranges
+// half-open).
+std::string format_plan(const Plan& p, const ModelShape& shape);
+nlohmann::json plan_to_json(const Plan& p, const ModelShape& shape);
+// "cuda short by 1.20 GiB (1288490189 bytes); cpu short by ..."; empty when it fits.
+std::string shortfall_message(const Plan& p);
+
+}  // namespace baton

@@ -1,0 +1,267 @@
+#include "runtime/shape.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "gguf/gguf.h"
+
+namespace baton {
+
+uint32_t ModelShape::max_head_kv() const {
+  uint32_t m = 0;
+  for (const auto& l : layers) m = std::max(m, l.n_head_kv);
+  return m;
+}
+
+uint64_t ModelShape::layer_weight_bytes() const {
+  uint64_t s = 0;
+  for (const auto& l : layers) s += l.weight_bytes;
+  return s;
+}
+
+uint64_t ModelShape::total_weight_bytes() const {
+  return layer_weight_bytes() + embedding_bytes + (tied_output ? 0 : output_bytes) +
+         output_norm_bytes + shared_bytes;
+}
+
+bool layer_is_global(uint32_t il, uint32_t swa_period) {
+  return swa_period != 0 && (il + 1) % swa_period == 0;
+}
+
+namespace {
+
+// Architectures whose files carry a sliding window but not its layer pattern: every
+// period-th layer is global. An unknown architecture with a window and no pattern is treated as
+// all-global: that over-counts its KV cache, which is the safe side.
+uint32_t default_swa_period(const std::string& arch) {
+  if (arch == "gemma3") return 6;
+  if (arch == "gemma2" || arch == "gpt-oss") return 2;
+  if (arch == "cohere2") return 4;
+  return 1;
+}
+
+// "blk.17.attn_q.weight" -> 17; -1 for anything else.
+int64_t block_index(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const char* b = name.data() + 4;
+  const char* e = name.data() + name.size();
+  int64_t v = -1;
+  auto [p, ec] = std::from_chars(b, e, v);
+  if (ec != std::errc() || p == b || p == e || *p != '.') return -1;
+  return v;
+}
+
+uint32_t get_u32(const gguf::File& f, const std::string& key) {
+  const int64_t v = f.get<int64_t>(key);
+  if (v <= 0 || v > int64_t(UINT32_MAX)) fail(ErrorKind::Model, "{}: metadata '{}' = {} is out of range", f.path(), key, v);
+  return uint32_t(v);
+}
+
+// A key that holds either one integer or one integer per layer.
+std::vector<int64_t> ints(const gguf::File& f, const std::string& key) {
+  const gguf::Value* v = f.find(key);
+  if (!v) fail(ErrorKind::Model, "{}: missing metadata key '{}'", f.path(), key);
+  std::vector<int64_t> out = v->type == gguf::ValueType::ARRAY ? f.get_ints(key) : std::vector<int64_t>{f.get<int64_t>(key)};
+  for (int64_t x : out)
+    if (x < 0 || x > int64_t(UINT32_MAX)) fail(ErrorKind::Model, "{}: metadata '{}' holds {}, out of range", f.path(), key, x);
+  if (out.empty()) fail(ErrorKind::Model, "{}: metadata '{}' is an empty array", f.path(), key);
+  return out;
+}
+
+}  // namespace
+
+ModelShape shape_from_gguf(const gguf::File& f) {
+  ModelShape s;
+  s.architecture = f.architecture();
+  s.name = f.get_or<std::string>("general.name", s.architecture);
+  s.n_layer = get_u32(f, f.arch_key("block_count"));
+  s.n_embd = get_u32(f, f.arch_key("embedding_length"));
+  s.n_ff = 0;  // some files give one value per layer: the largest sizes the scratch buffers
+  for (int64_t v : ints(f, f.arch_key("feed_forward_length"))) s.n_ff = std::max(s.n_ff, uint32_t(v));
+  for (int64_t h : ints(f, f.arch_key("attention.head_count"))) s.n_head = std::max(s.n_head, uint32_t(h));
+  if (s.n_head == 0) fail(ErrorKind::Model, "{}: '{}' is 0", f.path(), f.arch_key("attention.head_count"));
+  s.n_ctx_train = f.get_or<uint32_t>(f.arch_key("context_length"), 0);
+  s.head_dim_k = f.get_or<uint32_t>(f.arch_key("attention.key_length"), s.n_embd / s.n_head);
+  s.head_dim_v = f.get_or<uint32_t>(f.arch_key("attention.value_length"), s.n_embd / s.n_head);
+
+  // Per-layer KV head counts: a scalar, or an array with one entry per layer.
+  std::vector<uint32_t> kv(s.n_layer, s.n_head);
+  if (const std::string key = f.arch_key("attention.head_count_kv"); f.has(key)) {
+    const auto v = ints(f, key);
+    if (v.size() == 1) std::fill(kv.begin(), kv.end(), uint32_t(v[0]));
+    else if (v.size() == s.n_layer) for (size_t i = 0; i < v.size(); i++) kv[i] = uint32_t(v[i]);
+    else fail(ErrorKind::Model, "{}: '{}' has {} entries for {} layers", f.path(), key, v.size(), s.n_layer);
+  }
+
+  // Sliding window and which layers use it. The pattern key, when present, is either a period
+  // (every N-th layer global) or one flag per layer (true: sliding).
+  uint32_t window = 0;
+  if (const std::string key = f.arch_key("attention.sliding_window"); f.has(key)) window = f.get<uint32_t>(key);
+  std::vector<bool> sliding(s.n_layer, false);
+  if (window > 0) {
+    const std::string key = f.arch_key("attention.sliding_window_pattern");
+    const gguf::Value* pat = f.find(key);
+    if (pat && pat->type == gguf::ValueType::ARRAY) {
+      if (pat->arr.size() != s.n_layer)
+        fail(ErrorKind::Model, "{}: '{}' has {} entries for {} layers", f.path(), key, pat->arr.size(), s.n_layer);
+      for (size_t i = 0; i < pat->arr.size(); i++) sliding[i] = pat->arr[i].u != 0 || pat->arr[i].i != 0;
+    } else {
+      const uint32_t period = pat ? f.get<uint32_t>(key) : default_swa_period(s.architecture);
+      for (uint32_t i = 0; i < s.n_layer; i++) sliding[i] = !layer_is_global(i, period);
+    }
+  }
+
+  s.layers.resize(s.n_layer);
+  for (uint32_t i = 0; i < s.n_layer; i++) {
+    s.layers[i].n_head_kv = kv[i];
+    s.layers[i].sliding_window = sliding[i] ? window : 0;
+  }
+
+  // Bytes: every tensor is counted exactly once, by where it is used.
+  bool have_output = false;
+  for (const auto& t : f.tensors()) {
+    const int64_t il = block_index(t.name);
+    if (il >= 0) {
+      if (il >= int64_t(s.n_layer))
+        fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
+      s.layers[size_t(il)].weight_bytes += t.nbytes;
+    } else if (t.name == "token_embd.weight") {
+      s.embedding_bytes += t.nbytes;
+      s.n_vocab = uint32_t(t.ne[1]);
+    } else if (t.name.rfind("output.", 0) == 0) {
+      s.output_bytes += t.nbytes;
+      have_output = true;
+    } else if (t.name.rfind("output_norm.", 0) == 0) {
+      s.output_norm_bytes += t.nbytes;
+    } else {
+      s.shared_bytes += t.nbytes;
+    }
+  }
+  if (s.embedding_bytes == 0) fail(ErrorKind::Model, "{}: no token_embd.weight tensor", f.path());
+  if (!have_output) {
+    s.tied_output = true;
+    s.output_bytes = s.embedding_bytes;
+  }
+  if (const std::string key = f.arch_key("vocab_size"); f.has(key)) {
+    const uint32_t v = f.get<uint32_t>(key);
+    if (v != s.n_vocab) fail(ErrorKind::Model, "{}: '{}' = {} but token_embd has {} rows", f.path(), key, v, s.n_vocab);
+  }
+  return s;
+}
+
+// ---- presets ----------------------------------------------------------------------------------
+
+const std::vector<ShapePreset>& shape_presets() {
+  // From the models' published config.json files (hidden_size, num_hidden_layers, heads, kv heads,
+  // head_dim, intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings).
+  static const std::vector<ShapePreset> k = {
+    // name, arch, what, layers, embd, heads, kv heads, head_dim, ff, vocab, ctx, tied, window, period, rope, eps, bias
+    {"smollm2-135m", "llama", "SmolLM2 135M (tied head)", 30, 576, 9, 3, 64, 1536, 49152, 8192, true, 0, 0, 100000.f, 1e-5f, false},
+    {"gemma3-270m", "gemma3", "Gemma 3 270M (tied head, 262k vocab, window 512)", 18, 640, 4, 1, 256, 2048, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
+    {"gemma3-1b", "gemma3", "Gemma 3 1B (tied head, 262k vocab, window 512)", 26, 1152, 4, 1, 256, 6912, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
+    {"qwen2-7b", "qwen2", "Qwen2 7B (q/k/v bias)", 28, 3584, 28, 4, 128, 18944, 152064, 32768, false, 0, 0, 1000000.f, 1e-6f, true},
+    {"llama3-8b", "llama", "Llama 3 8B", 32, 4096, 32, 8, 128, 14336, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
+    {"llama3-70b", "llama", "Llama 3 70B", 80, 8192, 64, 8, 128, 28672, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
+  };
+  return k;
+}
+
+const ShapePreset& find_preset(std::string_view name) {
+  std::string names;
+  for (const auto& p : shape_presets()) {
+    if (name == p.name) return p;
+    names += std::string(names.empty() ? "" : ", ") + p.name;
+  }
+  fail(ErrorKind::Usage, "unknown shape '{}' (known shapes: {})", name, names);
+}
+
+uint64_t TensorSpec::nbytes() const {
+  int64_t rows = 1;
+  for (size_t i = 1; i < dims.size(); i++) rows *= dims[i];
+  return uint64_t(rows) * row_bytes(type, dims.at(0));
+}
+
+GgmlType weight_type_for_row(GgmlType wanted, int64_t row) {
+  const uint32_t block = traits(wanted).block_elems;
+  if (row % block == 0) return wanted;
+  GgmlType alt = GgmlType::F16;
+  switch (wanted) {
+    case GgmlType::Q2_K: case GgmlType::Q3_K: alt = GgmlType::Q4_0; break;
+    case GgmlType::Q4_K: alt = GgmlType::Q5_0; break;
+    case GgmlType::Q5_K: alt = GgmlType::Q5_1; break;
+    case GgmlType::Q6_K: alt = GgmlType::Q8_0; break;
+    default: break;
+  }
+  return row % traits(alt).block_elems == 0 ? alt : GgmlType::F16;
+}
+
+std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
+  const int64_t E = p.n_embd, F = p.n_ff, V = p.n_vocab;
+  const int64_t q = int64_t(p.n_head) * p.head_dim, kv = int64_t(p.n_head_kv) * p.head_dim;
+  std::vector<TensorSpec> out;
+  auto mat = [&](std::string name, int64_t cols, int64_t rows) {
+    out.push_back({std::move(name), weight_type_for_row(type, cols), {cols, rows}});
+  };
+  auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
+  const bool gemma = std::string_view(p.architecture) == "gemma3";
+
+  mat("token_embd.weight", E, V);
+  for (uint32_t i = 0; i < p.n_layer; i++) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    vec(b + "attn_norm.weight", E);
+    mat(b + "attn_q.weight", E, q);
+    mat(b + "attn_k.weight", E, kv);
+    mat(b + "attn_v.weight", E, kv);
+    if (p.qkv_bias) {
+      vec(b + "attn_q.bias", q);
+      vec(b + "attn_k.bias", kv);
+      vec(b + "attn_v.bias", kv);
+    }
+    if (gemma) {
+      vec(b + "attn_q_norm.weight", p.head_dim);
+      vec(b + "attn_k_norm.weight", p.head_dim);
+    }
+    mat(b + "attn_output.weight", q, E);
+    if (gemma) vec(b + "post_attention_norm.weight", E);
+    vec(b + "ffn_norm.weight", E);
+    mat(b + "ffn_gate.weight", E, F);
+    mat(b + "ffn_up.weight", E, F);
+    mat(b + "ffn_down.weight", F, E);
+    if (gemma) vec(b + "post_ffw_norm.weight", E);
+  }
+  vec("output_norm.weight", E);
+  if (!p.tied) mat("output.weight", E, V);
+  return out;
+}
+
+ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
+  ModelShape s;
+  s.name = p.name;
+  s.architecture = p.architecture;
+  s.n_layer = p.n_layer;
+  s.n_embd = p.n_embd;
+  s.n_head = p.n_head;
+  s.head_dim_k = s.head_dim_v = p.head_dim;
+  s.n_ff = p.n_ff;
+  s.n_vocab = p.n_vocab;
+  s.n_ctx_train = p.n_ctx_train;
+  s.layers.resize(p.n_layer);
+  for (uint32_t i = 0; i < p.n_layer; i++) {
+    s.layers[i].n_head_kv = p.n_head_kv;
+    s.layers[i].sliding_window = p.sliding_window && !layer_is_global(i, p.swa_period) ? p.sliding_window : 0;
+  }
+  bool have_output = false;
+  for (const TensorSpec& t : preset_tensors(p, type)) {
+    const uint64_t n = t.nbytes();
+    if (t.name.rfind("blk.", 0) == 0) s.layers[std::stoul(t.name.substr(4))].weight_bytes += n;
+    else if (t.name == "token_embd.weight") s.embedding_bytes += n;
+    else if (t.name == "output.weight") { s.output_bytes += n; have_output = true; }
+    else if (t.name == "output_norm.weight") s.output_norm_bytes += n;
+    else s.shared_bytes += n;
+  }
+  s.tied_output = !have_output;
+  if (s.tied_output) s.output_bytes = s.embedding_bytes;
+  return s;
+}
+
+}  // namespace baton

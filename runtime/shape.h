@@ -1,0 +1,96 @@
+// ModelShape: everything the planner needs to know about a model, without any tensor data.
+// Built from a GGUF file's metadata and tensor infos, or from a named preset (published configs)
+// plus a quant type, so `baton plan --shape llama3-70b --type Q4_K` works with no file at all.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quant/types.h"
+
+namespace baton {
+namespace gguf { class File; }
+
+// One repeating block (blk.N.*).
+struct LayerShape {
+  uint32_t n_head_kv = 0;
+  uint32_t sliding_window = 0;  // 0: global attention over the whole context; W: the last W tokens
+  uint64_t weight_bytes = 0;    // sum of nbytes of every blk.N.* tensor
+
+  bool operator==(const LayerShape&) const = default;
+};
+
+struct ModelShape {
+  std::string name;          // preset name, or general.name of a file
+  std::string architecture;  // general.architecture: llama, qwen2, gemma3, ...
+  uint32_t n_layer = 0;
+  uint32_t n_embd = 0;
+  uint32_t n_head = 0;
+  uint32_t head_dim_k = 0;   // attention.key_length (default n_embd / n_head)
+  uint32_t head_dim_v = 0;   // attention.value_length (default n_embd / n_head)
+  uint32_t n_ff = 0;
+  uint32_t n_vocab = 0;
+  uint32_t n_ctx_train = 0;  // context_length
+  std::vector<LayerShape> layers;  // n_layer entries
+
+  uint64_t embedding_bytes = 0;    // token_embd.weight
+  bool tied_output = false;        // no output.weight: the head multiplies by token_embd
+  uint64_t output_bytes = 0;       // output.weight, or token_embd's bytes when tied
+  uint64_t output_norm_bytes = 0;  // output_norm.weight (and its bias, if any)
+  // Tensors outside blk.N.*, token_embd, output and output_norm (e.g. rope_freqs.weight): every
+  // stage needs its own copy, so the planner charges them to each stage.
+  uint64_t shared_bytes = 0;
+
+  uint32_t max_head_kv() const;
+  uint64_t layer_weight_bytes() const;  // sum over layers
+  // Every byte of weights counted once (what the file holds; a tied head is not counted twice).
+  uint64_t total_weight_bytes() const;
+
+  bool operator==(const ModelShape&) const = default;
+};
+
+// From metadata and tensor infos only; never touches tensor data. Throws Error(Model) naming the
+// missing key or the inconsistency.
+ModelShape shape_from_gguf(const gguf::File& f);
+
+// ---- presets: published configurations of real models --------------------------------------
+
+struct ShapePreset {
+  const char* name;          // what users type: --shape llama3-8b
+  const char* architecture;  // llama, qwen2, gemma3
+  const char* what;          // one line for --help
+  uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+  bool tied;                 // no output.weight
+  uint32_t sliding_window;   // 0: none
+  uint32_t swa_period;       // every swa_period-th layer is global (gemma3: 6); 0: all sliding
+  float rope_base;
+  float rms_eps;
+  bool qkv_bias;             // qwen2: attn_{q,k,v}.bias
+};
+const std::vector<ShapePreset>& shape_presets();
+const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names
+
+// The tensors of a model of this architecture: names, types and dims (ggml order, ne[0] first),
+// in file order. 2-D weight matrices get `type` (or the nearest type whose block fits the row,
+// see weight_type_for_row), norms and biases F32. Shared by the preset shapes and `baton synth`,
+// so a synthetic file and its preset shape describe the same bytes.
+struct TensorSpec {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> dims;
+  uint64_t nbytes() const;
+};
+std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type);
+
+// K-quants need rows that are a multiple of 256 elements, the other quants 32. When a row does not
+// fit, use the customary substitute (Q4_K -> Q5_0, Q6_K -> Q8_0, ...) and F16 as the last resort.
+GgmlType weight_type_for_row(GgmlType wanted, int64_t row);
+
+// The shape of a preset in a given weight type (exact bytes from preset_tensors).
+ModelShape shape_from_preset(const ShapePreset& p, GgmlType type);
+
+// Which layers of a sliding-window model are global. gemma3: every 6th layer (5 local, 1 global).
+bool layer_is_global(uint32_t il, uint32_t swa_period);
+
+}  // namespace baton
