@@ -1,0 +1,91 @@
+// Shared by every .cu file of the CUDA backend: error checks that name the failing call and the
+// device, and small device helpers (warp reductions, fp16/bf16 loads).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "kernels/cuda/errors.h"
+#include "quant/blocks.h"  // plain packed structs: compile under nvcc as under g++
+
+namespace baton::cuda {
+
+template <class... A>
+std::string cat(const A&... a) {
+  std::ostringstream o;
+  (o << ... << a);
+  return o.str();
+}
+
+}  // namespace baton::cuda
+
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    const cudaError_t err_ = (call);                                                          \
+    if (err_ != cudaSuccess)                                                                  \
+      ::baton::cuda::cuda_fail(#call, __FILE__, __LINE__, int(err_), cudaGetErrorString(err_)); \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                                    \
+  do {                                                                                        \
+    const cublasStatus_t st_ = (call);                                                        \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                         \
+      ::baton::cuda::cuda_fail(#call, __FILE__, __LINE__, int(st_),                           \
+                               ::baton::cuda::cublas_status_name(st_));                       \
+  } while (0)
+
+// Internal invariant (as BATON_CHECK in gguf/error.h, which .cu files cannot include).
+namespace baton { [[noreturn]] void panic(const char* file, int line, const std::string& msg); }
+#define CUDA_ASSERT(cond) \
+  do { if (!(cond)) ::baton::panic(__FILE__, __LINE__, "check failed: " #cond); } while (0)
+
+// After a kernel launch: catches bad launch configurations at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+namespace baton::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over a whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the total.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  v = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
+  return __uint_as_float(uint32_t(b) << 16);
+}
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+}  // namespace baton::cuda

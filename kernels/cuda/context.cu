@@ -1,0 +1,130 @@
+// Context (device, stream, cuBLAS handle, scratch), device buffers and the error path.
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace baton::cuda {
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// ---- DeviceBuffer ----
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&p_, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    int dev = -1;
+    cudaGetDevice(&dev);
+    oom_error(cat("CUDA device ", dev, ": cannot allocate ", bytes, " bytes (", cudaGetErrorString(e), ")"));
+  }
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);  // errors on teardown cannot be acted on
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+  o.p_ = nullptr;
+  o.n_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
+  CUDA_ASSERT(offset + bytes <= n_);
+  CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(p_) + offset, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
+  CUDA_ASSERT(offset + bytes <= n_);
+  CUDA_CHECK(cudaMemcpy(host, static_cast<const uint8_t*>(p_) + offset, bytes, cudaMemcpyDeviceToHost));
+}
+
+DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int64_t cols, Weight& out) {
+  const size_t stride = packed_row_bytes(t, cols);
+  std::vector<uint8_t> packed(stride * size_t(rows));
+  pack_rows(t, host_rows, packed.data(), rows, cols);
+  DeviceBuffer buf(packed.size());
+  buf.upload(packed.data(), packed.size());
+  out = Weight{t, buf.get(), rows, cols, stride};
+  return buf;
+}
+
+// ---- Context ----
+
+Context::Context(int device, void* stream) : device_(device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    usage_error(cat("CUDA device ", device, " does not exist (", n, " visible)"));
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  if (stream) {
+    stream_ = stream;
+  } else {
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = s;
+    own_stream_ = true;
+  }
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));
+  cublas_ = h;
+  CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream_)));
+}
+
+Context::~Context() {
+  cudaSetDevice(device_);
+  if (scratch_) cudaFree(scratch_);
+  if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (own_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void Context::synchronize() const {
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+
+void Context::reserve(size_t bytes) {
+  if (bytes <= scratch_bytes_) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  if (cap != cudaStreamCaptureStatusNone)
+    oom_error(cat("CUDA device ", device_, ": scratch of ", bytes, " bytes needed during graph capture but only ",
+                  scratch_bytes_, " reserved (reserve before capturing)"));
+  CUDA_CHECK(cudaStreamSynchronize(s));  // earlier ops may still use the old buffer
+  if (scratch_) CUDA_CHECK(cudaFree(scratch_));
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  bytes = (bytes + 0xFFFFF) & ~size_t(0xFFFFF);  // whole MiB: fewer regrowths
+  if (cudaMalloc(&scratch_, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    scratch_ = nullptr;
+    oom_error(cat("CUDA device ", device_, ": cannot allocate ", bytes, " bytes of scratch"));
+  }
+  scratch_bytes_ = bytes;
+}
+
+void* Context::scratch(size_t bytes) {
+  reserve(bytes);
+  return scratch_;
+}
+
+}  // namespace baton::cuda

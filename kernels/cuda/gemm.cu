@@ -1,0 +1,98 @@
+// Prefill matmul (more than gemv_max_cols columns): expand the weight to FP16 in row slabs and
+// multiply on the tensor cores with cublasGemmEx (FP16 inputs, FP32 accumulation and output).
+#include <algorithm>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant.cuh"
+
+namespace baton::cuda {
+
+// One thread per unit of the slab: load it with the GEMV loader, write its values as FP16.
+template <class T>
+__global__ void dequant_f16_kernel(const uint8_t* __restrict__ W, size_t stride, int64_t cols,
+                                   int64_t n_units_total, __half* __restrict__ dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_units_total) return;
+  const int units = int(cols / T::unit);
+  const int64_t r = i / units;
+  const int u = int(i % units);
+  const typename T::W w = T::load(W + r * stride, cols, u);
+  __half* out = dst + r * cols;
+  T::dequant(w, u, [&](int e0, const float (&v)[8]) {
+    uint4 pk;
+    __half2* h = reinterpret_cast<__half2*>(&pk);
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(out + e0) = pk;  // 16-byte store: e0 and cols are multiples of 8
+  });
+}
+
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2half_rn(x[i]);
+}
+
+template <class T>
+static void dequant_type(Context& c, const Weight& W, int64_t row0, int64_t nrows, __half* dst) {
+  const int64_t total = nrows * (W.cols / T::unit);
+  if (total == 0) return;
+  const uint8_t* w = static_cast<const uint8_t*>(W.data) + row0 * W.row_stride;
+  dequant_f16_kernel<T><<<ceil_div(total, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(
+      w, W.row_stride, W.cols, total, dst);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define BATON_INSTANTIATE(T) template void dequant_type<T>(Context&, const Weight&, int64_t, int64_t, __half*);
+BATON_CUDA_WEIGHT_TYPES(BATON_INSTANTIATE)
+#undef BATON_INSTANTIATE
+
+void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, uint16_t* dst) {
+  CUDA_ASSERT(row0 >= 0 && nrows >= 0 && row0 + nrows <= W.rows);
+  with_weight_type(W.type, [&](auto t) {
+    dequant_type<decltype(t)>(c, W, row0, nrows, reinterpret_cast<__half*>(dst));
+  });
+}
+
+// Rows per FP16 slab: the whole matrix when it fits in gemm_slab_bytes, else a multiple of 128.
+static int64_t slab_rows(const Context& c, const Weight& W) {
+  const int64_t fit = int64_t(c.gemm_slab_bytes / (size_t(W.cols) * 2));
+  if (fit >= W.rows) return W.rows;
+  return std::max<int64_t>(128, fit / 128 * 128);
+}
+
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n) {
+  if (n <= c.gemv_max_cols) return q8_act_bytes(W.cols, n);
+  return align256(size_t(n) * W.cols * 2) + size_t(std::min(slab_rows(c, W), W.rows)) * W.cols * 2;
+}
+
+void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
+  if (!cuda_supports(W.type) || W.row_stride != packed_row_bytes(W.type, W.cols))
+    input_error(cat("CUDA gemm: bad weight (", type_name(W.type), " ", W.rows, " x ", W.cols, ")"));
+  if (n <= 0) return;
+  if (W.cols > INT32_MAX || W.rows > INT32_MAX)
+    input_error(cat("CUDA gemm: weight ", W.rows, " x ", W.cols, " too large for cuBLAS"));
+  const int64_t slab = slab_rows(c, W);
+  auto* base = static_cast<uint8_t*>(c.scratch(matmul_scratch_bytes(c, W, n)));
+  __half* xh = reinterpret_cast<__half*>(base);
+  __half* wh = reinterpret_cast<__half*>(base + align256(size_t(n) * W.cols * 2));
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  const int64_t nx = int64_t(n) * W.cols;
+  f32_to_f16_kernel<<<ceil_div(nx, 256), 256, 0, s>>>(X, nx, xh);
+  CUDA_CHECK_LAUNCH();
+
+  cublasHandle_t h = static_cast<cublasHandle_t>(c.cublas());
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
+    const int64_t nr = std::min(slab, W.rows - r0);
+    dequantize_f16(c, W, r0, nr, reinterpret_cast<uint16_t*>(wh));
+    // Column-major view: the slab is cols x nr (lda = cols), X is cols x n, Y is rows x n.
+    // Y[r0 .. r0+nr, :] = slab^T · X.
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, int(W.cols), &alpha, wh,
+                              CUDA_R_16F, int(W.cols), xh, CUDA_R_16F, int(W.cols), &beta, Y + r0,
+                              CUDA_R_32F, int(W.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+}  // namespace baton::cuda

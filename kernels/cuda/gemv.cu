@@ -1,0 +1,157 @@
+// Decode matmul (1..8 columns): fused dequantize + dot product, reading each weight byte once.
+// A warp (or 2-4 warps, when there are too few rows to fill the GPU) owns a row; lane i takes
+// units i, i+32, ... so a warp's 16-byte loads cover consecutive bytes, and `unroll` units are
+// loaded before any is used so several loads per thread are in flight. The activations are
+// quantized once per op to 8-bit blocks and reused by every row from L1/L2.
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant.cuh"
+
+namespace baton::cuda {
+
+constexpr int kGemvThreads = 128;  // 4 warps
+constexpr int kGemvMaxCols = 8;
+
+// One warp per 32-value block: d = max|x| / 127, q = round(x / d), plus d·Σq for the offsets.
+__global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks,
+                                    int8_t* __restrict__ qs, float2* __restrict__ ds) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;  // whole warps leave together
+  const float v = x[b * 32 + lane];
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f;
+  const int q = amax > 0.0f ? __float2int_rn(v / d) : 0;
+  qs[b * 32 + lane] = int8_t(q);
+  const int sum = warp_sum(q);
+  if (lane == 0) ds[b] = make_float2(d, d * float(sum));
+}
+
+size_t q8_act_bytes(int64_t cols, int n) {
+  const size_t q = (size_t(cols) * n + 255) / 256 * 256;  // keep ds 16-byte aligned
+  return q + size_t(cols / 32) * n * sizeof(float2);
+}
+
+void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, float* ds) {
+  if (cols % 32 != 0) input_error(cat("CUDA quantize_act: ", cols, " values per row is not a multiple of 32"));
+  const int64_t blocks = cols / 32 * n;
+  if (blocks == 0) return;
+  quantize_act_kernel<<<ceil_div(blocks * 32, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(
+      x, blocks, qs, reinterpret_cast<float2*>(ds));
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int NC>
+__global__ void __launch_bounds__(kGemvThreads)
+gemv_kernel(const uint8_t* __restrict__ W, size_t stride, int rows, int64_t cols, Act act,
+            float* __restrict__ Y, int64_t ldy, int wpr) {
+  __shared__ float part[kGemvThreads / 32][NC];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * (kGemvThreads / 32 / wpr) + warp / wpr;
+  const int sub = warp % wpr;
+  const int n_units = int(cols / T::unit);
+  const int step = 32 * wpr;
+
+  float acc[NC];
+#pragma unroll
+  for (int j = 0; j < NC; j++) acc[j] = 0.0f;
+
+  if (row < rows) {
+    const uint8_t* r = W + size_t(row) * stride;
+    for (int u0 = sub * 32 + lane; u0 < n_units; u0 += step * T::unroll) {
+      typename T::W w[T::unroll];
+#pragma unroll
+      for (int k = 0; k < T::unroll; k++)  // all loads first: they overlap in flight
+        if (u0 + k * step < n_units) w[k] = T::load(r, cols, u0 + k * step);
+#pragma unroll
+      for (int k = 0; k < T::unroll; k++)
+        if (u0 + k * step < n_units)
+#pragma unroll
+          for (int j = 0; j < NC; j++) acc[j] += T::dot(w[k], act, j, u0 + k * step);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NC; j++) acc[j] = warp_sum(acc[j]);
+  if (wpr == 1) {
+    if (row < rows && lane < NC) {
+      float v = acc[0];
+#pragma unroll
+      for (int j = 1; j < NC; j++) if (lane == j) v = acc[j];
+      Y[int64_t(lane) * ldy + row] = v;
+    }
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int j = 0; j < NC; j++) part[warp][j] = acc[j];
+  __syncthreads();
+  if (sub == 0 && row < rows && lane < NC) {
+    float v = 0.0f;
+    for (int k = 0; k < wpr; k++) v += part[warp + k][lane];
+    Y[int64_t(lane) * ldy + row] = v;
+  }
+}
+
+// Warps per row: enough warps in flight to cover the memory latency even for short matrices.
+static int warps_per_row(const Context& c, int64_t rows, int n_units) {
+  const int64_t target = int64_t(c.sm_count()) * 32;
+  if (n_units <= 32 || rows >= target) return 1;
+  return rows * 2 >= target || n_units <= 64 ? 2 : 4;
+}
+
+template <class T>
+static void gemv_type(Context& c, const Weight& W, const Act& act, int n, float* Y) {
+  const int n_units = int(W.cols / T::unit);
+  const int wpr = warps_per_row(c, W.rows, n_units);
+  const unsigned grid = ceil_div(W.rows, kGemvThreads / 32 / wpr);
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  const uint8_t* w = static_cast<const uint8_t*>(W.data);
+  const int r = int(W.rows);
+  switch (n) {
+#define BATON_NC(N) case N: gemv_kernel<T, N><<<grid, kGemvThreads, 0, s>>>(w, W.row_stride, r, W.cols, act, Y, W.rows, wpr); break;
+    BATON_NC(1) BATON_NC(2) BATON_NC(3) BATON_NC(4) BATON_NC(5) BATON_NC(6) BATON_NC(7) BATON_NC(8)
+#undef BATON_NC
+    default: CUDA_ASSERT(false);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+#define BATON_INSTANTIATE(T) template void gemv_type<T>(Context&, const Weight&, const Act&, int, float*);
+BATON_CUDA_WEIGHT_TYPES(BATON_INSTANTIATE)
+#undef BATON_INSTANTIATE
+
+static void check_weight(const Weight& W, const char* op) {
+  if (!cuda_supports(W.type))
+    input_error(cat("CUDA ", op, ": weight type ", type_name(W.type), " is not supported"));
+  if (W.rows <= 0 || W.cols <= 0 || W.rows > INT32_MAX || W.row_stride != packed_row_bytes(W.type, W.cols))
+    input_error(cat("CUDA ", op, ": bad weight shape ", W.rows, " x ", W.cols, " (row stride ", W.row_stride, ")"));
+}
+
+void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
+  check_weight(W, "gemv");
+  if (n <= 0) return;
+  const bool q8 = W.type != GgmlType::F16 && W.type != GgmlType::BF16 && W.type != GgmlType::F32;
+  Act act;
+  act.cols = W.cols;
+  act.x = X;
+  if (q8) {
+    auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(W.cols, n)));
+    act.qs = reinterpret_cast<int8_t*>(base);
+    act.ds = reinterpret_cast<float2*>(base + (size_t(W.cols) * n + 255) / 256 * 256);
+    quantize_act(c, X, W.cols, n, const_cast<int8_t*>(act.qs), reinterpret_cast<float*>(const_cast<float2*>(act.ds)));
+  }
+  for (int j0 = 0; j0 < n; j0 += kGemvMaxCols) {
+    const int nc = std::min(kGemvMaxCols, n - j0);
+    Act a = act;
+    a.qs = act.qs ? act.qs + int64_t(j0) * W.cols : nullptr;
+    a.ds = act.ds ? act.ds + int64_t(j0) * (W.cols / 32) : nullptr;
+    a.x = X + int64_t(j0) * W.cols;
+    with_weight_type(W.type, [&](auto t) { gemv_type<decltype(t)>(c, W, a, nc, Y + int64_t(j0) * W.rows); });
+  }
+}
+
+void matmul(Context& c, const Weight& W, const float* X, int n, float* Y) {
+  if (n <= c.gemv_max_cols) gemv(c, W, X, n, Y);
+  else gemm(c, W, X, n, Y);
+}
+
+}  // namespace baton::cuda
