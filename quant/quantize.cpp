@@ -245,43 +245,45 @@ float fit_symmetric_greedy(int n, int nmax, const float* x, int8_t* codes) {
 
 // Affine fit x ≈ scale·l - neg_min for codes l in [0, nmax] with per-element weights w. The
 // group min is clamped to <= 0 (so the stored min is non-negative). Starts from the min/max
-// spread, then sweeps nstep inverse scales (nmax + rmin + rdelta·k)/(max-min); for each, the
+// spread, then tries nstep+1 inverse scales (nmax + rmin + rdelta·k)/(max - min); for each, the
 // codes fixed, it solves the weighted least squares for scale and min and keeps the lowest
-// weighted error (squared, or absolute when use_abs). Returns scale; neg_min gets -min.
+// weighted error (squared, or absolute when use_abs). Later candidates are measured from the
+// best min found so far, not the original one (ggml does the same; byte-compatibility depends
+// on it). Returns scale; neg_min gets -min.
 float fit_affine(int n, int nmax, const float* x, const float* w, uint8_t* codes, float& neg_min,
                  float rmin, float rdelta, int nstep, bool use_abs) {
-  float lo = x[0], hi = x[0], sum_w = w[0], sum_x = w[0] * x[0];
+  float min = x[0], max = x[0], sum_w = w[0], sum_x = w[0] * x[0];
   for (int i = 1; i < n; i++) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
+    min = std::min(min, x[i]);
+    max = std::max(max, x[i]);
     sum_w += w[i];
     sum_x += w[i] * x[i];
   }
-  if (lo > 0.0f) lo = 0.0f;
-  if (hi == lo) {
+  if (min > 0.0f) min = 0.0f;
+  if (max == min) {
     std::fill(codes, codes + n, uint8_t(0));
-    neg_min = -lo;
+    neg_min = -min;
     return 0.0f;
   }
-  auto error_of = [&](const uint8_t* l, float scale, float min) {
+  auto error_of = [&](const uint8_t* l, float scale, float m) {
     float err = 0.0f;
     for (int i = 0; i < n; i++) {
-      const float diff = scale * float(l[i]) + min - x[i];
+      const float diff = scale * float(l[i]) + m - x[i];
       err += w[i] * (use_abs ? std::fabs(diff) : diff * diff);
     }
     return err;
   };
-  float iscale = float(nmax) / (hi - lo);
-  float scale = 1.0f / iscale, min = lo;
-  for (int i = 0; i < n; i++) codes[i] = uint8_t(round_clamp(iscale * (x[i] - lo), 0, nmax));
+  float iscale = float(nmax) / (max - min);
+  float scale = 1.0f / iscale;
+  for (int i = 0; i < n; i++) codes[i] = uint8_t(round_clamp(iscale * (x[i] - min), 0, nmax));
   float best = error_of(codes, scale, min);
 
   uint8_t trial[QK_K];
-  for (int k = 0; k < nstep; k++) {
-    iscale = (rmin + rdelta * float(k) + float(nmax)) / (hi - lo);
+  for (int k = 0; k <= nstep; k++) {
+    iscale = (rmin + rdelta * float(k) + float(nmax)) / (max - min);
     float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
     for (int i = 0; i < n; i++) {
-      const int l = round_clamp(iscale * (x[i] - lo), 0, nmax);
+      const int l = round_clamp(iscale * (x[i] - min), 0, nmax);
       trial[i] = uint8_t(l);
       sum_l += w[i] * float(l);
       sum_l2 += w[i] * float(l) * float(l);
