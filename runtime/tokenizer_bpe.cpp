@@ -1,0 +1,132 @@
+// Byte-level BPE (GPT-2 style): every byte of a pre-tokenized word is written as one printable
+// code point, then the word's symbols are merged pairwise, lowest merge rank first.
+#include <queue>
+
+#include "runtime/byte_level.h"
+#include "runtime/tokenizer.h"
+#include "runtime/unicode.h"
+
+namespace baton {
+namespace {
+
+// GPT-2's byte alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes are
+// moved to U+0100.. in byte order so that no byte maps to whitespace or a control character.
+struct ByteMap {
+  uint32_t to_cp[256];
+  int16_t to_byte[512];  // code point -> byte, -1 if the code point is not in the alphabet
+  ByteMap() {
+    for (auto& b : to_byte) b = -1;
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      to_cp[b] = printable ? b : next++;
+      to_byte[to_cp[b]] = int16_t(b);
+    }
+  }
+};
+const ByteMap& byte_map() {
+  static const ByteMap m;
+  return m;
+}
+
+}  // namespace
+
+std::string byte_level_encode(std::string_view bytes) {
+  const ByteMap& m = byte_map();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) unicode::append_utf8(out, m.to_cp[uint8_t(c)]);
+  return out;
+}
+
+std::string byte_level_decode(std::string_view text) {
+  const ByteMap& m = byte_map();
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    size_t start = pos;
+    uint32_t cp = unicode::decode_one(text, pos);
+    if (cp < 512 && m.to_byte[cp] >= 0)
+      out += char(m.to_byte[cp]);
+    else  // not from the byte alphabet (a hand-added token): keep it as it is
+      out.append(text.substr(start, pos - start));
+  }
+  return out;
+}
+
+void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) const {
+  struct Sym {
+    int prev, next;
+    size_t off, len;
+  };
+  struct Pair {
+    int rank;
+    int left, right;
+    size_t len;
+    bool operator<(const Pair& o) const {  // priority_queue pops the largest: lowest rank, then leftmost
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::vector<Sym> sym;
+  std::string key;
+  for (std::string_view piece : pretokenize(pre_, text)) {
+    const std::string word = byte_level_encode(piece);
+    if (ignore_merges_) {
+      if (auto it = id_of_.find(word); it != id_of_.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+    }
+    sym.clear();
+    for (size_t pos = 0; pos < word.size();) {
+      size_t n = std::min(unicode::utf8_len(uint8_t(word[pos])), word.size() - pos);
+      sym.push_back({int(sym.size()) - 1, int(sym.size()) + 1, pos, n});
+      pos += n;
+    }
+    sym.back().next = -1;
+
+    std::priority_queue<Pair> queue;
+    auto try_pair = [&](int l, int r) {
+      if (l < 0 || r < 0) return;
+      key.assign(word, sym[l].off, sym[l].len);
+      key += ' ';
+      key.append(word, sym[r].off, sym[r].len);
+      auto it = merge_rank_.find(key);
+      if (it != merge_rank_.end()) queue.push({it->second, l, r, sym[l].len + sym[r].len});
+    };
+    for (int i = 0; i + 1 < int(sym.size()); ++i) try_pair(i, i + 1);
+    while (!queue.empty()) {
+      Pair p = queue.top();
+      queue.pop();
+      Sym& l = sym[p.left];
+      Sym& r = sym[p.right];
+      // Skip pairs made stale by an earlier merge.
+      if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
+      l.len += r.len;
+      r.len = 0;
+      l.next = r.next;
+      if (r.next >= 0) sym[r.next].prev = p.left;
+      try_pair(l.prev, p.left);
+      try_pair(p.left, l.next);
+    }
+    for (int i = 0; i >= 0; i = sym[i].next) {
+      std::string s = word.substr(sym[i].off, sym[i].len);
+      if (auto it = id_of_.find(s); it != id_of_.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+      // Not in the vocabulary (a damaged vocab): fall back to single characters, then <unk>.
+      for (size_t pos = 0; pos < s.size();) {
+        size_t n = std::min(unicode::utf8_len(uint8_t(s[pos])), s.size() - pos);
+        auto it2 = id_of_.find(s.substr(pos, n));
+        if (it2 != id_of_.end())
+          out.push_back(it2->second);
+        else if (unk_ >= 0)
+          out.push_back(unk_);
+        pos += n;
+      }
+    }
+  }
+}
+
+}  // namespace baton
