@@ -74,9 +74,10 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
 
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-// Checks Y against a double reference. The integer paths quantize each activation block of size
-// `ablk` to 8 bits (scale amax/127), so element k may be off by amax/254; the bound adds that
-// up exactly (times a hair for float rounding) instead of guessing a relative tolerance.
+// Checks Y against double references. The integer paths quantize each activation block of size
+// `ablk` to 8 bits (scale amax/127), so element k may be off by amax/254: against the exact
+// activations the bound adds that up (times a hair for float rounding); against activations
+// rounded the same way the kernels must agree to float accumulation error (2e-5 of Σ|w·x|).
 void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& rng, ThreadPool& pool) {
   const auto wbytes = random_matrix(t, rows, cols, rng);
   const auto x = random_floats(size_t(cols) * size_t(n), rng);
@@ -91,22 +92,32 @@ void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& r
     dequantize_row(t, W.row(r), w.data(), cols);
     for (int j = 0; j < n; j++) {
       const float* xj = x.data() + size_t(j) * size_t(cols);
-      double ref = 0, mag = 0, qerr = 0;
+      // ref: exact activations; refq: the activations after the documented 8-bit rounding
+      // (d = amax/127, q = round-half-even(x·127/amax)), which the kernels must match closely.
+      double ref = 0, refq = 0, mag = 0, qerr = 0;
       for (int64_t k0 = 0; k0 < cols; k0 += ablk) {
-        double amax = 0, wabs = 0;
-        for (int64_t k = k0; k < std::min(cols, k0 + ablk); k++) {
-          ref += double(w[size_t(k)]) * xj[k];
-          mag += std::fabs(double(w[size_t(k)]) * xj[k]);
-          amax = std::max(amax, std::fabs(double(xj[k])));
-          wabs += std::fabs(double(w[size_t(k)]));
+        const int64_t k1 = std::min(cols, k0 + ablk);
+        float amax = 0;
+        double wabs = 0;
+        for (int64_t k = k0; k < k1; k++) amax = std::max(amax, std::fabs(xj[k]));
+        const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t k = k0; k < k1; k++) {
+          const double wk = w[size_t(k)];
+          const double xq = is_float_type(t) ? xj[k] : double(std::nearbyint(xj[k] * id)) * d;
+          ref += wk * xj[k];
+          refq += wk * xq;
+          mag += std::fabs(wk * xj[k]);
+          wabs += std::fabs(wk);
         }
         qerr += wabs * amax / 254.0;
       }
       const double tol = (is_float_type(t) ? 0.0 : qerr * 1.001) + 2e-5 * mag + 1e-30;
+      const double tolq = 2e-5 * mag + 1e-30;
       const double got = y[size_t(j) * size_t(rows) + size_t(r)];
-      if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+      if (!(std::fabs(got - ref) <= tol && std::fabs(got - refq) <= tolq) && bad++ < 5)
         FAIL_CHECK(type_name(t) << " " << isa_name(active_isa()) << " rows=" << rows << " cols=" << cols << " n=" << n
-                                << " r=" << r << " j=" << j << ": got " << got << " want " << ref << " tol " << tol);
+                                << " r=" << r << " j=" << j << ": got " << got << " want " << ref << " (quantized x: "
+                                << refq << ") tol " << tol << " / " << tolq);
     }
   }
   CHECK(bad == 0);

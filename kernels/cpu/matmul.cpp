@@ -1,5 +1,5 @@
-// Y = W·X on the CPU. First version: each thread dequantizes its rows with the scalar reference
-// and takes float dot products. Correct for every compute type; the fast paths come next.
+// Y = W·X on the CPU: ISA selection, activation quantization, and the one outer loop (rows split
+// over the pool, columns in groups of 4) that drives the per-type kernels of the active table.
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gguf/error.h"
-#include "quant/quant.h"
+#include "kernels/cpu/qkernels.h"
 
 namespace baton::cpu {
 
@@ -72,24 +72,76 @@ bool parse_isa(const char* s, Isa& out) {
 
 // ---- matmul ----
 
+namespace {
+
+const KernelTable& table_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kernels_avx512();
+    case Isa::Avx2: return kernels_avx2();
+    case Isa::Scalar: break;
+  }
+  return kernels_scalar();
+}
+
+ActKind act_kind(GgmlType t) {
+  if (is_legacy_quant(t)) return ActKind::Q8_32;
+  if (is_k_quant(t)) return ActKind::Q8_256;
+  return ActKind::Float;
+}
+
+// Bytes of one quantized activation column of length cols.
+size_t act_bytes(ActKind k, int64_t cols) {
+  switch (k) {
+    case ActKind::Q8_32: return size_t(cols / 32) * sizeof(ActQ8_32);
+    case ActKind::Q8_256: return size_t(cols / 256) * sizeof(ActQ8_256);
+    case ActKind::Float: break;
+  }
+  return size_t(cols) * sizeof(float);
+}
+
+}  // namespace
+
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
   BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
+  const KernelTable& kt = table_for(active_isa());
+  const DotFn dot = kt.dot[int(W.type)];
+  BATON_CHECK(dot != nullptr);
   const int64_t rows = W.rows, cols = W.cols;
-  constexpr int64_t kChunk = 16;
-  const int n_tasks = int((rows + kChunk - 1) / kChunk);
+  const ActKind kind = act_kind(W.type);
+  const size_t a_stride = act_bytes(kind, cols);
+
+  // Quantize the activations once; the scratch belongs to the calling thread and only grows.
+  const uint8_t* A = reinterpret_cast<const uint8_t*>(X);
+  if (kind != ActKind::Float) {
+    thread_local std::vector<uint8_t> scratch;
+    if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
+    uint8_t* out = scratch.data();
+    const QuantFn q = kind == ActKind::Q8_32 ? kt.quant_q8_32 : kt.quant_q8_256;
+    auto quant_col = [&](int j) { q(X + int64_t(j) * cols, cols, out + size_t(j) * a_stride); };
+    if (n >= 4 && pool.size() > 1) pool.run(n, [&](int j, int) { quant_col(j); });
+    else for (int j = 0; j < n; j++) quant_col(j);
+    A = out;
+  }
+
+  // Rows are split into chunks handed out dynamically. One column at a time streams the weights
+  // (memory bound): chunks big enough for long sequential reads, enough of them to balance. With
+  // many columns each chunk's weights stay in L2 while every group of 4 columns passes over them.
+  int64_t chunk;
+  if (n <= 4) {
+    chunk = std::max<int64_t>(16, rows / (int64_t(pool.size()) * 8));
+  } else {
+    chunk = std::clamp<int64_t>(int64_t(64 * 1024 / std::max<size_t>(W.row_bytes, 1)), 4, 64);
+    while (chunk > 4 && (rows + chunk - 1) / chunk < 4 * pool.size()) chunk /= 2;
+  }
+  const int n_tasks = int((rows + chunk - 1) / chunk);
+  const size_t y_stride = size_t(rows);
   pool.run(n_tasks, [&](int task, int) {
-    thread_local std::vector<float> buf;
-    if (buf.size() < size_t(cols)) buf.resize(size_t(cols));
-    const int64_t r0 = task * kChunk, r1 = std::min(rows, r0 + kChunk);
-    for (int64_t r = r0; r < r1; r++) {
-      dequantize_row(W.type, W.row(r), buf.data(), cols);
-      for (int j = 0; j < n; j++) {
-        const float* x = X + int64_t(j) * cols;
-        float s = 0;
-        for (int64_t k = 0; k < cols; k++) s += buf[size_t(k)] * x[k];
-        Y[int64_t(j) * rows + r] = s;
-      }
+    const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+    for (int j = 0; j < n; j += 4) {
+      const int nc = std::min(4, n - j);
+      const uint8_t* a = A + size_t(j) * a_stride;
+      for (int64_t r = r0; r < r1; r++) dot(cols, W.row(r), a, a_stride, nc, Y + size_t(j) * y_stride + size_t(r), y_stride);
     }
   });
 }

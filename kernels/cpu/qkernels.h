@@ -1,0 +1,224 @@
+// Internal to kernels/cpu: the activation formats, the per-ISA kernel tables, and the block
+// decoders the scalar path (and the SIMD fallbacks for the less common types) share.
+//
+// Scheme: activations are quantized once per matmul call to 8 bits, in blocks that match the
+// weight type's block (32 for the legacy formats, 256 with per-16 sums for the k-quants). Every
+// weight value is written as d·s·(u − off) − m, with u an unsigned small integer, s an integer
+// sub-block scale and off a per-type constant. Then a block's dot product with activations
+// (dx, q) is  d·dx·Σ s·(Σ u·q − off·Σq) − m·dx·Σq : unsigned×signed 8-bit integer products
+// (pmaddubsw, vpdpbusd), the offsets and minimums folded in through the activation sums.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "quant/blocks.h"
+#include "quant/types.h"
+
+namespace baton::cpu {
+
+// Activation block for the legacy formats: 32 values q·d, plus d·Σq for the offset/min terms.
+struct ActQ8_32 {
+  float d;
+  float ds;
+  int8_t q[32];
+};
+static_assert(sizeof(ActQ8_32) == 40);
+
+// Activation block for the k-quants: ggml's Q8_K layout (d, 256 values, sums of each 16).
+using ActQ8_256 = BlockQ8_K;
+
+enum class ActKind { Float, Q8_32, Q8_256 };
+
+// One row of weights against nc (1..4) activation columns: y[c·y_stride] = Σ w·x_c.
+// n is the row length in elements; a points at column 0's activations, a_stride bytes apart.
+using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_stride, int nc, float* y,
+                       size_t y_stride);
+// Quantize n floats (a multiple of 32 or 256) into activation blocks.
+using QuantFn = void (*)(const float* x, int64_t n, void* out);
+
+constexpr int kTypeSlots = 31;  // indexed by the ggml type id (BF16 = 30 is the largest we use)
+
+struct KernelTable {
+  DotFn dot[kTypeSlots] = {};
+  QuantFn quant_q8_32 = nullptr;
+  QuantFn quant_q8_256 = nullptr;
+};
+
+const KernelTable& kernels_scalar();
+const KernelTable& kernels_avx2();    // only call when the CPU has AVX2 + FMA + F16C
+const KernelTable& kernels_avx512();  // only call when the CPU has AVX-512 F/BW/VL/VNNI
+
+// ---- block decoders (scalar; shared by every ISA for the types without a dedicated kernel) ----
+
+// A legacy block as value = d·(u − off) + m, element order.
+struct LegacyBlock {
+  uint8_t u[32];
+  float d, m;
+  int off;
+};
+
+// A k-quant super-block as value = d·s[i]·(u − off) − dmin·mn[i] for element e, i = e / 16.
+struct KBlock {
+  uint8_t u[256];
+  int16_t s[16];
+  int16_t mn[16];
+  float d, dmin;
+  int off;
+};
+
+inline void decode_legacy(GgmlType t, const uint8_t* p, LegacyBlock& o) {
+  o.m = 0;
+  o.off = 0;
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1: {
+      const uint8_t* qs = t == GgmlType::Q4_0 ? reinterpret_cast<const BlockQ4_0*>(p)->qs
+                                              : reinterpret_cast<const BlockQ4_1*>(p)->qs;
+      for (int l = 0; l < 16; l++) {
+        o.u[l] = qs[l] & 0x0F;
+        o.u[l + 16] = qs[l] >> 4;
+      }
+      if (t == GgmlType::Q4_0) {
+        o.d = fp16_to_f32(reinterpret_cast<const BlockQ4_0*>(p)->d);
+        o.off = 8;
+      } else {
+        o.d = fp16_to_f32(reinterpret_cast<const BlockQ4_1*>(p)->d);
+        o.m = fp16_to_f32(reinterpret_cast<const BlockQ4_1*>(p)->m);
+      }
+      return;
+    }
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      const bool one = t == GgmlType::Q5_1;
+      const uint8_t* qs = one ? reinterpret_cast<const BlockQ5_1*>(p)->qs : reinterpret_cast<const BlockQ5_0*>(p)->qs;
+      const uint8_t* qhp = one ? reinterpret_cast<const BlockQ5_1*>(p)->qh : reinterpret_cast<const BlockQ5_0*>(p)->qh;
+      uint32_t qh;
+      std::memcpy(&qh, qhp, 4);
+      for (int l = 0; l < 16; l++) {
+        o.u[l] = uint8_t((qs[l] & 0x0F) | (((qh >> l) & 1) << 4));
+        o.u[l + 16] = uint8_t((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+      }
+      if (one) {
+        o.d = fp16_to_f32(reinterpret_cast<const BlockQ5_1*>(p)->d);
+        o.m = fp16_to_f32(reinterpret_cast<const BlockQ5_1*>(p)->m);
+      } else {
+        o.d = fp16_to_f32(reinterpret_cast<const BlockQ5_0*>(p)->d);
+        o.off = 16;
+      }
+      return;
+    }
+    case GgmlType::Q8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+      for (int l = 0; l < 32; l++) o.u[l] = uint8_t(b->qs[l] ^ int8_t(-128));  // q + 128
+      o.d = fp16_to_f32(b->d);
+      o.off = 128;
+      return;
+    }
+    default: return;
+  }
+}
+
+inline void decode_k(GgmlType t, const uint8_t* p, KBlock& o) {
+  o.off = 0;
+  o.dmin = 0;
+  switch (t) {
+    case GgmlType::Q2_K: {
+      const auto* b = reinterpret_cast<const BlockQ2_K*>(p);
+      o.d = fp16_to_f32(b->d);
+      o.dmin = fp16_to_f32(b->dmin);
+      for (int i = 0; i < 16; i++) {
+        o.s[i] = b->scales[i] & 0x0F;
+        o.mn[i] = b->scales[i] >> 4;
+      }
+      for (int e = 0; e < 256; e++) {
+        const int half = e / 128, shift = 2 * ((e % 128) / 32), idx = e % 32;
+        o.u[e] = (b->qs[32 * half + idx] >> shift) & 3;
+      }
+      return;
+    }
+    case GgmlType::Q3_K: {
+      const auto* b = reinterpret_cast<const BlockQ3_K*>(p);
+      o.d = fp16_to_f32(b->d);
+      const uint8_t* s = b->scales;
+      for (int j = 0; j < 16; j++) {
+        const int low = j < 8 ? (s[j] & 0x0F) : (s[j - 8] >> 4);
+        const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        o.s[j] = int16_t((low | (high << 4)) - 32);
+        o.mn[j] = 0;
+      }
+      for (int e = 0; e < 256; e++) {
+        const int half = e / 128, sh = (e % 128) / 32, idx = e % 32;
+        const int lo = (b->qs[32 * half + idx] >> (2 * sh)) & 3;
+        const int hi = (b->hmask[idx] >> (4 * half + sh)) & 1;
+        o.u[e] = uint8_t(lo | (hi << 2));  // value = lo − (hi ? 0 : 4) = u − 4
+      }
+      o.off = 4;
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool five = t == GgmlType::Q5_K;
+      const uint8_t* scales = five ? reinterpret_cast<const BlockQ5_K*>(p)->scales : reinterpret_cast<const BlockQ4_K*>(p)->scales;
+      const uint8_t* qs = five ? reinterpret_cast<const BlockQ5_K*>(p)->qs : reinterpret_cast<const BlockQ4_K*>(p)->qs;
+      const uint16_t dh = five ? reinterpret_cast<const BlockQ5_K*>(p)->d : reinterpret_cast<const BlockQ4_K*>(p)->d;
+      const uint16_t mh = five ? reinterpret_cast<const BlockQ5_K*>(p)->dmin : reinterpret_cast<const BlockQ4_K*>(p)->dmin;
+      o.d = fp16_to_f32(dh);
+      o.dmin = fp16_to_f32(mh);
+      for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        k_scale_min(j, scales, sc, mn);
+        o.s[2 * j] = o.s[2 * j + 1] = sc;
+        o.mn[2 * j] = o.mn[2 * j + 1] = mn;
+      }
+      for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+          o.u[64 * c + l] = qs[32 * c + l] & 0x0F;
+          o.u[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+        }
+      if (five) {
+        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(p)->qh;
+        for (int c = 0; c < 4; c++)
+          for (int l = 0; l < 32; l++) {
+            o.u[64 * c + l] |= uint8_t(((qh[l] >> (2 * c)) & 1) << 4);
+            o.u[64 * c + 32 + l] |= uint8_t(((qh[l] >> (2 * c + 1)) & 1) << 4);
+          }
+      }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
+      o.d = fp16_to_f32(b->d);
+      for (int i = 0; i < 16; i++) {
+        o.s[i] = b->scales[i];
+        o.mn[i] = 0;
+      }
+      for (int half = 0; half < 2; half++) {
+        const uint8_t* ql = b->ql + 64 * half;
+        const uint8_t* qh = b->qh + 32 * half;
+        uint8_t* u = o.u + 128 * half;
+        for (int l = 0; l < 32; l++) {
+          u[l] = uint8_t((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
+          u[l + 32] = uint8_t((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+          u[l + 64] = uint8_t((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+          u[l + 96] = uint8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+      }
+      o.off = 32;
+      return;
+    }
+    default: return;
+  }
+}
+
+inline bool is_legacy_quant(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ||
+         t == GgmlType::Q8_0;
+}
+inline bool is_k_quant(GgmlType t) {
+  return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
+         t == GgmlType::Q6_K;
+}
+
+}  // namespace baton::cpu
