@@ -1,0 +1,241 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "gguf/error.h"
+#include "runtime/batch.h"
+#include "runtime/pipeline.h"
+#include "runtime/stop.h"
+
+namespace baton {
+
+using Clock = std::chrono::steady_clock;
+static double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+const char* to_string(FinishReason f) {
+  switch (f) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Context: return "context";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+// A request while it holds a slot.
+struct Engine::Active {
+  Request req;
+  Result res;
+  Sampler sampler;
+  StopMatcher stop;
+  std::unique_ptr<TokenStream> text;
+  int slot = -1;
+  std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
+  size_t next_prompt = 0;        // first prompt token not yet evaluated
+  int32_t pending = -1;          // sampled, to be evaluated in the next step
+  bool done = false;
+  Clock::time_point t_admit, t_first;
+
+  Active(Request&& r, std::unique_ptr<TokenStream> ts)
+      : req(std::move(r)), sampler(req.sampling), stop(req.stop), text(std::move(ts)) {}
+  bool prefilling() const { return next_prompt < req.prompt.size(); }
+  void emit(const std::string& s) {
+    if (s.empty()) return;
+    res.text += s;
+    if (req.on_text) req.on_text(s);
+  }
+};
+
+Engine::Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt)
+    : pipe_(pipe), vocab_(vocab), opt_(opt), n_ctx_(pipe.n_ctx()), n_vocab_(pipe.n_vocab()) {
+  BATON_CHECK(n_ctx_ > 0 && n_vocab_ > 0 && pipe.n_seq() > 0);
+  if (opt_.prefill_chunk < 1) opt_.prefill_chunk = 1;
+  cached_.resize(pipe.n_seq());
+  for (int s = 0; s < pipe.n_seq(); s++) cached_[s].reserve(64);
+}
+
+void Engine::forget(int slot) {
+  pipe_.truncate_seq(slot, 0);
+  cached_.at(slot).clear();
+}
+
+Result Engine::generate(Request req, const std::atomic<bool>* cancel, int slot) {
+  if (slot < 0 || slot >= n_seq()) fail(ErrorKind::Usage, "slot {} out of range (0..{})", slot, n_seq() - 1);
+  std::optional<Request> one(std::move(req));
+  Result out;
+  run_slots([&]() { std::optional<Request> r; r.swap(one); return r; },
+            [&](Result&& r) { out = std::move(r); }, {slot}, cancel);
+  return out;
+}
+
+void Engine::run(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel) {
+  if (parallel < 1 || parallel > n_seq())
+    fail(ErrorKind::Usage, "parallel must be 1..{} (the pipeline was loaded with {} sequence slots), got {}",
+         n_seq(), n_seq(), parallel);
+  std::vector<int> slots(parallel);
+  for (int i = 0; i < parallel; i++) slots[i] = i;
+  run_slots(next, done, std::move(slots), cancel);
+}
+
+// Binds a request to its slot: checks it fits, keeps the cached prefix it shares with the slot.
+bool Engine::admit(Active& a) {
+  auto& r = a.res;
+  r.tag = a.req.tag;
+  r.seed = a.req.sampling.seed;
+  r.n_ctx = n_ctx_;
+  r.prompt_tokens = int(a.req.prompt.size());
+  if (a.req.prompt.empty()) {
+    r.error = "empty prompt (no tokens to start from)";
+    return false;
+  }
+  if (int(a.req.prompt.size()) > n_ctx_) {
+    r.error = fmt::format("prompt is {} tokens but the context holds {} (use a larger --ctx or a shorter prompt)",
+                          a.req.prompt.size(), n_ctx_);
+    return false;
+  }
+  if (std::string e = a.req.sampling.validate(); !e.empty()) {
+    r.error = e;
+    return false;
+  }
+  for (int32_t t : a.req.prompt)
+    if (t < 0 || t >= n_vocab_) {
+      r.error = fmt::format("prompt token {} is outside the vocabulary (0..{})", t, n_vocab_ - 1);
+      return false;
+    }
+  auto& have = cached_[a.slot];
+  size_t common = 0;
+  while (common < have.size() && common < a.req.prompt.size() && have[common] == a.req.prompt[common]) common++;
+  // The last prompt token is always evaluated again: its logits start the reply.
+  common = std::min(common, a.req.prompt.size() - 1);
+  if (common < have.size()) {
+    pipe_.truncate_seq(a.slot, int(common));
+    have.resize(common);
+  }
+  a.next_prompt = common;
+  a.history = a.req.prompt;
+  r.prompt_evaluated = int(a.req.prompt.size() - common);
+  return true;
+}
+
+void Engine::finish(Active& a, FinishReason why) {
+  if (a.done) return;
+  // Text held back for a possible stop string or a split character is real text after all.
+  if (!a.stop.stopped()) {
+    a.emit(a.stop.push(a.text->flush()));
+    a.emit(a.stop.flush());
+  }
+  auto now = Clock::now();
+  a.res.finish = why;
+  a.res.ctx_used = int(cached_[a.slot].size());
+  a.res.total_ms = ms_between(a.t_admit, now);
+  if (!a.res.tokens.empty()) a.res.gen_ms = ms_between(a.t_first, now);
+  a.pending = -1;
+  a.done = true;
+}
+
+// One sampled token: stop conditions, streaming, and whether it can be evaluated next.
+void Engine::accept(Active& a, int32_t t) {
+  if (a.res.tokens.empty() && !vocab_.is_eog(t)) a.t_first = Clock::now();
+  if (vocab_.is_eog(t)) return finish(a, FinishReason::Stop);
+  a.res.tokens.push_back(t);
+  a.history.push_back(t);
+  a.emit(a.stop.push(a.text->push(t)));
+  if (a.stop.stopped()) return finish(a, FinishReason::Stop);
+  if (a.req.max_tokens >= 0 && a.res.completion_tokens() >= a.req.max_tokens) return finish(a, FinishReason::Length);
+  a.pending = t;
+  // The token goes at position cached.size(); a full cache cannot take it.
+  if (int(cached_[a.slot].size()) >= n_ctx_) return finish(a, FinishReason::Context);
+}
+
+void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> free_slots,
+                       const std::atomic<bool>* cancel) {
+  std::deque<std::unique_ptr<Active>> active;  // admission order: earlier prompts are served first
+  bool source_open = true;
+  Batch batch;
+  std::vector<float> logits;
+  std::vector<Active*> rows;  // which request each logits row belongs to
+  auto cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
+  std::reverse(free_slots.begin(), free_slots.end());  // pop_back hands out the lowest slot first
+
+  for (;;) {
+    if (cancelled()) {
+      for (auto& a : active) {
+        finish(*a, FinishReason::Cancelled);
+        done(std::move(a->res));
+      }
+      return;
+    }
+    // Fill free slots. A rejected request is answered at once and does not take a slot.
+    while (source_open && !free_slots.empty()) {
+      std::optional<Request> r = next();
+      if (!r) { source_open = false; break; }
+      auto a = std::make_unique<Active>(std::move(*r), vocab_.stream());
+      a->slot = free_slots.back();
+      a->t_admit = Clock::now();
+      if (!admit(*a)) {
+        a->res.total_ms = ms_between(a->t_admit, Clock::now());
+        done(std::move(a->res));
+        continue;
+      }
+      free_slots.pop_back();
+      active.push_back(std::move(a));
+    }
+    if (active.empty()) return;
+
+    // One step: every decoder's pending token, then prompt chunks up to the budget.
+    batch.clear();
+    rows.clear();
+    for (auto& a : active) {
+      if (a->pending < 0) continue;
+      batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, true);
+      rows.push_back(a.get());
+    }
+    int budget = opt_.prefill_chunk;
+    std::vector<std::pair<Active*, size_t>> chunks;  // (request, tokens taken)
+    for (auto& a : active) {
+      if (!a->prefilling() || budget <= 0) continue;
+      size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
+      size_t pos = cached_[a->slot].size();
+      for (size_t i = 0; i < take; i++) {
+        size_t k = a->next_prompt + i;
+        bool last = k + 1 == a->req.prompt.size();
+        batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last);
+        if (last) rows.push_back(a.get());
+      }
+      chunks.push_back({a.get(), take});
+      budget -= int(take);
+    }
+    BATON_CHECK(batch.size() > 0);
+    logits.resize(size_t(batch.n_logits()) * size_t(n_vocab_));
+
+    // Logits rows come out in batch order; rows[] was filled in that same order.
+    pipe_.decode(batch, logits.data());
+    auto now = Clock::now();
+
+    for (int i = 0; i < batch.size(); i++) cached_[batch.seq[i]].push_back(batch.token[i]);
+    for (auto& [a, take] : chunks) {
+      a->next_prompt += take;
+      if (!a->prefilling()) a->res.prompt_ms = ms_between(a->t_admit, now);
+    }
+    for (size_t r = 0; r < rows.size(); r++) {
+      Active& a = *rows[r];
+      a.pending = -1;
+      int32_t t = a.sampler.sample(logits.data() + r * size_t(n_vocab_), n_vocab_, a.history);
+      if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
+      accept(a, t);
+    }
+
+    // Finished requests leave now, in admission order, and free their slots for the next ones.
+    for (auto it = active.begin(); it != active.end();) {
+      if (!(*it)->done) { ++it; continue; }
+      free_slots.push_back((*it)->slot);
+      done(std::move((*it)->res));
+      it = active.erase(it);
+    }
+  }
+}
+
+}  // namespace baton

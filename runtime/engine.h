@@ -1,0 +1,119 @@
+// The engine under `run`, `chat` and `batch`: sequences, scheduling, sampling, stop handling and
+// streaming over a Pipeline. Requests are token prompts; each owns a KV-cache slot while it runs.
+// Up to N requests decode together in one batched Pipeline::decode per step; a finished request
+// leaves at once and the next one joins, its prompt evaluated in chunks next to the decoders.
+// A slot remembers what it has cached, so a later prompt that starts the same way (the next turn of
+// a chat) only evaluates what is new.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace baton {
+
+class Pipeline;
+class Tokenizer;
+
+enum class FinishReason { Stop, Length, Context, Cancelled };
+const char* to_string(FinishReason f);  // "stop", "length", "context", "cancelled"
+
+// Text of generated ids, streamed: push returns what can be shown now (never half a character).
+class TokenStream {
+ public:
+  virtual ~TokenStream() = default;
+  virtual std::string push(int32_t id) = 0;
+  virtual std::string flush() = 0;
+};
+
+// What the engine needs from a vocabulary. Tests supply a toy one; real models use tokenizer_vocab.
+class Vocab {
+ public:
+  virtual ~Vocab() = default;
+  virtual bool is_eog(int32_t id) const = 0;
+  virtual std::unique_ptr<TokenStream> stream() const = 0;
+};
+std::unique_ptr<Vocab> tokenizer_vocab(const Tokenizer& tok);
+
+struct Request {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;            // sampling.seed is used as given
+  int max_tokens = -1;                // < 0: until end of generation or the context end
+  std::vector<std::string> stop;      // stop strings (not part of the returned text)
+  std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
+  uint64_t tag = 0;                   // caller's id, returned in the Result
+};
+
+struct Result {
+  uint64_t tag = 0;
+  std::string error;                  // non-empty: the request was rejected, nothing generated
+  std::string text;
+  std::vector<int32_t> tokens;        // generated ids (an end-of-generation token not included)
+  FinishReason finish = FinishReason::Stop;
+  int prompt_tokens = 0;              // prompt length
+  int prompt_evaluated = 0;           // of those, evaluated now (the rest was already cached)
+  int ctx_used = 0;                   // tokens in the KV cache at the end (prompt + evaluated reply)
+  int n_ctx = 0;
+  uint64_t seed = 0;
+  double prompt_ms = 0;               // admission → prompt evaluated
+  double ttft_ms = 0;                 // admission → first token sampled
+  double gen_ms = 0;                  // first token → finished
+  double total_ms = 0;                // admission → finished
+  int completion_tokens() const { return int(tokens.size()); }
+  double prompt_tps() const { return prompt_ms > 0 ? prompt_evaluated * 1000.0 / prompt_ms : 0; }
+  // Tokens after the first over the time after the first: the steady decode rate.
+  double gen_tps() const { return gen_ms > 0 && tokens.size() > 1 ? (tokens.size() - 1) * 1000.0 / gen_ms : 0; }
+};
+
+struct EngineOptions {
+  // Most prompt tokens evaluated in one step. Smaller keeps running decoders moving while a
+  // newcomer's prompt is processed; larger evaluates long prompts faster.
+  int prefill_chunk = 256;
+};
+
+class Engine {
+ public:
+  Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt = {});
+
+  // One request on KV slot `slot`, reusing the longest prefix of its prompt the slot holds.
+  // The cancel flag is read between steps: setting it stops the compute and returns what was
+  // generated with finish = Cancelled.
+  Result generate(Request req, const std::atomic<bool>* cancel = nullptr, int slot = 0);
+
+  // Continuous batching: pulls requests from `next` until it returns nullopt and runs up to
+  // `parallel` of them at once; `done` gets each result as soon as its request finishes (also
+  // rejected ones). With the cancel flag set, running requests finish as Cancelled and no new
+  // request is pulled.
+  using Source = std::function<std::optional<Request>()>;
+  using Sink = std::function<void(Result&&)>;
+  void run(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel = nullptr);
+
+  // What a slot holds in its KV cache; forget() empties it.
+  const std::vector<int32_t>& cached(int slot) const { return cached_.at(slot); }
+  void forget(int slot);
+  int n_ctx() const { return n_ctx_; }
+  int n_seq() const { return int(cached_.size()); }
+
+ private:
+  struct Active;
+  void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel);
+  bool admit(Active& a);
+  void finish(Active& a, FinishReason why);
+  void accept(Active& a, int32_t token);
+
+  Pipeline& pipe_;
+  const Vocab& vocab_;
+  EngineOptions opt_;
+  int n_ctx_ = 0;
+  int n_vocab_ = 0;
+  std::vector<std::vector<int32_t>> cached_;  // per slot: tokens in its KV cache, in order
+};
+
+}  // namespace baton

@@ -1,0 +1,315 @@
+// Engine over a toy pipeline: a deterministic "model" whose next-token logits are a hash of the
+// whole cached sequence, so any mix-up of KV slots, positions or batch rows changes the output.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "gguf/error.h"
+#include "runtime/engine.h"
+#include "runtime/pipeline.h"
+
+using namespace baton;
+
+namespace {
+
+constexpr int kVocab = 32;  // 0: end of generation; 1..31: one character each
+const char kChars[] = "?abcdefghijklmnopqrstuvwxyz .,!";
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+class ToyPipeline : public Pipeline {
+ public:
+  ToyPipeline(int n_ctx, int n_seq, float eog_bias = -2.0f) : n_ctx_(n_ctx), eog_bias_(eog_bias), cache_(n_seq) {}
+
+  const gguf::File& file() const override { panic(__FILE__, __LINE__, "toy pipeline has no file"); }
+  const ModelConfig& config() const override { panic(__FILE__, __LINE__, "toy pipeline has no config"); }
+  const Tokenizer& tokenizer() const override { panic(__FILE__, __LINE__, "toy pipeline has no tokenizer"); }
+  int n_ctx() const override { return n_ctx_; }
+  int n_seq() const override { return int(cache_.size()); }
+  int n_vocab() const override { return kVocab; }
+
+  void decode(const Batch& b, float* logits) override {
+    steps++;
+    int decoders = 0, prompt_tokens = 0;
+    std::map<int, int> per_seq;
+    for (int i = 0; i < b.size(); i++) per_seq[b.seq[i]]++;
+    for (int i = 0; i < b.size(); i++) {
+      auto& c = cache_.at(b.seq[i]);
+      if (b.pos[i] != int(c.size()) || b.pos[i] >= n_ctx_)
+        fail(ErrorKind::Usage, "bad position {} for seq {} holding {}", b.pos[i], b.seq[i], c.size());
+      c.push_back(b.token[i]);
+      if (per_seq[b.seq[i]] == 1 && b.logits[i]) decoders++; else prompt_tokens++;
+      if (!b.logits[i]) continue;
+      uint64_t h = 1469598103934665603ull;
+      for (size_t p = 0; p < c.size(); p++) h = mix(h ^ (uint64_t(c[p]) + 131 * p));
+      for (int v = 0; v < kVocab; v++) {
+        *logits++ = float(mix(h + uint64_t(v)) >> 40) / float(1 << 24) * 6.0f + (v == 0 ? eog_bias_ : 0.0f);
+      }
+    }
+    max_seqs = std::max(max_seqs, int(per_seq.size()));
+    max_tokens = std::max(max_tokens, b.size());
+    if (prompt_tokens > 0 && decoders > 0) mixed_steps++;
+  }
+  void truncate_seq(int seq, int from) override { cache_.at(seq).resize(std::min<size_t>(from, cache_.at(seq).size())); }
+  int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
+
+  int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0;
+
+ private:
+  int n_ctx_;
+  float eog_bias_;
+  std::vector<std::vector<int32_t>> cache_;
+};
+
+class ToyStream : public TokenStream {
+ public:
+  std::string push(int32_t id) override { return id > 0 && id < kVocab ? std::string(1, kChars[id]) : ""; }
+  std::string flush() override { return ""; }
+};
+class ToyVocab : public Vocab {
+ public:
+  bool is_eog(int32_t id) const override { return id == 0; }
+  std::unique_ptr<TokenStream> stream() const override { return std::make_unique<ToyStream>(); }
+};
+
+std::vector<Request> make_requests(int n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<Request> out;
+  for (int i = 0; i < n; i++) {
+    Request r;
+    int len = 1 + int(g() % 60);
+    if (i % 5 == 0) len += 150;  // some prompts need several chunks
+    for (int k = 0; k < len; k++) r.prompt.push_back(1 + int32_t(g() % (kVocab - 1)));
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 20;
+    r.sampling.repeat_penalty = 1.1f;
+    r.sampling.seed = 1000 + uint64_t(i);
+    r.max_tokens = 5 + int(g() % 40);
+    r.tag = uint64_t(i);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::map<uint64_t, Result> run_all(Engine& e, std::vector<Request> reqs, int parallel, std::vector<uint64_t>* order = nullptr) {
+  size_t next = 0;
+  std::map<uint64_t, Result> out;
+  e.run([&]() -> std::optional<Request> {
+          if (next == reqs.size()) return std::nullopt;
+          return std::move(reqs[next++]);
+        },
+        [&](Result&& r) {
+          if (order) order->push_back(r.tag);
+          REQUIRE(out.count(r.tag) == 0);
+          out[r.tag] = std::move(r);
+        },
+        parallel);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("continuous batching: each request's output is the same with 1 and 8 in parallel") {
+  auto reqs = make_requests(40, 42);
+  ToyPipeline p1(256, 1), p8(256, 8);
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 32;
+  Engine e1(p1, vocab, opt), e8(p8, vocab, opt);
+  auto r1 = run_all(e1, reqs, 1);
+  std::vector<uint64_t> order;
+  auto r8 = run_all(e8, reqs, 8, &order);
+  REQUIRE(r1.size() == 40);
+  REQUIRE(r8.size() == 40);
+  int stopped = 0;
+  for (auto& [tag, a] : r1) {
+    const Result& b = r8.at(tag);
+    INFO("request " << tag);
+    CHECK(a.error.empty());
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.text == b.text);
+    CHECK(a.finish == b.finish);
+    CHECK(a.prompt_tokens == b.prompt_tokens);
+    CHECK(!a.tokens.empty());
+    stopped += a.finish == FinishReason::Stop;
+  }
+  CHECK(stopped > 0);   // the toy model does end some replies by itself
+  CHECK(stopped < 40);  // and others run to max_tokens
+  // Real batching happened: many sequences per step, prompts next to decoders, fewer steps.
+  CHECK(p1.max_seqs == 1);
+  CHECK(p8.max_seqs == 8);
+  CHECK(p8.mixed_steps > 0);
+  CHECK(p8.steps * 3 < p1.steps);
+  // Results arrive as requests finish, not in input order.
+  CHECK(!std::is_sorted(order.begin(), order.end()));
+}
+
+TEST_CASE("a newcomer's prompt is chunked so decoders keep moving") {
+  ToyPipeline p(1024, 4, -100.0f);  // no end-of-generation: everybody runs to max_tokens
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 16;
+  Engine e(p, vocab, opt);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; i++) {
+    Request r;
+    r.prompt.assign(i == 3 ? 200 : 4, 3);
+    r.sampling.temperature = 0;
+    r.max_tokens = 60;
+    r.tag = uint64_t(i);
+    reqs.push_back(std::move(r));
+  }
+  auto res = run_all(e, reqs, 4);
+  for (auto& [tag, r] : res) CHECK(r.completion_tokens() == 60);
+  // Never more than the chunk plus one token per decoder in a step.
+  CHECK(p.max_tokens <= 16 + 3);
+  // The 200-token prompt took >= 13 steps, and the short requests decoded during all of them.
+  CHECK(p.mixed_steps >= 12);
+  // Parallel requests with identical prompts and greedy sampling agree.
+  CHECK(res[0].tokens == res[1].tokens);
+  CHECK(res[1].tokens == res[2].tokens);
+}
+
+TEST_CASE("stop strings end the reply and never leak a partial match into the stream") {
+  ToyPipeline p(512, 1, -100.0f);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    Request r;
+    r.prompt = {5, 6, 7};
+    r.sampling.seed = seed;
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_k = 5;  // few letters: stop strings recur
+    r.max_tokens = 120;
+    Result full = e.generate(r);
+    REQUIRE(full.text.size() == 120);
+    std::string stop = full.text.substr(40, 3);
+    size_t cut = full.text.find(stop);
+    std::string streamed;
+    r.stop = {stop, "~never~"};
+    r.on_text = [&](std::string_view s) { streamed += s; };
+    Result got = e.generate(r);
+    INFO("seed " << seed << " stop '" << stop << "'");
+    CHECK(got.finish == FinishReason::Stop);
+    CHECK(got.text == full.text.substr(0, cut));
+    CHECK(streamed == got.text);
+    checked++;
+  }
+  CHECK(checked == 20);
+}
+
+TEST_CASE("context: too long a prompt is rejected, the context end finishes with 'context'") {
+  ToyPipeline p(32, 2, -100.0f);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  Request r;
+  r.sampling.temperature = 0;
+  r.prompt.assign(33, 4);
+  Result too_long = e.generate(r);
+  CHECK(!too_long.error.empty());
+  CHECK(too_long.error.find("33 tokens") != std::string::npos);
+  CHECK(too_long.tokens.empty());
+
+  r.prompt.assign(20, 4);
+  Result full = e.generate(r);
+  CHECK(full.error.empty());
+  CHECK(full.finish == FinishReason::Context);
+  CHECK(full.completion_tokens() == 13);  // positions 20..31 evaluated, plus the last one sampled
+  CHECK(full.ctx_used == 32);
+  CHECK(p.seq_len(0) == 32);
+
+  r.prompt.assign(32, 4);  // exactly the context: one token, then the end
+  Result edge = e.generate(r);
+  CHECK(edge.error.empty());
+  CHECK(edge.completion_tokens() == 1);
+  CHECK(edge.finish == FinishReason::Context);
+
+  // In a batch, a rejected request is answered and the others go on.
+  std::vector<Request> reqs(3, r);
+  reqs[0].prompt.assign(5, 4);
+  reqs[1].prompt.assign(40, 4);
+  reqs[2].prompt.clear();
+  for (int i = 0; i < 3; i++) { reqs[i].tag = uint64_t(i); reqs[i].max_tokens = 4; }
+  auto res = run_all(e, reqs, 2);
+  CHECK(res[0].error.empty());
+  CHECK(res[0].completion_tokens() == 4);
+  CHECK(res[0].finish == FinishReason::Length);
+  CHECK(!res[1].error.empty());
+  CHECK(!res[2].error.empty());
+}
+
+TEST_CASE("cancel stops the compute and keeps the partial reply") {
+  ToyPipeline p(4096, 1, -100.0f);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  std::atomic<bool> cancel{false};
+  Request r;
+  r.prompt = {1, 2, 3};
+  r.sampling.temperature = 0;
+  int chunks = 0;
+  r.on_text = [&](std::string_view) { if (++chunks == 7) cancel = true; };
+  Result res = e.generate(r, &cancel);
+  CHECK(res.finish == FinishReason::Cancelled);
+  CHECK(res.completion_tokens() == 7);
+  CHECK(res.text.size() == 7);
+  CHECK(p.steps <= 8);  // the prompt step and the decodes before the flag was seen
+}
+
+TEST_CASE("a slot reuses the cached prefix; the result matches a fresh evaluation") {
+  ToyVocab vocab;
+  ToyPipeline p(512, 1);
+  Engine e(p, vocab);
+  Request r;
+  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  r.sampling.seed = 9;
+  r.max_tokens = 10;
+  Result first = e.generate(r);
+  REQUIRE(first.prompt_evaluated == 8);
+
+  // The next turn: the old prompt, the reply, and something new.
+  Request next = r;
+  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
+  next.prompt.insert(next.prompt.end(), {9, 10, 11});
+  Result second = e.generate(next);
+  // Everything cached is reused: the reply's last token was sampled but never evaluated.
+  CHECK(second.prompt_evaluated == 3 + 1);
+
+  ToyPipeline fresh_p(512, 1);
+  Engine fresh(fresh_p, vocab);
+  Result ref = fresh.generate(next);
+  CHECK(ref.prompt_evaluated == int(next.prompt.size()));
+  CHECK(ref.tokens == second.tokens);
+
+  // A prompt that diverges early truncates the slot and re-evaluates from there.
+  Request other = r;
+  other.prompt[2] = 20;
+  Result third = e.generate(other);
+  CHECK(third.prompt_evaluated == 6);
+  e.forget(0);
+  CHECK(e.cached(0).empty());
+  CHECK(p.seq_len(0) == 0);
+}
+
+TEST_CASE("bad requests are answered with an error, not a crash") {
+  ToyPipeline p(64, 1);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  Request r;
+  Result empty = e.generate(r);
+  CHECK(empty.error.find("empty") != std::string::npos);
+  r.prompt = {1, 99};
+  CHECK(e.generate(r).error.find("vocabulary") != std::string::npos);
+  r.prompt = {1};
+  r.sampling.top_p = 2;
+  CHECK(e.generate(r).error.find("top_p") != std::string::npos);
+  CHECK_THROWS_AS(e.run([] { return std::optional<Request>(); }, [](Result&&) {}, 2), Error);
+}
