@@ -26,24 +26,40 @@ namespace {
 
 constexpr uint32_t kMaxArrayDepth = 4;
 constexpr uint64_t kMaxStringLen = 1ull << 30;
+// Each parsed value costs ~100 bytes of memory, so a hostile file of byte arrays could ask for
+// ~100x its size. Real models need ~1M values (262k-token vocabularies, merges); cap well above.
+constexpr uint64_t kMaxValues = 1ull << 24;
+constexpr int64_t kMaxElements = int64_t(1) << 50;  // per tensor; keeps byte sizes far from overflow
+
+// Keys and names in messages: hostile files can make them very long.
+std::string shown(const std::string& s) {
+  if (s.size() <= 96) return s;
+  std::string r = s.substr(0, 96);
+  r.append("...");
+  return r;
+}
 
 static_assert(std::endian::native == std::endian::little, "Baton reads GGUF on little-endian hosts");
 
+// Reads little-endian fields with bounds checks. Errors name the file, what is being read (the
+// context: a metadata key or a tensor), the problem and the byte offset where the field starts.
 class Cursor {
  public:
   Cursor(const uint8_t* p, uint64_t n, const std::string& name) : p_(p), n_(n), name_(name) {}
   uint64_t pos() const { return pos_; }
   uint64_t left() const { return n_ - pos_; }
+  void set_context(std::string ctx) { ctx_ = std::move(ctx); }
 
   [[noreturn]] void bad(uint64_t at, const std::string& what) const {
-    fail(ErrorKind::Model, "{}: invalid GGUF: {} (at byte offset {})", name_, what, at);
+    if (ctx_.empty()) fail(ErrorKind::Model, "{}: invalid GGUF: {} (at byte offset {})", name_, what, at);
+    fail(ErrorKind::Model, "{}: invalid GGUF: {}: {} (at byte offset {})", name_, ctx_, what, at);
   }
-  void need(uint64_t bytes, const char* field) const {
-    if (bytes > left())
-      bad(pos_, fmt::format("{} needs {} bytes but the file ends after {} more", field, bytes, left()));
+  void need(uint64_t at, uint64_t bytes, const char* field) const {
+    if (bytes > n_ - at)
+      bad(at, fmt::format("{} needs {} bytes but the file ends after {} more", field, bytes, n_ - at));
   }
   template <class T> T read(const char* field) {
-    need(sizeof(T), field);
+    need(pos_, sizeof(T), field);
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
     pos_ += sizeof(T);
@@ -53,17 +69,24 @@ class Cursor {
     const uint64_t at = pos_;
     uint64_t len = read<uint64_t>(field);
     if (len > kMaxStringLen) bad(at, fmt::format("{} has length {} (limit {})", field, len, kMaxStringLen));
-    need(len, field);
+    if (len > left())
+      bad(at, fmt::format("{} of length {} runs past the end of the file ({} bytes left)", field, len, left()));
     std::string s(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
     return s;
+  }
+  // Counts metadata values against kMaxValues.
+  void count_value() {
+    if (++values_ > kMaxValues) bad(pos_, fmt::format("more than {} metadata values in the file", kMaxValues));
   }
 
  private:
   const uint8_t* p_;
   uint64_t n_;
   uint64_t pos_ = 0;
+  uint64_t values_ = 0;
   const std::string& name_;
+  std::string ctx_;
 };
 
 size_t scalar_size(ValueType t) {
@@ -80,7 +103,9 @@ size_t scalar_size(ValueType t) {
 
 bool valid_value_type(uint32_t t) { return t <= uint32_t(ValueType::FLOAT64); }
 
-Value read_value(Cursor& c, ValueType type, const std::string& key, uint32_t depth) {
+// The caller has set the cursor's context to the metadata key.
+Value read_value(Cursor& c, ValueType type, uint32_t depth) {
+  c.count_value();
   Value v;
   v.type = type;
   switch (type) {
@@ -97,23 +122,24 @@ Value read_value(Cursor& c, ValueType type, const std::string& key, uint32_t dep
     case ValueType::BOOL: {
       const uint64_t at = c.pos();
       uint8_t b = c.read<uint8_t>("bool value");
-      if (b > 1) c.bad(at, fmt::format("bool value of '{}' is {}, not 0 or 1", key, b));
+      if (b > 1) c.bad(at, fmt::format("bool value is {}, not 0 or 1", b));
       v.u = b;
       break;
     }
     case ValueType::STRING: v.str = c.read_string("string value"); break;
     case ValueType::ARRAY: {
       const uint64_t at = c.pos();
-      if (depth >= kMaxArrayDepth) c.bad(at, fmt::format("arrays of '{}' nest deeper than {}", key, kMaxArrayDepth));
+      if (depth >= kMaxArrayDepth) c.bad(at, fmt::format("arrays nest deeper than {}", kMaxArrayDepth));
       uint32_t et = c.read<uint32_t>("array element type");
-      if (!valid_value_type(et)) c.bad(at, fmt::format("array '{}' has unknown element type {}", key, et));
+      if (!valid_value_type(et)) c.bad(at, fmt::format("array has unknown element type {}", et));
       v.elem = ValueType(et);
       const uint64_t n_at = c.pos();
       uint64_t n = c.read<uint64_t>("array length");
       if (n > c.left() / scalar_size(v.elem))
-        c.bad(n_at, fmt::format("array '{}' claims {} elements, more than the {} bytes left can hold", key, n, c.left()));
+        c.bad(n_at, fmt::format("array claims {} {} elements, more than the {} bytes left can hold", n,
+                                value_type_name(v.elem), c.left()));
       v.arr.reserve(n);
-      for (uint64_t k = 0; k < n; k++) v.arr.push_back(read_value(c, v.elem, key, depth + 1));
+      for (uint64_t k = 0; k < n; k++) v.arr.push_back(read_value(c, v.elem, depth + 1));
       break;
     }
   }
@@ -237,23 +263,28 @@ void File::parse_all() {
   if (n_kv > c.left() / 13) c.bad(nkv_at, fmt::format("metadata count {} cannot fit in the file", n_kv));
 
   kv_.reserve(n_kv);
+  uint64_t alignment_at = 0;  // where general.alignment's value starts, for messages
   for (uint64_t k = 0; k < n_kv; k++) {
     const uint64_t at = c.pos();
+    c.set_context(fmt::format("metadata entry #{}", k));
     std::string key = c.read_string("metadata key");
     if (key.empty()) c.bad(at, "empty metadata key");
+    c.set_context(fmt::format("metadata '{}'", shown(key)));
     const uint64_t t_at = c.pos();
     uint32_t t = c.read<uint32_t>("metadata value type");
-    if (!valid_value_type(t)) c.bad(t_at, fmt::format("metadata '{}' has unknown value type {}", key, t));
-    Value v = read_value(c, ValueType(t), key, 0);
-    if (kv_index_.count(key)) c.bad(at, fmt::format("duplicate metadata key '{}'", key));
+    if (!valid_value_type(t)) c.bad(t_at, fmt::format("unknown value type {}", t));
+    if (key == "general.alignment") alignment_at = c.pos();
+    Value v = read_value(c, ValueType(t), 0);
+    if (kv_index_.count(key)) c.bad(at, "duplicate metadata key");
     kv_index_.emplace(key, kv_.size());
     kv_.emplace_back(std::move(key), std::move(v));
   }
 
   if (const Value* a = find("general.alignment")) {
-    if (a->type != ValueType::UINT32) c.bad(0, fmt::format("general.alignment must be uint32, found {}", value_type_name(a->type)));
+    c.set_context("metadata 'general.alignment'");
+    if (a->type != ValueType::UINT32) c.bad(alignment_at, fmt::format("must be uint32, found {}", value_type_name(a->type)));
     if (a->u == 0 || (a->u & (a->u - 1)) != 0 || a->u > (1u << 20))
-      c.bad(0, fmt::format("general.alignment {} is not a power of two (<= 1 MiB)", a->u));
+      c.bad(alignment_at, fmt::format("{} is not a power of two <= 1 MiB", a->u));
     alignment_ = uint32_t(a->u);
   }
 
@@ -261,39 +292,41 @@ void File::parse_all() {
   for (uint64_t k = 0; k < n_tensors; k++) {
     TensorInfo ti;
     ti.info_offset = c.pos();
+    c.set_context(fmt::format("tensor info #{}", k));
     ti.name = c.read_string("tensor name");
     if (ti.name.empty()) c.bad(ti.info_offset, "empty tensor name");
+    c.set_context(fmt::format("tensor '{}'", shown(ti.name)));
     const uint64_t nd_at = c.pos();
-    ti.n_dims = c.read<uint32_t>("tensor n_dims");
-    if (ti.n_dims == 0 || ti.n_dims > 4)
-      c.bad(nd_at, fmt::format("tensor '{}' has n_dims {} (must be 1..4)", ti.name, ti.n_dims));
+    ti.n_dims = c.read<uint32_t>("n_dims");
+    if (ti.n_dims == 0 || ti.n_dims > 4) c.bad(nd_at, fmt::format("n_dims is {} (must be 1..4)", ti.n_dims));
     int64_t count = 1;
     for (uint32_t d = 0; d < ti.n_dims; d++) {
       const uint64_t d_at = c.pos();
-      uint64_t n = c.read<uint64_t>("tensor dimension");
+      uint64_t n = c.read<uint64_t>("dimension");
       if (n == 0 || n > uint64_t(std::numeric_limits<int64_t>::max()))
-        c.bad(d_at, fmt::format("tensor '{}' dimension {} is {}", ti.name, d, n));
-      if (__builtin_mul_overflow(count, int64_t(n), &count) || count > (int64_t(1) << 50))
-        c.bad(d_at, fmt::format("tensor '{}' element count overflows", ti.name));
+        c.bad(d_at, fmt::format("dimension {} is {}", d, n));
+      if (__builtin_mul_overflow(count, int64_t(n), &count) || count > kMaxElements)
+        c.bad(d_at, fmt::format("element count overflows (more than 2^50 at dimension {})", d));
       ti.ne[d] = int64_t(n);
     }
     const uint64_t ty_at = c.pos();
-    uint32_t ty = c.read<uint32_t>("tensor type");
+    uint32_t ty = c.read<uint32_t>("type");
     const TypeTraits* tt = type_traits(ty);
-    if (!tt) c.bad(ty_at, fmt::format("tensor '{}' has unknown type id {}", ti.name, ty));
+    if (!tt) c.bad(ty_at, fmt::format("unknown type id {}", ty));
     ti.type = tt->type;
     if (ti.ne[0] % tt->block_elems != 0)
-      c.bad(ty_at, fmt::format("tensor '{}' of type {} has rows of {} elements, not a multiple of the block size {}",
-                               ti.name, tt->name, ti.ne[0], tt->block_elems));
+      c.bad(ty_at, fmt::format("type {} with rows of {} elements, not a multiple of the block size {}",
+                               tt->name, ti.ne[0], tt->block_elems));
     ti.nbytes = uint64_t(count / tt->block_elems) * tt->block_bytes;
     const uint64_t off_at = c.pos();
-    ti.offset = c.read<uint64_t>("tensor offset");
+    ti.offset = c.read<uint64_t>("offset");
     if (ti.offset % alignment_ != 0)
-      c.bad(off_at, fmt::format("tensor '{}' offset {} is not a multiple of the alignment {}", ti.name, ti.offset, alignment_));
-    if (tensor_index_.count(ti.name)) c.bad(ti.info_offset, fmt::format("duplicate tensor name '{}'", ti.name));
+      c.bad(off_at, fmt::format("offset {} is not a multiple of the alignment {}", ti.offset, alignment_));
+    if (tensor_index_.count(ti.name)) c.bad(ti.info_offset, "duplicate tensor name");
     tensor_index_.emplace(ti.name, tensors_.size());
     tensors_.push_back(std::move(ti));
   }
+  c.set_context("");
 
   data_offset_ = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
   if (!tensors_.empty() && data_offset_ > size_)
@@ -306,14 +339,14 @@ void File::parse_all() {
     const uint64_t avail = size_ - data_offset_;
     if (t.offset > avail || t.nbytes > avail - t.offset)
       c.bad(t.info_offset, fmt::format("tensor '{}' data [{}, {}) lies past the end of the file ({} bytes of data)",
-                                       t.name, t.offset, t.offset + t.nbytes, avail));
+                                       shown(t.name), t.offset, t.offset + t.nbytes, avail));
     by_off.push_back(&t);
   }
   std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t k = 1; k < by_off.size(); k++) {
     const TensorInfo* prev = by_off[k - 1];
     if (by_off[k]->offset < prev->offset + prev->nbytes)
-      c.bad(by_off[k]->info_offset, fmt::format("tensor '{}' overlaps tensor '{}'", by_off[k]->name, prev->name));
+      c.bad(by_off[k]->info_offset, fmt::format("tensor '{}' overlaps tensor '{}'", shown(by_off[k]->name), shown(prev->name)));
   }
   for (auto& t : tensors_) t.data = base_ ? base_ + data_offset_ + t.offset : nullptr;
 }

@@ -1,4 +1,6 @@
 // GGUF writer: same layout and alignment rules as the reader; writer -> reader round trip is exact.
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -56,6 +58,12 @@ void Writer::set(const std::string& key, Value v) {
 
 void Writer::add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> dims,
                         const void* data, size_t nbytes) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  const TypeTraits& tt = traits(type);
+  // Writing a tensor whose bytes do not match its shape is a bug in the caller, not bad input.
+  BATON_CHECK(!dims.empty() && dims.size() <= 4 && dims[0] % tt.block_elems == 0);
+  BATON_CHECK(nbytes == uint64_t(n / tt.block_elems) * tt.block_bytes);
   const uint8_t* p = static_cast<const uint8_t*>(data);
   Tensor t{name, type, std::move(dims), std::vector<uint8_t>(p, p + nbytes), nullptr, nbytes};
   tensors_.push_back(std::move(t));
@@ -65,14 +73,18 @@ void Writer::add_tensor_lazy(const std::string& name, GgmlType type, std::vector
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   const TypeTraits& tt = traits(type);
-  BATON_CHECK(dims.size() >= 1 && dims[0] % tt.block_elems == 0);
+  BATON_CHECK(!dims.empty() && dims.size() <= 4 && dims[0] % tt.block_elems == 0);
   Tensor t{name, type, std::move(dims), {}, std::move(fill), uint64_t(n / tt.block_elems) * tt.block_bytes};
   tensors_.push_back(std::move(t));
 }
 
 uint32_t Writer::alignment() const {
-  for (const auto& kv : kv_)
-    if (kv.first == "general.alignment") return uint32_t(kv.second.u);
+  for (const auto& kv : kv_) {
+    if (kv.first != "general.alignment") continue;
+    const uint64_t a = kv.second.u;
+    BATON_CHECK(kv.second.type == ValueType::UINT32 && a != 0 && (a & (a - 1)) == 0);
+    return uint32_t(a);
+  }
   return 32;
 }
 
