@@ -1,0 +1,100 @@
+// `baton logits`: evaluate a prompt in one batch and write every position's logits as float32
+// [n_tokens × n_vocab], row-major, no header (the format of llama.cpp's reference dumps).
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "gguf/error.h"
+#include "gguf/gguf.h"
+#include "runtime/model_files.h"
+#include "runtime/pipeline.h"
+#include "runtime/tokenizer.h"
+
+namespace baton {
+namespace {
+
+struct Opts {
+  std::string model, prompt, out, tokens_out, tokens;
+  int threads = 0, ctx = 0;
+  std::string kv_type = "f16";
+};
+
+void write_file(const std::string& path, const void* data, size_t bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) fail(ErrorKind::Usage, "cannot open {} for writing", path);
+  const size_t put = std::fwrite(data, 1, bytes, f);
+  if (std::fclose(f) != 0 || put != bytes) fail(ErrorKind::Usage, "writing {} failed", path);
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w) {
+    size_t used = 0;
+    long v = -1;
+    try { v = std::stol(w, &used); } catch (const std::exception&) { used = 0; }
+    if (used != w.size() || v < 0 || v > INT32_MAX) fail(ErrorKind::Usage, "--tokens: '{}' is not a token id", w);
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+int run(const Opts& o) {
+  LoadOptions lo;
+  lo.n_threads = o.threads;
+  lo.n_ctx = o.ctx;
+  if (o.kv_type == "f16") lo.kv_type = GgmlType::F16;
+  else if (o.kv_type == "q8_0") lo.kv_type = GgmlType::Q8_0;
+  else fail(ErrorKind::Usage, "--kv-type {}: expected f16 or q8_0", o.kv_type);
+  const std::string path = resolve_model(o.model);
+  std::vector<int32_t> ids;
+  if (!o.tokens.empty()) {
+    ids = parse_ids(o.tokens);
+  } else {  // tokenize first: the batch size is the prompt length ("one batch")
+    auto file = gguf::File::open(path);
+    ids = Tokenizer::from_gguf(*file).encode(o.prompt, /*add_special=*/true, /*parse_special=*/true);
+  }
+  lo.n_batch = std::max<int>(1, int(ids.size()));
+  std::unique_ptr<Pipeline> p = Pipeline::load(path, lo);
+  if (ids.empty()) fail(ErrorKind::Usage, "the prompt has no tokens");
+  if (int(ids.size()) > p->n_ctx())
+    fail(ErrorKind::Usage, "the prompt has {} tokens but the context is {} (--ctx)", ids.size(), p->n_ctx());
+
+  Batch b;
+  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], int32_t(i), 0, true);
+  std::vector<float> logits(ids.size() * size_t(p->n_vocab()));
+  p->decode(b, logits.data());
+  write_file(o.out, logits.data(), logits.size() * sizeof(float));
+  if (!o.tokens_out.empty()) {
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) line += fmt::format("{}{}", i ? " " : "", ids[i]);
+    line += "\n";
+    write_file(o.tokens_out, line.data(), line.size());
+  }
+  std::fprintf(stderr, "%zu tokens x %d logits -> %s\n", ids.size(), p->n_vocab(), o.out.c_str());
+  return 0;
+}
+
+cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 logits [n_tokens x n_vocab]",
+  [](CLI::App& app) {
+    auto o = std::make_shared<Opts>();
+    app.add_option("-m,--model", o->model, "Model file or known name")->required();
+    app.add_option("-p,--prompt", o->prompt, "Prompt text (BOS added as the model says)");
+    app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
+    app.add_option("--out", o->out, "Output file for the logits")->required();
+    app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line)");
+    app.add_option("-t,--threads", o->threads, "CPU threads (0: all)");
+    app.add_option("--ctx", o->ctx, "Context length (0: model's, capped at 4096)");
+    app.add_option("--kv-type", o->kv_type, "KV cache type: f16 or q8_0");
+    return [o] {
+      if (o->prompt.empty() && o->tokens.empty()) fail(ErrorKind::Usage, "give -p PROMPT or --tokens IDS");
+      return run(*o);
+    };
+  }}};
+
+}  // namespace
+}  // namespace baton
