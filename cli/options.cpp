@@ -1,0 +1,145 @@
+#include "cli/options.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "gguf/error.h"
+#include "runtime/model_files.h"
+#include "runtime/tokenizer.h"
+
+namespace baton::cli {
+
+void add_model_flags(CLI::App& app, ModelFlags& f) {
+  app.add_option("-m,--model", f.model, "model: a GGUF path or a known name (e.g. smollm2-135m)")->required();
+  app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--ctx", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
+  app.add_option("--devices", f.devices, "devices to place layers on, e.g. cpu or cuda:0,cpu");
+  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
+  app.add_flag("--verbose", f.verbose, "print loading and placement details");
+}
+
+void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags) {
+  auto& p = f.params;
+  app.add_option("-n,--max-tokens", f.max_tokens, "most tokens to generate (-1: until the model stops or the context is full)");
+  app.add_option("--temp,--temperature", p.temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("--top-k", p.top_k, "keep the K most likely tokens (0: off)")->capture_default_str();
+  app.add_option("--top-p", p.top_p, "keep the smallest set with this probability mass (1: off)")->capture_default_str();
+  app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")->capture_default_str();
+  app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str();
+  app.add_option("--seed", f.seed, "RNG seed (default: random, printed with the stats)");
+  app.add_option("--stop", f.stop, "stop string (repeatable); not part of the output");
+  if (with_prompt_flags) {
+    app.add_option("--system", f.system, "system prompt");
+    app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
+  }
+}
+
+uint64_t resolve_seed(const std::optional<uint64_t>& s) { return s ? *s : random_seed(); }
+
+bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
+bool stdin_is_tty() { return isatty(STDIN_FILENO) == 1; }
+
+Loaded load_model(const ModelFlags& f, int n_seq) {
+  Loaded out;
+  out.path = resolve_model(f.model);
+  LoadOptions lo;
+  lo.n_ctx = f.ctx;
+  lo.n_seq = n_seq;
+  lo.n_batch = f.batch;
+  lo.kv_type = f.kv_type == "q8_0" ? GgmlType::Q8_0 : GgmlType::F16;
+  lo.n_threads = f.threads;
+  lo.devices = f.devices;
+  lo.verbose = f.verbose;
+  const bool bar = stderr_is_tty();
+  if (bar) {
+    lo.progress = [](uint64_t done, uint64_t total) {
+      const int width = 30;
+      double frac = total ? double(done) / double(total) : 1.0;
+      int fill = int(frac * width + 0.5);
+      std::fprintf(stderr, "\rloading [%s%s] %3d%%  %.0f/%.0f MiB", std::string(size_t(fill), '#').c_str(),
+                   std::string(size_t(width - fill), ' ').c_str(), int(frac * 100 + 0.5), double(done) / 1048576.0,
+                   double(total) / 1048576.0);
+      std::fflush(stderr);
+    };
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  out.pipe = Pipeline::load(out.path, lo);
+  out.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (bar) std::fprintf(stderr, "\r\033[K");  // the bar is gone once loading is done
+  out.vocab = tokenizer_vocab(out.pipe->tokenizer());
+  return out;
+}
+
+// ---- prompts ----
+
+struct Prompter::Impl {
+  const Tokenizer* tok = nullptr;
+};
+
+Prompter::Prompter(const Pipeline& pipe, const std::string& template_name) : impl_(std::make_unique<Impl>()) {
+  impl_->tok = &pipe.tokenizer();
+  name_ = template_name.empty() ? "chatml" : template_name;
+}
+Prompter::~Prompter() = default;
+
+// Encodes rendered text; the template may already start with BOS, which must not appear twice.
+static std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> ids = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
+  if (ids.size() >= 2 && tok.bos() >= 0 && ids[0] == tok.bos() && ids[1] == tok.bos()) ids.erase(ids.begin());
+  return ids;
+}
+
+std::vector<int32_t> Prompter::chat(const std::vector<Message>& messages) const {
+  std::string text;
+  for (const auto& m : messages) text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  text += "<|im_start|>assistant\n";
+  return encode_prompt(*impl_->tok, text);
+}
+
+std::vector<int32_t> Prompter::raw(const std::string& text) const { return encode_prompt(*impl_->tok, text); }
+
+// ---- Ctrl-C ----
+
+static std::atomic<bool> g_interrupted{false};
+std::atomic<bool>& interrupted() { return g_interrupted; }
+
+static void on_sigint(int) {
+  if (g_interrupted.load()) {  // pressed again before the engine noticed: leave now
+    signal(SIGINT, SIG_DFL);
+    raise(SIGINT);
+    return;
+  }
+  g_interrupted.store(true);
+}
+
+void install_interrupt_handler() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read waiting for input returns EINTR
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+std::string read_text(const std::string& path) {
+  std::ostringstream s;
+  if (path == "-") {
+    s << std::cin.rdbuf();
+    return s.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::Usage, "cannot read {}", path);
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace baton::cli

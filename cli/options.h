@@ -1,0 +1,83 @@
+// Flags and plumbing shared by the generating subcommands (run, chat, batch, bench): model and
+// device flags, sampling flags, loading with a progress bar, prompts through the chat template,
+// and the Ctrl-C flag the engine polls.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "runtime/engine.h"
+#include "runtime/pipeline.h"
+#include "runtime/sampler.h"
+
+namespace baton::cli {
+
+struct ModelFlags {
+  std::string model;
+  int threads = 0;
+  int ctx = 0;
+  int batch = 512;
+  std::string devices = "cpu";
+  std::string kv_type = "f16";
+  bool verbose = false;
+};
+void add_model_flags(CLI::App& app, ModelFlags& f);
+
+struct SamplingFlags {
+  SamplingParams params;
+  std::optional<uint64_t> seed;      // unset: a fresh random seed per request
+  int max_tokens = -1;               // -n; < 0: until the model stops or the context is full
+  std::vector<std::string> stop;
+  std::string chat_template;         // --chat-template NAME ("" = from the model)
+  std::string system;
+};
+// with_prompt_flags: --system and --chat-template too (run, chat, batch).
+void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
+// The seed a request runs with: given, or drawn now.
+uint64_t resolve_seed(const std::optional<uint64_t>& s);
+
+struct Loaded {
+  std::unique_ptr<Pipeline> pipe;
+  std::unique_ptr<Vocab> vocab;
+  std::string path;
+  double load_ms = 0;
+};
+// Resolves -m, loads with n_seq slots. A progress bar goes to stderr only when it is a terminal.
+Loaded load_model(const ModelFlags& f, int n_seq);
+
+struct Message {
+  std::string role, content;
+};
+// Turns prompts into tokens: through the model's chat template (or --chat-template), or raw.
+class Prompter {
+ public:
+  Prompter(const Pipeline& pipe, const std::string& template_name);
+  ~Prompter();
+  // The conversation rendered with the assistant's turn opened.
+  std::vector<int32_t> chat(const std::vector<Message>& messages) const;
+  // Text as is (BOS when the model wants one; special-token text is parsed).
+  std::vector<int32_t> raw(const std::string& text) const;
+  const std::string& template_name() const { return name_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string name_;
+};
+
+// Ctrl-C: the first press sets the flag (the engine stops between tokens); the handler is installed
+// without SA_RESTART so a blocking read returns. A second press while the flag is still set exits.
+void install_interrupt_handler();
+std::atomic<bool>& interrupted();
+
+bool stderr_is_tty();
+bool stdin_is_tty();
+// Whole file (or stdin for "-") as text; Error(Usage) when it cannot be read.
+std::string read_text(const std::string& path);
+
+}  // namespace baton::cli

@@ -1,0 +1,97 @@
+// `baton run`: one prompt, one answer streamed to stdout; load time, speeds and the seed to stderr.
+// Never interactive. Exit codes: 0 ok, 1 usage, 2 model/file, 3 out of memory, 130 interrupted.
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "gguf/error.h"
+
+namespace baton::cli {
+namespace {
+
+struct RunOpts {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string prompt, file;
+  bool raw = false, json = false;
+};
+
+int run(const RunOpts& o) {
+  if (o.prompt.empty() == o.file.empty()) fail(ErrorKind::Usage, "give the prompt with -p TEXT (or -p - for stdin) or -f FILE");
+  std::string prompt = !o.file.empty() ? read_text(o.file) : o.prompt == "-" ? read_text("-") : o.prompt;
+  if (!o.file.empty() || o.prompt == "-")
+    while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
+  if (prompt.empty()) fail(ErrorKind::Usage, "the prompt is empty");
+  if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+
+  Loaded m = load_model(o.model, 1);
+  Prompter prompter(*m.pipe, o.sampling.chat_template);
+  Request req;
+  if (o.raw) {
+    req.prompt = prompter.raw(prompt);
+  } else {
+    std::vector<Message> msgs;
+    if (!o.sampling.system.empty()) msgs.push_back({"system", o.sampling.system});
+    msgs.push_back({"user", prompt});
+    req.prompt = prompter.chat(msgs);
+  }
+  req.sampling = o.sampling.params;
+  req.sampling.seed = resolve_seed(o.sampling.seed);
+  req.max_tokens = o.sampling.max_tokens;
+  req.stop = o.sampling.stop;
+  if (!o.json)
+    req.on_text = [](std::string_view s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    };
+
+  install_interrupt_handler();
+  Engine engine(*m.pipe, *m.vocab);
+  Result r = engine.generate(std::move(req), &interrupted());
+  if (!r.error.empty()) fail(ErrorKind::Usage, "{}", r.error);
+
+  if (o.json) {
+    nlohmann::json j = {
+        {"text", r.text},
+        {"tokens", r.completion_tokens()},
+        {"prompt_tokens", r.prompt_tokens},
+        {"finish_reason", to_string(r.finish)},
+        {"seed", r.seed},
+        {"timings",
+         {{"load_ms", m.load_ms}, {"prompt_ms", r.prompt_ms}, {"prompt_tokens_per_s", r.prompt_tps()},
+          {"ttft_ms", r.ttft_ms}, {"gen_ms", r.gen_ms}, {"gen_tokens_per_s", r.gen_tps()}, {"total_ms", r.total_ms}}},
+    };
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  if (r.finish == FinishReason::Context)
+    std::fprintf(stderr, "[stopped: the context is full (%d tokens); use a larger --ctx]\n", r.n_ctx);
+  std::fprintf(stderr, "load %.0f ms | prompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | ttft %.0f ms | seed %llu\n",
+               m.load_ms, r.prompt_tokens, r.prompt_tps(), r.completion_tokens(), r.gen_tps(), r.ttft_ms,
+               static_cast<unsigned long long>(r.seed));
+  if (r.finish == FinishReason::Cancelled) {
+    std::fprintf(stderr, "[interrupted]\n");
+    return 130;
+  }
+  return 0;
+}
+
+Register reg{{"run", "answer one prompt (streams to stdout; never interactive)", [](CLI::App& app) {
+  auto o = std::make_shared<RunOpts>();
+  add_model_flags(app, o->model);
+  add_sampling_flags(app, o->sampling);
+  app.add_option("-p,--prompt", o->prompt, "the prompt ('-' reads it from stdin)");
+  app.add_option("-f,--file", o->file, "read the prompt from a file");
+  app.add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
+  app.add_flag("--json", o->json, "print one JSON object (text, tokens, finish_reason, timings) instead of streaming");
+  return [o] { return run(*o); };
+}}};
+
+}  // namespace
+}  // namespace baton::cli
