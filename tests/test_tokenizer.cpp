@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "gguf/gguf.h"
+#include <nlohmann/json.hpp>
+
 #include "helpers.h"
 #include "runtime/pretokenizer.h"
 #include "runtime/tokenizer.h"
@@ -86,3 +88,120 @@ TEST_CASE("llama.cpp vectors: llama-spm (SentencePiece)") { check_vectors("ggml-
 TEST_CASE("llama.cpp vectors: gpt-2 (byte-level BPE)") { check_vectors("ggml-vocab-gpt-2.gguf"); }
 TEST_CASE("llama.cpp vectors: falcon") { check_vectors("ggml-vocab-falcon.gguf"); }
 TEST_CASE("llama.cpp vectors: starcoder") { check_vectors("ggml-vocab-starcoder.gguf"); }
+
+// Every pre-tokenizer against the same regexes run by an independent engine (Oniguruma through
+// the `tokenizers` package; tools/gen_tokenizer_fixtures.py).
+TEST_CASE("pre-tokenizers split like their regexes") {
+  auto j = nlohmann::json::parse(read_all(std::string(BATON_TEST_DATA) + "/pretokenizer_splits.json"));
+  const auto& inputs = j["inputs"];
+  REQUIRE(inputs.size() > 60);
+  for (const char* name : {"default", "gpt-2", "falcon", "starcoder", "llama3", "qwen2"}) {
+    PreTokenizer p = pretokenizer_from_name(name);
+    const auto& want = j["splits"][name];
+    REQUIRE(want.size() == inputs.size());
+    size_t pass = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::string in = inputs[i];
+      std::vector<std::string> got;
+      for (auto piece : pretokenize(p, in)) got.emplace_back(piece);
+      std::vector<std::string> exp = want[i];
+      INFO(name << " input " << i << ": '" << in << "'");
+      CHECK(got == exp);
+      pass += got == exp;
+    }
+    std::printf("pre-tokenizer %s: %zu/%zu inputs split as the regex does\n", name, pass, inputs.size());
+  }
+}
+
+TEST_CASE("pre-tokenizer names") {
+  CHECK(pretokenizer_from_name("smollm") == PreTokenizer::Starcoder);
+  CHECK(pretokenizer_from_name("llama-bpe") == PreTokenizer::Llama3);
+  CHECK_THROWS_WITH(pretokenizer_from_name("no-such-pre"), Catch::Contains("no-such-pre"));
+  // Malformed UTF-8 is carried through: the pieces still cover the input exactly.
+  std::string bad = "ab\xFF\xC3 cd\xE2\x82";
+  std::string joined;
+  for (auto piece : pretokenize(PreTokenizer::Llama3, bad)) joined += piece;
+  CHECK(joined == bad);
+}
+
+TEST_CASE("unicode classes") {
+  using namespace unicode;
+  CHECK(category('a') == Cat::Letter);
+  CHECK(category(0x00E9) == Cat::Letter);   // é
+  CHECK(category(0x65E5) == Cat::Letter);   // 日
+  CHECK(category(0x0663) == Cat::Number);   // ٣
+  CHECK(category(0x00BD) == Cat::Number);   // ½
+  CHECK(category(0x3001) == Cat::Punct);    // 、
+  CHECK(category(0x1F999) == Cat::Symbol);  // 🦙
+  CHECK(category(0x0301) == Cat::Mark);     // combining acute
+  CHECK(category(0x0378) == Cat::None);     // unassigned
+  CHECK(is_whitespace(0x3000));
+  CHECK(is_whitespace('\t'));
+  CHECK_FALSE(is_whitespace(0x200B));  // zero-width space is not White_Space
+  CHECK(incomplete_utf8_tail("ab\xE2\x82") == 2);
+  CHECK(incomplete_utf8_tail("ab\xE2\x82\xAC") == 0);
+  CHECK(incomplete_utf8_tail("\xF0\x9F\xA6") == 3);
+  CHECK(incomplete_utf8_tail("abc") == 0);
+}
+
+TEST_CASE("special tokens, BOS/EOS and streaming detokenization (llama-spm vocab)") {
+  auto file = gguf::File::open(test::peer("tokenizer/ggml-vocab-llama-spm.gguf"));
+  Tokenizer tok = Tokenizer::from_gguf(*file);
+  CHECK(tok.kind() == VocabKind::Spm);
+  CHECK(tok.n_vocab() == 32000);
+  CHECK(tok.bos() == 1);
+  CHECK(tok.eos() == 2);
+  CHECK(tok.is_eog(2));
+  CHECK_FALSE(tok.is_eog(1));
+  CHECK(tok.token_text(1) == "<s>");
+
+  auto plain = tok.encode("Hello", false, false);
+  auto with_bos = tok.encode("Hello", true, false);
+  REQUIRE(with_bos.size() == plain.size() + 1);
+  CHECK(with_bos[0] == tok.bos());
+  CHECK(std::equal(plain.begin(), plain.end(), with_bos.begin() + 1));
+
+  // "</s>" as text: one control token only when parse_special is set.
+  auto parsed = tok.encode("Hi</s>", false, true);
+  CHECK(parsed.back() == 2);
+  auto literal = tok.encode("Hi</s>", false, false);
+  CHECK(std::find(literal.begin(), literal.end(), 2) == literal.end());
+  CHECK(tok.decode(literal) == "Hi</s>");
+  // Control tokens are hidden unless asked for.
+  CHECK(tok.decode(parsed) == "Hi");
+  CHECK(tok.decode(parsed, true) == "Hi</s>");
+
+  // A character split over byte tokens comes out whole, never half.
+  auto ids = tok.encode("a🦙b", false, false);
+  Detokenizer d(tok, false, true);
+  std::string streamed;
+  for (int32_t id : ids) {
+    std::string part = d.push(id);
+    CHECK(unicode::incomplete_utf8_tail(part) == 0);
+    streamed += part;
+  }
+  streamed += d.flush();
+  CHECK(streamed == "a🦙b");
+  CHECK_THROWS(tok.decode_piece(32000));
+}
+
+TEST_CASE("byte-level BPE details (gpt-2 vocab)") {
+  auto file = gguf::File::open(test::peer("tokenizer/ggml-vocab-gpt-2.gguf"));
+  Tokenizer tok = Tokenizer::from_gguf(*file);
+  CHECK(tok.kind() == VocabKind::Bpe);
+  CHECK(tok.pre() == PreTokenizer::Gpt2);
+  CHECK_FALSE(tok.add_bos());
+  // " Hello" is one token spelled with GPT-2's space character.
+  auto ids = tok.encode(" Hello", false, false);
+  REQUIRE(ids.size() == 1);
+  CHECK(tok.token_text(ids[0]) == "\xC4\xA0Hello");  // "ĠHello"
+  CHECK(tok.decode_piece(ids[0]) == " Hello");
+  // Every single byte round-trips, including ones that are not valid UTF-8 on their own.
+  for (int b = 0; b < 256; ++b) {
+    std::string s(1, char(b));
+    CHECK(tok.decode(tok.encode(s, false, false)) == s);
+  }
+  auto eot = tok.encode("x<|endoftext|>", false, true);
+  CHECK(eot.back() == 50256);
+  CHECK(tok.is_eog(50256));
+}
