@@ -76,6 +76,7 @@ class Cursor {
     return s;
   }
   // Counts metadata values against kMaxValues.
+  uint64_t values_left() const { return kMaxValues - values_; }
   void count_value() {
     if (++values_ > kMaxValues) bad(pos_, fmt::format("more than {} metadata values in the file", kMaxValues));
   }
@@ -138,6 +139,8 @@ Value read_value(Cursor& c, ValueType type, uint32_t depth) {
       if (n > c.left() / scalar_size(v.elem))
         c.bad(n_at, fmt::format("array claims {} {} elements, more than the {} bytes left can hold", n,
                                 value_type_name(v.elem), c.left()));
+      if (n > c.values_left())  // checked before reserving memory for them
+        c.bad(n_at, fmt::format("array of {} elements passes the limit of {} metadata values", n, kMaxValues));
       v.arr.reserve(n);
       for (uint64_t k = 0; k < n; k++) v.arr.push_back(read_value(c, v.elem, depth + 1));
       break;

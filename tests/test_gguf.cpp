@@ -454,6 +454,22 @@ TEST_CASE("gguf: arrays nested deeper than four levels are rejected", "[gguf]") 
   CHECK_THAT(error_of([&] { parse(bytes); }), Contains("metadata 'nested': arrays nest deeper than 4"));
 }
 
+TEST_CASE("gguf: the number of metadata values is capped before memory is reserved", "[gguf]") {
+  // One uint8 array of 2^24 + 1 elements: a valid layout, but past the 2^24-value limit that keeps
+  // a hostile file from asking for ~100 bytes of memory per byte of file.
+  Writer w;
+  w.set("big", Value::of_array(ValueType::UINT8, {u8(0)}));
+  std::vector<uint8_t> b = w.to_bytes();
+  const size_t count_at = string_at(b, "big") + 8 + 3 + 4 + 4;  // key, value type, element type
+  const uint64_t n = (1ull << 24) + 1;
+  poke<uint64_t>(b, count_at, n);
+  b.resize(count_at + 8 + n, 0);
+  CHECK_THAT(error_of([&] { parse(b); }), Contains("metadata 'big': array of 16777217 elements passes the limit")
+                                              && Contains(fmt::format("byte offset {})", count_at)));
+  b.resize(b.size() - 2);  // one element short: the byte count is what fails first
+  CHECK_THAT(error_of([&] { parse(b); }), Contains("claims 16777217 uint8 elements"));
+}
+
 TEST_CASE("gguf: parsing touches no tensor data", "[gguf]") {
   // The data section starts on a page boundary (general.alignment = page size), so the pages after
   // the header can be made inaccessible: any read of tensor data while parsing would fault.
