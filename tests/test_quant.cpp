@@ -94,32 +94,39 @@ TEST_CASE("dequantize is bit-identical to the gguf package for all 13 types", "[
   }
 }
 
+namespace {
+
+// Quantizes the fixture input `stem`.f32 and compares with `stem`.bin byte for byte.
+void check_quantize_fixture(GgmlType t, const std::string& stem) {
+  const std::string name = type_name(t);
+  INFO("fixture " << stem);
+  const std::vector<float> x = read_floats(stem + ".f32");
+  const std::vector<uint8_t> want = read_bytes(stem + ".bin");
+  const TypeTraits& tt = traits(t);
+  REQUIRE(x.size() % tt.block_elems == 0);
+  REQUIRE(row_bytes(t, int64_t(x.size())) == want.size());
+  std::vector<uint8_t> got(want.size(), 0xAA);
+  quantize_row(t, x.data(), got.data(), int64_t(x.size()));
+  size_t mismatches = 0, first = want.size();
+  for (size_t i = 0; i < want.size(); i++) {
+    if (got[i] != want[i]) {
+      if (first == want.size()) first = i;
+      mismatches++;
+    }
+  }
+  if (first != want.size())
+    FAIL(name << ": " << mismatches << " of " << want.size() << " bytes differ; first at byte " << first
+              << " (block " << first / tt.block_bytes << ", offset " << first % tt.block_bytes
+              << "): got " << int(got[first]) << " want " << int(want[first]));
+}
+
+}  // namespace
+
 TEST_CASE("quantize is byte-identical to the gguf package where it quantizes", "[quant]") {
   // The package quantizes these (F32 is a copy and needs no fixture); a missing fixture fails.
   const GgmlType compared[] = {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                                GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0};
-  for (GgmlType t : compared) {
-    const std::string name = type_name(t);
-    INFO("type " << name);
-    const std::vector<float> x = read_floats(kFixtures + name + ".q.f32");
-    const std::vector<uint8_t> want = read_bytes(kFixtures + name + ".q.bin");
-    const TypeTraits& tt = traits(t);
-    REQUIRE(x.size() % tt.block_elems == 0);
-    REQUIRE(row_bytes(t, int64_t(x.size())) == want.size());
-    std::vector<uint8_t> got(want.size(), 0xAA);
-    quantize_row(t, x.data(), got.data(), int64_t(x.size()));
-    size_t mismatches = 0, first = want.size();
-    for (size_t i = 0; i < want.size(); i++) {
-      if (got[i] != want[i]) {
-        if (first == want.size()) first = i;
-        mismatches++;
-      }
-    }
-    if (first != want.size())
-      FAIL(name << ": " << mismatches << " of " << want.size() << " bytes differ; first at byte " << first
-                << " (block " << first / tt.block_bytes << ", offset " << first % tt.block_bytes
-                << "): got " << int(got[first]) << " want " << int(want[first]));
-  }
+  for (GgmlType t : compared) check_quantize_fixture(t, kFixtures + type_name(t) + ".q");
   // Guard against the fixture set silently growing types we do not compare.
   for (GgmlType t : kComputeTypes) {
     if (exists(kFixtures + type_name(t) + ".q.bin")) {
@@ -127,6 +134,14 @@ TEST_CASE("quantize is byte-identical to the gguf package where it quantizes", "
       CHECK(std::find(std::begin(compared), std::end(compared), t) != std::end(compared));
     }
   }
+}
+
+TEST_CASE("k-quant quantize is byte-identical to ggml's reference quantizers", "[quant]") {
+  // The gguf package has no k-quant quantizers; these fixtures come from ggml-quants.c itself
+  // (tests/gen_ggml_quant_fixtures.sh).
+  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::Q8_K})
+    check_quantize_fixture(t, kFixtures + type_name(t) + ".ggml.q");
 }
 
 TEST_CASE("quantize -> dequantize round trip stays within per-type error bounds", "[quant]") {
