@@ -30,23 +30,33 @@ uint64_t kv_layer_bytes(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32
   return kv_cells(s, il, n_ctx, n_parallel) * per_cell;
 }
 
-ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage) {
+ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+                             GgmlType kv_type, uint32_t n_outputs) {
+  BATON_CHECK(is_kv_type(kv_type));
   const uint64_t B = n_batch, f = sizeof(float);
-  const uint64_t kvh = s.max_head_kv();
-  const uint64_t att_out = std::max<uint64_t>(s.n_embd, uint64_t(s.n_head) * s.head_dim_v);
-  const uint64_t widest = std::max<uint64_t>({s.n_embd, s.n_ff, att_out, uint64_t(s.n_head) * s.head_dim_k});
+  uint32_t kvh = 0, kvh_min = 0;
+  for (const auto& l : s.layers) {
+    kvh = std::max(kvh, l.n_head_kv);
+    if (l.n_head_kv > 0) kvh_min = kvh_min == 0 ? l.n_head_kv : std::min(kvh_min, l.n_head_kv);
+  }
+  const uint64_t q_width = uint64_t(s.n_head) * s.head_dim_k, attn_width = uint64_t(s.n_head) * s.head_dim_v;
+  const uint64_t widest = std::max<uint64_t>({s.n_embd, attn_width, s.n_ff});
+  const uint64_t n_rep = kvh_min > 0 ? (s.n_head + kvh_min - 1) / kvh_min : s.n_head;
   ScratchLayout L;
   L.x = align_buffer(B * s.n_embd * f);
   L.xb = align_buffer(B * s.n_embd * f);
-  L.xb2 = align_buffer(B * att_out * f);
-  L.q = align_buffer(B * s.n_head * s.head_dim_k * f);
+  L.xb2 = align_buffer(B * attn_width * f);
+  L.q = align_buffer(B * q_width * f);
   L.k = align_buffer(B * kvh * s.head_dim_k * f);
   L.v = align_buffer(B * kvh * s.head_dim_v * f);
-  L.att = align_buffer(uint64_t(s.n_head) * B * n_ctx * f);
   L.hb = align_buffer(B * s.n_ff * f);
   L.hb2 = align_buffer(B * s.n_ff * f);
-  L.xq = align_buffer(B * row_bytes_ceil(GgmlType::Q8_K, widest));
-  L.logits = on_last_stage ? align_buffer(B * s.n_vocab * f) : 0;
+  L.k_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_k));
+  L.v_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_v));
+  L.att = align_buffer(uint64_t(kPlanThreadsPerStage) * (n_rep * n_ctx + std::max(s.head_dim_k, s.head_dim_v)) * f);
+  L.xq = align_buffer(B * ((widest + 31) / 32) * 40);
+  const uint64_t rows = n_outputs == 0 ? B : n_outputs;
+  L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;
   return L;
 }
 

@@ -9,9 +9,13 @@
 
 namespace baton {
 
-// Every scratch buffer starts on this boundary (and is padded to it), on every device.
-inline constexpr uint64_t kBufferAlign = 256;
+// Every buffer is padded to this boundary (the CPU forward's Scratch uses the same).
+inline constexpr uint64_t kBufferAlign = 64;
 inline uint64_t align_buffer(uint64_t n) { return (n + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
+
+// Attention scores are per worker thread (one row of the context per query head in a task); the
+// plan assumes at most this many threads per stage.
+inline constexpr uint32_t kPlanThreadsPerStage = 64;
 
 // ---- KV cache ---------------------------------------------------------------------------------
 // KV element types: F16 (2 bytes) or Q8_0 (34 bytes per 32 elements).
@@ -27,30 +31,39 @@ uint64_t kv_cells(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_p
 uint64_t kv_layer_bytes(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_parallel, GgmlType kv_type);
 
 // ---- scratch ----------------------------------------------------------------------------------
-// One stage's activation buffers for a step of up to n_batch tokens (all float32 unless noted).
-// Each field is the byte size of one buffer, already padded to kBufferAlign.
+// One stage's activation buffers for a step of up to n_batch tokens (float32 unless noted), as the
+// CPU forward allocates them: xb..v_new are models/llama.h Scratch (tests check Scratch::bytes
+// equals their sum), x is the stage's hidden-state buffer, att and xq are the kernels' per-thread
+// buffers, logits the output rows of the last stage. Each field is one buffer's padded byte size.
 struct ScratchLayout {
-  uint64_t x = 0;       // residual stream, n_batch × n_embd (also the link's receive buffer)
-  uint64_t xb = 0;      // normed input of attention / FFN, n_batch × n_embd
-  uint64_t xb2 = 0;     // attention output before attn_output, n_batch × max(n_embd, n_head × head_dim_v)
+  uint64_t x = 0;       // hidden states, n_batch × n_embd (also what a link delivers)
+  uint64_t xb = 0;      // normed input / projected output, n_batch × n_embd
+  uint64_t xb2 = 0;     // attention output, n_batch × n_head × head_dim_v
   uint64_t q = 0;       // n_batch × n_head × head_dim_k
-  uint64_t k = 0;       // n_batch × max n_head_kv × head_dim_k (the batch's new keys)
-  uint64_t v = 0;       // n_batch × max n_head_kv × head_dim_v (the batch's new values)
-  uint64_t att = 0;     // attention scores, n_head × n_batch × n_ctx (one row of n_ctx per head and token)
+  uint64_t k = 0;       // n_batch × n_head_kv × head_dim_k (largest n_head_kv of any layer)
+  uint64_t v = 0;       // n_batch × n_head_kv × head_dim_v
   uint64_t hb = 0;      // FFN gate, n_batch × n_ff
   uint64_t hb2 = 0;     // FFN up, n_batch × n_ff
-  uint64_t xq = 0;      // activations quantized for integer dot products: n_batch rows of the widest
-                        // input (max of n_embd, n_ff, n_head × head_dim_v), at Q8_K size (the largest 8-bit block)
-  uint64_t logits = 0;  // last stage only: n_batch × n_vocab
+  uint64_t k_new = 0;   // the batch's keys in the KV type (staging rows), n_batch rows
+  uint64_t v_new = 0;   // the batch's values in the KV type, n_batch rows
+  uint64_t att = 0;     // scores: kPlanThreadsPerStage × (n_head / n_head_kv × n_ctx + max head dim)
+  uint64_t xq = 0;      // activations quantized for the integer dot products: n_batch rows of the
+                        // widest matmul input (n_embd, n_head × head_dim_v or n_ff) at 40 bytes per 32
+  uint64_t logits = 0;  // last stage only: n_outputs × n_vocab
 
-  uint64_t total() const { return x + xb + xb2 + q + k + v + att + hb + hb2 + xq + logits; }
+  // The buffers of models/llama.h Scratch (xb .. v_new).
+  uint64_t forward_scratch() const { return xb + xb2 + q + k + v + hb + hb2 + k_new + v_new; }
+  uint64_t total() const { return x + forward_scratch() + att + xq + logits; }
 };
 
 // n_batch: tokens per forward step; n_ctx: context per sequence (attention spans one sequence);
-// on_last_stage: the stage that holds the output head (and so the logits).
-ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage);
-inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage) {
-  return scratch_layout(s, n_batch, n_ctx, on_last_stage).total();
+// on_last_stage: the stage that holds the output head (and so the logits); kv_type: the KV cache
+// type (the staging rows use it); n_outputs: logit rows per step, 0 meaning n_batch (every token).
+ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+                             GgmlType kv_type = GgmlType::F16, uint32_t n_outputs = 0);
+inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+                              GgmlType kv_type = GgmlType::F16, uint32_t n_outputs = 0) {
+  return scratch_layout(s, n_batch, n_ctx, on_last_stage, kv_type, n_outputs).total();
 }
 
 }  // namespace baton

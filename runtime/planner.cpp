@@ -37,8 +37,8 @@ struct Pricing {
       kv[i] = kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
       prefix[i + 1] = prefix[i] + s.layers[i].weight_bytes + kv[i];
     }
-    scratch_mid = scratch_bytes(s, o.n_batch, o.n_ctx, false);
-    scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true);
+    scratch_mid = scratch_bytes(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs);
+    scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs);
     for (size_t d = 0; d < dev.size(); d++) {
       const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[d];
       reserve.push_back(dev[d].runtime_reserve + user);
@@ -140,6 +140,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     if (!(x >= 0) || !std::isfinite(x)) fail(ErrorKind::Usage, "--tensor-split proportions must be numbers >= 0");
   // A step never holds more tokens than the cache has cells.
   o.n_batch = uint32_t(std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel));
+  if (o.n_outputs > o.n_batch) o.n_outputs = o.n_batch;
 
   Plan p;
   p.model = shape.name;
@@ -306,9 +307,9 @@ std::string format_plan(const Plan& p, const ModelShape& s) {
   std::string out;
   out += fmt::format("model    {} ({}, {} layers, {} weights, vocab {}{})\n", s.name, s.architecture, s.n_layer,
                      format_bytes(s.total_weight_bytes()), s.n_vocab, s.tied_output ? ", tied head" : "");
-  out += fmt::format("context  {} tokens x {} sequence{}, batch {}, KV {} ({} in all)\n", o.n_ctx, o.n_parallel,
-                     o.n_parallel == 1 ? "" : "s", o.n_batch, o.kv_type == GgmlType::F16 ? "f16" : "q8_0",
-                     format_bytes(p.kv_bytes()));
+  out += fmt::format("context  {} tokens x {} sequence{}, batch {} ({} logit rows), KV {} ({} in all)\n", o.n_ctx,
+                     o.n_parallel, o.n_parallel == 1 ? "" : "s", o.n_batch, o.n_outputs ? o.n_outputs : o.n_batch,
+                     o.kv_type == GgmlType::F16 ? "f16" : "q8_0", format_bytes(p.kv_bytes()));
   out += fmt::format("policy   {}\n\n", p.policy);
   out += fmt::format("{:<6}{:<10}{:<12}{:<6}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "device", "layers",
                      "holds", "weights", "kv", "scratch", "reserve", "total", "budget", "free");
@@ -342,7 +343,7 @@ nlohmann::json plan_to_json(const Plan& p, const ModelShape& s) {
   j["model"] = {{"name", s.name}, {"architecture", s.architecture}, {"n_layer", s.n_layer}, {"n_vocab", s.n_vocab},
                 {"weight_bytes", s.total_weight_bytes()}, {"tied_output", s.tied_output}};
   j["options"] = {{"n_ctx", o.n_ctx}, {"n_parallel", o.n_parallel}, {"n_batch", o.n_batch},
-                  {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_gpu_layers", o.n_gpu_layers},
+                  {"n_outputs", o.n_outputs == 0 ? o.n_batch : o.n_outputs}, {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_gpu_layers", o.n_gpu_layers},
                   {"no_cpu_spill", o.no_cpu_spill}, {"spread", o.spread}, {"tensor_split", o.tensor_split},
                   {"reserve", o.reserve}};
   j["policy"] = p.policy;

@@ -20,6 +20,7 @@ struct PlanOptions {
   uint32_t n_ctx = 4096;      // context per sequence (tokens)
   uint32_t n_parallel = 1;    // sequences held at once; KV cells = n_ctx × n_parallel
   uint32_t n_batch = 512;     // tokens per forward step (clamped to n_ctx × n_parallel)
+  uint32_t n_outputs = 0;     // logit rows per step; 0: n_batch (every token of a step)
   GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
   // User margin per device entry, on top of the device's runtime reserve. Empty: none; one value:
   // the same for every entry; otherwise one value per entry.
@@ -43,7 +44,7 @@ struct Stage {
   uint64_t output_bytes = 0;        // output_norm + head (0 for a tied head on the embedding's stage)
   uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
   uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output)
+  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs)
   uint64_t reserve_bytes = 0;       // device runtime reserve + user margin
   uint64_t budget = 0;
 

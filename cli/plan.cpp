@@ -1,0 +1,98 @@
+// `baton plan`: where each layer goes and how many bytes every device needs, without loading a
+// single weight. Works for devices that are not present (`--devices cuda=24GiB,cuda=24GiB`).
+// Exit 3 with the shortfall when the model does not fit.
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "gguf/gguf.h"
+#include "runtime/devices.h"
+#include "runtime/model_files.h"
+#include "runtime/planner.h"
+#include "runtime/shape.h"
+
+namespace baton::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model, shape, type = "Q4_K", devices = "auto", kv_type = "f16", tensor_split, reserve;
+  uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0;
+  int n_gpu_layers = -1;
+  bool no_cpu_spill = false, spread = false, json = false;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+ModelShape load_shape(const PlanArgs& a) {
+  if (!a.model.empty() && !a.shape.empty()) fail(ErrorKind::Usage, "give either -m MODEL or --shape NAME, not both");
+  if (!a.model.empty()) return shape_from_gguf(*gguf::File::open(resolve_model(a.model)));
+  if (a.shape.empty()) fail(ErrorKind::Usage, "nothing to plan: give -m MODEL or --shape NAME");
+  const TypeTraits* t = type_by_name(a.type);
+  if (!t || !t->compute) fail(ErrorKind::Usage, "--type '{}' is not a weight type Baton computes with", a.type);
+  return shape_from_preset(find_preset(a.shape), t->type);
+}
+
+int run_plan(const PlanArgs& a) {
+  const ModelShape shape = load_shape(a);
+  PlanOptions o;
+  o.n_ctx = a.ctx ? a.ctx : std::min<uint32_t>(4096, shape.n_ctx_train ? shape.n_ctx_train : 4096);
+  o.n_parallel = a.parallel;
+  o.n_batch = a.batch;
+  o.n_outputs = a.outputs;
+  if (a.kv_type == "f16" || a.kv_type == "F16") o.kv_type = GgmlType::F16;
+  else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
+  else fail(ErrorKind::Usage, "--kv-type '{}' is not supported (use f16 or q8_0)", a.kv_type);
+  if (!a.tensor_split.empty())
+    for (const auto& x : split_commas(a.tensor_split)) {
+      char* end = nullptr;
+      const double v = std::strtod(x.c_str(), &end);
+      if (x.empty() || *end != '\0') fail(ErrorKind::Usage, "--tensor-split '{}': '{}' is not a number", a.tensor_split, x);
+      o.tensor_split.push_back(v);
+    }
+  if (!a.reserve.empty())
+    for (const auto& x : split_commas(a.reserve)) o.reserve.push_back(parse_size(x, "--reserve"));
+  o.n_gpu_layers = a.n_gpu_layers;
+  o.no_cpu_spill = a.no_cpu_spill;
+  o.spread = a.spread;
+
+  const auto devices = parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true);
+  const Plan p = plan(shape, devices, o);
+  if (a.json) std::printf("%s\n", plan_to_json(p, shape).dump(2).c_str());
+  else std::fputs(format_plan(p, shape).c_str(), stdout);
+  if (!p.fits) fail(ErrorKind::OutOfMemory, "the model does not fit: {}", shortfall_message(p));
+  return 0;
+}
+
+Register reg{{"plan", "Show where each layer would go and the bytes per device (no weights are loaded)",
+              [](CLI::App& app) {
+                auto a = std::make_shared<PlanArgs>();
+                app.add_option("-m,--model", a->model, "Model file or known name");
+                app.add_option("--shape", a->shape, "Plan a preset shape instead of a file (llama3-8b, llama3-70b, ...)");
+                app.add_option("--type", a->type, "Weight type for --shape (default Q4_K)");
+                app.add_option("--devices", a->devices,
+                               "auto, or a list such as cuda:0,cpu / cuda:0=20GiB,cpu=8GiB / cuda=24GiB,cuda=24GiB");
+                app.add_option("--ctx", a->ctx, "Context per sequence (default min(4096, trained context))");
+                app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)");
+                app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
+                app.add_option("--outputs", a->outputs, "Logit rows per step (default: every token of a batch)");
+                app.add_option("--kv-type", a->kv_type, "KV cache type: f16 or q8_0 (default f16)");
+                app.add_option("--tensor-split", a->tensor_split, "Layer proportions per device entry, e.g. 3,1");
+                app.add_option("--n-gpu-layers", a->n_gpu_layers, "At most N layers on GPUs, the rest on the CPU");
+                app.add_flag("--no-cpu-spill", a->no_cpu_spill, "Fail instead of putting layers on the CPU");
+                app.add_flag("--spread", a->spread, "Use every GPU even when one would do");
+                app.add_option("--reserve", a->reserve, "Extra margin per device: one SIZE, or one per device entry");
+                app.add_flag("--json", a->json, "Print the plan as JSON");
+                return [a] { return run_plan(*a); };
+              }}};
+
+}  // namespace
+}  // namespace baton::cli

@@ -1,0 +1,85 @@
+// `baton synth`: write a deterministic random-weight GGUF of a real model's shape (or a custom one).
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "cli/command.h"
+#include "runtime/devices.h"
+#include "runtime/shape.h"
+#include "runtime/synth.h"
+
+namespace baton::cli {
+namespace {
+
+struct SynthArgs {
+  std::string shape, arch, type, out, vocab;
+  uint64_t seed = 0;
+  std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
+  bool tied = false;
+};
+
+int run_synth(const SynthArgs& a) {
+  const bool custom = a.n_embd || a.n_layer || a.n_head || a.n_head_kv || a.head_dim || a.n_ff || a.n_vocab || a.ctx ||
+                      !a.arch.empty() || a.tied;
+  ShapePreset p{};
+  if (!a.shape.empty()) {
+    p = find_preset(a.shape);
+  } else {
+    if (!a.n_embd || !a.n_layer || !a.n_head || !a.n_ff || !a.n_vocab)
+      fail(ErrorKind::Usage, "give --shape NAME, or at least --n-embd, --n-layer, --n-head, --n-ff and --n-vocab");
+    p = {"custom", "llama", "custom shape", 0, 0, 0, 0, 0, 0, 0, 4096, false, 0, 0, 10000.f, 1e-5f, false};
+  }
+  if (custom) {
+    if (!a.shape.empty()) p.name = "custom";
+    if (!a.arch.empty()) {
+      if (a.arch == "llama") p.architecture = "llama";
+      else if (a.arch == "qwen2") p.architecture = "qwen2", p.qkv_bias = true;
+      else fail(ErrorKind::Usage, "--arch '{}': custom shapes are llama or qwen2 (gemma3 through --shape)", a.arch);
+    }
+    if (a.n_embd) p.n_embd = *a.n_embd;
+    if (a.n_layer) p.n_layer = *a.n_layer;
+    if (a.n_head) p.n_head = *a.n_head;
+    p.n_head_kv = a.n_head_kv ? *a.n_head_kv : (a.n_head ? p.n_head : p.n_head_kv);
+    if (a.n_ff) p.n_ff = *a.n_ff;
+    if (a.n_vocab) p.n_vocab = *a.n_vocab;
+    if (a.ctx) p.n_ctx_train = *a.ctx;
+    if (a.tied) p.tied = true;
+    p.head_dim = a.head_dim ? *a.head_dim : (p.n_head ? p.n_embd / p.n_head : 0);
+  }
+  if (a.type.empty()) fail(ErrorKind::Usage, "--type is required (e.g. Q4_K, Q8_0, F16)");
+  const TypeTraits* t = type_by_name(a.type);
+  if (!t) fail(ErrorKind::Usage, "--type '{}' is not a known type", a.type);
+  SynthOptions o;
+  o.type = t->type;
+  o.seed = a.seed;
+  o.vocab_from = a.vocab;
+  const ModelShape s = shape_from_preset((check_shape(p), p), o.type);
+  std::fprintf(stderr, "writing %s: %s (%s), %u layers, %s of weights, seed %llu\n", a.out.c_str(), p.name,
+               p.architecture, p.n_layer, format_bytes(s.total_weight_bytes()).c_str(), (unsigned long long)a.seed);
+  synth_write(p, o, a.out);
+  return 0;
+}
+
+Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (deterministic per seed)",
+              [](CLI::App& app) {
+                auto a = std::make_shared<SynthArgs>();
+                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, llama3-8b, llama3-70b");
+                app.add_option("--type", a->type, "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K")->required();
+                app.add_option("--out", a->out, "Output file")->required();
+                app.add_option("--seed", a->seed, "Random seed (default 0)");
+                app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
+                app.add_option("--arch", a->arch, "Custom shapes: llama (default) or qwen2");
+                app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
+                app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
+                app.add_option("--n-head", a->n_head, "Custom shape: query heads");
+                app.add_option("--n-head-kv", a->n_head_kv, "Custom shape: KV heads (default n_head)");
+                app.add_option("--head-dim", a->head_dim, "Custom shape: head width (default n_embd / n_head)");
+                app.add_option("--n-ff", a->n_ff, "Custom shape: FFN width");
+                app.add_option("--n-vocab", a->n_vocab, "Custom shape: vocabulary size (>= 259)");
+                app.add_option("--ctx", a->ctx, "Custom shape: trained context length (default 4096)");
+                app.add_flag("--tied", a->tied, "Custom shape: no output.weight (the head uses token_embd)");
+                return [a] { return run_synth(*a); };
+              }}};
+
+}  // namespace
+}  // namespace baton::cli
