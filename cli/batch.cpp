@@ -1,0 +1,347 @@
+// `baton batch`: many prompts from a file, up to --parallel of them decoding together (continuous
+// batching). One JSON line per request is appended to OUT and flushed the moment it finishes, so a
+// crash loses at most the requests in flight, and --resume picks up where a run stopped.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "gguf/error.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct BatchOpts {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string in, out;
+  int parallel = 4;
+  bool resume = false, raw = false;
+};
+
+// One input line, parsed: either a request to run or an error record to write.
+struct Job {
+  int line = 0;
+  json id;                     // null: the line has no usable id (error records then carry "line")
+  std::string error;
+  std::string prompt;          // prompt text, or
+  std::vector<Message> messages;
+  SamplingParams sampling;
+  std::optional<uint64_t> seed;
+  int max_tokens = -1;
+  std::vector<std::string> stop;
+  bool duplicate = false;      // an id seen on an earlier line
+};
+
+// The key --resume and the duplicate check compare: the id as JSON text, or the line number.
+std::string key_of(const json& id, int line) { return id.is_null() ? fmt::format("line:{}", line) : "id:" + id.dump(); }
+
+template <class T>
+bool get_number(const json& j, const char* name, T& out, std::string& err) {
+  if (!j.contains(name)) return true;
+  const json& v = j[name];
+  if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) { err = fmt::format("field '{}' must be an integer", name); return false; }
+    if (std::is_unsigned_v<T> && v.get<int64_t>() < 0) { err = fmt::format("field '{}' must be >= 0", name); return false; }
+    out = v.get<T>();
+  } else {
+    if (!v.is_number()) { err = fmt::format("field '{}' must be a number", name); return false; }
+    out = v.get<T>();
+  }
+  return true;
+}
+
+// A repeated id is tracked by its line, so its error record never hides the first one's result.
+std::string key_of(const Job& j) { return j.duplicate ? key_of(json(), j.line) : key_of(j.id, j.line); }
+
+Job parse_json_line(const std::string& text, int line, const SamplingFlags& defaults) {
+  Job j;
+  j.line = line;
+  j.sampling = defaults.params;
+  j.seed = defaults.seed;
+  j.max_tokens = defaults.max_tokens;
+  j.stop = defaults.stop;
+  json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) { j.error = "invalid JSON"; return j; }
+  if (!v.is_object()) { j.error = "expected a JSON object"; return j; }
+  if (v.contains("id")) {
+    if (!v["id"].is_string() && !v["id"].is_number_integer()) { j.error = "field 'id' must be a string or an integer"; return j; }
+    j.id = v["id"];
+  } else {
+    j.id = line;  // like plain text input: the line number
+  }
+  const bool has_prompt = v.contains("prompt"), has_messages = v.contains("messages");
+  if (has_prompt == has_messages) {
+    j.error = has_prompt ? "give either 'prompt' or 'messages', not both" : "missing 'prompt' (or 'messages')";
+    return j;
+  }
+  if (has_prompt) {
+    if (!v["prompt"].is_string()) { j.error = "field 'prompt' must be a string"; return j; }
+    j.prompt = v["prompt"].get<std::string>();
+    if (j.prompt.empty()) { j.error = "field 'prompt' is empty"; return j; }
+  } else {
+    const json& ms = v["messages"];
+    if (!ms.is_array() || ms.empty()) { j.error = "field 'messages' must be a non-empty array"; return j; }
+    for (const json& m : ms) {
+      if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+          !m["content"].is_string()) {
+        j.error = "each message needs string fields 'role' and 'content'";
+        return j;
+      }
+      j.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+  }
+  std::string& err = j.error;
+  uint64_t seed = 0;
+  if (!get_number(v, "max_tokens", j.max_tokens, err) || !get_number(v, "temperature", j.sampling.temperature, err) ||
+      !get_number(v, "top_p", j.sampling.top_p, err) || !get_number(v, "top_k", j.sampling.top_k, err) ||
+      !get_number(v, "min_p", j.sampling.min_p, err) || !get_number(v, "repeat_penalty", j.sampling.repeat_penalty, err) ||
+      !get_number(v, "seed", seed, err))
+    return j;
+  if (v.contains("seed")) j.seed = seed;
+  if (v.contains("stop")) {
+    const json& s = v["stop"];
+    j.stop.clear();
+    if (s.is_string()) {
+      j.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const json& x : s) {
+        if (!x.is_string()) { j.error = "field 'stop' must be a string or an array of strings"; return j; }
+        j.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      j.error = "field 'stop' must be a string or an array of strings";
+      return j;
+    }
+  }
+  if (std::string e = j.sampling.validate(); !e.empty()) j.error = e;
+  return j;
+}
+
+// Output file: only whole lines count. A run killed mid-write may leave a partial last line, which
+// --resume cuts off before appending.
+std::set<std::string> done_keys(const std::string& path) {
+  std::set<std::string> keys;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return keys;
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t end = all.rfind('\n');
+  size_t keep = end == std::string::npos ? 0 : end + 1;
+  if (keep < all.size() && truncate(path.c_str(), off_t(keep)) != 0)
+    fail(ErrorKind::Usage, "cannot repair the partial last line of {}", path);
+  size_t at = 0;
+  while (at < keep) {
+    size_t nl = all.find('\n', at);
+    json v = json::parse(all.substr(at, nl - at), nullptr, false);
+    at = nl + 1;
+    if (!v.is_object()) continue;
+    if (v.contains("line") && v["line"].is_number_integer()) keys.insert(key_of(json(), v["line"].get<int>()));
+    else if (v.contains("id")) keys.insert(key_of(v["id"], 0));
+  }
+  return keys;
+}
+
+class Output {
+ public:
+  Output(const std::string& path, bool append) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+    if (fd_ < 0) fail(ErrorKind::Usage, "cannot open {} for writing", path);
+  }
+  ~Output() { ::close(fd_); }
+  // One write per record: after a crash a line is either there or (at worst) cut short at the end.
+  void write(const json& j) {
+    std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    const char* p = s.data();
+    size_t left = s.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(ErrorKind::Usage, "writing the output failed");
+      p += n;
+      left -= size_t(n);
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+json error_record(const Job& j, const std::string& msg) {
+  json r;
+  if (!j.id.is_null()) r["id"] = j.id;
+  if (j.id.is_null() || j.duplicate) r["line"] = j.line;
+  r["error"] = msg;
+  return r;
+}
+
+void draw_progress(int done, int total, double tps, double eta_s) {
+  const int width = 24;
+  int fill = total ? done * width / total : width;
+  std::fprintf(stderr, "\r[%s%s] %d/%d  %.1f tok/s  ETA %d:%02d \033[K", std::string(size_t(fill), '#').c_str(),
+               std::string(size_t(width - fill), ' ').c_str(), done, total, tps, int(eta_s) / 60, int(eta_s) % 60);
+  std::fflush(stderr);
+}
+
+int run(const BatchOpts& o) {
+  if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  std::ifstream in(o.in, std::ios::binary);
+  if (!in) fail(ErrorKind::Usage, "cannot read input file {}", o.in);
+  std::vector<std::string> lines;
+  for (std::string s; std::getline(in, s);) {
+    if (!s.empty() && s.back() == '\r') s.pop_back();
+    lines.push_back(std::move(s));
+  }
+  // JSONL when the first non-blank line is an object; otherwise one plain prompt per line.
+  bool jsonl = false;
+  for (const auto& l : lines) {
+    size_t p = l.find_first_not_of(" \t");
+    if (p == std::string::npos) continue;
+    jsonl = l[p] == '{';
+    break;
+  }
+
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < lines.size(); i++) {
+    const std::string& l = lines[i];
+    if (l.find_first_not_of(" \t") == std::string::npos) continue;
+    int line = int(i + 1);
+    if (jsonl) {
+      jobs.push_back(parse_json_line(l, line, o.sampling));
+    } else {
+      Job j;
+      j.line = line;
+      j.id = line;
+      j.prompt = l;
+      j.sampling = o.sampling.params;
+      j.seed = o.sampling.seed;
+      j.max_tokens = o.sampling.max_tokens;
+      j.stop = o.sampling.stop;
+      jobs.push_back(std::move(j));
+    }
+  }
+  // Repeated ids: the first one runs, the repeats get error records.
+  std::map<std::string, int> first_line;
+  for (auto& j : jobs) {
+    if (j.id.is_null()) continue;
+    auto [it, fresh] = first_line.emplace(key_of(j.id, 0), j.line);
+    if (fresh) continue;
+    j.duplicate = true;
+    j.error = fmt::format("duplicate id (first on line {})", it->second);
+  }
+  std::set<std::string> skip;
+  if (o.resume) skip = done_keys(o.out);
+
+  std::vector<const Job*> todo;
+  for (const auto& j : jobs)
+    if (!skip.count(key_of(j))) todo.push_back(&j);
+  Output out(o.out, o.resume);
+  if (todo.empty()) {
+    std::fprintf(stderr, "nothing to do: all %zu requests are already in %s\n", jobs.size(), o.out.c_str());
+    return 0;
+  }
+
+  Loaded m = load_model(o.model, o.parallel);
+  Prompter prompter(*m.pipe, o.sampling.chat_template);
+  Engine engine(*m.pipe, *m.vocab);
+  install_interrupt_handler();
+
+  const bool tty = stderr_is_tty();
+  const int total = int(todo.size());
+  int n_done = 0, n_ok = 0, n_failed = 0;
+  long gen_tokens = 0, prompt_tokens = 0;
+  auto t0 = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto progress = [&] {
+    if (!tty) return;
+    double s = elapsed();
+    double eta = n_done ? s / n_done * (total - n_done) : 0;
+    draw_progress(n_done, total, s > 0 ? gen_tokens / s : 0, eta);
+  };
+  auto record_error = [&](const Job& j, const std::string& msg) {
+    out.write(error_record(j, msg));
+    n_done++;
+    n_failed++;
+    progress();
+  };
+
+  size_t next = 0;
+  Engine::Source source = [&]() -> std::optional<Request> {
+    while (next < todo.size()) {
+      const Job& j = *todo[next];
+      uint64_t tag = next++;
+      if (!j.error.empty()) { record_error(j, j.error); continue; }
+      Request r;
+      try {
+        if (o.raw && !j.prompt.empty()) {
+          r.prompt = prompter.raw(j.prompt);
+        } else {
+          std::vector<Message> msgs;
+          if (!o.sampling.system.empty() && (j.messages.empty() || j.messages[0].role != "system"))
+            msgs.push_back({"system", o.sampling.system});
+          if (!j.prompt.empty()) msgs.push_back({"user", j.prompt});
+          msgs.insert(msgs.end(), j.messages.begin(), j.messages.end());
+          r.prompt = prompter.chat(msgs);
+        }
+      } catch (const Error& e) {
+        record_error(j, e.what());
+        continue;
+      }
+      r.sampling = j.sampling;
+      r.sampling.seed = resolve_seed(j.seed);
+      r.max_tokens = j.max_tokens;
+      r.stop = j.stop;
+      r.tag = tag;
+      return r;
+    }
+    return std::nullopt;
+  };
+  Engine::Sink sink = [&](Result&& r) {
+    const Job& j = *todo[r.tag];
+    if (!r.error.empty()) return record_error(j, r.error);
+    if (r.finish == FinishReason::Cancelled) return;  // in flight at Ctrl-C: left for --resume
+    out.write(json{{"id", j.id}, {"text", r.text}, {"prompt_tokens", r.prompt_tokens},
+                   {"completion_tokens", r.completion_tokens()}, {"finish_reason", to_string(r.finish)},
+                   {"ms", int64_t(r.total_ms + 0.5)}, {"seed", r.seed}});
+    n_done++;
+    n_ok++;
+    gen_tokens += r.completion_tokens();
+    prompt_tokens += r.prompt_tokens;
+    progress();
+  };
+  progress();
+  engine.run(source, sink, o.parallel, &interrupted());
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  double s = elapsed();
+  std::fprintf(stderr, "%d ok, %d failed%s | %ld prompt + %ld generated tokens | %.1f s | %.1f generated tok/s\n", n_ok,
+               n_failed, interrupted() ? fmt::format(", {} not done (interrupted)", total - n_done).c_str() : "",
+               prompt_tokens, gen_tokens, s, s > 0 ? gen_tokens / s : 0.0);
+  return interrupted() ? 130 : 0;
+}
+
+Register reg{{"batch", "generate for many prompts (JSONL or text, one per line) with continuous batching", [](CLI::App& app) {
+  auto o = std::make_shared<BatchOpts>();
+  add_model_flags(app, o->model);
+  add_sampling_flags(app, o->sampling);
+  app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line")->required();
+  app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes")->required();
+  app.add_option("--parallel", o->parallel, "requests decoding together")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_flag("--resume", o->resume, "keep OUT and skip the ids already in it (otherwise OUT is overwritten)");
+  app.add_flag("--raw", o->raw, "send prompts as is, without the chat template");
+  return [o] { return run(*o); };
+}}};
+
+}  // namespace
+}  // namespace baton::cli
