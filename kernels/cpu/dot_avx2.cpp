@@ -13,13 +13,11 @@ namespace baton::cpu {
 namespace {
 
 struct O {
-  using Scale = __m256i;  // 16-bit lanes: 0-7 cover bytes 0-15, 8-15 cover bytes 16-31
   static __m256i dot(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
   }
-  static Scale scale2(int a, int b) { return _mm256_set_m128i(_mm_set1_epi16(short(b)), _mm_set1_epi16(short(a))); }
-  static __m256i dot_scaled(__m256i u, __m256i s, Scale sc) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc);
+  static __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc16));
   }
 };
 

@@ -9,23 +9,149 @@
 #include "kernels/cpu/qkernels.h"
 
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+// GCC 12's own AVX-512 intrinsic headers trip -Wmaybe-uninitialized (their _mm512_undefined_*
+// placeholders); nothing in this file reads an uninitialized value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace baton::cpu {
 namespace {
 
 struct O {
-  using Scale = __m256i;  // 32-bit lanes: 0-3 cover bytes 0-15, 4-7 cover bytes 16-31
   static __m256i dot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-  static Scale scale2(int a, int b) { return _mm256_set_m128i(_mm_set1_epi32(b), _mm_set1_epi32(a)); }
-  static __m256i dot_scaled(__m256i u, __m256i s, Scale sc) { return _mm256_mullo_epi32(dot(u, s), sc); }
+  // u ≤ 63 in every k-quant, so the 16-bit pair sums of pmaddubsw cannot saturate; vpdpwssd then
+  // applies the scales and accumulates in one instruction.
+  static __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16) {
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc16);
+  }
 };
 
 }  // namespace
 
 #include "kernels/cpu/dot_simd.inc"
 
+namespace {
+
+inline __m512i zext(__m256i v) { return _mm512_zextsi256_si512(v); }
+inline __m128 fp16x4(const uint8_t* p, size_t stride) {
+  uint16_t h[4];
+  for (int i = 0; i < 4; i++) std::memcpy(&h[i], p + size_t(i) * stride, 2);
+  return _mm_cvtph_ps(_mm_setr_epi16(short(h[0]), short(h[1]), short(h[2]), short(h[3]), 0, 0, 0, 0));
+}
+
+// Q4_0 and Q4_1, four blocks per step in 512-bit vectors: the 128-bit quarters of `lo` hold the
+// low nibbles of blocks 0..3 and those of `hi` the high nibbles, so two vpdpbusd leave block i's
+// sum in quarter i and one FMA applies the four scales. A GEMV does little else per weight byte,
+// so fewer instructions per block is what lifts it to memory speed.
+template <GgmlType T>
+struct Q4x4 {
+  static constexpr size_t kBytes = T == GgmlType::Q4_0 ? 18 : 20;
+  static constexpr int kQs = T == GgmlType::Q4_0 ? 2 : 4;
+
+  template <int NC>
+  static void run(int64_t n, const uint8_t* w, const uint8_t* a, size_t as, float* y, size_t ys) {
+    const int64_t nb = n / 32;
+    __m512 acc[NC];
+    __m128 corr[NC];
+    for (int c = 0; c < NC; c++) {
+      acc[c] = _mm512_setzero_ps();
+      corr[c] = _mm_setzero_ps();
+    }
+    const __m512i lo_order = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);
+    const __m512i hi_order = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    const __m512i s_order = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      const uint8_t* p = w + size_t(b) * kBytes;
+      __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQs)));
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + kQs)), 1);
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * kBytes + kQs)), 2);
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * kBytes + kQs)), 3);
+      const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      const __m128 dw = fp16x4(p, kBytes);
+      const __m128 mw = T == GgmlType::Q4_0 ? dw : fp16x4(p + 2, kBytes);  // Q4_0: −8·d applied at the end
+      for (int c = 0; c < NC; c++) {
+        const ActQ8_32* x = act32(a, as, c) + b;
+        const __m512i x01 = _mm512_inserti64x4(zext(load256(x[0].q)), load256(x[1].q), 1);
+        const __m512i x23 = _mm512_inserti64x4(zext(load256(x[2].q)), load256(x[3].q), 1);
+        __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_permutex2var_epi64(x01, lo_order, x23));
+        p32 = _mm512_dpbusd_epi32(p32, hi, _mm512_permutex2var_epi64(x01, hi_order, x23));
+        const __m128 sc = _mm_mul_ps(dw, _mm_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d));
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), _mm512_permutexvar_ps(s_order, _mm512_zextps128_ps512(sc)),
+                                 acc[c]);
+        corr[c] = _mm_fmadd_ps(mw, _mm_setr_ps(x[0].ds, x[1].ds, x[2].ds, x[3].ds), corr[c]);
+      }
+    }
+    // The last 0..3 blocks go through the 256-bit kernel's block step.
+    __m256 acc_t[NC];
+    float corr_t[NC];
+    for (int c = 0; c < NC; c++) {
+      acc_t[c] = _mm256_setzero_ps();
+      corr_t[c] = 0;
+    }
+    for (; b < nb; b++) Legacy<T>::template block<NC>(w + size_t(b) * kBytes, a, as, b, acc_t, corr_t);
+    const float k = T == GgmlType::Q4_0 ? -8.0f : 1.0f;
+    for (int c = 0; c < NC; c++) {
+      __m128 cs = _mm_add_ps(corr[c], _mm_movehl_ps(corr[c], corr[c]));
+      cs = _mm_add_ss(cs, _mm_movehdup_ps(cs));
+      y[size_t(c) * ys] = _mm512_reduce_add_ps(acc[c]) + hsum(acc_t[c]) + k * _mm_cvtss_f32(cs) + corr_t[c];
+    }
+  }
+};
+
+// Q8_0, two blocks per 512-bit vector; |q| against the activations carrying q's sign.
+struct Q8x2 {
+  template <int NC>
+  static void run(int64_t n, const uint8_t* w, const uint8_t* a, size_t as, float* y, size_t ys) {
+    constexpr size_t kBytes = 34;
+    const int64_t nb = n / 32;
+    __m512 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i s_order = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const uint8_t* p0 = w + size_t(b) * kBytes;
+      const uint8_t* p1 = p0 + kBytes;
+      uint16_t h0, h1;
+      std::memcpy(&h0, p0, 2);
+      std::memcpy(&h1, p1, 2);
+      const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(h0) | (uint32_t(h1) << 16))));
+      const __m512i q = _mm512_inserti64x4(zext(load256(p0 + 2)), load256(p1 + 2), 1);
+      const __m512i u = _mm512_abs_epi8(q);
+      const __mmask64 neg = _mm512_movepi8_mask(q);
+      for (int c = 0; c < NC; c++) {
+        const ActQ8_32* x = act32(a, as, c) + b;
+        __m512i xs = _mm512_inserti64x4(zext(load256(x[0].q)), load256(x[1].q), 1);
+        xs = _mm512_mask_sub_epi8(xs, neg, _mm512_setzero_si512(), xs);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xs);
+        const __m128 sc = _mm_mul_ps(dw, _mm_setr_ps(x[0].d, x[1].d, 0, 0));
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(s_order, _mm512_zextps128_ps512(sc)),
+                                 acc[c]);
+      }
+    }
+    __m256 acc_t[NC];
+    float corr_t[NC];
+    for (int c = 0; c < NC; c++) {
+      acc_t[c] = _mm256_setzero_ps();
+      corr_t[c] = 0;
+    }
+    if (b < nb) Legacy<GgmlType::Q8_0>::template block<NC>(w + size_t(b) * kBytes, a, as, b, acc_t, corr_t);
+    for (int c = 0; c < NC; c++) y[size_t(c) * ys] = _mm512_reduce_add_ps(acc[c]) + hsum(acc_t[c]);
+  }
+};
+
+KernelTable make_avx512_table() {
+  KernelTable t = make_simd_table();
+  t.dot[int(GgmlType::Q4_0)] = by_columns<Q4x4<GgmlType::Q4_0>>;
+  t.dot[int(GgmlType::Q4_1)] = by_columns<Q4x4<GgmlType::Q4_1>>;
+  t.dot[int(GgmlType::Q8_0)] = by_columns<Q8x2>;
+  return t;
+}
+
+}  // namespace
+
 const KernelTable& kernels_avx512() {
-  static const KernelTable t = make_simd_table();
+  static const KernelTable t = make_avx512_table();
   return t;
 }
 

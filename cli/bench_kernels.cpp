@@ -1,0 +1,205 @@
+// `baton bench-kernels`: CPU kernel throughput in one run. First the machine's read bandwidth
+// (a sum over a buffer far larger than the last-level cache), then for each weight type GEMV
+// (one column: GB/s of weight bytes streamed, compared with that bandwidth) and GEMM (64 and
+// 512 columns: GFLOP/s), each at every requested thread count. A benchmark, not a test.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "gguf/error.h"
+#include "kernels/cpu/matmul.h"
+#include "quant/quant.h"
+
+namespace baton::cli {
+namespace {
+
+struct Options {
+  bool json = false;
+  std::vector<int> threads;          // default: 1 and 2
+  std::vector<std::string> types;    // default: every compute type
+  int read_mib = 512;
+  int gemv_mib = 256;
+  int gemm_rows = 2048;
+  int cols = 4096;
+  std::string isa;
+};
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Best time of `reps` runs (after one warm-up): the least disturbed measurement on a shared box.
+template <class F>
+double best_of(int reps, F&& f) {
+  f();
+  double best = 1e300;
+  for (int i = 0; i < reps; i++) {
+    const double t0 = now();
+    f();
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+// Read bandwidth: each thread sums its contiguous share of the buffer with several independent
+// accumulators (auto-vectorized), the way a GEMV streams its rows.
+double read_bandwidth(const std::vector<uint64_t>& buf, cpu::ThreadPool& pool) {
+  const size_t n = buf.size(), per = (n + size_t(pool.size()) - 1) / size_t(pool.size());
+  std::vector<uint64_t> sink(size_t(pool.size()) * 8);
+  const double t = best_of(5, [&] {
+    pool.run(pool.size(), [&](int task, int) {
+      const size_t b = size_t(task) * per, e = std::min(n, b + per);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      size_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      for (; i < e; i++) s0 += buf[i];
+      sink[size_t(task) * 8] = s0 + s1 + s2 + s3;
+    });
+  });
+  return double(n * 8) / t / 1e9;
+}
+
+// A matrix of `rows` × `cols` in type t: a few MiB of properly quantized random rows, repeated.
+std::vector<uint8_t> make_matrix(GgmlType t, int64_t rows, int64_t cols) {
+  const size_t rb = row_bytes(t, cols);
+  const int64_t uniq = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t((4u << 20) / rb)));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> src(static_cast<size_t>(cols));
+  std::vector<uint8_t> m(rb * size_t(rows));
+  for (int64_t r = 0; r < uniq; r++) {
+    for (auto& v : src) v = d(rng);
+    quantize_row(t, src.data(), m.data() + size_t(r) * rb, cols);
+  }
+  for (int64_t r = uniq; r < rows; r++) std::memcpy(m.data() + size_t(r) * rb, m.data() + size_t(r % uniq) * rb, rb);
+  return m;
+}
+
+struct Row {
+  std::string op, type;
+  int threads, cols;
+  double seconds, gbps, gflops, read_gbps;
+};
+
+void print_row(const Row& r, bool json) {
+  if (json) {
+    nlohmann::json j = {{"op", r.op},           {"type", r.type}, {"threads", r.threads},
+                        {"cols", r.cols},       {"seconds", r.seconds}, {"gbps", r.gbps},
+                        {"gflops", r.gflops},   {"read_gbps", r.read_gbps}};
+    std::printf("%s\n", j.dump().c_str());
+  } else if (r.op == "read") {
+    std::printf("%-5s %-5s %7d %5s %10.5f %8.2f %9s %7s\n", r.op.c_str(), "-", r.threads, "-", r.seconds, r.gbps, "-", "100%");
+  } else {
+    const std::string pct = r.op == "gemv" ? fmt::format("{:.0f}%", 100.0 * r.gbps / r.read_gbps) : "-";
+    std::printf("%-5s %-5s %7d %5d %10.5f %8.2f %9.2f %7s\n", r.op.c_str(), r.type.c_str(), r.threads, r.cols, r.seconds,
+                r.gbps, r.gflops, pct.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int run_bench(const Options& o) {
+  if (!o.isa.empty()) {
+    cpu::Isa isa;
+    if (!cpu::parse_isa(o.isa.c_str(), isa)) fail(ErrorKind::Usage, "--cpu-isa {}: expected scalar, avx2 or avx512", o.isa);
+    cpu::set_isa_limit(isa);
+  }
+  std::vector<int> threads = o.threads.empty() ? std::vector<int>{1, 2} : o.threads;
+  for (int t : threads)
+    if (t < 1) fail(ErrorKind::Usage, "-t {}: thread counts must be at least 1", t);
+  std::vector<GgmlType> types;
+  if (o.types.empty()) {
+    types.assign(std::begin(kComputeTypes), std::end(kComputeTypes));
+  } else {
+    for (const auto& name : o.types) {
+      const TypeTraits* tt = type_by_name(name);
+      if (!tt || !tt->compute) fail(ErrorKind::Usage, "--types: {} is not a weight type Baton computes with", name);
+      types.push_back(tt->type);
+    }
+  }
+  if (o.cols % 256 != 0 || o.cols <= 0) fail(ErrorKind::Usage, "--cols {}: must be a positive multiple of 256", o.cols);
+
+  if (!o.json) {
+    std::printf("isa %s; read buffer %d MiB; GEMV matrices ~%d MiB (%d columns); GEMM %d x %d\n",
+                cpu::isa_name(cpu::active_isa()), o.read_mib, o.gemv_mib, o.cols, o.gemm_rows, o.cols);
+    std::printf("%-5s %-5s %7s %5s %10s %8s %9s %7s\n", "op", "type", "threads", "cols", "seconds", "GB/s", "GFLOP/s", "%read");
+  }
+
+  std::vector<double> read_gbps(threads.size());
+  {
+    std::vector<uint64_t> buf(size_t(o.read_mib) << 17);
+    for (size_t i = 0; i < buf.size(); i++) buf[i] = i * 0x9E3779B97F4A7C15ull;  // touch every page
+    for (size_t i = 0; i < threads.size(); i++) {
+      cpu::ThreadPool pool(threads[i]);
+      read_gbps[i] = read_bandwidth(buf, pool);
+      print_row({"read", "-", threads[i], 0, double(buf.size() * 8) / read_gbps[i] / 1e9, read_gbps[i], 0, read_gbps[i]}, o.json);
+    }
+  }
+
+  const int64_t cols = o.cols;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+  std::vector<float> X(size_t(cols) * 512);
+  for (auto& v : X) v = ud(rng);
+  for (GgmlType t : types) {
+    const size_t rb = row_bytes(t, cols);
+    const int64_t rows = std::max<int64_t>(256, int64_t((size_t(o.gemv_mib) << 20) / rb) / 16 * 16);
+    {
+      const auto m = make_matrix(t, rows, cols);
+      cpu::QMatrix W{t, m.data(), rows, cols, rb};
+      std::vector<float> Y(static_cast<size_t>(rows));
+      for (size_t i = 0; i < threads.size(); i++) {
+        cpu::ThreadPool pool(threads[i]);
+        const double s = best_of(8, [&] { cpu::matmul(W, X.data(), 1, Y.data(), pool); });
+        const double bytes = double(rb) * double(rows);
+        print_row({"gemv", type_name(t), threads[i], 1, s, bytes / s / 1e9, 2.0 * double(rows) * double(cols) / s / 1e9,
+                   read_gbps[i]},
+                  o.json);
+      }
+    }
+    const int64_t grows = o.gemm_rows;
+    const auto m = make_matrix(t, grows, cols);
+    cpu::QMatrix W{t, m.data(), grows, cols, rb};
+    std::vector<float> Y(size_t(grows) * 512);
+    for (int n : {64, 512}) {
+      for (size_t i = 0; i < threads.size(); i++) {
+        cpu::ThreadPool pool(threads[i]);
+        const double s = best_of(2, [&] { cpu::matmul(W, X.data(), n, Y.data(), pool); });
+        print_row({"gemm", type_name(t), threads[i], n, s, double(rb) * double(grows) / s / 1e9,
+                   2.0 * double(grows) * double(cols) * n / s / 1e9, read_gbps[i]},
+                  o.json);
+      }
+    }
+  }
+  return 0;
+}
+
+Register reg{{"bench-kernels", "Measure CPU read bandwidth and matmul kernel throughput (GEMV GB/s, GEMM GFLOP/s)",
+              [](CLI::App& app) {
+                auto o = std::make_shared<Options>();
+                app.add_flag("--json", o->json, "One JSON object per measurement");
+                app.add_option("-t,--threads", o->threads, "Thread counts to measure (default: 1 2)");
+                app.add_option("--types", o->types, "Weight types (default: all 13)");
+                app.add_option("--read-mib", o->read_mib, "Read-bandwidth buffer size in MiB")->check(CLI::Range(64, 65536));
+                app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(CLI::Range(1, 65536));
+                app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(CLI::Range(16, 1 << 20));
+                app.add_option("--cols", o->cols, "Matrix columns (row length), a multiple of 256");
+                app.add_option("--cpu-isa", o->isa, "Limit the instruction set: scalar, avx2 or avx512");
+                return [o] { return run_bench(*o); };
+              }}};
+
+}  // namespace
+}  // namespace baton::cli
