@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "gguf/error.h"
+#include "runtime/chat_template.h"
 #include "runtime/model_files.h"
 #include "runtime/tokenizer.h"
 
@@ -84,26 +85,30 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
 
 struct Prompter::Impl {
   const Tokenizer* tok = nullptr;
+  std::optional<ChatTemplate> tmpl;
 };
 
 Prompter::Prompter(const Pipeline& pipe, const std::string& template_name) : impl_(std::make_unique<Impl>()) {
   impl_->tok = &pipe.tokenizer();
-  name_ = template_name.empty() ? "chatml" : template_name;
+  std::string warning;
+  impl_->tmpl.emplace(ChatTemplate::for_model(pipe.file(), pipe.tokenizer(), template_name, &warning));
+  if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  name_ = impl_->tmpl->name();
 }
 Prompter::~Prompter() = default;
 
-// Encodes rendered text; the template may already start with BOS, which must not appear twice.
+// Special-token text in the prompt becomes those tokens; BOS goes in front when the model wants
+// one and the text does not already start with it (templates often write it out).
 static std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text) {
-  std::vector<int32_t> ids = tok.encode(text, /*add_special=*/true, /*parse_special=*/true);
-  if (ids.size() >= 2 && tok.bos() >= 0 && ids[0] == tok.bos() && ids[1] == tok.bos()) ids.erase(ids.begin());
+  std::vector<int32_t> ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+  if (tok.add_bos() && tok.bos() >= 0 && (ids.empty() || ids[0] != tok.bos())) ids.insert(ids.begin(), tok.bos());
   return ids;
 }
 
 std::vector<int32_t> Prompter::chat(const std::vector<Message>& messages) const {
-  std::string text;
-  for (const auto& m : messages) text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  text += "<|im_start|>assistant\n";
-  return encode_prompt(*impl_->tok, text);
+  std::vector<ChatMessage> msgs;
+  for (const auto& m : messages) msgs.push_back({m.role, m.content});
+  return encode_prompt(*impl_->tok, impl_->tmpl->render(msgs, /*add_generation_prompt=*/true));
 }
 
 std::vector<int32_t> Prompter::raw(const std::string& text) const { return encode_prompt(*impl_->tok, text); }

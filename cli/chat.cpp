@@ -1,0 +1,356 @@
+// `baton chat`: a conversation in the terminal. The model's chat template per turn, the KV cache
+// kept across turns (each turn's prompt shares its prefix with what is cached, so only the new
+// turn is evaluated), line editing and history (libedit), slash commands, Ctrl-C that stops the
+// reply's compute. With stdin piped it reads one message per line (or per """ block) and prints
+// each answer followed by a blank line, with no decorations.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <editline/readline.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "gguf/error.h"
+#include "runtime/model_files.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::json;
+
+struct ChatOpts {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string on_context_full = "drop-oldest";
+};
+
+const char* kHelp =
+    "  /help                 this text\n"
+    "  /exit                 leave (Ctrl-D too)\n"
+    "  /reset                forget the conversation (the system prompt stays)\n"
+    "  /system TEXT          set the system prompt\n"
+    "  /set NAME VALUE       temp, top_p, top_k, min_p, seed, max_tokens\n"
+    "  /stats                show or hide the line after each reply\n"
+    "  /save FILE            write the conversation as JSON\n"
+    "  /load FILE            read a conversation written by /save\n"
+    "  A line ending in \\ continues on the next line; \"\"\" opens and closes a multi-line block.\n"
+    "  Ctrl-C stops a reply; the part already written stays in the conversation.\n";
+
+// Where input lines come from: libedit on a terminal, plain reads otherwise.
+class LineSource {
+ public:
+  explicit LineSource(bool tty) : tty_(tty) {
+    if (!tty_) return;
+    rl_catch_signals = 0;  // our SIGINT handler decides what Ctrl-C means
+    using_history();
+    stifle_history(1000);
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir(), ec);
+    history_ = cache_dir() + "/chat_history";
+    read_history(history_.c_str());
+  }
+  // nullopt: end of input (Ctrl-D) — or Ctrl-C, which interrupted() tells apart.
+  std::optional<std::string> line(const char* prompt) {
+    if (!tty_) {
+      std::string s;
+      if (!std::getline(std::cin, s)) return std::nullopt;
+      if (!s.empty() && s.back() == '\r') s.pop_back();
+      return s;
+    }
+    char* l = readline(prompt);
+    if (!l) return std::nullopt;
+    std::string s(l);
+    std::free(l);
+    return s;
+  }
+  void remember(const std::string& entry) {
+    if (!tty_ || entry.empty()) return;
+    add_history(entry.c_str());
+    write_history(history_.c_str());
+  }
+
+ private:
+  bool tty_;
+  std::string history_;
+};
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+class Chat {
+ public:
+  Chat(const ChatOpts& o, Loaded& m)
+      : o_(o), m_(m), prompter_(*m.pipe, o.sampling.chat_template), engine_(*m.pipe, *m.vocab),
+        tty_(stdin_is_tty() && isatty(STDOUT_FILENO)), input_(stdin_is_tty()) {
+    system_ = o.sampling.system;
+    params_ = o.sampling.params;
+    seed_ = o.sampling.seed;
+    max_tokens_ = o.sampling.max_tokens;
+  }
+
+  int loop() {
+    if (tty_)
+      std::printf("baton chat: %s (template %s, context %d). /help for commands, Ctrl-D or /exit to leave.\n",
+                  m_.path.c_str(), prompter_.template_name().c_str(), engine_.n_ctx());
+    for (;;) {
+      interrupted() = false;
+      std::optional<std::string> msg = read_message();
+      if (!msg) {
+        if (interrupted()) {  // Ctrl-C at the prompt
+          std::printf("\n(to leave, type /exit or press Ctrl-D)\n");
+          continue;
+        }
+        if (tty_) std::printf("\n");
+        return 0;
+      }
+      std::string text = *msg;
+      if (trim(text).empty()) continue;
+      if (text[0] == '/') {
+        if (!command(trim(text))) return 0;
+        continue;
+      }
+      reply(text);
+    }
+  }
+
+ private:
+  // One user message: a line, a line continued with trailing '\', or a """ block.
+  std::optional<std::string> read_message() {
+    std::optional<std::string> first = input_.line(tty_ ? ">>> " : "");
+    if (!first) return std::nullopt;
+    std::string msg;
+    if (trim(*first).rfind("\"\"\"", 0) == 0) {
+      std::string rest = trim(*first).substr(3);
+      bool closed_on_first = rest.size() >= 3 && rest.compare(rest.size() - 3, 3, "\"\"\"") == 0;
+      if (closed_on_first) {
+        msg = rest.substr(0, rest.size() - 3);
+      } else {
+        msg = rest;
+        for (bool first_line = rest.empty();;) {
+          std::optional<std::string> l = input_.line(tty_ ? "... " : "");
+          if (!l) return std::nullopt;
+          std::string t = trim(*l);
+          if (t.size() >= 3 && t.compare(t.size() - 3, 3, "\"\"\"") == 0) {
+            std::string before = l->substr(0, l->rfind("\"\"\""));
+            if (!before.empty()) msg += (first_line ? "" : "\n") + before;
+            break;
+          }
+          msg += (first_line ? "" : "\n") + *l;
+          first_line = false;
+        }
+      }
+    } else {
+      msg = *first;
+      while (!msg.empty() && msg.back() == '\\') {
+        msg.back() = '\n';
+        std::optional<std::string> l = input_.line(tty_ ? "... " : "");
+        if (!l) break;
+        msg += *l;
+      }
+    }
+    input_.remember(msg);
+    return msg;
+  }
+
+  std::vector<Message> conversation() const {
+    std::vector<Message> all;
+    if (!system_.empty()) all.push_back({"system", system_});
+    all.insert(all.end(), turns_.begin(), turns_.end());
+    return all;
+  }
+
+  // The prompt for the conversation so far; when it does not fit, oldest turns go first (whole
+  // user+assistant pairs, the system prompt stays) or, with --on-context-full=stop, nothing fits.
+  std::optional<std::vector<int32_t>> fitting_prompt() {
+    const int room = engine_.n_ctx() - std::max(16, engine_.n_ctx() / 8);  // leave space for a reply
+    int dropped = 0;
+    for (;;) {
+      std::vector<int32_t> p = prompter_.chat(conversation());
+      if (int(p.size()) <= room || (o_.on_context_full == "stop" && int(p.size()) <= engine_.n_ctx()))
+      {
+        if (dropped > 0)
+          std::fprintf(stderr, "[context full: dropped the %d oldest exchange%s]\n", dropped, dropped > 1 ? "s" : "");
+        return p;
+      }
+      if (o_.on_context_full == "stop" || turns_.size() <= 1) {
+        std::fprintf(stderr, "[context full: the conversation is %zu tokens, the context %d. /reset starts over]\n",
+                     p.size(), engine_.n_ctx());
+        return std::nullopt;
+      }
+      turns_.erase(turns_.begin(), turns_.begin() + std::min<size_t>(2, turns_.size() - 1));
+      dropped++;
+    }
+  }
+
+  void reply(const std::string& text) {
+    turns_.push_back({"user", text});
+    std::optional<std::vector<int32_t>> prompt = fitting_prompt();
+    if (!prompt) {
+      turns_.pop_back();
+      return;
+    }
+    Request r;
+    r.prompt = std::move(*prompt);
+    r.sampling = params_;
+    r.sampling.seed = resolve_seed(seed_);
+    r.max_tokens = max_tokens_;
+    r.stop = o_.sampling.stop;
+    r.on_text = [](std::string_view s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    };
+    Result res = engine_.generate(std::move(r), &interrupted());
+    if (!res.error.empty()) {
+      turns_.pop_back();
+      std::fprintf(stderr, "error: %s\n", res.error.c_str());
+      return;
+    }
+    turns_.push_back({"assistant", res.text});
+    std::printf("\n");
+    if (res.finish == FinishReason::Cancelled) std::fprintf(stderr, "[interrupted]\n");
+    if (res.finish == FinishReason::Context)
+      std::fprintf(stderr, "[context full (%d tokens): %s]\n", res.n_ctx,
+                   o_.on_context_full == "stop" ? "/reset to start over" : "the oldest exchanges go next turn");
+    if (show_stats_)
+      std::fprintf(stderr, "[prompt %d tokens (%d new), %.1f tok/s | %d tokens, %.1f tok/s | ttft %.0f ms | context %d/%d | seed %llu]\n",
+                   res.prompt_tokens, res.prompt_evaluated, res.prompt_tps(), res.completion_tokens(), res.gen_tps(),
+                   res.ttft_ms, res.ctx_used, res.n_ctx, static_cast<unsigned long long>(res.seed));
+    if (!tty_) std::printf("\n");  // scripts split answers on the blank line
+    std::fflush(stdout);
+  }
+
+  // Command feedback: on the terminal with the conversation; piped, on stderr so stdout is answers only.
+  void say(const std::string& s) {
+    std::FILE* f = tty_ ? stdout : stderr;
+    std::fprintf(f, "%s\n", s.c_str());
+    std::fflush(f);
+  }
+
+  // A slash command; false means leave.
+  bool command(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd, rest;
+    in >> cmd;
+    std::getline(in, rest);
+    rest = trim(rest);
+    if (cmd == "/exit" || cmd == "/quit" || cmd == "/bye") return false;
+    if (cmd == "/help") {
+      say(kHelp);
+    } else if (cmd == "/reset") {
+      turns_.clear();
+      say("(conversation cleared)");
+    } else if (cmd == "/system") {
+      system_ = rest;
+      say(rest.empty() ? "(system prompt removed)" : "(system prompt set)");
+    } else if (cmd == "/stats") {
+      show_stats_ = !show_stats_;
+      say(show_stats_ ? "(stats on)" : "(stats off)");
+    } else if (cmd == "/set") {
+      set(rest);
+    } else if (cmd == "/save") {
+      save(rest);
+    } else if (cmd == "/load") {
+      load(rest);
+    } else {
+      say(fmt::format("unknown command {} (/help lists them)", cmd));
+    }
+    return true;
+  }
+
+  void set(const std::string& args) {
+    std::istringstream in(args);
+    std::string name, value;
+    in >> name >> value;
+    SamplingParams p = params_;
+    try {
+      size_t used = 0;
+      if (name == "temp" || name == "temperature") p.temperature = std::stof(value, &used);
+      else if (name == "top_p") p.top_p = std::stof(value, &used);
+      else if (name == "top_k") p.top_k = std::stoi(value, &used);
+      else if (name == "min_p") p.min_p = std::stof(value, &used);
+      else if (name == "seed") { seed_ = std::stoull(value, &used); }
+      else if (name == "max_tokens") { max_tokens_ = std::stoi(value, &used); }
+      else return say("usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE");
+      if (used != value.size()) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      return say(fmt::format("/set {}: '{}' is not a number", name, value));
+    }
+    if (std::string e = p.validate(); !e.empty()) return say("/set: " + e);
+    params_ = p;
+    say(fmt::format("({} = {})", name, value));
+  }
+
+  void save(const std::string& path) {
+    if (path.empty()) return say("usage: /save FILE");
+    json msgs = json::array();
+    for (const auto& t : turns_) msgs.push_back({{"role", t.role}, {"content", t.content}});
+    std::ofstream out(path);
+    out << json{{"system", system_}, {"messages", msgs}}.dump(2) << "\n";
+    if (!out) return say("cannot write " + path);
+    say(fmt::format("(saved {} messages to {})", turns_.size(), path));
+  }
+
+  void load(const std::string& path) {
+    if (path.empty()) return say("usage: /load FILE");
+    std::ifstream in(path);
+    if (!in) return say("cannot read " + path);
+    json j = json::parse(in, nullptr, false);
+    std::vector<Message> turns;
+    bool ok = j.is_object() && j.contains("messages") && j["messages"].is_array() &&
+              (!j.contains("system") || j["system"].is_string());
+    if (ok)
+      for (const auto& m : j["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+            !m["content"].is_string()) { ok = false; break; }
+        turns.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+    if (!ok) return say(path + " is not a conversation saved by /save");
+    system_ = j.value("system", "");
+    turns_ = std::move(turns);
+    say(fmt::format("(loaded {} messages from {})", turns_.size(), path));
+  }
+
+  const ChatOpts& o_;
+  Loaded& m_;
+  Prompter prompter_;
+  Engine engine_;
+  bool tty_;
+  LineSource input_;
+  std::string system_;
+  std::vector<Message> turns_;  // user and assistant messages, alternating
+  SamplingParams params_;
+  std::optional<uint64_t> seed_;
+  int max_tokens_ = -1;
+  bool show_stats_ = false;
+};
+
+int run(const ChatOpts& o) {
+  if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  Loaded m = load_model(o.model, 1);
+  install_interrupt_handler();
+  Chat chat(o, m);
+  return chat.loop();
+}
+
+Register reg{{"chat", "talk with a model (a REPL on a terminal; one message per line when piped)", [](CLI::App& app) {
+  auto o = std::make_shared<ChatOpts>();
+  add_model_flags(app, o->model);
+  add_sampling_flags(app, o->sampling);
+  app.add_option("--on-context-full", o->on_context_full, "when the conversation outgrows the context: drop-oldest (keeps the system prompt) or stop")
+      ->check(CLI::IsMember({"stop", "drop-oldest"}))
+      ->capture_default_str();
+  return [o] { return run(*o); };
+}}};
+
+}  // namespace
+}  // namespace baton::cli
