@@ -1,11 +1,14 @@
 // Scalar reference quantization into the ggml block formats.
 //
-// Legacy formats (Q4_0 … Q8_0) and the float formats follow ggml's reference rounding exactly;
-// tests/test_quant.cpp checks them byte for byte against fixtures from the PyPI `gguf` package.
-// The k-quants use the same kind of search ggml's reference quantizers use (a weighted
-// least-squares fit of scale and min over a sweep of candidate scales, then a re-rounding
-// against the fp16-stored scales); no independent implementation exists to byte-compare them,
-// so their tests check round-trip error instead.
+// Every format follows ggml's reference quantizers (quantize_row_*_ref) exactly, rounding rules
+// and search order included. tests/test_quant.cpp checks the bytes against two outside sources:
+// the PyPI `gguf` package for F16, BF16 and Q4_0 … Q8_0, and ggml's own quantizers for the
+// k-quants and Q8_K (the package has none). The k-quants search a few candidate scales per
+// group: a weighted least-squares fit of scale (and min), then the group scales are quantized
+// against the largest and the codes re-rounded against the scales as stored.
+//
+// One deliberate difference: ggml's rounding helper is only defined for |v| < 2^22 (it asserts);
+// here out-of-range ratios are clamped, so extreme outliers give defined (not ggml's) bytes.
 //
 // Floating point here must be evaluated exactly as written (no contraction into FMA, no
 // fast-math): a one-ulp difference in a scale changes the bytes.

@@ -226,6 +226,29 @@ TEST_CASE("quantize handles zero, constant and one-sided rows", "[quant]") {
   }
 }
 
+TEST_CASE("non-finite and huge inputs stay inside their own block", "[quant]") {
+  // A block holding NaN, inf or values far beyond fp16 range gives unspecified values, but the
+  // quantizer must not misbehave (the sanitizer build checks float->int conversions) and must
+  // not disturb the blocks around it.
+  for (GgmlType t : kQuantTypes) {
+    INFO("type " << type_name(t));
+    const int64_t be = traits(t).block_elems == 1 ? 256 : traits(t).block_elems;
+    const std::vector<float> clean = gaussian_row(size_t(3 * be), 11);
+    std::vector<uint8_t> want(row_bytes(t, 3 * be)), got(want.size());
+    quantize_row(t, clean.data(), want.data(), 3 * be);
+    const size_t mid0 = row_bytes(t, be), mid1 = row_bytes(t, 2 * be);
+    for (float bad : {std::nanf(""), INFINITY, -INFINITY, 3e38f, -1e30f, 1e-40f}) {
+      std::vector<float> x = clean;
+      x[size_t(be + be / 3)] = bad;
+      quantize_row(t, x.data(), got.data(), 3 * be);
+      CHECK(std::equal(got.begin(), got.begin() + long(mid0), want.begin()));
+      CHECK(std::equal(got.begin() + long(mid1), got.end(), want.begin() + long(mid1)));
+      std::vector<float> y(size_t(3 * be));
+      dequantize_row(t, got.data(), y.data(), 3 * be);
+    }
+  }
+}
+
 TEST_CASE("Q8_K carries block sums that match its codes", "[quant]") {
   const std::vector<float> x = gaussian_row(256 * 4, 42);
   std::vector<BlockQ8_K> b(4);
