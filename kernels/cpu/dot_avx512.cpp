@@ -56,8 +56,6 @@ struct Q4x4 {
       acc[c] = _mm512_setzero_ps();
       corr[c] = _mm_setzero_ps();
     }
-    const __m512i lo_order = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);
-    const __m512i hi_order = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
     const __m512i s_order = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     int64_t b = 0;
@@ -71,25 +69,35 @@ struct Q4x4 {
       const __m128 dw = fp16x4(p, kBytes);
       const __m128 mw = T == GgmlType::Q4_0 ? dw : fp16x4(p + 2, kBytes);  // Q4_0: −8·d applied at the end
       for (int c = 0; c < NC; c++) {
-        const ActQ8_32* x = act32(a, as, c) + b;
-        const __m512i x01 = _mm512_inserti64x4(zext(load256(x[0].q)), load256(x[1].q), 1);
-        const __m512i x23 = _mm512_inserti64x4(zext(load256(x[2].q)), load256(x[3].q), 1);
-        __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_permutex2var_epi64(x01, lo_order, x23));
-        p32 = _mm512_dpbusd_epi32(p32, hi, _mm512_permutex2var_epi64(x01, hi_order, x23));
-        const __m128 sc = _mm_mul_ps(dw, _mm_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d));
+        const auto* x = reinterpret_cast<const ActQ8_32x4*>(a + size_t(c) * as) + b / 4;
+        __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x->q));
+        p32 = _mm512_dpbusd_epi32(p32, hi, _mm512_loadu_si512(x->q + 64));
+        const __m128 sc = _mm_mul_ps(dw, _mm_loadu_ps(x->d));
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), _mm512_permutexvar_ps(s_order, _mm512_zextps128_ps512(sc)),
                                  acc[c]);
-        corr[c] = _mm_fmadd_ps(mw, _mm_setr_ps(x[0].ds, x[1].ds, x[2].ds, x[3].ds), corr[c]);
+        corr[c] = _mm_fmadd_ps(mw, _mm_loadu_ps(x->ds), corr[c]);
       }
     }
-    // The last 0..3 blocks go through the 256-bit kernel's block step.
+    // The last 0..3 blocks, from the zero-padded last activation group.
     __m256 acc_t[NC];
     float corr_t[NC];
     for (int c = 0; c < NC; c++) {
       acc_t[c] = _mm256_setzero_ps();
       corr_t[c] = 0;
     }
-    for (; b < nb; b++) Legacy<T>::template block<NC>(w + size_t(b) * kBytes, a, as, b, acc_t, corr_t);
+    for (; b < nb; b++) {
+      const uint8_t* p = w + size_t(b) * kBytes;
+      const float d = h2f(p), m = T == GgmlType::Q4_0 ? -8.0f * d : h2f(p + 2);
+      const __m256i u = nibbles(p + kQs);
+      const int j = int(b % 4);
+      for (int c = 0; c < NC; c++) {
+        const auto* x = reinterpret_cast<const ActQ8_32x4*>(a + size_t(c) * as) + b / 4;
+        const __m256i xv = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x->q + 64 + 16 * j)),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(x->q + 16 * j)));
+        acc_t[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d[j]), _mm256_cvtepi32_ps(O::dot(u, xv)), acc_t[c]);
+        corr_t[c] += m * x->ds[j];
+      }
+    }
     const float k = T == GgmlType::Q4_0 ? -8.0f : 1.0f;
     for (int c = 0; c < NC; c++) {
       __m128 cs = _mm_add_ps(corr[c], _mm_movehl_ps(corr[c], corr[c]));
@@ -140,8 +148,30 @@ struct Q8x2 {
   }
 };
 
+// Activations in groups of four blocks (ActQ8_32x4) for Q4x4.
+void quant_q8_32x4(const float* x, int64_t n, void* out) {
+  auto* o = static_cast<ActQ8_32x4*>(out);
+  const int64_t nb = n / 32;
+  for (int64_t g = 0; g < (nb + 3) / 4; g++) {
+    std::memset(&o[g], 0, sizeof(ActQ8_32x4));
+    for (int j = 0; j < 4 && 4 * g + j < nb; j++) {
+      const float* xb = x + 32 * (4 * g + j);
+      const float amax = amax_of(xb, 32);
+      const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+      __m256i s_lo, s_hi;
+      const __m256i q = quant32(xb, _mm256_set1_ps(id), s_lo, s_hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o[g].q + 16 * j), _mm256_castsi256_si128(q));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o[g].q + 64 + 16 * j), _mm256_extracti128_si256(q, 1));
+      o[g].d[j] = d;
+      o[g].ds[j] = d * float(hsum_i32(_mm256_add_epi32(s_lo, s_hi)));
+    }
+  }
+}
+
 KernelTable make_avx512_table() {
   KernelTable t = make_simd_table();
+  t.quant[int(ActKind::Q8_32x4)] = quant_q8_32x4;
+  t.act[int(GgmlType::Q4_0)] = t.act[int(GgmlType::Q4_1)] = ActKind::Q8_32x4;
   t.dot[int(GgmlType::Q4_0)] = by_columns<Q4x4<GgmlType::Q4_0>>;
   t.dot[int(GgmlType::Q4_1)] = by_columns<Q4x4<GgmlType::Q4_1>>;
   t.dot[int(GgmlType::Q8_0)] = by_columns<Q8x2>;

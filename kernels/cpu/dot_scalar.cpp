@@ -112,7 +112,10 @@ void dot_float(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_stride, i
 
 KernelTable make_table() {
   KernelTable t;
-  auto set = [&](GgmlType type, DotFn f) { t.dot[int(type)] = f; };
+  auto set = [&](GgmlType type, DotFn f) {
+    t.dot[int(type)] = f;
+    t.act[int(type)] = is_legacy_quant(type) ? ActKind::Q8_32 : is_k_quant(type) ? ActKind::Q8_256 : ActKind::Float;
+  };
   set(GgmlType::F32, dot_float<GgmlType::F32>);
   set(GgmlType::F16, dot_float<GgmlType::F16>);
   set(GgmlType::BF16, dot_float<GgmlType::BF16>);
@@ -126,8 +129,8 @@ KernelTable make_table() {
   set(GgmlType::Q4_K, dot_k<GgmlType::Q4_K>);
   set(GgmlType::Q5_K, dot_k<GgmlType::Q5_K>);
   set(GgmlType::Q6_K, dot_k<GgmlType::Q6_K>);
-  t.quant_q8_32 = quant_q8_32;
-  t.quant_q8_256 = quant_q8_256;
+  t.quant[int(ActKind::Q8_32)] = quant_q8_32;
+  t.quant[int(ActKind::Q8_256)] = quant_q8_256;
   return t;
 }
 

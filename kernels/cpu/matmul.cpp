@@ -83,22 +83,6 @@ const KernelTable& table_for(Isa isa) {
   return kernels_scalar();
 }
 
-ActKind act_kind(GgmlType t) {
-  if (is_legacy_quant(t)) return ActKind::Q8_32;
-  if (is_k_quant(t)) return ActKind::Q8_256;
-  return ActKind::Float;
-}
-
-// Bytes of one quantized activation column of length cols.
-size_t act_bytes(ActKind k, int64_t cols) {
-  switch (k) {
-    case ActKind::Q8_32: return size_t(cols / 32) * sizeof(ActQ8_32);
-    case ActKind::Q8_256: return size_t(cols / 256) * sizeof(ActQ8_256);
-    case ActKind::Float: break;
-  }
-  return size_t(cols) * sizeof(float);
-}
-
 }  // namespace
 
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
@@ -108,7 +92,7 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
   const DotFn dot = kt.dot[int(W.type)];
   BATON_CHECK(dot != nullptr);
   const int64_t rows = W.rows, cols = W.cols;
-  const ActKind kind = act_kind(W.type);
+  const ActKind kind = kt.act[int(W.type)];
   const size_t a_stride = act_bytes(kind, cols);
 
   // Quantize the activations once; the scratch belongs to the calling thread and only grows.
@@ -117,7 +101,7 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
     thread_local std::vector<uint8_t> scratch;
     if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
     uint8_t* out = scratch.data();
-    const QuantFn q = kind == ActKind::Q8_32 ? kt.quant_q8_32 : kt.quant_q8_256;
+    const QuantFn q = kt.quant[int(kind)];
     auto quant_col = [&](int j) { q(X + int64_t(j) * cols, cols, out + size_t(j) * a_stride); };
     if (n >= 4 && pool.size() > 1) pool.run(n, [&](int j, int) { quant_col(j); });
     else for (int j = 0; j < n; j++) quant_col(j);

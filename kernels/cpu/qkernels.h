@@ -29,21 +29,44 @@ static_assert(sizeof(ActQ8_32) == 40);
 // Activation block for the k-quants: ggml's Q8_K layout (d, 256 values, sums of each 16).
 using ActQ8_256 = BlockQ8_K;
 
-enum class ActKind { Float, Q8_32, Q8_256 };
+// Groups of four legacy blocks for the AVX-512 4-bit kernels: values 0..15 of blocks 0..3, then
+// values 16..31 of blocks 0..3 (the order nibble unpacking produces), then the four d and d·Σq.
+// A partial last group is padded with zero blocks.
+struct ActQ8_32x4 {
+  int8_t q[128];
+  float d[4];
+  float ds[4];
+};
+static_assert(sizeof(ActQ8_32x4) == 160);
+
+enum class ActKind { Float = 0, Q8_32 = 1, Q8_256 = 2, Q8_32x4 = 3 };
+
+// Bytes of one activation column of n elements in a given format.
+inline size_t act_bytes(ActKind k, int64_t n) {
+  switch (k) {
+    case ActKind::Q8_32: return size_t(n / 32) * sizeof(ActQ8_32);
+    case ActKind::Q8_256: return size_t(n / 256) * sizeof(ActQ8_256);
+    case ActKind::Q8_32x4: return size_t((n / 32 + 3) / 4) * sizeof(ActQ8_32x4);
+    case ActKind::Float: break;
+  }
+  return size_t(n) * sizeof(float);
+}
 
 // One row of weights against nc (1..4) activation columns: y[c·y_stride] = Σ w·x_c.
 // n is the row length in elements; a points at column 0's activations, a_stride bytes apart.
 using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_stride, int nc, float* y,
                        size_t y_stride);
-// Quantize n floats (a multiple of 32 or 256) into activation blocks.
+// Quantize n floats (a multiple of the format's block) into one activation column.
 using QuantFn = void (*)(const float* x, int64_t n, void* out);
 
 constexpr int kTypeSlots = 31;  // indexed by the ggml type id (BF16 = 30 is the largest we use)
 
+// One instruction-set level: per weight type the dot kernel and the activation format it reads,
+// and per activation format its quantizer.
 struct KernelTable {
   DotFn dot[kTypeSlots] = {};
-  QuantFn quant_q8_32 = nullptr;
-  QuantFn quant_q8_256 = nullptr;
+  ActKind act[kTypeSlots] = {};
+  QuantFn quant[4] = {};
 };
 
 const KernelTable& kernels_scalar();
