@@ -1,0 +1,245 @@
+#include "runtime/chat_template.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "gguf/error.h"
+#include "gguf/gguf.h"
+#include "runtime/tokenizer.h"
+#include "runtime/unicode.h"
+
+namespace baton {
+namespace {
+
+struct Named {
+  const char* name;
+  ChatFamily family;
+};
+const Named kNames[] = {
+    {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
+    {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
+    {"zephyr", ChatFamily::Zephyr},
+};
+
+bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
+// Jinja's `trim` / Python's str.strip(): whitespace off both ends.
+std::string trim(const std::string& s) {
+  auto space = [](uint32_t c) { return unicode::is_whitespace(c) || (c >= 0x1C && c <= 0x1F); };
+  const auto cps = unicode::decode(s);
+  size_t b = 0, e = cps.size();
+  while (b < e && space(cps[b])) ++b;
+  while (e > b && space(cps[e - 1])) --e;
+  return unicode::encode(std::vector<uint32_t>(cps.begin() + long(b), cps.begin() + long(e)));
+}
+
+// A ChatML template that opens with its own system prompt when the conversation has none (SmolLM2:
+// `{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n...<|im_end|>\n' }}`).
+std::string chatml_default_system(std::string_view src) {
+  if (!contains(src, "!= 'system'") && !contains(src, "!= \"system\"")) return "";
+  for (std::string_view open : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
+    size_t p = src.find(open);
+    if (p == std::string_view::npos) continue;
+    p += open.size();
+    size_t e = src.find("<|im_end|>", p);
+    if (e == std::string_view::npos) return "";
+    std::string_view text = src.substr(p, e - p);
+    if (contains(text, "{") || contains(text, "'") || contains(text, "\"")) return "";  // not a literal
+    std::string out;  // undo the \n escapes of a Jinja string literal
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
+        out += '\n';
+        ++i;
+      } else {
+        out += text[i];
+      }
+    }
+    return out;
+  }
+  return "";
+}
+
+std::optional<ChatFamily> family_from_markers(std::string_view s) {
+  if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
+  if (contains(s, "<start_of_turn>")) return ChatFamily::Gemma;
+  if (contains(s, "<|start_header_id|>")) return ChatFamily::Llama3;
+  const bool user_or_assistant = contains(s, "<|user|>") || contains(s, "<|assistant|>");
+  if (user_or_assistant && contains(s, "<|end|>")) return ChatFamily::Phi3;
+  if (user_or_assistant) return ChatFamily::Zephyr;
+  if (contains(s, "[INST]")) return contains(s, "<<SYS>>") ? ChatFamily::Llama2 : ChatFamily::Mistral;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* chat_family_name(ChatFamily f) {
+  for (const Named& n : kNames)
+    if (n.family == f) return n.name;
+  return "?";
+}
+
+std::string chat_family_names() {
+  std::string s;
+  for (const Named& n : kNames) s += std::string(s.empty() ? "" : ", ") + n.name;
+  return s;
+}
+
+std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
+  std::string k;
+  for (char c : name)
+    if (c != '-' && c != '_' && c != '.') k += char(std::tolower(uint8_t(c)));
+  if (k == "gemma3" || k == "gemma2") k = "gemma";
+  if (k == "llama") k = "llama2";
+  if (k == "phi") k = "phi3";
+  for (const Named& n : kNames)
+    if (k == n.name) return n.family;
+  return std::nullopt;
+}
+
+ChatTemplate::ChatTemplate(ChatFamily family, std::string bos_text, std::string eos_text, std::string default_system)
+    : family_(family), bos_(std::move(bos_text)), eos_(std::move(eos_text)), default_system_(std::move(default_system)) {}
+
+ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, std::string eos_text,
+                                  std::string* warning) {
+  if (auto f = family_from_markers(jinja)) {
+    std::string sys = *f == ChatFamily::ChatML ? chatml_default_system(jinja) : "";
+    return ChatTemplate(*f, std::move(bos_text), std::move(eos_text), std::move(sys));
+  }
+  if (warning)
+    *warning = jinja.empty() ? "the model has no chat template; using chatml (choose another with --chat-template NAME)"
+                             : "unrecognised chat template; using chatml (choose another with --chat-template NAME: " +
+                                   chat_family_names() + ")";
+  return ChatTemplate(ChatFamily::ChatML, std::move(bos_text), std::move(eos_text));
+}
+
+ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, const std::string& override_name,
+                                     std::string* warning) {
+  std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
+  std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+  const std::string src = f.get_or<std::string>("tokenizer.chat_template", "");
+  if (!override_name.empty()) {
+    auto fam = chat_family_from_name(override_name);
+    if (!fam) fail(ErrorKind::Usage, "--chat-template {}: unknown template (known: {})", override_name, chat_family_names());
+    std::string sys = *fam == ChatFamily::ChatML ? chatml_default_system(src) : "";
+    return ChatTemplate(*fam, bos, eos, sys);
+  }
+  if (!src.empty()) return detect(src, bos, eos, warning);
+  // No template in the file (the Gemma 3 270M GGUF has none): the vocabulary's markers tell.
+  for (const char* marker : {"<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "[INST]"}) {
+    auto id = tok.find_token(marker);
+    if (!id) continue;
+    std::string probe = marker;
+    if (probe == "<|user|>" && tok.find_token("<|end|>")) probe += "<|end|>";
+    if (auto fam = family_from_markers(probe)) return ChatTemplate(*fam, bos, eos);
+  }
+  return detect("", bos, eos, warning);
+}
+
+bool ChatTemplate::starts_with_bos() const {
+  switch (family_) {
+    case ChatFamily::Llama2: case ChatFamily::Llama3: case ChatFamily::Mistral: case ChatFamily::Gemma:
+    case ChatFamily::Phi3:
+      return !bos_.empty();
+    case ChatFamily::ChatML: case ChatFamily::Zephyr:
+      return false;
+  }
+  return false;
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  return render_impl(messages, add_generation_prompt, /*closing=*/true);
+}
+
+std::optional<std::string> ChatTemplate::render_continuation(const std::vector<ChatMessage>& history,
+                                                             const std::vector<ChatMessage>& added,
+                                                             bool add_generation_prompt) const {
+  std::vector<ChatMessage> all = history;
+  all.insert(all.end(), added.begin(), added.end());
+  const std::string full = render_impl(all, add_generation_prompt, true);
+  const std::string base = render_impl(history, false, /*closing=*/false);
+  if (full.compare(0, base.size(), base) != 0) return std::nullopt;
+  return full.substr(base.size());
+}
+
+// Each case mirrors its family's Jinja template; comments name the template's quirks.
+std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool gen, bool closing) const {
+  std::string out;
+  // Templates that fold the system prompt into the first turn take it off the front.
+  const bool has_system = !msgs.empty() && msgs[0].role == "system";
+  const std::string system = has_system ? msgs[0].content : "";
+  const size_t first = has_system ? 1 : 0;
+
+  switch (family_) {
+    case ChatFamily::ChatML:
+      if (!has_system && !default_system_.empty() && !msgs.empty())
+        out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+      for (const auto& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      if (gen) out += "<|im_start|>assistant\n";
+      break;
+
+    case ChatFamily::Llama2:
+      // <<SYS>> block inside the first [INST]; every user turn starts with BOS; content is stripped.
+      for (size_t i = first; i < msgs.size(); ++i) {
+        std::string content = msgs[i].content;
+        if (i == first && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+        if (msgs[i].role == "user")
+          out += bos_ + "[INST] " + trim(content) + " [/INST]";
+        else if (msgs[i].role == "assistant")
+          out += " " + trim(content) + " " + eos_;
+      }
+      break;
+
+    case ChatFamily::Llama3:
+      for (size_t i = 0; i < msgs.size(); ++i) {
+        if (i == 0) out += bos_;
+        out += "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" + trim(msgs[i].content) + "<|eot_id|>";
+      }
+      if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+
+    case ChatFamily::Mistral:
+      // Mistral's v0.1/v0.2 template has no system role (it raises); like later Mistral templates
+      // we put the system prompt in front of the first user message, separated by a blank line.
+      out += bos_;
+      for (size_t i = first; i < msgs.size(); ++i) {
+        std::string content = msgs[i].content;
+        if (i == first && has_system) content = system + "\n\n" + content;
+        if (msgs[i].role == "user")
+          out += "[INST] " + content + " [/INST]";
+        else if (msgs[i].role == "assistant")
+          out += content + eos_;
+      }
+      break;
+
+    case ChatFamily::Gemma:
+      // Gemma has no system turn: the system prompt opens the first turn. "assistant" is "model".
+      out += bos_;
+      for (size_t i = first; i < msgs.size(); ++i) {
+        const std::string role = msgs[i].role == "assistant" ? "model" : msgs[i].role;
+        out += "<start_of_turn>" + role + "\n";
+        if (i == first && has_system) out += system + "\n\n";
+        out += trim(msgs[i].content) + "<end_of_turn>\n";
+      }
+      if (gen) out += "<start_of_turn>model\n";
+      break;
+
+    case ChatFamily::Phi3:
+      out += bos_;
+      for (const auto& m : msgs) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+      if (gen)
+        out += "<|assistant|>\n";
+      else if (closing)
+        out += eos_;  // the template ends a conversation without a generation prompt with EOS
+      break;
+
+    case ChatFamily::Zephyr:
+      for (const auto& m : msgs)
+        if (m.role == "user" || m.role == "system" || m.role == "assistant")
+          out += "<|" + m.role + "|>\n" + m.content + eos_ + "\n";
+      if (gen && !msgs.empty()) out += "<|assistant|>\n";
+      break;
+  }
+  return out;
+}
+
+}  // namespace baton

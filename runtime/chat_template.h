@@ -1,0 +1,69 @@
+// Chat templates: the prompt formats of the common instruct model families, written out in C++
+// (no Jinja engine) so that they render exactly what the model's own Jinja template renders for
+// plain system/user/assistant conversations. The family is detected from `tokenizer.chat_template`
+// (or, when a file has none, from the vocabulary's turn markers), or chosen by name.
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton {
+namespace gguf { class File; }
+class Tokenizer;
+
+enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr };
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+const char* chat_family_name(ChatFamily f);  // "chatml", "llama2", ...
+// By name (case-insensitive; "gemma3", "llama-3", "phi-3" ... accepted too).
+std::optional<ChatFamily> chat_family_from_name(std::string_view name);
+// All names, for help texts and error messages: "chatml, llama2, ...".
+std::string chat_family_names();
+
+class ChatTemplate {
+ public:
+  // bos/eos: the texts of the model's BOS and EOS tokens (some templates write them out).
+  ChatTemplate(ChatFamily family, std::string bos_text, std::string eos_text, std::string default_system = "");
+
+  // Detects the family from Jinja source. An empty or unrecognised source gives ChatML and sets
+  // *warning to a sentence naming the fallback.
+  static ChatTemplate detect(std::string_view jinja, std::string bos_text, std::string eos_text,
+                             std::string* warning = nullptr);
+  // For a model: `override_name` (from --chat-template; Error(Usage) if unknown) wins; otherwise
+  // `tokenizer.chat_template`; otherwise the vocabulary's markers (<|im_start|>, <start_of_turn>, ...).
+  static ChatTemplate for_model(const gguf::File& f, const Tokenizer& tok, const std::string& override_name = "",
+                                std::string* warning = nullptr);
+
+  ChatFamily family() const { return family_; }
+  const char* name() const { return chat_family_name(family_); }
+  // ChatML templates such as SmolLM2's insert their own system prompt when the conversation has none.
+  const std::string& default_system() const { return default_system_; }
+
+  // The whole conversation; with add_generation_prompt the assistant's turn is opened at the end.
+  // The text may contain BOS/special-token text: tokenize it with parse_special and without adding
+  // another BOS when it already starts with one (starts_with_bos()).
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // Whether render() output begins with the BOS text (Llama 2/3, Mistral, Gemma, Phi-3 do).
+  bool starts_with_bos() const;
+
+  // For a chat that keeps its KV cache: the text to append after `history` (which was rendered
+  // with render(history, false), i.e. it ends after the last reply's end-of-turn) to add `added`
+  // and open the next reply. nullopt when this template cannot extend the history in place (the
+  // caller then re-renders everything).
+  std::optional<std::string> render_continuation(const std::vector<ChatMessage>& history,
+                                                 const std::vector<ChatMessage>& added,
+                                                 bool add_generation_prompt = true) const;
+
+ private:
+  std::string render_impl(const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool closing) const;
+
+  ChatFamily family_;
+  std::string bos_, eos_, default_system_;
+};
+
+}  // namespace baton

@@ -1,0 +1,116 @@
+// Chat templates against the real Jinja templates: tests/data/chat_templates/expected.json holds
+// what Jinja2 renders for each family's published template (tools/gen_chat_fixtures.py).
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+#include "runtime/chat_template.h"
+
+using namespace baton;
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string dir() { return std::string(BATON_TEST_DATA) + "/chat_templates/"; }
+
+std::vector<ChatMessage> messages_of(const nlohmann::json& j) {
+  std::vector<ChatMessage> out;
+  for (const auto& m : j) out.push_back({m["role"], m["content"]});
+  return out;
+}
+
+ChatFamily family_of_fixture(const std::string& name) {
+  if (name == "smollm2") return ChatFamily::ChatML;
+  if (name == "gemma3") return ChatFamily::Gemma;
+  auto f = chat_family_from_name(name);
+  REQUIRE(f);
+  return *f;
+}
+
+}  // namespace
+
+TEST_CASE("each family renders exactly what its Jinja template renders") {
+  auto j = nlohmann::json::parse(read_all(dir() + "expected.json"));
+  REQUIRE(j.size() == 8);
+  size_t compared = 0;
+  for (const auto& [name, fx] : j.items()) {
+    const std::string src = read_all(dir() + name + ".jinja");
+    std::string warning;
+    ChatTemplate t = ChatTemplate::detect(src, fx["bos_token"], fx["eos_token"], &warning);
+    INFO("template " << name);
+    CHECK(warning.empty());
+    CHECK(t.family() == family_of_fixture(name));
+    for (const auto& c : fx["cases"]) {
+      if (c["expected"].is_null()) continue;  // the template refuses this conversation
+      auto msgs = messages_of(c["messages"]);
+      std::string want = c["expected"];
+      std::string got = t.render(msgs, c["add_generation_prompt"]);
+      INFO("messages: " << c["messages"].dump());
+      CHECK(got == want);
+      ++compared;
+    }
+  }
+  CHECK(compared >= 35);
+}
+
+TEST_CASE("a new turn after a rendered history is exactly the tail of the full rendering") {
+  auto j = nlohmann::json::parse(read_all(dir() + "expected.json"));
+  for (const auto& [name, fx] : j.items()) {
+    ChatTemplate t = ChatTemplate::detect(read_all(dir() + name + ".jinja"), fx["bos_token"], fx["eos_token"]);
+    auto all = messages_of(fx["cases"][0]["messages"]);  // system, user, assistant, user
+    std::vector<ChatMessage> history(all.begin(), all.end() - 1);
+    auto tail = t.render_continuation(history, {all.back()});
+    INFO("template " << name);
+    REQUIRE(tail);
+    // What a REPL feeds: the history as rendered (without any closing token), then the tail.
+    std::string fed = t.render(history, false);
+    if (t.family() == ChatFamily::Phi3) fed.resize(fed.size() - std::string(fx["eos_token"]).size());
+    CHECK(fed + *tail == t.render(all, true));
+    if (!fx["cases"][0]["expected"].is_null()) CHECK(fed + *tail == std::string(fx["cases"][0]["expected"]));
+  }
+}
+
+TEST_CASE("SmolLM2's template brings its own system prompt") {
+  ChatTemplate t = ChatTemplate::detect(read_all(dir() + "smollm2.jinja"), "<|im_start|>", "<|im_end|>");
+  CHECK(t.default_system() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  CHECK(t.render({{"user", "Hi"}}, true) ==
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  // A plain ChatML template has none.
+  CHECK(ChatTemplate::detect(read_all(dir() + "chatml.jinja"), "", "").default_system().empty());
+}
+
+TEST_CASE("Mistral folds a system prompt into the first user message") {
+  ChatTemplate t(ChatFamily::Mistral, "<s>", "</s>");
+  CHECK(t.render({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, true) ==
+        "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]");
+  CHECK(t.starts_with_bos());
+}
+
+TEST_CASE("detection, names and the fallback warning") {
+  CHECK(chat_family_from_name("ChatML") == ChatFamily::ChatML);
+  CHECK(chat_family_from_name("gemma3") == ChatFamily::Gemma);
+  CHECK(chat_family_from_name("llama-3") == ChatFamily::Llama3);
+  CHECK(chat_family_from_name("phi-3") == ChatFamily::Phi3);
+  CHECK_FALSE(chat_family_from_name("vicuna"));
+  for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
+                       ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr})
+    CHECK(chat_family_from_name(chat_family_name(f)) == f);
+
+  std::string warning;
+  ChatTemplate t = ChatTemplate::detect("{{ 'USER: ' + messages[0]['content'] }}", "<s>", "</s>", &warning);
+  CHECK(t.family() == ChatFamily::ChatML);
+  CHECK_THAT(warning, Catch::Contains("chatml"));
+  warning.clear();
+  ChatTemplate::detect("", "", "", &warning);
+  CHECK_THAT(warning, Catch::Contains("no chat template"));
+}

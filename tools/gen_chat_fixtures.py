@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Render the real chat templates in tests/data/chat_templates/*.jinja with Jinja2, configured the
+way Hugging Face's apply_chat_template configures it (trim_blocks, lstrip_blocks, raise_exception),
+and write the expected strings to tests/data/chat_templates/expected.json.
+
+Templates: smollm2.jinja is SmolLM2-135M-Instruct's `tokenizer.chat_template`; gemma3.jinja is
+Gemma 3's tokenizer_config.json template (the Gemma 3 270M GGUF carries none); the others are the
+published templates of OpenHermes (ChatML), Llama 2 chat, Llama 3 instruct, Mistral 7B instruct
+v0.1/v0.2, Phi-3 and Zephyr. Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
+"""
+import json
+import os
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "chat_templates")
+
+TOKENS = {  # bos_token, eos_token as each model's tokenizer defines them
+    "smollm2": ("<|im_start|>", "<|im_end|>"),
+    "chatml": ("<s>", "<|im_end|>"),
+    "gemma3": ("<bos>", "<eos>"),
+    "llama2": ("<s>", "</s>"),
+    "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
+    "mistral": ("<s>", "</s>"),
+    "phi3": ("<s>", "<|endoftext|>"),
+    "zephyr": ("<s>", "</s>"),
+}
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+TWO_TURNS = [
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi there. How can I help?"},
+    {"role": "user", "content": "  What is the capital of France?  "},
+]
+CASES = [
+    ([SYSTEM] + TWO_TURNS, True),
+    ([SYSTEM] + TWO_TURNS[:2], False),   # history after a reply, as a chat REPL holds it
+    (TWO_TURNS, True),
+    (TWO_TURNS[:1], True),
+    ([SYSTEM] + TWO_TURNS[:1], True),
+]
+
+
+class TemplateError(Exception):
+    pass
+
+
+def raise_exception(msg):
+    raise TemplateError(msg)
+
+
+def render(src, bos, eos, messages, gen):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(src).render(messages=messages, add_generation_prompt=gen, bos_token=bos, eos_token=eos)
+
+
+def main():
+    out = {}
+    for name, (bos, eos) in TOKENS.items():
+        src = open(os.path.join(DIR, name + ".jinja")).read()
+        cases = []
+        for messages, gen in CASES:
+            try:
+                expected = render(src, bos, eos, messages, gen)
+            except TemplateError as e:
+                expected = None  # the template refuses this conversation (e.g. no system role)
+                print(name, "refuses:", e)
+            cases.append({"messages": messages, "add_generation_prompt": gen, "expected": expected})
+        out[name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
+    with open(os.path.join(DIR, "expected.json"), "w") as f:
+        json.dump(out, f, indent=1, ensure_ascii=True)
+    print("wrote", os.path.join(DIR, "expected.json"))
+
+
+if __name__ == "__main__":
+    main()
