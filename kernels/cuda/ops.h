@@ -113,62 +113,82 @@ size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n);
 void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, uint16_t* dst);
 
 // ---------------------------------------------------------------------------------------------
-// Norms, positions, activations
+// Norms, positions, activations: the semantics of kernels/cpu/ops.h, op for op.
 
-// y = x / sqrt(mean(x²) + eps) * w, per row of `dim` values; n rows. y may alias x.
-void rmsnorm(Context& c, const float* x, const float* w, float* y, int dim, int n, float eps);
+// y[r] = x[r] / rms(x[r]) * w for `rows` rows of n (y may alias x); w == nullptr: no weight.
+void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps);
 
-enum class RopeMode { Adjacent, NeoX };  // pairs (2i, 2i+1) (llama) or (i, i + n_rot/2) (NeoX)
-// Rotates the first n_rot dims of every head in place. x: n_tok × n_head × head_dim; pos: n_tok
-// positions (device); angle of pair i = pos * freq_scale * theta_base^(-2i / n_rot).
-void rope(Context& c, float* x, int n_tok, int n_head, int head_dim, int n_rot, const int32_t* pos,
-          float theta_base, float freq_scale, RopeMode mode);
+// RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
+// token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
+// neox=false: pairs (2i, 2i+1); true: (i, i + rope_dim/2). Angles in double, as on the CPU.
+void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
+          const int32_t* pos, const float* freqs, bool neox);
 
-void swiglu(Context& c, const float* gate, const float* up, float* out, int64_t n);  // silu(g)·u
-void geglu(Context& c, const float* gate, const float* up, float* out, int64_t n);   // gelu(g)·u
-void add(Context& c, const float* a, const float* b, float* out, int64_t n);          // out may alias a or b
-// out (n × table.cols) = rows tokens[0..n) of the table, dequantized.
-void embedding(Context& c, const Weight& table, const int32_t* tokens, int n, float* out);
+void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n);       // silu(g)·u
+void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n);  // gelu_tanh(g)·u
+void add(Context& c, float* y, const float* x, int64_t n);       // y += x
+void scale(Context& c, float* y, float s, int64_t n);            // y *= s
+void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tanh(y / cap)
+// out[i] = row ids[i] of the table, dequantized, times s. ids must be in range (caller's job).
+void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, float* out, float s);
 
 // ---------------------------------------------------------------------------------------------
-// Attention over an F16 KV cache
+// Attention over an F16 or Q8_0 KV cache: the layout and the staged-batch rule of
+// cpu::KvLayerView / cpu::AttentionArgs (kernels/cpu/ops.h), with device pointers.
 
-// The cache of one layer: element (seq, pos, kv_head, d) of K is at
-// k[seq * seq_stride + pos * pos_stride + kv_head * head_dim + d]; V likewise. Strides in elements.
-struct KvCache {
-  uint16_t* k = nullptr;  // fp16 bits
-  uint16_t* v = nullptr;
-  int64_t seq_stride = 0, pos_stride = 0;
+struct KvLayer {
+  GgmlType type = GgmlType::F16;  // F16 or Q8_0
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  size_t k_row = 0, v_row = 0;  // bytes per cell (all KV heads of one position)
+  int n_cells = 0;              // per sequence; position p lives in cell p % n_cells
+  int n_head_kv = 0, head_dim = 0;  // head_dim of K and V: 64, 96, 128 or 256
 };
 
-struct AttnShape {
-  int n_head = 0, n_kv_head = 0, head_dim = 0;  // head_dim: 64, 96, 128 or 256
-  float scale = 0;    // usually 1/sqrt(head_dim)
-  float softcap = 0;  // > 0: scores become softcap·tanh(score/softcap)
-  int window = 0;     // > 0: a query at position p sees keys p-window+1 .. p (sliding window)
+// Converts n rows of `width` floats (src rows `src_stride` floats apart) into KV rows of `type`
+// (rows dst_row bytes apart). As cpu::kv_convert per row.
+void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, uint8_t* dst,
+                size_t dst_row, int width, int n);
+// Copies staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t]) for t < n (the commit
+// after attention).
+void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
+               const int32_t* row, const int32_t* seq, const int32_t* pos, int n);
+
+struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arrays of n_tokens
+  int n_tokens = 0;
+  const float* q = nullptr;
+  size_t q_stride = 0;
+  float* out = nullptr;
+  size_t out_stride = 0;
+  const int32_t* pos = nullptr;
+  const int32_t* seq = nullptr;
+  const int32_t* first = nullptr;
+  const int32_t* row0 = nullptr;
+  const uint8_t* k_new = nullptr;
+  const uint8_t* v_new = nullptr;
+  int n_head = 0;
+  float scale = 1.f;
+  int window = 0;
+  KvLayer kv;
 };
 
-// Write n tokens' K and V (n × n_kv_head × head_dim F32) into the cache at (seq[i], pos[i]).
-void kv_store(Context& c, const AttnShape& s, const KvCache& kv, const float* k, const float* v,
-              const int32_t* seq, const int32_t* pos, int n);
+// Any batch (decode steps of many sequences, mixed with prefill runs): one query per (token, head),
+// the keys split over several blocks so that long contexts fill the GPU (flash-decoding), then
+// merged. max_len (host): an upper bound of pos[t] + 1 over the batch (pass n_ctx when capturing a
+// graph); it fixes the number of splits.
+void attention(Context& c, const AttentionArgs& a, int max_len);
 
-// One query token per row (decode): token i attends to keys 0..pos[i] of sequence seq[i].
-// q, out: n × n_head × head_dim. max_len (host): an upper bound of pos[i] + 1 over the batch;
-// it sizes the split over the KV cache (pass n_ctx when capturing a graph).
-void attention_decode(Context& c, const AttnShape& s, const KvCache& kv, const float* q,
-                      const int32_t* seq, const int32_t* pos, int n, int max_len, float* out);
-// A run of n tokens of one sequence at positions pos0 .. pos0+n-1 (prefill), causal, tiled;
-// their K/V must already be in the cache.
-void attention_prefill(Context& c, const AttnShape& s, const KvCache& kv, const float* q, int seq,
-                       int pos0, int n, float* out);
-size_t attention_scratch_bytes(const AttnShape& s, int n, int max_len);
+// A prefill run: the n_tokens tokens are one sequence `seq` at positions pos0, pos0+1, ..., staged
+// in rows row0, row0+1, ... (host values; the device arrays of `a` are not read). Query tiles
+// share key/value tiles in shared memory; causal, with no n² buffer anywhere.
+void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, int row0);
 
 // ---------------------------------------------------------------------------------------------
 // Sampling on the device
 
 // Index of the largest logit of each of n rows (ties: the lowest index, as the CPU sampler).
 void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out);
-// The k (1..1024) largest logits of each row, sorted by value descending then index ascending:
+// The k (1..256) largest logits of each row, sorted by value descending then index ascending:
 // idx and val are n × k.
 void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* idx, float* val);
 

@@ -1,0 +1,145 @@
+// Elementwise ops (gates, residual add, scale, softcap), the embedding row lookup and the KV
+// cache conversion/commit. Memory-bound one-pass kernels: 16-byte accesses where alignment allows.
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant.cuh"
+
+namespace baton::cuda {
+
+namespace {
+
+enum class Ew { Silu, Gelu, Add, Scale, Softcap };
+
+template <Ew op>
+__device__ __forceinline__ float ew(float a, float b, float s) {
+  if constexpr (op == Ew::Silu) return a / (1.0f + expf(-a)) * b;
+  if constexpr (op == Ew::Gelu) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a))) * b;
+  }
+  if constexpr (op == Ew::Add) return a + b;
+  if constexpr (op == Ew::Scale) return a * s;
+  return s * tanhf(a / s);  // Softcap
+}
+
+template <Ew op>
+__global__ void ew_kernel(const float* a, const float* b, float* y, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = ew<op>(a[i], b ? b[i] : 0.0f, s);
+}
+
+template <Ew op>
+void launch_ew(Context& c, const float* a, const float* b, float* y, float s, int64_t n) {
+  if (n <= 0) return;
+  ew_kernel<op><<<ceil_div(n, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(a, b, y, s, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n) { launch_ew<Ew::Silu>(c, g, u, y, 0, n); }
+void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n) { launch_ew<Ew::Gelu>(c, g, u, y, 0, n); }
+void add(Context& c, float* y, const float* x, int64_t n) { launch_ew<Ew::Add>(c, y, x, y, 0, n); }
+void scale(Context& c, float* y, float s, int64_t n) { launch_ew<Ew::Scale>(c, y, nullptr, y, s, n); }
+void softcap(Context& c, float* y, float cap, int64_t n) { launch_ew<Ew::Softcap>(c, y, nullptr, y, cap, n); }
+
+// ---- embedding rows: thread per unit of the requested rows ----
+
+template <class T>
+__global__ void embed_kernel(const uint8_t* __restrict__ W, size_t stride, int64_t cols,
+                             const int32_t* __restrict__ ids, int n, float s, float* __restrict__ out) {
+  const int units = int(cols / T::unit);
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * units) return;
+  const int t = int(i / units), u = int(i % units);
+  const typename T::W w = T::load(W + size_t(ids[t]) * stride, cols, u);
+  float* o = out + int64_t(t) * cols;
+  T::dequant(w, u, [&](int e0, const float (&v)[8]) {
+    float4* p = reinterpret_cast<float4*>(o + e0);
+    p[0] = make_float4(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+    p[1] = make_float4(v[4] * s, v[5] * s, v[6] * s, v[7] * s);
+  });
+}
+
+template <class T>
+static void embed_type(Context& c, const Weight& W, const int32_t* ids, int n, float* out, float s) {
+  const int64_t total = int64_t(n) * (W.cols / T::unit);
+  embed_kernel<T><<<ceil_div(total, 128), 128, 0, static_cast<cudaStream_t>(c.stream())>>>(
+      static_cast<const uint8_t*>(W.data), W.row_stride, W.cols, ids, n, s, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define BATON_INSTANTIATE(T) template void embed_type<T>(Context&, const Weight&, const int32_t*, int, float*, float);
+BATON_CUDA_WEIGHT_TYPES(BATON_INSTANTIATE)
+#undef BATON_INSTANTIATE
+
+void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, float* out, float s) {
+  if (n <= 0) return;
+  with_weight_type(table.type, [&](auto t) { embed_type<decltype(t)>(c, table, ids, n, out, s); });
+}
+
+// ---- KV cache rows ----
+
+// F16: thread per value. Q8_0: warp per 32-value block, d = max|x|/127 stored as fp16, the
+// same arithmetic as the CPU reference quantizer (byte-identical blocks).
+__global__ void kv_f16_kernel(const float* __restrict__ src, size_t src_stride, uint8_t* dst,
+                              size_t dst_row, int width, int n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(width) * n) return;
+  const int r = int(i / width), e = int(i % width);
+  reinterpret_cast<__half*>(dst + size_t(r) * dst_row)[e] = __float2half_rn(src[size_t(r) * src_stride + e]);
+}
+
+__global__ void kv_q8_kernel(const float* __restrict__ src, size_t src_stride, uint8_t* dst,
+                             size_t dst_row, int width, int n) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, nb = width / 32;
+  if (b >= int64_t(nb) * n) return;
+  const int r = int(b / nb), blk = int(b % nb);
+  const float x = src[size_t(r) * src_stride + size_t(blk) * 32 + lane];
+  const float amax = warp_max(fabsf(x));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  uint8_t* o = dst + size_t(r) * dst_row + size_t(blk) * sizeof(BlockQ8_0);
+  const float qr = roundf(x * id);  // half away from zero, as quant/quantize.cpp
+  o[2 + lane] = uint8_t(int8_t(fminf(127.0f, fmaxf(-127.0f, qr))));
+  if (lane == 0) {
+    const uint16_t h = __half_as_ushort(__float2half_rn(d));
+    o[0] = uint8_t(h & 0xFF);  // blocks are 34 bytes: only byte alignment is guaranteed
+    o[1] = uint8_t(h >> 8);
+  }
+}
+
+void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, uint8_t* dst,
+                size_t dst_row, int width, int n) {
+  if (n <= 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  if (type == GgmlType::F16) {
+    kv_f16_kernel<<<ceil_div(int64_t(width) * n, 256), 256, 0, s>>>(src, src_stride, dst, dst_row, width, n);
+  } else if (type == GgmlType::Q8_0) {
+    if (width % 32) input_error(cat("CUDA kv_convert: Q8_0 rows need a multiple of 32 values, got ", width));
+    kv_q8_kernel<<<ceil_div(int64_t(width) * n, 256), 256, 0, s>>>(src, src_stride, dst, dst_row, width, n);
+  } else {
+    input_error(cat("CUDA kv_convert: KV type ", type_name(type), " is not F16 or Q8_0"));
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+// Block per token: K then V row, byte copies (rows are not 16-byte multiples for Q8_0).
+__global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t* v_new,
+                                 const int32_t* row, const int32_t* seq, const int32_t* pos) {
+  const int t = blockIdx.x;
+  const size_t cell = size_t(seq[t]) * kv.n_cells + size_t(pos[t] % kv.n_cells);
+  const uint8_t* ks = k_new + size_t(row[t]) * kv.k_row;
+  const uint8_t* vs = v_new + size_t(row[t]) * kv.v_row;
+  for (size_t i = threadIdx.x; i < kv.k_row; i += blockDim.x) kv.k[cell * kv.k_row + i] = ks[i];
+  for (size_t i = threadIdx.x; i < kv.v_row; i += blockDim.x) kv.v[cell * kv.v_row + i] = vs[i];
+}
+
+void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
+               const int32_t* row, const int32_t* seq, const int32_t* pos, int n) {
+  if (n <= 0) return;
+  kv_commit_kernel<<<n, 256, 0, static_cast<cudaStream_t>(c.stream())>>>(kv, k_new, v_new, row, seq, pos);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace baton::cuda

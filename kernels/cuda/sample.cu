@@ -1,0 +1,145 @@
+// Greedy and top-k selection on the device, so decode does not copy the vocabulary row to the
+// host every token. One block per row.
+//  - argmax: strided scan + tree reduction; ties go to the lowest index (as the CPU sampler).
+//  - top_k: radix select of the k-th largest value (4 passes of 8 bits over order-preserving
+//    keys), one collection pass in index order (ties at the threshold: lowest indices first),
+//    then a rank sort of the k candidates in shared memory.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace baton::cuda {
+
+namespace {
+
+constexpr int kSelThreads = 1024;
+constexpr int kMaxTopK = 256;
+
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __restrict__ logits, int n_vocab, int32_t* out) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* x = logits + size_t(blockIdx.x) * n_vocab;
+  float bv = -INFINITY;
+  int bi = INT32_MAX;
+  for (int i = threadIdx.x; i < n_vocab; i += blockDim.x)
+    if (better(x[i], i, bv, bi)) { bv = x[i]; bi = i; }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, bv, o);
+    const int i = __shfl_xor_sync(kFullMask, bi, o);
+    if (better(v, i, bv, bi)) { bv = v; bi = i; }
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    bv = lane < int(blockDim.x / 32) ? sv[lane] : -INFINITY;
+    bi = lane < int(blockDim.x / 32) ? si[lane] : INT32_MAX;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(kFullMask, bv, o);
+      const int i = __shfl_xor_sync(kFullMask, bi, o);
+      if (better(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+    if (lane == 0) out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;  // all NaN: token 0
+  }
+}
+
+// Unsigned key with the order of the floats (larger float, larger key).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive rank of this thread's flag among the block's set flags, and their total.
+__device__ __forceinline__ int block_rank(bool flag, int& total, int* warp_counts) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  const int in_warp = __popc(ballot & ((1u << lane) - 1));
+  __syncthreads();  // warp_counts may still be read by the previous call
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < nw; w++) {
+    if (w < warp) before += warp_counts[w];
+    total += warp_counts[w];
+  }
+  return before + in_warp;
+}
+
+__global__ void __launch_bounds__(kSelThreads)
+top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_out, float* val_out) {
+  __shared__ int hist[256];
+  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ int s_remaining;
+  __shared__ int warp_counts[32];
+  __shared__ float cv[kMaxTopK];
+  __shared__ int ci[kMaxTopK];
+  const float* x = logits + size_t(blockIdx.x) * n_vocab;
+  if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_remaining = k; }
+
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = s_prefix, mask = s_mask;
+    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint32_t u = order_key(x[i]);
+      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // walk the bins from the top until the k-th value's bin
+      int above = 0, b = 255;
+      for (; b > 0 && above + hist[b] < s_remaining; b--) above += hist[b];
+      s_prefix = prefix | (uint32_t(b) << shift);
+      s_mask = mask | (255u << shift);
+      s_remaining -= above;
+    }
+    __syncthreads();
+  }
+  const uint32_t thr = s_prefix;  // key of the k-th largest value
+  const int need_eq = s_remaining, n_greater = k - need_eq;
+
+  int base_gt = 0, base_eq = 0;
+  for (int i0 = 0; i0 < n_vocab; i0 += blockDim.x) {
+    const int i = i0 + threadIdx.x;
+    const uint32_t u = i < n_vocab ? order_key(x[i]) : 0;
+    const bool gt = i < n_vocab && u > thr, eq = i < n_vocab && u == thr;
+    int tot_gt, tot_eq;
+    const int r_gt = block_rank(gt, tot_gt, warp_counts);
+    const int r_eq = block_rank(eq, tot_eq, warp_counts);
+    if (gt) { cv[base_gt + r_gt] = x[i]; ci[base_gt + r_gt] = i; }
+    if (eq && base_eq + r_eq < need_eq) { cv[n_greater + base_eq + r_eq] = x[i]; ci[n_greater + base_eq + r_eq] = i; }
+    base_gt += tot_gt;
+    base_eq += tot_eq;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < k) {
+    const float v = cv[threadIdx.x];
+    const int i = ci[threadIdx.x];
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += better(cv[j], ci[j], v, i);
+    idx_out[size_t(blockIdx.x) * k + rank] = i;
+    val_out[size_t(blockIdx.x) * k + rank] = v;
+  }
+}
+
+}  // namespace
+
+void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out) {
+  if (n <= 0) return;
+  if (n_vocab <= 0) input_error(cat("CUDA argmax: empty rows (n_vocab ", n_vocab, ")"));
+  argmax_kernel<<<n, kSelThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(logits, n_vocab, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* idx, float* val) {
+  if (k < 1 || k > kMaxTopK || k > n_vocab)
+    input_error(cat("CUDA top_k: k = ", k, " must be within 1..", std::min(kMaxTopK, n_vocab)));
+  if (n <= 0) return;
+  top_k_kernel<<<n, kSelThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(logits, n_vocab, k, idx, val);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace baton::cuda

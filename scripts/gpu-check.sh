@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# GPU check (issue 7): build with CUDA for sm_90 on all cores, run the `gpu` tests, generate
+# llama3-8b-shaped models, run whatever benchmark commands this tree has, print a short table last.
+# Usage: scripts/gpu-check.sh LOG_DIR        (full logs of every step go to LOG_DIR)
+# Environment: BATON_GPU_ARCH (default 90), BATON_GPU_BUILD (default build-gpu),
+#              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models).
+# Steps whose command does not exist yet in this tree are skipped with a note, not failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 LOG_DIR" >&2
+  exit 2
+fi
+logs=$(mkdir -p "$1" && cd "$1" && pwd)
+arch=${BATON_GPU_ARCH:-90}
+build=${BATON_GPU_BUILD:-build-gpu}
+models=${BATON_GPU_MODELS:-$logs/models}
+jobs=$(nproc)
+bin=$build/baton
+rows=()  # "step|status|seconds|note"
+failed=0
+
+note() { printf '%s\n' "$*" | tee -a "$logs/summary.txt"; }
+row() { rows+=("$1|$2|$3|$4"); }
+
+# run NAME TIMEOUT CMD... : logs to LOG_DIR/NAME.log, records status and wall time.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS rc
+  echo "== $name: $*" >"$logs/$name.log"
+  timeout "$limit" "$@" >>"$logs/$name.log" 2>&1
+  rc=$?
+  local dt=$((SECONDS - t0))
+  if [[ $rc -eq 0 ]]; then
+    row "$name" ok "$dt" "$(tail -n 1 "$logs/$name.log" | cut -c1-60)"
+  elif [[ $rc -eq 124 ]]; then
+    row "$name" TIMEOUT "$dt" "limit ${limit}s"; failed=1
+  else
+    row "$name" FAIL "$dt" "exit $rc, see $name.log"; failed=1
+  fi
+  return $rc
+}
+
+# True when the baton binary has subcommand $1.
+has_cmd() { [[ -x $bin ]] && "$bin" "$1" --help >/dev/null 2>&1; }
+skip() { row "$1" skipped 0 "$2"; }
+
+note "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), logs in $logs"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  | tee "$logs/gpu.txt"
+
+# 1. Build (sm_$arch only, all cores).
+run configure 300 cmake -S . -B "$build" -DBATON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
+run build 900 cmake --build "$build" -j "$jobs"
+
+# 2. GPU tests (exit 77 = skipped: no GPU visible).
+if [[ -d $build ]]; then
+  run gpu-tests 900 ctest --test-dir "$build" -L gpu --output-on-failure
+  grep -E "tests passed|tests failed|Skipped" "$logs/gpu-tests.log" | tee -a "$logs/summary.txt"
+fi
+
+# 3. Devices and copy bandwidth.
+if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'baton devices' yet"; fi
+
+# 4. llama3-8b-shaped models (Q4_0, Q4_K).
+mkdir -p "$models"
+if has_cmd synth; then
+  for t in Q4_0 Q4_K; do
+    f=$models/llama3-8b-$t.gguf
+    if [[ -s $f ]]; then row "synth-$t" ok 0 "reused $f"; else run "synth-$t" 600 "$bin" synth --shape llama3-8b --type "$t" --out "$f"; fi
+  done
+else
+  skip synth "no 'baton synth' yet"
+fi
+
+# 5. Benchmarks: 1 stage, 2 stages on one GPU (P2P and host-staged), 16-sequence batch on 2 stages.
+if has_cmd bench; then
+  for t in Q4_0 Q4_K; do
+    f=$models/llama3-8b-$t.gguf
+    [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
+    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0
+    run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on
+    run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off
+  done
+else
+  skip bench "no 'baton bench' yet"
+fi
+if has_cmd batch && [[ -s $models/llama3-8b-Q4_0.gguf ]]; then
+  jobs_file=$logs/batch16.jsonl
+  for i in $(seq 1 16); do echo "{\"id\": \"s$i\", \"prompt\": \"Sequence $i: count to twenty.\", \"max_tokens\": 64}"; done >"$jobs_file"
+  run batch16-2stage 300 "$bin" batch -m "$models/llama3-8b-Q4_0.gguf" --devices cuda:0,cuda:0 --parallel 16 \
+    --raw -i "$jobs_file" -o "$logs/batch16.out.jsonl"
+else
+  skip batch16-2stage "no 'baton batch' or no model"
+fi
+
+# Short table last.
+{
+  echo
+  printf '%-26s %-8s %6s  %s\n' step status secs note
+  for r in "${rows[@]}"; do
+    IFS='|' read -r a b c d <<<"$r"
+    printf '%-26s %-8s %6s  %s\n' "$a" "$b" "$c" "$d"
+  done
+} | tee -a "$logs/summary.txt"
+exit $failed

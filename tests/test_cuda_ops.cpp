@@ -1,0 +1,514 @@
+// Every CUDA op against its CPU twin on random data: all weight types of the CUDA backend,
+// awkward shapes (rows not a multiple of the warps per block, 1/3/7/8/9/64 columns), tolerances
+// derived per type from what each path rounds. Exits with 77 (ctest: skipped) without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "helpers.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
+#include "kernels/cuda/ops.h"
+#include "quant/quant.h"
+
+using namespace baton;
+namespace cu = baton::cuda;
+
+namespace {
+
+// Runs before Catch2's main: with no GPU there is nothing to test.
+[[maybe_unused]] const bool kHaveGpu = [] {
+  if (cu::device_count() == 0) {
+    std::printf("no CUDA device: skipping the CUDA op tests (exit code 77)\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return true;
+}();
+
+cu::Context& ctx() {
+  static cu::Context c(0);
+  return c;
+}
+
+cpu::ThreadPool& pool() {
+  static cpu::ThreadPool p(4);
+  return p;
+}
+
+template <class T>
+cu::DeviceBuffer to_dev(const std::vector<T>& v) {
+  cu::DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+template <class T>
+std::vector<T> to_host(const cu::DeviceBuffer& b, size_t n) {
+  ctx().synchronize();
+  std::vector<T> v(n);
+  b.download(v.data(), n * sizeof(T));
+  return v;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng);
+    if (x == 0.0f) x = 0.5f * hi;  // never zeros
+  }
+  return v;
+}
+
+// Byte offsets of the fp16 scale fields of one block; every other byte is random, so every code
+// the format allows (extreme nibbles, 6-bit scales, high bits) shows up.
+std::vector<int> fp16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const size_t bytes = row_bytes(t, cols) * size_t(rows);
+  std::vector<uint8_t> m(bytes);
+  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
+    const auto f = random_floats(size_t(rows * cols), rng);
+    quantize_row(t, f.data(), m.data(), rows * cols);
+    return m;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f);
+  for (auto& b : m) b = uint8_t(byte(rng));
+  const uint32_t bb = traits(t).block_bytes;
+  for (size_t blk = 0; blk < bytes / bb; blk++)
+    for (int off : fp16_fields(t)) {
+      float s = scale(rng);
+      if (t == GgmlType::Q4_1 && off == 2) s *= -8.0f;  // the min of Q4_1 is usually negative
+      const uint16_t h = f32_to_fp16(s);
+      std::memcpy(&m[blk * bb + size_t(off)], &h, 2);
+    }
+  return m;
+}
+
+std::vector<float> dequantize(GgmlType t, const std::vector<uint8_t>& w, int64_t rows, int64_t cols) {
+  std::vector<float> f(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; r++)
+    dequantize_row(t, w.data() + size_t(r) * row_bytes(t, cols), f.data() + size_t(r * cols), cols);
+  return f;
+}
+
+bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                           GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16,  GgmlType::BF16,
+                           GgmlType::F32};
+
+// Checks Y (rows x n, column j at j*rows) against the exact product of the dequantized weights.
+// Per-path bounds: the GEMV rounds each activation to an 8-bit grid (error <= d/2 per value, d the
+// 32-value block's max/127) and sums in F32; the GEMM rounds weights and activations to FP16
+// (2^-11 relative each); float weights on the GEMV path only round the F32 sums. With `cpu` (the
+// CPU twin's output, first column only) the two must agree within both bounds; the CPU quantizes
+// k-quant activations per 256 values, so its bound uses 256-value blocks.
+void check_product(GgmlType t, const std::vector<float>& Wf, const std::vector<float>& X, int64_t rows,
+                   int64_t cols, int n, const std::vector<float>& Y, bool gemm, const char* what,
+                   const std::vector<float>* cpu = nullptr) {
+  int bad = 0, bad_cpu = 0;
+  double worst = 0;
+  auto half_steps = [&](const float* x, int block) {
+    std::vector<double> h(size_t(cols / block), 0.0);
+    for (int64_t b = 0; b < cols / block; b++) {
+      float amax = 0;
+      for (int i = 0; i < block; i++) amax = std::max(amax, std::fabs(x[b * block + i]));
+      h[size_t(b)] = amax / 127.0 / 2.0;
+    }
+    return h;
+  };
+  for (int j = 0; j < n; j++) {
+    const float* x = X.data() + size_t(j) * cols;
+    const auto h32 = half_steps(x, 32);
+    const auto h256 = cols % 256 == 0 ? half_steps(x, 256) : h32;
+    const int blk256 = cols % 256 == 0 ? 256 : 32;
+    for (int64_t r = 0; r < rows; r++) {
+      const float* w = Wf.data() + size_t(r * cols);
+      double ref = 0, mag = 0, q8 = 0, q8cpu = 0;
+      for (int64_t i = 0; i < cols; i++) {
+        ref += double(w[i]) * x[i];
+        mag += std::fabs(double(w[i]) * x[i]);
+        q8 += std::fabs(double(w[i])) * h32[size_t(i / 32)];
+        q8cpu += std::fabs(double(w[i])) * h256[size_t(i / blk256)];
+      }
+      double tol;
+      if (gemm) tol = 2.5e-3 * mag + 1e-5;
+      else if (is_float(t)) tol = 2e-5 * mag + 1e-6;
+      else tol = 1.02 * q8 + 2e-5 * mag + 1e-6;
+      const double y = Y[size_t(j * rows + r)];
+      const double err = std::fabs(y - ref);
+      worst = std::max(worst, err / tol);
+      if (err > tol && bad++ < 5)
+        UNSCOPED_INFO(what << " " << type_name(t) << " row " << r << " col " << j << ": got " << y
+                           << " want " << ref << " (tol " << tol << ")");
+      if (cpu && j == 0) {
+        const double tol_cpu = tol + (is_float(t) ? tol : 1.02 * q8cpu + 2e-5 * mag + 1e-6);
+        const double d = std::fabs(y - (*cpu)[size_t(r)]);
+        if (d > tol_cpu && bad_cpu++ < 5)
+          UNSCOPED_INFO(what << " " << type_name(t) << " row " << r << ": GPU " << y << " CPU twin "
+                             << (*cpu)[size_t(r)] << " (tol " << tol_cpu << ")");
+      }
+    }
+  }
+  INFO(what << " " << type_name(t) << " " << rows << "x" << cols << " n=" << n << " worst err/tol " << worst);
+  CHECK(bad == 0);
+  CHECK(bad_cpu == 0);
+}
+
+}  // namespace
+
+TEST_CASE("activation quantization: 8-bit blocks within half a step, sums consistent") {
+  std::mt19937 rng(2);
+  const int64_t cols = 320;
+  const int n = 3;
+  auto x = random_floats(size_t(cols * n), rng, -3.0f, 3.0f);
+  auto dx = to_dev(x);
+  cu::DeviceBuffer dq(size_t(cols * n)), dd(size_t(cols / 32 * n) * 8);
+  cu::quantize_act(ctx(), dx.as<float>(), cols, n, dq.as<int8_t>(), dd.as<float>());
+  const auto q = to_host<int8_t>(dq, size_t(cols * n));
+  const auto ds = to_host<float>(dd, size_t(cols / 32 * n) * 2);
+  for (int64_t b = 0; b < cols / 32 * n; b++) {
+    const float d = ds[size_t(2 * b)];
+    int sum = 0;
+    for (int i = 0; i < 32; i++) {
+      const size_t k = size_t(b * 32 + i);
+      CHECK(std::fabs(q[k] * d - x[k]) <= d * 0.5f * 1.0001f);
+      sum += q[k];
+    }
+    CHECK(ds[size_t(2 * b + 1)] == Approx(d * float(sum)).margin(1e-6));
+  }
+}
+
+TEST_CASE("matmul: GEMV and GEMM paths for every weight type and awkward shapes") {
+  struct Shape { int64_t rows, cols; std::vector<int> ns; };
+  const std::vector<Shape> shapes = {
+      {37, 768, {1, 3, 7, 8, 9, 64}},   // few rows: several warps per row
+      {2501, 512, {1, 8}},              // mid-size: two warps per row on big GPUs
+      {4501, 1024, {1, 2}},             // enough rows for a warp per row
+  };
+  std::mt19937 rng(3);
+  for (GgmlType t : kTypes) {
+    for (const Shape& s : shapes) {
+      const auto w = random_weights(t, s.rows, s.cols, rng);
+      const auto Wf = dequantize(t, w, s.rows, s.cols);
+      cu::Weight W;
+      cu::DeviceBuffer dw = cu::upload_weight(t, w.data(), s.rows, s.cols, W);
+      for (int n : s.ns) {
+        const auto X = random_floats(size_t(s.cols * n), rng);
+        auto dx = to_dev(X);
+        cu::DeviceBuffer dy(size_t(s.rows * n) * sizeof(float));
+        cu::matmul(ctx(), W, dx.as<float>(), n, dy.as<float>());
+        const auto Y = to_host<float>(dy, size_t(s.rows * n));
+        std::vector<float> ycpu(size_t(s.rows));  // the CPU twin, first column
+        cpu::QMatrix Q{t, w.data(), s.rows, s.cols, row_bytes(t, s.cols)};
+        cpu::matmul(Q, X.data(), 1, ycpu.data(), pool());
+        check_product(t, Wf, X, s.rows, s.cols, n, Y, n > ctx().gemv_max_cols, "matmul", &ycpu);
+        if (n == 9) {  // the GEMV path in two launches (8 + 1 columns) as well
+          cu::gemv(ctx(), W, dx.as<float>(), n, dy.as<float>());
+          check_product(t, Wf, X, s.rows, s.cols, n, to_host<float>(dy, size_t(s.rows * n)), false, "gemv9");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("dequantize to FP16 and embedding rows match the scalar dequantizer") {
+  std::mt19937 rng(4);
+  for (GgmlType t : kTypes) {
+    const int64_t rows = 19, cols = 512;
+    const auto w = random_weights(t, rows, cols, rng);
+    const auto Wf = dequantize(t, w, rows, cols);
+    cu::Weight W;
+    cu::DeviceBuffer dw = cu::upload_weight(t, w.data(), rows, cols, W);
+
+    cu::DeviceBuffer dh(size_t(rows * cols) * 2);
+    cu::dequantize_f16(ctx(), W, 0, rows, dh.as<uint16_t>());
+    const auto h = to_host<uint16_t>(dh, size_t(rows * cols));
+    int bad = 0;
+    for (size_t i = 0; i < h.size(); i++)
+      if (h[i] != f32_to_fp16(Wf[i]) && std::fabs(fp16_to_f32(h[i]) - Wf[i]) > 1e-3f * std::fabs(Wf[i]) + 1e-7f) bad++;
+    INFO(type_name(t) << " FP16 values off by more than rounding: " << bad);
+    CHECK(bad == 0);
+
+    const std::vector<int32_t> ids = {18, 0, 7, 7, 3};
+    auto dids = to_dev(ids);
+    cu::DeviceBuffer dout(ids.size() * size_t(cols) * sizeof(float));
+    const float s = 1.75f;
+    cu::embed_rows(ctx(), W, dids.as<int32_t>(), int(ids.size()), dout.as<float>(), s);
+    const auto out = to_host<float>(dout, ids.size() * size_t(cols));
+    std::vector<float> ref(out.size());
+    cpu::QMatrix Q{t, w.data(), rows, cols, row_bytes(t, cols)};
+    cpu::embed_rows(Q, ids.data(), int(ids.size()), ref.data(), s);
+    bad = 0;
+    for (size_t i = 0; i < out.size(); i++)
+      if (std::fabs(out[i] - ref[i]) > 1e-6f * std::fabs(ref[i]) + 1e-9f) bad++;
+    INFO(type_name(t) << " embedding values off: " << bad);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
+  std::mt19937 rng(5);
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b, float rel, const char* what) {
+    int bad = 0;
+    for (size_t i = 0; i < a.size(); i++)
+      if (std::fabs(a[i] - b[i]) > rel * std::fabs(b[i]) + 1e-6f) bad++;
+    INFO(what << ": " << bad << " of " << a.size() << " values off");
+    CHECK(bad == 0);
+  };
+  for (int n : {7, 64, 576, 2049}) {
+    const int rows = 5;
+    auto x = random_floats(size_t(rows * n), rng, -4.0f, 4.0f);
+    auto w = random_floats(size_t(n), rng, 0.5f, 1.5f);
+    auto dx = to_dev(x), dw = to_dev(w);
+    cu::DeviceBuffer dy(x.size() * 4);
+    std::vector<float> ref(x.size());
+    for (bool weighted : {true, false}) {
+      cu::rms_norm(ctx(), dx.as<float>(), weighted ? dw.as<float>() : nullptr, dy.as<float>(), rows, n, 1e-6f);
+      cpu::rms_norm(x.data(), weighted ? w.data() : nullptr, ref.data(), rows, n, 1e-6f);
+      close(to_host<float>(dy, x.size()), ref, 1e-5f, "rms_norm");
+    }
+  }
+  const int64_t n = 10001;
+  auto g = random_floats(size_t(n), rng, -8.0f, 8.0f), u = random_floats(size_t(n), rng, -2.0f, 2.0f);
+  auto dg = to_dev(g), du = to_dev(u);
+  cu::DeviceBuffer dy(size_t(n) * 4);
+  std::vector<float> ref(static_cast<size_t>(n));
+  cu::silu_gate(ctx(), dg.as<float>(), du.as<float>(), dy.as<float>(), n);
+  cpu::silu_gate(g.data(), u.data(), ref.data(), int(n));
+  close(to_host<float>(dy, size_t(n)), ref, 1e-5f, "silu_gate");
+  cu::gelu_tanh_gate(ctx(), dg.as<float>(), du.as<float>(), dy.as<float>(), n);
+  cpu::gelu_tanh_gate(g.data(), u.data(), ref.data(), int(n));
+  close(to_host<float>(dy, size_t(n)), ref, 1e-5f, "gelu_tanh_gate");
+
+  ref = g;
+  cpu::add(ref.data(), u.data(), int(n));
+  cpu::scale(ref.data(), 0.37f, int(n));
+  cpu::softcap(ref.data(), 5.0f, int(n));
+  cu::add(ctx(), dg.as<float>(), du.as<float>(), n);
+  cu::scale(ctx(), dg.as<float>(), 0.37f, n);
+  cu::softcap(ctx(), dg.as<float>(), 5.0f, n);
+  close(to_host<float>(dg, size_t(n)), ref, 1e-5f, "add+scale+softcap");
+}
+
+TEST_CASE("rope (adjacent pairs and NeoX) matches kernels/cpu/ops") {
+  std::mt19937 rng(6);
+  for (bool neox : {false, true}) {
+    for (int head_dim : {64, 128}) {
+      const int n_head = 5, n_tok = 7, rope_dim = head_dim == 64 ? 64 : 96;  // partial rotation too
+      const size_t stride = size_t(n_head * head_dim);
+      auto x = random_floats(stride * n_tok, rng);
+      std::vector<float> freqs(size_t(rope_dim / 2));
+      for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
+      const std::vector<int32_t> pos = {0, 1, 5, 17, 300, 4095, 70000};
+      auto dx = to_dev(x), df = to_dev(freqs), dp = to_dev(pos);
+      cu::rope(ctx(), dx.as<float>(), n_tok, stride, n_head, head_dim, rope_dim, dp.as<int32_t>(), df.as<float>(), neox);
+      for (int t = 0; t < n_tok; t++)
+        cpu::rope(x.data() + size_t(t) * stride, n_head, head_dim, rope_dim, pos[size_t(t)], freqs.data(), neox);
+      const auto y = to_host<float>(dx, x.size());
+      int bad = 0;
+      for (size_t i = 0; i < y.size(); i++) bad += std::fabs(y[i] - x[i]) > 2e-6f;
+      INFO("neox " << neox << " head_dim " << head_dim << ": " << bad << " values off");
+      CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("KV conversion is byte-identical to the CPU's, commit writes the ring cells") {
+  std::mt19937 rng(7);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    const int width = 256, n = 6;
+    const size_t src_stride = 300, rowb = row_bytes(kt, width);
+    auto x = random_floats(src_stride * n, rng, -2.0f, 2.0f);
+    auto dx = to_dev(x);
+    cu::DeviceBuffer dk(rowb * n);
+    cu::kv_convert(ctx(), kt, dx.as<float>(), src_stride, dk.as<uint8_t>(), rowb, width, n);
+    const auto got = to_host<uint8_t>(dk, rowb * n);
+    std::vector<uint8_t> ref(rowb * n);
+    for (int r = 0; r < n; r++) cpu::kv_convert(kt, x.data() + size_t(r) * src_stride, ref.data() + size_t(r) * rowb, width);
+    CHECK(got == ref);
+  }
+}
+
+namespace {
+
+// A layer's cache with random history for two sequences, plus staged rows for the batch.
+struct AttnCase {
+  GgmlType type;
+  int head_dim, n_head = 8, n_kv = 2, n_cells = 80, n_seq = 2;
+  size_t k_row = 0;
+  std::vector<uint8_t> k, v, k_new, v_new;
+  cu::DeviceBuffer dk, dv, dkn, dvn;
+
+  AttnCase(GgmlType t, int hd, int staged_rows, std::mt19937& rng) : type(t), head_dim(hd) {
+    const int width = n_kv * head_dim;
+    k_row = row_bytes(type, width);
+    auto fill = [&](std::vector<uint8_t>& dst, int rows) {
+      dst.resize(k_row * size_t(rows));
+      const auto f = random_floats(size_t(width) * rows, rng, -1.5f, 1.5f);
+      for (int r = 0; r < rows; r++) cpu::kv_convert(type, f.data() + size_t(r) * width, dst.data() + size_t(r) * k_row, width);
+    };
+    fill(k, n_seq * n_cells);
+    fill(v, n_seq * n_cells);
+    fill(k_new, staged_rows);
+    fill(v_new, staged_rows);
+    dk = to_dev(k); dv = to_dev(v); dkn = to_dev(k_new); dvn = to_dev(v_new);
+  }
+  cpu::KvLayerView cpu_view() {
+    cpu::KvLayerView kv;
+    kv.type = type; kv.k = k.data(); kv.v = v.data(); kv.k_row = kv.v_row = k_row; kv.n_cells = n_cells;
+    kv.n_head_kv = n_kv; kv.head_dim_k = kv.head_dim_v = head_dim;
+    return kv;
+  }
+  cu::KvLayer gpu_view() {
+    cu::KvLayer kv;
+    kv.type = type; kv.k = dk.as<uint8_t>(); kv.v = dv.as<uint8_t>(); kv.k_row = kv.v_row = k_row;
+    kv.n_cells = n_cells; kv.n_head_kv = n_kv; kv.head_dim = head_dim;
+    return kv;
+  }
+};
+
+void check_close(const std::vector<float>& got, const std::vector<float>& want, float tol, const char* what) {
+  int bad = 0;
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    const float e = std::fabs(got[i] - want[i]);
+    worst = std::max(worst, e);
+    bad += !(e <= tol);  // NaN counts as bad
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " values off, worst " << worst);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed batches") {
+  std::mt19937 rng(8);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    for (int hd : {64, 96, 128, 256}) {
+      for (int window : {0, 9}) {
+        // Sequence 0 decodes one token at position 75; sequence 1 runs positions 3..9 (staged).
+        std::vector<int32_t> pos = {75, 3, 4, 5, 6, 7, 8, 9}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
+        std::vector<int32_t> first = {75, 3, 3, 3, 3, 3, 3, 3}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
+        const int n = int(pos.size());
+        AttnCase C(kt, hd, n, rng);
+        const size_t qs = size_t(C.n_head * hd);
+        auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
+        std::vector<float> ref(qs * n);
+        cpu::AttentionArgs a;
+        a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
+        a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
+        a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
+        a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view();
+        cpu::attention(a, pool());
+
+        auto dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
+        cu::DeviceBuffer dout(ref.size() * 4);
+        cu::AttentionArgs g;
+        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+        g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
+        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+        g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
+        for (int max_len : {76, 2000}) {  // one split, and many (mostly empty) splits
+          cu::attention(ctx(), g, max_len);
+          INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len);
+          check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
+  std::mt19937 rng(9);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    for (int hd : {64, 128, 256}) {
+      for (int window : {0, 13}) {
+        const int n = 37, pos0 = 20, row0 = 2, s = 1;  // 20 cached positions, 37 staged rows
+        std::vector<int32_t> pos(n), seq(n, s), first(n, pos0), rows(n, row0);
+        std::iota(pos.begin(), pos.end(), pos0);
+        AttnCase C(kt, hd, row0 + n, rng);
+        const size_t qs = size_t(C.n_head * hd) + 8;  // strided rows
+        auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
+        std::vector<float> ref(qs * n, 0.0f);
+        cpu::AttentionArgs a;
+        a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
+        a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = rows.data();
+        a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
+        a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view();
+        cpu::attention(a, pool());
+
+        auto dq = to_dev(q);
+        cu::DeviceBuffer dout(ref.size() * 4);
+        std::vector<float> zeros(ref.size(), 0.0f);
+        dout.upload(zeros.data(), zeros.size() * 4);
+        cu::AttentionArgs g;
+        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+        g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
+        cu::attention_prefill(ctx(), g, s, pos0, row0);
+        INFO(type_name(kt) << " head_dim " << hd << " window " << window);
+        check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention_prefill");
+      }
+    }
+  }
+}
+
+TEST_CASE("argmax and top-k on the device match a host sort, ties to the lowest index") {
+  std::mt19937 rng(10);
+  for (int n_vocab : {1, 37, 1000, 262144}) {
+    const int rows = 3;
+    auto x = random_floats(size_t(n_vocab) * rows, rng, -20.0f, 20.0f);
+    if (n_vocab >= 1000) {  // plant exact ties at the top and at the k-th place
+      for (int r = 0; r < rows; r++) {
+        float* row = x.data() + size_t(r) * n_vocab;
+        row[n_vocab - 1] = row[n_vocab / 2] = row[7] = 30.0f;
+        for (int i = 100; i < 140; i++) row[i] = 25.0f;
+      }
+    }
+    auto dx = to_dev(x);
+    cu::DeviceBuffer dam(rows * 4);
+    cu::argmax(ctx(), dx.as<float>(), n_vocab, rows, dam.as<int32_t>());
+    const auto am = to_host<int32_t>(dam, rows);
+    for (int r = 0; r < rows; r++) {
+      const float* row = x.data() + size_t(r) * n_vocab;
+      CHECK(am[size_t(r)] == int(std::max_element(row, row + n_vocab) - row));  // first of the maxima
+    }
+    for (int k : {1, 5, 40, 256}) {
+      if (k > n_vocab) continue;
+      cu::DeviceBuffer di(size_t(rows * k) * 4), dv(size_t(rows * k) * 4);
+      cu::top_k(ctx(), dx.as<float>(), n_vocab, rows, k, di.as<int32_t>(), dv.as<float>());
+      const auto idx = to_host<int32_t>(di, size_t(rows * k));
+      const auto val = to_host<float>(dv, size_t(rows * k));
+      for (int r = 0; r < rows; r++) {
+        const float* row = x.data() + size_t(r) * n_vocab;
+        std::vector<int> order(static_cast<size_t>(n_vocab));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+          return row[a] > row[b] || (row[a] == row[b] && a < b);
+        });
+        INFO("n_vocab " << n_vocab << " k " << k << " row " << r);
+        for (int i = 0; i < k; i++) {
+          CHECK(idx[size_t(r * k + i)] == order[size_t(i)]);
+          CHECK(val[size_t(r * k + i)] == row[order[size_t(i)]]);
+        }
+      }
+    }
+  }
+}
