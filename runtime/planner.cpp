@@ -162,6 +162,10 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   if (capped && !cpu_usable)
     fail(ErrorKind::Usage, "--n-gpu-layers {} leaves {} layers for the CPU, but {}", o.n_gpu_layers,
          L - uint32_t(o.n_gpu_layers), any_cpu ? "--no-cpu-spill forbids it" : "--devices lists no cpu");
+  // With a GPU cap or --spread the GPU entries come first and the CPU entries after them, so the
+  // layers the GPUs leave (and any overflow) land on the CPU at the end of the pipeline.
+  if (capped || o.spread)
+    std::stable_partition(cand.begin(), cand.end(), [&](size_t d) { return devices[d].is_gpu(); });
   std::vector<uint32_t> max_end(D, U);
   for (size_t d = 0; d < D; d++)
     if (capped && devices[d].is_gpu()) max_end[d] = uint32_t(o.n_gpu_layers);

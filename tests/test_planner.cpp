@@ -1,0 +1,532 @@
+// The planner: exact bytes, contiguous in-order blocks, spills, overrides, refusals, and property
+// tests against an independent cost model and a brute-force search.
+#include <algorithm>
+#include <functional>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "gguf/error.h"
+#include "helpers.h"
+#include "runtime/buffers.h"
+#include "runtime/planner.h"
+
+using namespace baton;
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
+
+DeviceSpec dev(DeviceKind kind, uint64_t budget, uint64_t reserve = 0) {
+  DeviceSpec d;
+  d.kind = kind;
+  d.index = kind == DeviceKind::Cuda ? -1 : 0;
+  d.present = false;
+  d.label = kind == DeviceKind::Cuda ? "cuda" : "cpu";
+  d.budget = budget;
+  d.runtime_reserve = reserve;
+  d.budget_given = true;
+  return d;
+}
+DeviceSpec gpu(uint64_t budget, uint64_t reserve = 0) { return dev(DeviceKind::Cuda, budget, reserve); }
+DeviceSpec cpu(uint64_t budget) { return dev(DeviceKind::Cpu, budget); }
+
+// A small llama-like shape with hand-set byte counts (dims only matter for KV and scratch).
+ModelShape toy(uint32_t L, uint64_t layer_bytes, uint64_t emb, bool tied, uint64_t out = 0) {
+  ModelShape s;
+  s.name = "toy";
+  s.architecture = "llama";
+  s.n_layer = L;
+  s.n_embd = 64;
+  s.n_head = 4;
+  s.head_dim_k = s.head_dim_v = 16;
+  s.n_ff = 128;
+  s.n_vocab = 1000;
+  s.n_ctx_train = 2048;
+  s.layers.assign(L, LayerShape{2, 0, layer_bytes});
+  s.embedding_bytes = emb;
+  s.tied_output = tied;
+  s.output_bytes = tied ? emb : out;
+  s.output_norm_bytes = 256;
+  return s;
+}
+
+// Independent cost of a stage, written from the definition in docs/PLACEMENT.md.
+uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec& d, uint64_t user_reserve,
+                    uint32_t begin, uint32_t end, bool emb, bool head) {
+  uint64_t c = d.runtime_reserve + user_reserve + s.shared_bytes;
+  for (uint32_t i = begin; i < end; i++) c += s.layers[i].weight_bytes + kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
+  if (emb) c += s.embedding_bytes;
+  if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
+  const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
+  return c + scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
+}
+
+// Structural checks every plan must pass.
+void check_structure(const Plan& p, const ModelShape& s, const PlanOptions& o) {
+  REQUIRE(!p.stages.empty());
+  uint32_t next = 0;
+  int emb = 0, head = 0;
+  for (size_t i = 0; i < p.stages.size(); i++) {
+    const Stage& st = p.stages[i];
+    INFO("stage " << i << " [" << st.layer_begin << "," << st.layer_end << ")");
+    REQUIRE(st.layer_begin == next);  // contiguous and in order: every layer exactly once
+    REQUIRE(st.layer_end >= st.layer_begin);
+    REQUIRE((st.n_layers() > 0 || st.has_output));
+    next = st.layer_end;
+    emb += st.has_embedding;
+    head += st.has_output;
+    REQUIRE(st.has_embedding == (i == 0));
+    REQUIRE(st.has_output == (i + 1 == p.stages.size()));
+    REQUIRE(st.budget == p.devices[st.device].budget);
+    const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[st.device];
+    REQUIRE(st.total_bytes() ==
+            stage_cost(s, o, p.devices[st.device], user, st.layer_begin, st.layer_end, st.has_embedding, st.has_output));
+    if (i > 0) REQUIRE(st.device != p.stages[i - 1].device);
+  }
+  REQUIRE(next == s.n_layer);
+  REQUIRE(emb == 1);
+  REQUIRE(head == 1);
+  bool over = false;
+  for (const auto& st : p.stages) over |= st.free_bytes() < 0;
+  REQUIRE(p.fits == !over);
+  REQUIRE(p.shortfalls.empty() == p.fits);
+  for (const auto& sf : p.shortfalls) {
+    const auto it = std::find_if(p.stages.begin(), p.stages.end(), [&](const Stage& st) { return st.device == sf.device; });
+    REQUIRE(it != p.stages.end());
+    REQUIRE(sf.bytes == uint64_t(-it->free_bytes()));
+  }
+}
+
+// Cost of the first-stage fixed parts and one layer, to size budgets in examples.
+uint64_t per_layer(const ModelShape& s, const PlanOptions& o, uint32_t i = 0) {
+  return s.layers[i].weight_bytes + kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
+}
+
+}  // namespace
+
+TEST_CASE("a model that fits on the first device stays there, with exact bytes") {
+  const ModelShape s = shape_from_preset(find_preset("smollm2-135m"), GgmlType::Q8_0);
+  PlanOptions o;
+  o.n_ctx = 2048;
+  const std::vector<DeviceSpec> d = {gpu(24 * GiB, 512 * MiB), gpu(24 * GiB, 512 * MiB)};
+  const Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 1);
+  const Stage& st = p.stages[0];
+  CHECK(st.device == 0);
+  CHECK(st.layer_begin == 0);
+  CHECK(st.layer_end == 30);
+  // Tied head on the embedding's stage: the file's bytes, counted once.
+  CHECK(st.weight_bytes() == s.total_weight_bytes());
+  // KV: 30 layers × 2048 cells × 3 KV heads × (64 + 64) × 2 bytes.
+  CHECK(st.kv_bytes == 30ull * 2048 * 3 * 128 * 2);
+  CHECK(st.scratch_bytes == scratch_bytes(s, 512, 2048, true));
+  CHECK(st.reserve_bytes == 512 * MiB);
+  CHECK(st.free_bytes() == int64_t(24 * GiB) - int64_t(st.total_bytes()));
+
+  // --spread uses both cards, in proportion to their memory.
+  o.spread = true;
+  const Plan q = plan(s, d, o);
+  check_structure(q, s, o);
+  REQUIRE(q.fits);
+  REQUIRE(q.stages.size() == 2);
+  // Filled to the same fraction of their memory: the totals differ by less than one unit (a
+  // layer, or the head with its logits).
+  const int64_t head_unit = int64_t(s.output_bytes + s.output_norm_bytes + scratch_layout(s, 512, 2048, true).logits);
+  const int64_t unit = std::max<int64_t>(int64_t(per_layer(s, o)), head_unit);
+  CHECK(std::llabs(int64_t(q.stages[0].total_bytes()) - int64_t(q.stages[1].total_bytes())) <= unit);
+}
+
+TEST_CASE("fill spills across two and three devices at exactly the right layer") {
+  const ModelShape s = toy(12, 10 * MiB, 3 * MiB, false, 4 * MiB);
+  PlanOptions o;
+  o.n_ctx = 256;
+  const uint64_t first4 = stage_cost(s, o, gpu(0), 0, 0, 4, true, false);
+  const uint64_t mid4 = stage_cost(s, o, gpu(0), 0, 4, 8, false, false);
+  SECTION("two devices") {
+    // Device 0 holds exactly 4 layers (one byte short of a fifth), device 1 the rest.
+    const std::vector<DeviceSpec> d = {gpu(first4 + per_layer(s, o) - 1), gpu(1 * GiB)};
+    const Plan p = plan(s, d, o);
+    check_structure(p, s, o);
+    REQUIRE(p.fits);
+    REQUIRE(p.stages.size() == 2);
+    CHECK(p.stages[0].layer_end == 4);
+    CHECK(p.stages[0].free_bytes() == int64_t(per_layer(s, o) - 1));
+    CHECK(p.stages[1].layer_begin == 4);
+    CHECK(p.stages[1].has_output);
+  }
+  SECTION("three devices, the head alone on the third") {
+    const uint64_t last4 = stage_cost(s, o, gpu(0), 0, 8, 12, false, false);
+    const std::vector<DeviceSpec> d = {gpu(first4), gpu(mid4), gpu(last4 + 1), gpu(1 * GiB)};
+    const Plan p = plan(s, d, o);
+    check_structure(p, s, o);
+    REQUIRE(p.fits);
+    REQUIRE(p.stages.size() == 4);
+    CHECK(p.stages[0].free_bytes() == 0);  // a budget equal to the need is enough
+    CHECK(p.stages[1].layer_begin == 4);
+    CHECK(p.stages[2].layer_begin == 8);
+    CHECK(p.stages[2].layer_end == 12);
+    CHECK(p.stages[3].n_layers() == 0);  // the output head could not join layers 8-11
+    CHECK(p.stages[3].has_output);
+    CHECK(p.stages[3].output_bytes == s.output_bytes + s.output_norm_bytes);
+  }
+}
+
+TEST_CASE("layers spill to the CPU, and --no-cpu-spill refuses instead") {
+  const ModelShape s = shape_from_preset(find_preset("llama3-8b"), GgmlType::Q4_K);
+  PlanOptions o;
+  o.n_ctx = 8192;
+  const std::vector<DeviceSpec> d = {gpu(3 * GiB, 512 * MiB), cpu(64 * GiB)};
+  const Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].label == "cuda");
+  CHECK(p.stages[1].label == "cpu");
+  CHECK(p.stages[0].n_layers() > 0);
+  CHECK(p.stages[1].has_output);
+  // The GPU is full: one more layer would not have fitted.
+  CHECK(p.stages[0].free_bytes() < int64_t(per_layer(s, o, p.stages[0].layer_end)));
+
+  o.no_cpu_spill = true;
+  const Plan q = plan(s, d, o);
+  check_structure(q, s, o);
+  REQUIRE_FALSE(q.fits);
+  REQUIRE(q.stages.size() == 1);  // everything forced onto the GPU, over its budget
+  REQUIRE(q.shortfalls.size() == 1);
+  CHECK(q.shortfalls[0].label == "cuda");
+  CHECK(q.shortfalls[0].bytes == q.stages[0].total_bytes() - 3 * GiB);
+  CHECK_THAT(shortfall_message(q), Catch::Contains("cuda (entry 0) is short by"));
+}
+
+TEST_CASE("a model that fits nowhere is refused with the device and the bytes") {
+  const ModelShape s = shape_from_preset(find_preset("llama3-70b"), GgmlType::Q4_K);
+  PlanOptions o;
+  const std::vector<DeviceSpec> d = {gpu(16 * GiB, 576 * MiB), gpu(16 * GiB, 576 * MiB)};
+  const Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE_FALSE(p.fits);
+  REQUIRE(p.shortfalls.size() == 1);
+  CHECK(p.shortfalls[0].device == 1);  // the first card is full, the rest is charged to the last
+  CHECK(p.stages[0].free_bytes() >= 0);
+  CHECK(p.shortfalls[0].bytes == p.stages[1].total_bytes() - 16 * GiB);
+  CHECK(p.stages[0].free_bytes() < int64_t(per_layer(s, o, p.stages[0].layer_end)));
+  const std::string table = format_plan(p, s);
+  CHECK_THAT(table, Catch::Contains("fits: NO"));
+  CHECK_THAT(table, Catch::Contains(std::to_string(p.shortfalls[0].bytes) + " bytes"));
+  const auto j = plan_to_json(p, s);
+  CHECK(j["fits"] == false);
+  CHECK(j["shortfalls"][0]["bytes"] == p.shortfalls[0].bytes);
+  CHECK(j["stages"].size() == 2);
+}
+
+TEST_CASE("--tensor-split distributes layers by proportion") {
+  const ModelShape s = toy(32, 8 * MiB, 2 * MiB, true);
+  PlanOptions o;
+  o.n_ctx = 512;
+  std::vector<DeviceSpec> d = {gpu(10 * GiB), gpu(10 * GiB), cpu(10 * GiB)};
+  o.tensor_split = {3, 1};
+  Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].n_layers() == 24);
+  CHECK(p.stages[1].n_layers() == 8);
+  CHECK(p.policy == "tensor-split");
+  // Tied head on another stage than the embedding: a second copy of token_embd.
+  CHECK(p.stages[1].output_bytes == s.embedding_bytes + s.output_norm_bytes);
+
+  o.tensor_split = {1, 1, 1};  // 32 / 3: largest remainders go to the first entries
+  p = plan(s, d, o);
+  check_structure(p, s, o);
+  CHECK(p.stages[0].n_layers() == 11);
+  CHECK(p.stages[1].n_layers() == 11);
+  CHECK(p.stages[2].n_layers() == 10);
+
+  // An override is honoured and checked: a device pushed over its budget is reported.
+  d[1].budget = 100 * MiB;
+  o.tensor_split = {1, 3};
+  p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE_FALSE(p.fits);
+  REQUIRE(p.shortfalls.size() == 1);
+  CHECK(p.shortfalls[0].device == 1);
+
+  o.tensor_split = {0, 0};
+  CHECK_THROWS_AS(plan(s, d, o), Error);
+  o.tensor_split = {1, 1, 1, 1};
+  CHECK_THROWS_AS(plan(s, d, o), Error);
+}
+
+TEST_CASE("--n-gpu-layers caps the GPU part, the rest goes to the CPU") {
+  const ModelShape s = toy(20, 8 * MiB, 2 * MiB, false, 2 * MiB);
+  PlanOptions o;
+  o.n_ctx = 512;
+  const std::vector<DeviceSpec> d = {gpu(10 * GiB), gpu(10 * GiB), cpu(10 * GiB)};
+  o.n_gpu_layers = 7;
+  Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].layer_end == 7);
+  CHECK(p.stages[1].label == "cpu");
+  CHECK(p.stages[1].layer_begin == 7);
+
+  o.n_gpu_layers = 0;
+  p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.stages[0].label == "cpu");
+
+  o.n_gpu_layers = 20;  // every layer: the head may join them on the GPU
+  p = plan(s, d, o);
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.stages[0].label == "cuda");
+
+  // With a split: the GPUs share their 8 layers 3:1, the CPU takes the rest.
+  o.n_gpu_layers = 8;
+  o.tensor_split = {3, 1};
+  p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.stages.size() == 3);
+  CHECK(p.stages[0].n_layers() == 6);
+  CHECK(p.stages[1].n_layers() == 2);
+  CHECK(p.stages[2].layer_begin == 8);
+  CHECK(p.stages[2].label == "cpu");
+
+  // No CPU to take the rest: a usage error, not a silent change.
+  o.tensor_split.clear();
+  CHECK_THROWS_AS(plan(s, {gpu(10 * GiB)}, o), Error);
+  o.no_cpu_spill = true;
+  CHECK_THROWS_AS(plan(s, d, o), Error);
+}
+
+TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like one") {
+  const ModelShape s = shape_from_preset(find_preset("gemma3-270m"), GgmlType::Q8_0);
+  REQUIRE(s.tied_output);
+  REQUIRE(s.output_bytes > 10 * s.layers[0].weight_bytes);
+  PlanOptions o;
+  o.n_ctx = 4096;
+  // Device 0 fits the embedding and every layer but not the head (and its logits); device 1 takes
+  // the head alone, with its own copy of the tied embedding matrix.
+  const uint64_t all_layers = stage_cost(s, o, gpu(0), 0, 0, s.n_layer, true, false);
+  const std::vector<DeviceSpec> d = {gpu(all_layers + 1 * MiB), gpu(2 * GiB)};
+  const Plan p = plan(s, d, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].layer_end == s.n_layer);
+  CHECK(p.stages[1].n_layers() == 0);
+  CHECK(p.stages[1].output_bytes == s.embedding_bytes + s.output_norm_bytes);
+  CHECK(p.stages[1].scratch_bytes > p.stages[0].scratch_bytes);  // logits: 512 × 262144 floats
+  CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes == 512ull * 262144 * 4);
+}
+
+TEST_CASE("sliding-window layers keep only the window in the KV cache") {
+  const ModelShape s = shape_from_preset(find_preset("gemma3-1b"), GgmlType::Q4_K);
+  int globals = 0;
+  for (uint32_t i = 0; i < s.n_layer; i++) {
+    CHECK(s.layers[i].sliding_window == ((i + 1) % 6 == 0 ? 0u : 512u));
+    globals += s.layers[i].sliding_window == 0;
+  }
+  REQUIRE(globals == 4);  // layers 5, 11, 17, 23
+  PlanOptions o;
+  o.n_ctx = 8192;
+  o.n_parallel = 2;
+  const Plan p = plan(s, {cpu(16 * GiB)}, o);
+  check_structure(p, s, o);
+  // Per cell: 1 KV head × (256 + 256) × 2 bytes = 1 KiB.
+  CHECK(p.kv_bytes() == (22ull * 512 + 4ull * 8192) * 2 * 1024);
+  CHECK(kv_cells(s, 0, 8192, 2) == 1024);
+  CHECK(kv_cells(s, 5, 8192, 2) == 16384);
+  CHECK(kv_cells(s, 0, 300, 1) == 300);  // a context shorter than the window
+  o.kv_type = GgmlType::Q8_0;            // 34 bytes per 32 elements
+  CHECK(plan(s, {cpu(16 * GiB)}, o).kv_bytes() == (22ull * 512 + 4ull * 8192) * 2 * (512 / 32 * 34));
+}
+
+TEST_CASE("reserve, batch clamp and option errors") {
+  const ModelShape s = toy(4, 1 * MiB, 1 * MiB, true);
+  PlanOptions o;
+  o.n_ctx = 64;
+  o.n_batch = 512;
+  o.reserve = {100 * MiB};
+  Plan p = plan(s, {cpu(1 * GiB)}, o);
+  check_structure(p, s, o);
+  CHECK(p.options.n_batch == 64);  // a step never holds more tokens than the cache
+  CHECK(p.stages[0].reserve_bytes == 100 * MiB);
+  o.reserve = {1, 2, 3};
+  CHECK_THROWS_AS(plan(s, {cpu(1 * GiB)}, o), Error);
+  o.reserve.clear();
+  o.n_ctx = 0;
+  CHECK_THROWS_AS(plan(s, {cpu(1 * GiB)}, o), Error);
+  o.n_ctx = 64;
+  o.kv_type = GgmlType::Q4_0;
+  CHECK_THROWS_AS(plan(s, {cpu(1 * GiB)}, o), Error);
+  o.kv_type = GgmlType::F16;
+  CHECK_THROWS_AS(plan(s, {}, o), Error);
+}
+
+// ---- properties -------------------------------------------------------------------------------
+
+namespace {
+
+ModelShape random_shape(std::mt19937_64& rng) {
+  auto pick = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  ModelShape s = toy(uint32_t(pick(1, 40)), 0, pick(1, 64) * MiB, pick(0, 1) == 1, pick(1, 64) * MiB);
+  s.n_embd = uint32_t(pick(1, 16) * 32);
+  s.n_head = uint32_t(pick(1, 8));
+  s.head_dim_k = s.head_dim_v = uint32_t(pick(1, 4) * 32);
+  s.n_ff = uint32_t(pick(1, 32) * 32);
+  s.n_vocab = uint32_t(pick(300, 200000));
+  s.shared_bytes = pick(0, 1) ? pick(0, 4096) : 0;
+  const uint32_t window = pick(0, 1) ? uint32_t(pick(16, 1024)) : 0;
+  for (uint32_t i = 0; i < s.n_layer; i++) {
+    s.layers[i].weight_bytes = pick(1, 80) * MiB + pick(0, 4095);
+    s.layers[i].n_head_kv = uint32_t(pick(1, s.n_head));
+    s.layers[i].sliding_window = window && !layer_is_global(i, 3) ? window : 0;
+  }
+  return s;
+}
+
+// Does any in-order assignment of contiguous blocks (each device at most one, devices may be
+// skipped) fit? Exhaustive; only for small models.
+bool brute_force_fits(const ModelShape& s, const std::vector<DeviceSpec>& d, const PlanOptions& o,
+                      const std::vector<size_t>& cand) {
+  const uint32_t U = s.n_layer + 1;
+  std::function<bool(size_t, uint32_t)> go = [&](size_t k, uint32_t begin) -> bool {
+    if (begin == U) return true;
+    if (k == cand.size()) return false;
+    if (go(k + 1, begin)) return true;  // skip this device
+    for (uint32_t end = begin + 1; end <= U; end++) {
+      const bool head = end == U;
+      const uint64_t c = stage_cost(s, o, d[cand[k]], 0, begin, std::min(end, s.n_layer), begin == 0, head);
+      if (c <= d[cand[k]].budget && go(k + 1, end)) return true;
+    }
+    return false;
+  };
+  return go(0, 0);
+}
+
+}  // namespace
+
+TEST_CASE("property: random shapes and budgets give well-formed, honest plans") {
+  std::mt19937_64 rng(20261202);
+  auto pick = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  int fitted = 0, refused = 0, usage = 0;
+  for (int iter = 0; iter < 1500; iter++) {
+    const ModelShape s = random_shape(rng);
+    std::vector<DeviceSpec> d;
+    const size_t n_dev = pick(1, 4);
+    for (size_t k = 0; k < n_dev; k++) {
+      const bool g = pick(0, 2) > 0;
+      const uint64_t budget = pick(10, 3000) * MiB + pick(0, MiB);
+      d.push_back(g ? gpu(budget, pick(0, 1) ? pick(0, 300) * MiB : 0) : cpu(budget));
+    }
+    PlanOptions o;
+    o.n_ctx = uint32_t(pick(1, 4096));
+    o.n_parallel = uint32_t(pick(1, 4));
+    o.n_batch = uint32_t(pick(1, 1024));
+    o.kv_type = pick(0, 1) ? GgmlType::F16 : GgmlType::Q8_0;
+    const int mode = int(pick(0, 5));
+    if (mode == 1) o.spread = true;
+    if (mode == 2) o.no_cpu_spill = true;
+    if (mode == 3) o.n_gpu_layers = int(pick(0, s.n_layer + 1));
+    if (mode == 4)
+      for (size_t k = 0; k < pick(1, n_dev); k++) o.tensor_split.push_back(double(pick(0, 4)));
+    if (mode == 5 && pick(0, 1)) o.reserve = {pick(0, 64) * MiB};
+    INFO("iteration " << iter << " mode " << mode << " layers " << s.n_layer << " devices " << n_dev);
+    Plan p;
+    try {
+      p = plan(s, d, o);
+    } catch (const Error& e) {
+      usage++;
+      // Only contradictory overrides are errors: GPU layers capped with no CPU to take the rest,
+      // or a split that gives every device 0.
+      INFO(e.what());
+      const bool has_cpu = std::any_of(d.begin(), d.end(), [](auto& x) { return !x.is_gpu(); });
+      const bool has_gpu = std::any_of(d.begin(), d.end(), [](auto& x) { return x.is_gpu(); });
+      const bool capped_no_cpu = mode == 3 && has_gpu && !has_cpu && uint32_t(o.n_gpu_layers) < s.n_layer;
+      const bool split_zero = mode == 4 && std::all_of(o.tensor_split.begin(), o.tensor_split.end(), [](double x) { return x == 0; });
+      REQUIRE((capped_no_cpu || split_zero));
+      continue;
+    }
+    check_structure(p, s, o);
+    if (p.fits) {
+      fitted++;
+      for (const auto& st : p.stages) REQUIRE(st.total_bytes() <= st.budget);
+    } else {
+      refused++;
+    }
+    if (mode == 0 || mode == 2) {
+      // Fill: every stage but the last is full (its next unit would not have fitted)...
+      for (size_t i = 0; i + 1 < p.stages.size(); i++) {
+        const Stage& st = p.stages[i];
+        const uint32_t end = st.has_output ? s.n_layer + 1 : st.layer_end;
+        const bool next_is_head = end == s.n_layer;
+        const uint64_t grown = stage_cost(s, o, d[st.device], 0, st.layer_begin, next_is_head ? s.n_layer : end + 1,
+                                          st.has_embedding, next_is_head);
+        REQUIRE(grown > st.budget);
+      }
+      // ...and it refuses only when no in-order contiguous placement exists at all.
+      if (s.n_layer <= 6) {
+        std::vector<size_t> cand;
+        bool any_gpu = false;
+        for (const auto& x : d) any_gpu |= x.is_gpu();
+        for (size_t k = 0; k < d.size(); k++)
+          if (!(mode == 2 && any_gpu && !d[k].is_gpu())) cand.push_back(k);
+        REQUIRE(p.fits == brute_force_fits(s, d, o, cand));
+      }
+      // A model that fits on the first candidate alone stays there.
+      const bool first_is_candidate = mode == 0 || d[0].is_gpu() ||
+                                      std::none_of(d.begin(), d.end(), [](auto& x) { return x.is_gpu(); });
+      if (first_is_candidate && stage_cost(s, o, d[0], 0, 0, s.n_layer, true, true) <= d[0].budget)
+        REQUIRE(p.stages.size() == 1);
+    }
+    if (mode == 1 && std::is_partitioned(d.begin(), d.end(), [](auto& x) { return x.is_gpu(); })) {
+      // Spreading never refuses what filling would fit; when the GPUs hold everything, it fills
+      // them at most as unevenly: its largest used fraction of a device's usable memory is no
+      // larger than fill's (the fraction spread minimises; fill's placement is one candidate).
+      PlanOptions f = o;
+      f.spread = false;
+      const Plan q = plan(s, d, f);
+      REQUIRE(p.fits == q.fits);
+      auto max_fraction = [&](const Plan& x) {
+        double m = 0;
+        for (const auto& st : x.stages) {
+          const double fixed = double(st.reserve_bytes + st.shared_bytes + scratch_bytes(s, x.options.n_batch, o.n_ctx, false, o.kv_type));
+          m = std::max(m, (double(st.total_bytes()) - fixed) / (double(st.budget) - fixed));
+        }
+        return m;
+      };
+      const bool gpus_only = std::all_of(q.stages.begin(), q.stages.end(), [&](auto& st) { return d[st.device].is_gpu(); });
+      if (q.fits && gpus_only) REQUIRE(max_fraction(p) <= max_fraction(q) + 1e-9);
+    }
+    if (mode == 3 && o.n_gpu_layers >= 0 && uint32_t(o.n_gpu_layers) < s.n_layer) {
+      uint32_t on_gpu = 0;
+      for (const auto& st : p.stages)
+        if (d[st.device].is_gpu()) on_gpu += st.n_layers() + st.has_output;
+      REQUIRE(on_gpu <= uint32_t(o.n_gpu_layers));
+    }
+  }
+  // The generator must exercise both outcomes (and some refusals of contradictory options).
+  CHECK(fitted > 100);
+  CHECK(refused > 100);
+  CHECK(usage > 0);
+}
+
+TEST_CASE("plans of the preset shapes are printable as a table and JSON") {
+  for (const auto& pr : shape_presets()) {
+    const ModelShape s = shape_from_preset(pr, GgmlType::Q4_K);
+    PlanOptions o;
+    const Plan p = plan(s, {gpu(24 * GiB, 576 * MiB), gpu(24 * GiB, 576 * MiB), cpu(64 * GiB)}, o);
+    check_structure(p, s, o);
+    CHECK(p.fits);
+    const auto j = plan_to_json(p, s);
+    CHECK(j["stages"].size() == p.stages.size());
+    CHECK(j["stages"][0]["layer_begin"] == 0);
+    CHECK(j["stages"].back()["layer_end"] == s.n_layer);
+    CHECK_THAT(format_plan(p, s), Catch::Contains(pr.name));
+  }
+}
