@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -92,8 +93,10 @@ uint64_t parse_size(std::string_view text, std::string_view what) {
   if (!u) return bad("unknown unit");
   const bool integral = num.find('.') == std::string::npos;
   if (integral && u->mult == 1) {  // plain byte counts stay exact
-    if (num.size() > 19) return bad("too large");
-    return std::stoull(num);
+    uint64_t v = 0;
+    const auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (ec != std::errc() || p != num.data() + num.size()) return bad("too large");
+    return v;
   }
   const double v = std::strtod(num.c_str(), nullptr) * u->mult;
   if (!std::isfinite(v) || v >= 1.8e19) return bad("too large");

@@ -1,0 +1,137 @@
+// --devices parsing against a fake machine, sizes, and the CPU probe.
+#include "gguf/error.h"
+#include "helpers.h"
+#include "runtime/devices.h"
+
+using namespace baton;
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
+
+// A machine with 64 GiB of RAM and two GPUs, the second with more free memory.
+std::vector<ProbedDevice> machine() {
+  ProbedDevice c{DeviceKind::Cpu, 0, "cpu", 64 * GiB, 48 * GiB};
+  ProbedDevice g0{DeviceKind::Cuda, 0, "gpu zero", 24 * GiB, 10 * GiB, 8, 9};
+  ProbedDevice g1{DeviceKind::Cuda, 1, "gpu one", 24 * GiB, 20 * GiB, 8, 9};
+  return {c, g0, g1};
+}
+
+std::string usage_error(const std::string& spec, bool hyp = false) {
+  try {
+    parse_devices(spec, machine(), hyp);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::Usage);
+    return e.what();
+  }
+  FAIL("no error for '" << spec << "'");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("sizes") {
+  CHECK(parse_size("512MiB") == 512 * MiB);
+  CHECK(parse_size("20GiB") == 20 * GiB);
+  CHECK(parse_size("20gib") == 20 * GiB);
+  CHECK(parse_size("1.5GB") == 1500000000ull);
+  CHECK(parse_size("1.5GiB") == 3 * GiB / 2);
+  CHECK(parse_size("1000000") == 1000000);
+  CHECK(parse_size("2K") == 2048);
+  CHECK(parse_size("2M") == 2 * MiB);
+  CHECK(parse_size("18446744073709551615") == 18446744073709551615ull);
+  for (const char* bad : {"", "GiB", "12XB", "1.2.3", "-5", "0.5", "1e9", "99999999999999999999", "20 GiB x"})
+    CHECK_THROWS_AS(parse_size(bad), Error);
+  CHECK(format_bytes(0) == "0 B");
+  CHECK(format_bytes(1536 * MiB) == "1.50 GiB");
+  CHECK(format_bytes(24 * GiB) == "24.0 GiB");
+  CHECK(format_bytes(512 * MiB) == "512 MiB");
+}
+
+TEST_CASE("auto: GPUs by free memory, then the CPU; budgets are free memory") {
+  const auto d = parse_devices("auto", machine(), false);
+  REQUIRE(d.size() == 3);
+  CHECK(d[0].label == "cuda:1");
+  CHECK(d[0].budget == 20 * GiB);
+  CHECK(d[0].runtime_reserve == kCudaWorkspaceReserve);
+  CHECK(d[1].label == "cuda:0");
+  CHECK(d[2].label == "cpu");
+  CHECK(d[2].budget == 48 * GiB);
+  CHECK(d[2].runtime_reserve == 0);
+  for (const auto& x : d) CHECK(x.present);
+
+  // A CPU-only machine: just the CPU.
+  const auto c = parse_devices("auto", {machine()[0]}, false);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].label == "cpu");
+}
+
+TEST_CASE("explicit lists, budgets and repeated entries") {
+  auto d = parse_devices("cuda:0=8GiB, cpu=8GiB", machine(), false);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].index == 0);
+  CHECK(d[0].budget == 8 * GiB);
+  CHECK(d[0].budget_given);
+  CHECK(d[1].budget == 8 * GiB);
+
+  // The same device twice: two stages that share its free memory.
+  d = parse_devices("cpu,cpu", machine(), false);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].budget == 24 * GiB);
+  CHECK(d[1].budget == 24 * GiB);
+  d = parse_devices("cpu=2GiB,cpu=2GiB", machine(), false);
+  CHECK(d[0].budget == 2 * GiB);
+  CHECK(d[1].budget == 2 * GiB);
+  d = parse_devices("cpu=8GiB,cpu", machine(), false);  // the unbudgeted entry gets the rest
+  CHECK(d[1].budget == 40 * GiB);
+  d = parse_devices("cuda:1=12GiB,cuda:1=12GiB", machine(), false);
+  CHECK(d.size() == 2);
+
+  // A budget above free memory (but within the device) is allowed and remembered for a note.
+  d = parse_devices("cuda:0=20GiB", machine(), false);
+  CHECK(d[0].free_bytes == 10 * GiB);
+}
+
+TEST_CASE("hypothetical devices only for planning, and only with a budget") {
+  const auto d = parse_devices("cuda=24GiB,cuda=24GiB", machine(), true);
+  REQUIRE(d.size() == 2);
+  CHECK_FALSE(d[0].present);
+  CHECK(d[0].label == "cuda");
+  CHECK(d[0].index == -1);
+  CHECK(d[0].budget == 24 * GiB);
+  CHECK(d[0].runtime_reserve == kCudaContextEstimate + kCudaWorkspaceReserve);
+  const auto e = parse_devices("cuda:7=80GiB,cpu", machine(), true);
+  CHECK_FALSE(e[0].present);
+  CHECK(e[0].label == "cuda:7");
+  CHECK(e[1].present);
+
+  CHECK_THAT(usage_error("cuda=24GiB"), Catch::Contains("only for `baton plan`"));
+  CHECK_THAT(usage_error("cuda:7"), Catch::Contains("unknown device"));
+  CHECK_THAT(usage_error("cuda:7", true), Catch::Contains("give it a budget"));
+}
+
+TEST_CASE("bad device lists are usage errors that name the problem") {
+  CHECK_THAT(usage_error("tpu:0"), Catch::Contains("unknown device 'tpu:0'"));
+  CHECK_THAT(usage_error("cuda:0=12XB"), Catch::Contains("not a valid size"));
+  CHECK_THAT(usage_error("cuda:0="), Catch::Contains("not a valid size"));
+  CHECK_THAT(usage_error("cpu=0"), Catch::Contains("0 bytes"));
+  CHECK_THAT(usage_error("cuda:0=30GiB"), Catch::Contains("larger than the device"));
+  CHECK_THAT(usage_error("cpu=40GiB,cpu=40GiB"), Catch::Contains("add up to"));
+  CHECK_THAT(usage_error("cpu:1"), Catch::Contains("takes no index"));
+  CHECK_THAT(usage_error("cuda:x"), Catch::Contains("index must be a number"));
+  CHECK_THAT(usage_error("cpu,,cpu"), Catch::Contains("empty entry"));
+  CHECK_THAT(usage_error(""), Catch::Contains("empty"));
+  CHECK_THAT(usage_error("auto,cpu"), Catch::Contains("cannot be combined"));
+}
+
+TEST_CASE("the CPU probe reads /proc/meminfo") {
+  const ProbedDevice c = probe_cpu();
+  CHECK(c.kind == DeviceKind::Cpu);
+  CHECK(c.total_bytes > 64 * MiB);
+  CHECK(c.free_bytes > 0);
+  CHECK(c.free_bytes <= c.total_bytes);
+  const auto all = probe_devices();
+  REQUIRE(!all.empty());
+  CHECK(all[0].kind == DeviceKind::Cpu);
+  if (!have_cuda_backend()) CHECK(all.size() == 1);
+}
