@@ -1,0 +1,385 @@
+// The user-facing commands end to end on SmolLM2-135M through the built binary: run, batch (with
+// kill -9 and --resume), and chat driven through a pseudo-terminal and through a pipe.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/helpers.h"
+
+using nlohmann::json;
+using namespace baton::test;
+
+namespace {
+
+struct Out {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `baton ARGS` through the shell (so tests can pipe into it); stdout and stderr captured.
+Out run_baton(const std::string& args, const std::string& stdin_text = "") {
+  static std::string dir = temp_dir();
+  Out o;
+  std::string in = dir + "/stdin", out = dir + "/stdout", err = dir + "/stderr";
+  std::ofstream(in) << stdin_text;
+  std::string cmd = std::string(BATON_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  int st = std::system(cmd.c_str());
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  o.out = slurp(out);
+  o.err = slurp(err);
+  return o;
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> v;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) v.push_back(json::parse(l));
+  return v;
+}
+
+const std::string kSys = "--system 'You are a helpful assistant.'";
+
+}  // namespace
+
+TEST_CASE("run answers a question, streams it, and reports speed and seed") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out o = run_baton("run -m " + m + " -p 'What is the capital of France?' " + kSys + " --temp 0 -n 24 -t 2");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  CHECK(o.out.find("Paris") != std::string::npos);
+  CHECK(o.err.find("tok/s") != std::string::npos);
+  CHECK(o.err.find("seed") != std::string::npos);
+
+  // The same through stdin (-p -).
+  Out s = run_baton("run -m " + m + " -p - " + kSys + " --temp 0 -n 24 -t 2", "What is the capital of France?\n");
+  CHECK(s.code == 0);
+  CHECK(s.out == o.out);
+}
+
+TEST_CASE("run --json prints one object with the documented fields") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out o = run_baton("run -m " + m + " -p 'Name a fruit.' --json -n 4 --seed 7 -t 2");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  json j = json::parse(o.out);
+  CHECK(j["text"].is_string());
+  CHECK(j["tokens"].get<int>() <= 4);
+  CHECK(j["tokens"].get<int>() >= 1);
+  std::string fr = j["finish_reason"];
+  CHECK((fr == "length" || fr == "stop"));
+  if (fr == "length") CHECK(j["tokens"].get<int>() == 4);
+  CHECK(j["seed"].get<uint64_t>() == 7);
+  CHECK(j["prompt_tokens"].get<int>() > 0);
+  for (const char* k : {"load_ms", "prompt_ms", "prompt_tokens_per_s", "ttft_ms", "gen_ms", "gen_tokens_per_s"})
+    CHECK(j["timings"][k].is_number());
+  // Same seed, same settings: same text.
+  Out again = run_baton("run -m " + m + " -p 'Name a fruit.' --json -n 4 --seed 7 -t 2");
+  CHECK(json::parse(again.out)["text"] == j["text"]);
+}
+
+TEST_CASE("exit codes: usage 1, model 2") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  CHECK(run_baton("run -m " + m + " -p hi --no-such-flag").code == 1);
+  CHECK(run_baton("run -m " + m).code == 1);  // no prompt
+  CHECK(run_baton("run -m " + m + " -p hi --top-p 3").code == 1);
+  Out missing = run_baton("run -m /nonexistent/model.gguf -p hi");
+  CHECK(missing.code == 2);
+  CHECK(missing.err.find("does not exist") != std::string::npos);
+}
+
+TEST_CASE("batch: good and bad lines, error records, duplicate ids") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  std::string dir = temp_dir();
+  std::ofstream(dir + "/in.jsonl") << R"({"id": "a", "prompt": "What is the capital of France?", "max_tokens": 12, "temperature": 0}
+this is not json
+{"id": "b"}
+{"id": "a", "prompt": "a repeat"}
+{"id": 7, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5}
+{"id": "c", "prompt": "Hi", "temperature": "hot"}
+{"id": "d", "prompt": "Count: one, two,", "max_tokens": 3, "stop": ["three"]}
+)";
+  Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --parallel 4 " + kSys + " -t 2");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  auto recs = read_jsonl(dir + "/out.jsonl");
+  REQUIRE(recs.size() == 7);
+  std::map<std::string, std::vector<json>> by;
+  for (auto& r : recs) by[r.contains("id") ? r["id"].dump() : "line" + r["line"].dump()].push_back(r);
+  REQUIRE(by["\"a\""].size() == 2);  // the result and the duplicate's error record
+  int results = 0, dup_errors = 0;
+  for (auto& r : by["\"a\""]) {
+    if (r.contains("text")) {
+      results++;
+      CHECK(r["text"].get<std::string>().find("Paris") != std::string::npos);
+      CHECK(r["completion_tokens"].get<int>() <= 12);
+      CHECK(r["prompt_tokens"].get<int>() > 0);
+      CHECK(r["ms"].is_number());
+    } else {
+      dup_errors++;
+      CHECK(r["error"].get<std::string>().find("duplicate") != std::string::npos);
+      CHECK(r["line"] == 4);
+    }
+  }
+  CHECK(results == 1);
+  CHECK(dup_errors == 1);
+  CHECK(by["line2"].at(0)["error"].get<std::string>().find("JSON") != std::string::npos);
+  CHECK(by["\"b\""].at(0)["error"].get<std::string>().find("prompt") != std::string::npos);
+  CHECK(by["\"c\""].at(0)["error"].get<std::string>().find("temperature") != std::string::npos);
+  CHECK(by["7"].at(0)["completion_tokens"].get<int>() <= 5);
+  std::string fr = by["7"].at(0)["finish_reason"];
+  CHECK((fr == "length" || fr == "stop"));
+  CHECK(by["\"d\""].at(0).contains("text"));
+  CHECK(o.err.find("3 ok, 4 failed") != std::string::npos);  // a, 7, d run; lines 2, 3 (b), 4 (repeat), 6 (c) fail
+}
+
+TEST_CASE("batch: same seeds give the same text with --parallel 1 and 8; plain text input") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  std::string dir = temp_dir();
+  const char* prompts[] = {"Name a color.", "Say hi.", "What is two plus two?", "Name an animal.",
+                           "Tell me a word.", "What is the sun?", "Name a city.", "Say goodbye.",
+                           "Name a planet.", "What is rain?"};
+  {
+    std::ofstream in(dir + "/in.jsonl");
+    int i = 0;
+    for (const char* p : prompts) in << json{{"id", i}, {"prompt", p}, {"seed", 100 + i}, {"max_tokens", 8}}.dump() << "\n", i++;
+  }
+  std::string common = "-m " + m + " -i " + dir + "/in.jsonl --temp 0.8 -t 2 ";
+  Out one = run_baton("batch " + common + "-o " + dir + "/p1.jsonl --parallel 1");
+  Out eight = run_baton("batch " + common + "-o " + dir + "/p8.jsonl --parallel 8");
+  REQUIRE(one.code == 0);
+  REQUIRE(eight.code == 0);
+  std::map<int, std::string> a, b;
+  for (auto& r : read_jsonl(dir + "/p1.jsonl")) a[r["id"]] = r["text"];
+  for (auto& r : read_jsonl(dir + "/p8.jsonl")) b[r["id"]] = r["text"];
+  REQUIRE(a.size() == 10);
+  CHECK(a == b);
+
+  std::ofstream(dir + "/in.txt") << "Name a color.\n\nSay hi.\n";
+  Out t = run_baton("batch -m " + m + " -i " + dir + "/in.txt -o " + dir + "/t.jsonl -n 4 -t 2");
+  REQUIRE(t.code == 0);
+  auto recs = read_jsonl(dir + "/t.jsonl");
+  REQUIRE(recs.size() == 2);
+  std::set<int> ids = {recs[0]["id"].get<int>(), recs[1]["id"].get<int>()};
+  CHECK(ids == std::set<int>{1, 3});  // ids are line numbers; the blank line is skipped
+}
+
+TEST_CASE("batch: kill -9 in the middle, then --resume: every id exactly once") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  std::string dir = temp_dir();
+  const int n = 12;
+  {
+    std::ofstream in(dir + "/in.jsonl");
+    for (int i = 0; i < n; i++) {
+      json id = fmt::format("r{}", i), prompt = fmt::format("Write the number {} in words.", i);
+      in << json{{"id", id}, {"prompt", prompt}, {"max_tokens", 6}}.dump() << "\n";
+    }
+  }
+  std::string out = dir + "/out.jsonl";
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    execl(BATON_BINARY, BATON_BINARY, "batch", "-m", m.c_str(), "-i", (dir + "/in.jsonl").c_str(), "-o", out.c_str(),
+          "--parallel", "2", "-t", "2", (char*)nullptr);
+    _exit(127);
+  }
+  // Kill it once some but not all results are written.
+  auto t0 = std::chrono::steady_clock::now();
+  size_t lines = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(300)) {
+    lines = read_jsonl(out).size();
+    if (lines >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  REQUIRE(WIFSIGNALED(st));
+  size_t before = read_jsonl(out).size();
+  INFO("results before the kill: " << before);
+  REQUIRE(before >= 3);
+  REQUIRE(before < size_t(n));
+
+  Out r = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + out + " --parallel 2 -t 2 --resume");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  std::map<std::string, int> count;
+  for (auto& rec : read_jsonl(out)) {
+    CHECK(rec.contains("text"));
+    count[rec["id"]]++;
+  }
+  CHECK(count.size() == size_t(n));
+  for (auto& [id, c] : count) CHECK(c == 1);
+
+  // Nothing left: a second resume does nothing and adds nothing.
+  Out again = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + out + " --resume");
+  CHECK(again.code == 0);
+  CHECK(read_jsonl(out).size() == size_t(n));
+}
+
+namespace {
+
+// A child on a pseudo-terminal: what it prints is read back with a deadline.
+class Pty {
+ public:
+  Pty(const std::vector<std::string>& args, const std::string& cache) {
+    pid_ = forkpty(&fd_, nullptr, nullptr, nullptr);
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      setenv("BATON_CACHE", cache.c_str(), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Pty() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(fd_);
+  }
+  void send(const std::string& s) { REQUIRE(write(fd_, s.data(), s.size()) == ssize_t(s.size())); }
+  // Reads until `what` shows up after position `from` of everything read so far; returns the
+  // text from `from` to the end of the match.
+  std::string until(const std::string& what, int seconds = 240) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (true) {
+      size_t at = all_.find(what, mark_);
+      if (at != std::string::npos) {
+        std::string got = all_.substr(mark_, at + what.size() - mark_);
+        mark_ = at + what.size();
+        return got;
+      }
+      if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for '" << what << "'; got: " << all_.substr(mark_));
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        char buf[4096];
+        ssize_t n = read(fd_, buf, sizeof buf);
+        if (n <= 0) FAIL("the REPL ended; output: " << all_.substr(mark_));
+        all_.append(buf, size_t(n));
+      }
+    }
+  }
+  int wait_exit() {
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+
+ private:
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  std::string all_;
+  size_t mark_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("chat on a terminal: a turn, /set, Ctrl-C mid-reply, /save and /load, Ctrl-D") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  std::string dir = temp_dir();
+  Pty chat({BATON_BINARY, "chat", "-m", m, "--temp", "0", "-t", "2", "--system", "You are a helpful assistant."}, dir);
+  chat.until(">>> ");
+  chat.send("What is the capital of France?\r");
+  std::string a1 = chat.until(">>> ");
+  CHECK(a1.find("Paris") != std::string::npos);
+
+  chat.send("/set max_tokens 400\r");
+  CHECK(chat.until(">>> ").find("(max_tokens = 400)") != std::string::npos);
+  chat.send("/set temp lots\r");
+  CHECK(chat.until(">>> ").find("not a number") != std::string::npos);
+
+  // A long reply, interrupted once it has started: the REPL comes back quickly and goes on.
+  chat.send("Write a very long story about a dragon who learns to read.\r");
+  chat.until("\n");  // the echoed line
+  chat.until(" ");   // some of the reply
+  auto t0 = std::chrono::steady_clock::now();
+  chat.send("\x03");
+  std::string cut = chat.until(">>> ", 30);
+  CHECK(cut.find("[interrupted]") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+
+  chat.send("/set max_tokens 30\r");
+  chat.until(">>> ");
+  chat.send("What is the capital of France?\r");
+  CHECK(chat.until(">>> ").find("Paris") != std::string::npos);
+
+  std::string saved = dir + "/conv.json";
+  chat.send("/save " + saved + "\r");
+  CHECK(chat.until(">>> ").find("saved 6 messages") != std::string::npos);
+  json conv = json::parse(slurp(saved));
+  CHECK(conv["system"] == "You are a helpful assistant.");
+  REQUIRE(conv["messages"].size() == 6);
+  CHECK(conv["messages"][2]["role"] == "user");
+  CHECK(conv["messages"][3]["role"] == "assistant");
+  CHECK(!conv["messages"][3]["content"].get<std::string>().empty());  // the partial reply was kept
+
+  chat.send("/reset\r");
+  chat.until(">>> ");
+  chat.send("/load " + saved + "\r");
+  CHECK(chat.until(">>> ").find("loaded 6 messages") != std::string::npos);
+
+  // Ctrl-C at an empty prompt says how to leave; Ctrl-D leaves.
+  chat.send("\x03");
+  CHECK(chat.until(">>> ", 30).find("/exit") != std::string::npos);
+  chat.send("\x04");
+  CHECK(chat.wait_exit() == 0);
+  CHECK(std::filesystem::exists(dir + "/chat_history"));
+}
+
+TEST_CASE("chat with piped stdin: one answer per message, each followed by a blank line") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out o = run_baton("chat -m " + m + " --temp 0 -n 24 -t 2 " + kSys,
+                "What is the capital of France?\n\"\"\"\nSay hello\nin one word.\n\"\"\"\n");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  CHECK(o.out.find(">>>") == std::string::npos);
+  // Two answers, each ending in a blank line.
+  size_t split = o.out.find("\n\n");
+  REQUIRE(split != std::string::npos);
+  CHECK(o.out.substr(0, split).find("Paris") != std::string::npos);
+  std::string second = o.out.substr(split + 2);
+  CHECK(!second.empty());
+  CHECK(second.size() >= 3);
+  CHECK(second.substr(second.size() - 2) == "\n\n");
+  CHECK(second.find("\n\n") == second.size() - 2);
+}
