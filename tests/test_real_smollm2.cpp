@@ -1,0 +1,54 @@
+// SmolLM2-135M-Instruct (fetched by scripts/fetch-model.sh smollm2-135m): the ChatML-wrapped
+// question, greedy through the Pipeline and its KV cache, must be answered with "Paris".
+#include <algorithm>
+#include <cstdio>
+
+#include "gguf/gguf.h"
+#include "helpers.h"
+#include "runtime/chat_template.h"
+#include "runtime/config.h"
+#include "runtime/pipeline.h"
+#include "runtime/tokenizer.h"
+
+using namespace baton;
+
+namespace {
+
+// Greedy answer to one user message: prompt in one batch, then one token per step.
+std::string greedy_answer(Pipeline& p, const std::string& question, int max_tokens) {
+  const Tokenizer& tok = p.tokenizer();
+  const ChatTemplate tmpl = ChatTemplate::for_model(p.file(), tok);
+  const std::string text = tmpl.render({{"user", question}}, true);
+  const auto ids = tok.encode(text, /*add_special=*/!tmpl.starts_with_bos(), /*parse_special=*/true);
+  REQUIRE(!ids.empty());
+  Batch b;
+  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], int32_t(i), 0, i + 1 == ids.size());
+  std::vector<float> logits(size_t(p.n_vocab()));
+  p.decode(b, logits.data());
+  std::vector<int32_t> out;
+  for (int step = 0; step < max_tokens; ++step) {
+    const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (tok.is_eog(next)) break;
+    out.push_back(next);
+    Batch d;
+    d.add(next, int32_t(ids.size() + out.size() - 1), 0, true);
+    p.decode(d, logits.data());
+  }
+  return tok.decode(out);
+}
+
+}  // namespace
+
+TEST_CASE("SmolLM2-135M-Instruct answers the capital of France with Paris") {
+  const std::string path = test::smollm2();
+  if (path.empty()) return;
+  LoadOptions o;
+  o.n_ctx = 512;
+  o.n_threads = 2;
+  auto p = Pipeline::load(path, o);
+  CHECK(p->config().arch == "llama");
+  CHECK(p->config().tied_output);
+  const std::string answer = greedy_answer(*p, "What is the capital of France?", 32);
+  std::printf("SmolLM2 answer: %s\n", answer.c_str());
+  CHECK(answer.find("Paris") != std::string::npos);
+}
