@@ -38,7 +38,9 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str();
   app.add_option("--seed", f.seed, "RNG seed (default: random, printed with the stats)");
-  app.add_option("--stop", f.stop, "stop string (repeatable); not part of the output");
+  app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
