@@ -55,7 +55,7 @@ double best_of(int reps, F&& f) {
 double read_bandwidth(const std::vector<uint64_t>& buf, cpu::ThreadPool& pool) {
   const size_t n = buf.size(), per = (n + size_t(pool.size()) - 1) / size_t(pool.size());
   std::vector<uint64_t> sink(size_t(pool.size()) * 8);
-  const double t = best_of(5, [&] {
+  const double t = best_of(10, [&] {
     pool.run(pool.size(), [&](int task, int) {
       const size_t b = size_t(task) * per, e = std::min(n, b + per);
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -163,7 +163,7 @@ int run_bench(const Options& o) {
       std::vector<float> Y(static_cast<size_t>(rows));
       for (size_t i = 0; i < threads.size(); i++) {
         cpu::ThreadPool pool(threads[i]);
-        const double s = best_of(8, [&] { cpu::matmul(W, X.data(), 1, Y.data(), pool); });
+        const double s = best_of(10, [&] { cpu::matmul(W, X.data(), 1, Y.data(), pool); });
         const double bytes = double(rb) * double(rows);
         print_row({"gemv", type_name(t), threads[i], 1, s, bytes / s / 1e9, 2.0 * double(rows) * double(cols) / s / 1e9,
                    read_gbps[i]},
