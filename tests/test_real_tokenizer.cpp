@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "helpers.h"
+#include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
 
 using namespace baton;
@@ -85,4 +86,47 @@ TEST_CASE("Gemma 3 tokenizer (SentencePiece, 262k vocabulary)") {
   // "\n" is a user-defined token in Gemma's vocabulary: cut out even without special parsing.
   auto nl = tok.encode("a\nb", false, false);
   CHECK(std::find(nl.begin(), nl.end(), 107) != nl.end());
+}
+
+TEST_CASE("chat templates of the real models") {
+  SECTION("SmolLM2: ChatML from tokenizer.chat_template, with its own default system prompt") {
+    std::string path = test::smollm2();
+    if (path.empty()) return;
+    auto file = gguf::File::open(path);
+    Tokenizer tok = Tokenizer::from_gguf(*file);
+    std::string warning;
+    ChatTemplate t = ChatTemplate::for_model(*file, tok, "", &warning);
+    CHECK(warning.empty());
+    CHECK(t.family() == ChatFamily::ChatML);
+    CHECK(t.default_system() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+    std::string text = t.render({{"user", "What is the capital of France?"}}, true);
+    auto ids = tok.encode(text, false, true);
+    CHECK(std::count(ids.begin(), ids.end(), 1) == 3);  // <|im_start|> system, user, assistant
+    CHECK(std::count(ids.begin(), ids.end(), 2) == 2);  // <|im_end|>
+    CHECK(ids.front() == 1);
+    CHECK(tok.decode(ids, true) == text);
+    // --chat-template overrides; a bad name is a usage error naming the known ones.
+    CHECK(ChatTemplate::for_model(*file, tok, "zephyr").family() == ChatFamily::Zephyr);
+    CHECK_THROWS_WITH(ChatTemplate::for_model(*file, tok, "nope"), Catch::Contains("chatml"));
+  }
+  SECTION("Gemma 3: no template in the file, the vocabulary's turn markers say Gemma") {
+    std::string path = test::gemma3();
+    if (path.empty()) return;
+    auto file = gguf::File::open(path);
+    REQUIRE_FALSE(file->has("tokenizer.chat_template"));
+    Tokenizer tok = Tokenizer::from_gguf(*file);
+    std::string warning;
+    ChatTemplate t = ChatTemplate::for_model(*file, tok, "", &warning);
+    CHECK(warning.empty());
+    CHECK(t.family() == ChatFamily::Gemma);
+    CHECK(t.starts_with_bos());
+    std::string text = t.render({{"system", "Be brief."}, {"user", "Hi"}}, true);
+    CHECK(text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
+    auto ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+    REQUIRE(ids.size() > 6);
+    CHECK(ids[0] == tok.bos());
+    CHECK(ids[1] == 105);
+    CHECK(std::count(ids.begin(), ids.end(), 105) == 2);
+    CHECK(std::count(ids.begin(), ids.end(), 106) == 1);
+  }
 }

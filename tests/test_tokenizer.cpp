@@ -205,3 +205,28 @@ TEST_CASE("byte-level BPE details (gpt-2 vocab)") {
   CHECK(eot.back() == 50256);
   CHECK(tok.is_eog(50256));
 }
+
+TEST_CASE("baton tokenize prints the ids and pieces") {
+  const std::string model = test::peer("tokenizer/ggml-vocab-llama-spm.gguf");
+  auto run = [](const std::string& cmd) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    CHECK(pclose(p) == 0);
+    return out;
+  };
+  auto file = gguf::File::open(model);
+  Tokenizer tok = Tokenizer::from_gguf(*file);
+  std::string want;
+  for (int32_t id : tok.encode("Hello world", true, false)) {
+    if (!want.empty()) want += ' ';
+    want += std::to_string(id);
+  }
+  CHECK(run(std::string(BATON_BINARY) + " tokenize -m " + model + " -p 'Hello world'") == want + "\n");
+  CHECK(want.rfind("1 ", 0) == 0);  // BOS first, as the vocabulary asks
+  std::string pieces = run(std::string(BATON_BINARY) + " tokenize -m " + model + " -p 'Hello world' --no-bos --pieces");
+  CHECK(pieces == "  15043 ' Hello'\n   3186 ' world'\n");
+}
