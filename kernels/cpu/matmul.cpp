@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "gguf/error.h"
@@ -103,7 +104,8 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
     uint8_t* out = scratch.data();
     const QuantFn q = kt.quant[int(kind)];
     auto quant_col = [&](int j) { q(X + int64_t(j) * cols, cols, out + size_t(j) * a_stride); };
-    if (n >= 4 && pool.size() > 1) pool.run(n, [&](int j, int) { quant_col(j); });
+    auto quant_task = [&](int j, int) { quant_col(j); };
+    if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
     else for (int j = 0; j < n; j++) quant_col(j);
     A = out;
   }
@@ -120,14 +122,16 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
   }
   const int n_tasks = int((rows + chunk - 1) / chunk);
   const size_t y_stride = size_t(rows);
-  pool.run(n_tasks, [&](int task, int) {
+  // Passed by std::ref so the std::function wraps a reference: no allocation per call.
+  auto body = [&](int task, int) {
     const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
     for (int j = 0; j < n; j += 4) {
       const int nc = std::min(4, n - j);
       const uint8_t* a = A + size_t(j) * a_stride;
       for (int64_t r = r0; r < r1; r++) dot(cols, W.row(r), a, a_stride, nc, Y + size_t(j) * y_stride + size_t(r), y_stride);
     }
-  });
+  };
+  pool.run(n_tasks, std::ref(body));
 }
 
 }  // namespace baton::cpu
