@@ -2,8 +2,18 @@
 // row with 16-byte loads, dots it with 8-bit activations (dp4a) or F32 activations, and expands it
 // to floats. Units are small (8..64 elements) so that consecutive lanes read consecutive bytes.
 // The list of types lives in BATON_CUDA_WEIGHT_TYPES; with_weight_type() is the one switch over it.
+// Compiled by a host compiler (no __CUDACC__) the same code runs on the CPU with plain C++
+// stand-ins for the intrinsics (host_emulation.h), so tests check the bit logic without a GPU.
 #pragma once
+#if defined(__CUDACC__)
 #include "kernels/cuda/common.cuh"
+#define BATON_DEV __device__ __forceinline__
+#define BATON_UNROLL _Pragma("unroll")
+#else
+#include "kernels/cuda/host_emulation.h"
+#define BATON_DEV inline
+#define BATON_UNROLL
+#endif
 
 namespace baton::cuda {
 
@@ -13,18 +23,18 @@ struct Act {
   const float2* ds = nullptr;
   const float* x = nullptr;  // the F32 activations, for float weights
   int64_t cols = 0;
-  __device__ const int8_t* q(int j) const { return qs + j * cols; }
-  __device__ const float2* d(int j) const { return ds + j * (cols / 32); }
-  __device__ const float* f(int j) const { return x + j * cols; }
+  BATON_DEV const int8_t* q(int j) const { return qs + j * cols; }
+  BATON_DEV const float2* d(int j) const { return ds + j * (cols / 32); }
+  BATON_DEV const float* f(int j) const { return x + j * cols; }
 };
 
-__device__ __forceinline__ uint4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-__device__ __forceinline__ int4 ld16s(const int8_t* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
-__device__ __forceinline__ uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
-__device__ __forceinline__ uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return (&v.x)[i]; }  // i: constant
-__device__ __forceinline__ int word(const int4& v, int i) { return (&v.x)[i]; }
-__device__ __forceinline__ uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xFF; }
+BATON_DEV uint4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+BATON_DEV int4 ld16s(const int8_t* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
+BATON_DEV uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+BATON_DEV uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+BATON_DEV uint32_t word(const uint4& v, int i) { return (&v.x)[i]; }  // i: constant
+BATON_DEV int word(const int4& v, int i) { return (&v.x)[i]; }
+BATON_DEV uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xFF; }
 
 constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
 
@@ -32,7 +42,7 @@ constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
 #define BATON_PUT8(put, e0, expr) \
   do {                           \
     float v_[8];                 \
-    _Pragma("unroll") for (int i_ = 0; i_ < 8; i_++) v_[i_] = (expr); \
+    for (int i_ = 0; i_ < 8; i_++) v_[i_] = (expr); \
     put(e0, v_);                 \
   } while (0)
 
@@ -43,13 +53,13 @@ struct TQ4_0 {
   static constexpr int unit = 32, unroll = 4;
   static constexpr bool q8 = true;
   struct W { uint4 q; float d; };
-  __device__ static W load(const uint8_t* row, int64_t cols, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     return {ld16(row + u * 16), half_bits_to_float(ld2(row + cols / 2 + u * 2))};
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
-#pragma unroll
+BATON_UNROLL
     for (int t = 0; t < 4; t++) {
       s = __dp4a(int(word(w.q, t) & kLo4), word(x0, t), s);         // elements 4t..4t+3
       s = __dp4a(int((word(w.q, t) >> 4) & kLo4), word(x1, t), s);  // elements 16+4t..
@@ -57,8 +67,8 @@ struct TQ4_0 {
     const float2 ds = a.d(j)[u];
     return w.d * (ds.x * float(s) - 8.0f * ds.y);
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
-#pragma unroll
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+BATON_UNROLL
     for (int g = 0; g < 4; g++)  // g < 2: low nibbles of bytes 8g.., else high nibbles
       BATON_PUT8(put, u * 32 + 8 * g,
                  w.d * (float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) - 8.0f));
@@ -70,14 +80,14 @@ struct TQ4_1 {
   static constexpr int unit = 32, unroll = 4;
   static constexpr bool q8 = true;
   struct W { uint4 q; float d, m; };
-  __device__ static W load(const uint8_t* row, int64_t cols, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     const uint32_t dm = ld4(row + cols / 2 + u * 4);
     return {ld16(row + u * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16))};
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
-#pragma unroll
+BATON_UNROLL
     for (int t = 0; t < 4; t++) {
       s = __dp4a(int(word(w.q, t) & kLo4), word(x0, t), s);
       s = __dp4a(int((word(w.q, t) >> 4) & kLo4), word(x1, t), s);
@@ -85,8 +95,8 @@ struct TQ4_1 {
     const float2 ds = a.d(j)[u];
     return w.d * ds.x * float(s) + w.m * ds.y;
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
-#pragma unroll
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+BATON_UNROLL
     for (int g = 0; g < 4; g++)
       BATON_PUT8(put, u * 32 + 8 * g,
                  w.d * float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) + w.m);
@@ -98,21 +108,21 @@ struct TQ8_0 {
   static constexpr int unit = 32, unroll = 2;
   static constexpr bool q8 = true;
   struct W { uint4 q0, q1; float d; };
-  __device__ static W load(const uint8_t* row, int64_t cols, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     return {ld16(row + u * 32), ld16(row + u * 32 + 16), half_bits_to_float(ld2(row + cols + u * 2))};
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
-#pragma unroll
+BATON_UNROLL
     for (int t = 0; t < 4; t++) {
       s = __dp4a(int(word(w.q0, t)), word(x0, t), s);
       s = __dp4a(int(word(w.q1, t)), word(x1, t), s);
     }
     return w.d * a.d(j)[u].x * float(s);
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
-#pragma unroll
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+BATON_UNROLL
     for (int g = 0; g < 4; g++)
       BATON_PUT8(put, u * 32 + 8 * g,
                  w.d * float(int8_t(byte_of(g < 2 ? w.q0 : w.q1, (8 * g + i_) & 15))));
@@ -122,7 +132,7 @@ struct TQ8_0 {
 // ---- k-quants: a unit is 64 elements (a quarter of a 256-element super-block) ----
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes held in h.y, h.z, h.w.
-__device__ __forceinline__ void k_scale_min_dev(const uint4& h, int j, float& sc, float& mn) {
+BATON_DEV void k_scale_min_dev(const uint4& h, int j, float& sc, float& mn) {
   auto s = [&](int i) { return byte_of(h, 4 + i); };
   if (j < 4) {
     sc = float(s(j) & 63);
@@ -138,17 +148,17 @@ struct TQ4_K {  // [d, dmin][scales 12][qs 128] = 144 bytes, 16-byte aligned as 
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
   struct W { uint4 h, q0, q1; };
-  __device__ static W load(const uint8_t* row, int64_t, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t, int u) {
     const uint8_t* b = row + (u >> 2) * 144;
     const int c = u & 3;
     return {ld16(b), ld16(b + 16 + 32 * c), ld16(b + 32 + 32 * c)};
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int c = u & 3;
     const int8_t* x = a.q(j) + (u >> 2) * 256 + 64 * c;
     const int4 xl0 = ld16s(x), xl1 = ld16s(x + 16), xh0 = ld16s(x + 32), xh1 = ld16s(x + 48);
     int s0 = 0, s1 = 0;
-#pragma unroll
+BATON_UNROLL
     for (int t = 0; t < 4; t++) {
       s0 = __dp4a(int(word(w.q0, t) & kLo4), word(xl0, t), s0);
       s0 = __dp4a(int(word(w.q1, t) & kLo4), word(xl1, t), s0);
@@ -162,14 +172,14 @@ struct TQ4_K {  // [d, dmin][scales 12][qs 128] = 144 bytes, 16-byte aligned as 
     const float d = half_bits_to_float(uint16_t(w.h.x)), dmin = half_bits_to_float(uint16_t(w.h.x >> 16));
     return d * (sc0 * ds[0].x * float(s0) + sc1 * ds[1].x * float(s1)) - dmin * (mn0 * ds[0].y + mn1 * ds[1].y);
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     const int c = u & 3;
     float sc0, mn0, sc1, mn1;
     k_scale_min_dev(w.h, 2 * c, sc0, mn0);
     k_scale_min_dev(w.h, 2 * c + 1, sc1, mn1);
     const float d = half_bits_to_float(uint16_t(w.h.x)), dmin = half_bits_to_float(uint16_t(w.h.x >> 16));
     const int e0 = (u >> 2) * 256 + 64 * c;
-#pragma unroll
+BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // g < 4: low nibbles (sub-block 2c), else high (2c+1)
       const uint4& q = (g & 3) < 2 ? w.q0 : w.q1;
       const float dd = g < 4 ? d * sc0 : d * sc1, mm = g < 4 ? dmin * mn0 : dmin * mn1;
@@ -183,24 +193,24 @@ struct TQ5_K {  // [d, dmin][scales 12][qh 32][qs 128] = 176 bytes
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
   struct W { uint4 h, qh0, qh1, q0, q1; };
-  __device__ static W load(const uint8_t* row, int64_t, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t, int u) {
     const uint8_t* b = row + (u >> 2) * 176;
     const int c = u & 3;
     return {ld16(b), ld16(b + 16), ld16(b + 32), ld16(b + 48 + 32 * c), ld16(b + 64 + 32 * c)};
   }
   // The 5-bit values of byte lane word t: `hi` selects the high nibbles (sub-block 2c+1).
-  __device__ static int q5(const W& w, int c, int t, bool hi) {
+  BATON_DEV static int q5(const W& w, int c, int t, bool hi) {
     const uint32_t q = t < 4 ? word(w.q0, t) : word(w.q1, t - 4);
     const uint32_t h = t < 4 ? word(w.qh0, t) : word(w.qh1, t - 4);
     const int shift = 2 * c + (hi ? 1 : 0);
     return int(((hi ? q >> 4 : q) & kLo4) | (((h >> shift) & 0x01010101u) << 4));
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int c = u & 3;
     const int8_t* x = a.q(j) + (u >> 2) * 256 + 64 * c;
     const int4 xl0 = ld16s(x), xl1 = ld16s(x + 16), xh0 = ld16s(x + 32), xh1 = ld16s(x + 48);
     int s0 = 0, s1 = 0;
-#pragma unroll
+BATON_UNROLL
     for (int t = 0; t < 4; t++) {
       s0 = __dp4a(q5(w, c, t, false), word(xl0, t), s0);
       s0 = __dp4a(q5(w, c, t + 4, false), word(xl1, t), s0);
@@ -214,14 +224,14 @@ struct TQ5_K {  // [d, dmin][scales 12][qh 32][qs 128] = 176 bytes
     const float d = half_bits_to_float(uint16_t(w.h.x)), dmin = half_bits_to_float(uint16_t(w.h.x >> 16));
     return d * (sc0 * ds[0].x * float(s0) + sc1 * ds[1].x * float(s1)) - dmin * (mn0 * ds[0].y + mn1 * ds[1].y);
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     const int c = u & 3;
     float sc0, mn0, sc1, mn1;
     k_scale_min_dev(w.h, 2 * c, sc0, mn0);
     k_scale_min_dev(w.h, 2 * c + 1, sc1, mn1);
     const float d = half_bits_to_float(uint16_t(w.h.x)), dmin = half_bits_to_float(uint16_t(w.h.x >> 16));
     const int e0 = (u >> 2) * 256 + 64 * c;
-#pragma unroll
+BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // 8 values = two byte-lane words t0, t0+1
       const bool hi = g >= 4;
       const int t0 = 2 * (g & 3);
@@ -239,14 +249,14 @@ struct TQ6_K {
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
   struct W { uint4 la, lb, hh, sc; float d; };
-  __device__ static W load(const uint8_t* row, int64_t cols, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
     const uint8_t* b = row + sb * 208;
     return {ld16(b + 64 * n + 16 * h), ld16(b + 64 * n + 32 + 16 * h), ld16(b + 128 + 32 * n + 16 * h),
             ld16(b + 192), half_bits_to_float(ld2(row + (cols / 256) * 208 + sb * 2))};
   }
   // Signed 6-bit values (q - 32) of group m, byte-lane word t.
-  __device__ static int q6(const W& w, int m, int t) {
+  BATON_DEV static int q6(const W& w, int m, int t) {
     const uint32_t la = word(w.la, t), lb = word(w.lb, t), h = word(w.hh, t);
     uint32_t q;
     switch (m) {
@@ -257,29 +267,29 @@ struct TQ6_K {
     }
     return int(__vsub4(q, 0x20202020u));
   }
-  __device__ static float scale(const W& w, int u, int m) {
+  BATON_DEV static float scale(const W& w, int u, int m) {
     const int n = (u >> 1) & 1, h = u & 1;
     return float(int8_t(byte_of(w.sc, 8 * n + h + 2 * m)));
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
     const int8_t* x = a.q(j) + sb * 256 + 128 * n + 16 * h;
     const float2* ds = a.d(j) + sb * 8 + 4 * n;
     float acc = 0.0f;
-#pragma unroll
+BATON_UNROLL
     for (int m = 0; m < 4; m++) {
       const int4 xm = ld16s(x + 32 * m);
       int s = 0;
-#pragma unroll
+BATON_UNROLL
       for (int t = 0; t < 4; t++) s = __dp4a(q6(w, m, t), word(xm, t), s);
       acc += scale(w, u, m) * ds[m].x * float(s);
     }
     return w.d * acc;
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
     const int e0 = sb * 256 + 128 * n + 16 * h;
-#pragma unroll
+BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // group m = g/2, words 2(g&1), 2(g&1)+1
       const int m = g >> 1, t0 = 2 * (g & 1);
       const int lo_w = q6(w, m, t0), hi_w = q6(w, m, t0 + 1);
@@ -298,23 +308,23 @@ struct TFloat {
   static constexpr int unit = 8, unroll = 4;
   static constexpr bool q8 = false;
   struct W { uint4 v0, v1; };
-  __device__ static W load(const uint8_t* row, int64_t, int u) {
+  BATON_DEV static W load(const uint8_t* row, int64_t, int u) {
     if constexpr (T == GgmlType::F32) return {ld16(row + u * 32), ld16(row + u * 32 + 16)};
     else return {ld16(row + u * 16), uint4{}};
   }
-  __device__ static float at(const W& w, int i) {  // i: constant
+  BATON_DEV static float at(const W& w, int i) {  // i: constant
     if constexpr (T == GgmlType::F32) return __uint_as_float(i < 4 ? word(w.v0, i) : word(w.v1, i - 4));
     const uint16_t bits = uint16_t(word(w.v0, i >> 1) >> (16 * (i & 1)));
     if constexpr (T == GgmlType::F16) return half_bits_to_float(bits);
     else return bf16_bits_to_float(bits);
   }
-  __device__ static float dot(const W& w, const Act& a, int j, int u) {
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const float4* x = reinterpret_cast<const float4*>(a.f(j) + u * 8);
     const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
     return at(w, 0) * x0.x + at(w, 1) * x0.y + at(w, 2) * x0.z + at(w, 3) * x0.w +
            at(w, 4) * x1.x + at(w, 5) * x1.y + at(w, 6) * x1.z + at(w, 7) * x1.w;
   }
-  template <class P> __device__ static void dequant(const W& w, int u, P&& put) {
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     BATON_PUT8(put, u * 8, at(w, i_));
   }
 };
