@@ -76,7 +76,8 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   const int p = a.pos[t], s = a.seq[t], first = a.first[t], row0 = a.row0[t];
   const int g = h / (a.n_head / a.kv.n_head_kv);
   const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  const int kb = max(lo, sp * chunk), ke = min(p + 1, (sp + 1) * chunk);
+  // The last split runs to the end, so a max_len below pos + 1 costs speed, not correctness.
+  const int kb = max(lo, sp * chunk), ke = sp == n_split - 1 ? p + 1 : min(p + 1, (sp + 1) * chunk);
 
   for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = a.q[size_t(t) * a.q_stride + size_t(h) * D + d];
   __syncthreads();
