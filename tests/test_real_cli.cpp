@@ -383,3 +383,77 @@ TEST_CASE("chat with piped stdin: one answer per message, each followed by a bla
   CHECK(second.substr(second.size() - 2) == "\n\n");
   CHECK(second.find("\n\n") == second.size() - 2);
 }
+
+TEST_CASE("run: the context end is reported, too long a prompt is an error, Ctrl-C exits 130") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out full = run_baton("run -m " + m + " --raw -p 'Once upon a time' --ctx 24 --temp 0 --json -t 2");
+  INFO(full.err);
+  REQUIRE(full.code == 0);
+  json j = json::parse(full.out);
+  if (j["finish_reason"] == "context") {
+    CHECK(j["prompt_tokens"].get<int>() + j["tokens"].get<int>() == 24 + 1);  // the last one is sampled, not cached
+    CHECK(full.err.find("context is full") != std::string::npos);
+  } else {
+    WARN("the model ended its text before the context was full: " << j.dump());
+  }
+
+  std::string long_prompt;
+  for (int i = 0; i < 40; i++) long_prompt += "word ";
+  Out too_long = run_baton("run -m " + m + " --raw -p '" + long_prompt + "' --ctx 16 -t 2");
+  CHECK(too_long.code == 1);
+  CHECK(too_long.err.find("context holds 16") != std::string::npos);
+
+  // Ctrl-C in the middle of a long answer: the partial answer is printed and the exit code is 130.
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    close(out[0]);
+    execl(BATON_BINARY, BATON_BINARY, "run", "-m", m.c_str(), "--raw", "-p", "Once upon a time", "-n", "3000", "-t", "2",
+          (char*)nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string got;
+  char buf[256];
+  while (got.size() < 20) {
+    ssize_t n = read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+  }
+  REQUIRE(got.size() >= 20);
+  auto t0 = std::chrono::steady_clock::now();
+  kill(pid, SIGINT);
+  while (read(out[0], buf, sizeof buf) > 0) {}
+  int st = 0;
+  waitpid(pid, &st, 0);
+  close(out[0]);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 130);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("chat: a conversation that outgrows the context drops the oldest turns or stops") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  std::string msgs;
+  for (const char* q : {"Name a color.", "Name a fruit.", "Name a city.", "Name an animal.", "Name a planet."})
+    msgs += std::string(q) + "\n";
+  Out drop = run_baton("chat -m " + m + " --ctx 96 -n 12 --temp 0 -t 2 " + kSys, msgs);
+  INFO(drop.err);
+  CHECK(drop.code == 0);
+  CHECK(drop.err.find("dropped the") != std::string::npos);
+  size_t answers = 0;
+  for (size_t at = drop.out.find("\n\n"); at != std::string::npos; at = drop.out.find("\n\n", at + 2)) answers++;
+  CHECK(answers == 5);  // every message was answered
+
+  Out stop = run_baton("chat -m " + m + " --ctx 96 -n 12 --temp 0 -t 2 --on-context-full stop " + kSys, msgs);
+  CHECK(stop.code == 0);
+  CHECK(stop.err.find("context full") != std::string::npos);
+  CHECK(stop.err.find("dropped") == std::string::npos);
+}
