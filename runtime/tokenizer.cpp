@@ -255,9 +255,11 @@ void Tokenizer::encode_spm(std::string_view s, std::vector<int32_t>& out) const 
   };
   std::vector<Sym> sym;
   for (size_t pos = 0; pos < s.size();) {
-    size_t n = std::min(unicode::utf8_len(uint8_t(s[pos])), s.size() - pos);
-    sym.push_back({int(sym.size()) - 1, int(sym.size()) + 1, pos, n});
-    pos += n;
+    // One symbol per character; a malformed sequence is split into single bytes (which then
+    // take the byte fallback) so that it cannot swallow the start of the next character.
+    const size_t start = pos;
+    unicode::decode_one(s, pos);
+    sym.push_back({int(sym.size()) - 1, int(sym.size()) + 1, start, pos - start});
   }
   sym.back().next = -1;
 

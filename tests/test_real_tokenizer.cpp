@@ -9,6 +9,7 @@
 #include "helpers.h"
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
+#include "runtime/unicode.h"
 
 using namespace baton;
 
@@ -129,4 +130,25 @@ TEST_CASE("chat templates of the real models") {
     CHECK(std::count(ids.begin(), ids.end(), 105) == 2);
     CHECK(std::count(ids.begin(), ids.end(), 106) == 1);
   }
+}
+
+TEST_CASE("streaming SmolLM2's byte tokens never splits a character") {
+  std::string path = test::smollm2();
+  if (path.empty()) return;
+  auto file = gguf::File::open(path);
+  Tokenizer tok = Tokenizer::from_gguf(*file);
+  const std::string text = "Llamas 🦙 and ünïcödé, 日本語.";
+  auto ids = tok.encode(text, false, false);
+  Detokenizer d(tok);
+  std::string out;
+  size_t held = 0;
+  for (int32_t id : ids) {
+    std::string part = d.push(id);
+    if (part.empty()) ++held;  // a token that ended inside a character
+    CHECK(unicode::incomplete_utf8_tail(part) == 0);
+    out += part;
+  }
+  out += d.flush();
+  CHECK(out == text);
+  CHECK(held > 0);  // the emoji is spread over several byte tokens
 }
