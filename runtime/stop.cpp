@@ -52,15 +52,4 @@ std::string StopMatcher::flush() {
   return out;
 }
 
-size_t utf8_incomplete_tail(std::string_view s) {
-  // Look back at most 3 bytes for a lead byte whose character runs past the end.
-  for (size_t back = 1; back <= 3 && back <= s.size(); back++) {
-    unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return len > back ? back : 0;
-  }
-  return 0;
-}
-
 }  // namespace baton

@@ -29,7 +29,4 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-// Bytes at the end of `s` that begin a UTF-8 character but do not complete it (0 when none).
-size_t utf8_incomplete_tail(std::string_view s);
-
 }  // namespace baton

@@ -176,13 +176,3 @@ TEST_CASE("stop matcher: the earliest-starting stop wins; unfinished prefix is f
   StopMatcher none;
   CHECK(none.push("anything") == "anything");
 }
-
-TEST_CASE("utf8 tail detection") {
-  CHECK(utf8_incomplete_tail("abc") == 0);
-  CHECK(utf8_incomplete_tail("a\xC3") == 1);
-  CHECK(utf8_incomplete_tail("a\xC3\xA9") == 0);
-  CHECK(utf8_incomplete_tail("\xE2\x82") == 2);
-  CHECK(utf8_incomplete_tail("\xE2\x82\xAC") == 0);
-  CHECK(utf8_incomplete_tail("\xF0\x9F\x98") == 3);
-  CHECK(utf8_incomplete_tail("\xF0\x9F\x98\x80") == 0);
-}
