@@ -159,13 +159,19 @@ TEST_CASE("thread pool runs every task exactly once on exactly n threads") {
 
 TEST_CASE("thread pool uses its workers and survives many small jobs") {
   ThreadPool pool(3);
+  // Each task holds its thread until three tasks run at once, which needs all three threads
+  // (the caller alone could never get there). A timeout turns a broken pool into a failure.
+  std::atomic<int> arrived{0};
   std::vector<std::atomic<int>> seen(3);
-  // Tasks that take a while so that every worker gets some.
-  pool.run(60, [&](int, int thread) {
+  pool.run(3, [&](int, int thread) {
     seen[size_t(thread)].fetch_add(1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (arrived.load() < 3 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   });
-  for (auto& s : seen) CHECK(s.load() > 0);
+  CHECK(arrived.load() == 3);
+  for (auto& s : seen) CHECK(s.load() == 1);
   std::atomic<long> sum{0};
   for (int i = 0; i < 2000; i++) pool.run(4, [&](int task, int) { sum += task; });
   CHECK(sum.load() == 2000L * 6);
