@@ -1,0 +1,258 @@
+// `baton bench`: end-to-end speed of a model, in the shape of llama-bench's table so the two can
+// be read side by side. pp: one batch of p tokens from an empty cache; tg: n single-token decode
+// steps from an empty cache. Each test runs once to warm up, then r timed repetitions (mean ± sd).
+// For tg also the weight bytes streamed per token × tok/s, and that as a share of the machine's
+// measured read bandwidth. A benchmark, not a test: the tokens are random ids.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "gguf/error.h"
+#include "gguf/gguf.h"
+#include "runtime/config.h"
+
+namespace baton::cli {
+namespace {
+
+struct BenchOpts {
+  ModelFlags model;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int reps = 3;
+  bool json = false;
+  bool bandwidth = true;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Stats {
+  double mean = 0, sd = 0;
+};
+Stats stats(const std::vector<double>& v) {
+  Stats s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  if (v.size() > 1) {
+    double q = 0;
+    for (double x : v) q += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(q / double(v.size() - 1));
+  }
+  return s;
+}
+
+// What describes the model in the table: size (tensor bytes), parameters, the dominant weight
+// type, and the weight bytes one generated token streams: every tensor once, except the token
+// embedding, of which one row is read (unless the output head reuses it, then all of it).
+struct ModelInfo {
+  std::string label;
+  uint64_t size_bytes = 0;
+  uint64_t params = 0;
+  uint64_t bytes_per_token = 0;
+};
+
+ModelInfo describe(const Pipeline& p) {
+  ModelInfo m;
+  const ModelConfig& c = p.config();
+  std::vector<uint64_t> by_type(64, 0);
+  const gguf::TensorInfo* embd = nullptr;
+  for (const auto& t : p.file().tensors()) {
+    m.size_bytes += t.nbytes;
+    m.params += uint64_t(t.nelements());
+    if (t.n_dims >= 2 && size_t(t.type) < by_type.size()) by_type[size_t(t.type)] += t.nbytes;
+    if (t.name == "token_embd.weight") embd = &t;
+  }
+  m.bytes_per_token = m.size_bytes;
+  if (embd && !c.tied_output && embd->ne[1] > 0) m.bytes_per_token -= embd->nbytes - embd->nbytes / uint64_t(embd->ne[1]);
+  const auto main_type = GgmlType(std::max_element(by_type.begin(), by_type.end()) - by_type.begin());
+  const double params = double(m.params);
+  const std::string count = params >= 1e9 ? fmt::format("{:.1f}B", params / 1e9) : fmt::format("{:.0f}M", params / 1e6);
+  m.label = fmt::format("{} {} {}", c.arch, count, type_name(main_type));
+  return m;
+}
+
+// Read bandwidth of the machine with `threads` threads: each sums its share of a buffer far
+// larger than the last-level cache; best of a few passes (the least disturbed one).
+double read_bandwidth_gbs(int threads) {
+  const size_t n = (size_t(256) << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  std::vector<uint64_t> sink(size_t(threads) * 8, 0);
+  double best = 1e300;
+  for (int pass = 0; pass < 4; ++pass) {
+    const double t0 = now_s();
+    std::vector<std::thread> ts;
+    const size_t per = (n + size_t(threads) - 1) / size_t(threads);
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const size_t b = size_t(t) * per, e = std::min(n, b + per);
+        uint64_t a[8] = {};
+        size_t i = b;
+        for (; i + 8 <= e; i += 8)
+          for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
+        for (; i < e; ++i) a[0] += buf[i];
+        for (int k = 0; k < 8; ++k) sink[size_t(t) * 8 + size_t(k)] = a[k];
+      });
+    for (auto& th : ts) th.join();
+    if (pass > 0) best = std::min(best, now_s() - t0);  // the first pass also starts the threads
+  }
+  volatile uint64_t keep = 0;
+  for (uint64_t s : sink) keep = keep + s;
+  return double(n * sizeof(uint64_t)) / best / 1e9;
+}
+
+struct TestResult {
+  std::string name;
+  int n_prompt = 0, n_gen = 0;
+  std::vector<double> tps;
+};
+
+TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
+  TestResult r{fmt::format("pp{}", tokens.size()), int(tokens.size()), 0, {}};
+  Batch b;
+  for (size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], int32_t(i), 0, i + 1 == tokens.size());
+  std::vector<float> logits(size_t(p.n_vocab()));
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up, not counted
+    p.truncate_seq(0);
+    const double t0 = now_s();
+    p.decode(b, logits.data());
+    const double dt = now_s() - t0;
+    if (rep >= 0) r.tps.push_back(double(tokens.size()) / dt);
+  }
+  return r;
+}
+
+TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
+  TestResult r{fmt::format("tg{}", tokens.size()), 0, int(tokens.size()), {}};
+  std::vector<float> logits(size_t(p.n_vocab()));
+  Batch b;
+  auto generate = [&](size_t n) {
+    p.truncate_seq(0);
+    for (size_t i = 0; i < n; ++i) {
+      b.clear();
+      b.add(tokens[i], int32_t(i), 0, true);
+      p.decode(b, logits.data());
+    }
+  };
+  generate(std::min<size_t>(tokens.size(), 8));  // warm-up: a few steps (as llama-bench does), not counted
+  for (int rep = 0; rep < reps; ++rep) {
+    const double t0 = now_s();
+    generate(tokens.size());
+    r.tps.push_back(double(tokens.size()) / (now_s() - t0));
+  }
+  return r;
+}
+
+std::string size_str(uint64_t bytes) {
+  const double b = double(bytes);
+  return b >= double(1ull << 30) ? fmt::format("{:.2f} GiB", b / double(1ull << 30)) : fmt::format("{:.2f} MiB", b / double(1ull << 20));
+}
+std::string params_str(uint64_t n) {
+  const double x = double(n);
+  return x >= 1e9 ? fmt::format("{:.2f} B", x / 1e9) : fmt::format("{:.2f} M", x / 1e6);
+}
+
+int run(const BenchOpts& o) {
+  if (o.n_prompt < 0) fail(ErrorKind::Usage, "-p {}: the prompt length cannot be negative", o.n_prompt);
+  if (o.n_gen < 0) fail(ErrorKind::Usage, "-n {}: the generation length cannot be negative", o.n_gen);
+  if (o.n_prompt == 0 && o.n_gen == 0) fail(ErrorKind::Usage, "-p 0 and -n 0: nothing to measure");
+  if (o.reps < 1) fail(ErrorKind::Usage, "-r {}: need at least one repetition", o.reps);
+  if (o.model.ctx > 0 && o.model.ctx < std::max(o.n_prompt, o.n_gen))
+    fail(ErrorKind::Usage, "--ctx {} is shorter than the longest test ({} tokens)", o.model.ctx, std::max(o.n_prompt, o.n_gen));
+
+  ModelFlags mf = o.model;
+  mf.batch = std::max({1, o.n_prompt});  // pp is one batch, as in llama-bench's default -b
+  if (mf.ctx == 0) mf.ctx = std::max({o.n_prompt, o.n_gen, 16});
+  Loaded m = load_model(mf, 1);
+  Pipeline& p = *m.pipe;
+  const ModelInfo info = describe(p);
+  const int threads = mf.threads > 0 ? mf.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+
+  // Random token ids (fixed seed), away from the first few ids where special tokens live.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> pick(std::min(100, p.n_vocab() - 1), p.n_vocab() - 1);
+  auto draw = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = pick(rng);
+    return v;
+  };
+
+  std::vector<TestResult> results;
+  if (o.n_prompt > 0) results.push_back(run_pp(p, draw(o.n_prompt), o.reps));
+  if (o.n_gen > 0) results.push_back(run_tg(p, draw(o.n_gen), o.reps));
+  const double bw = o.bandwidth && o.n_gen > 0 ? read_bandwidth_gbs(threads) : 0.0;
+
+  const std::string backend = mf.devices;
+  if (o.json) {
+    for (const auto& r : results) {
+      const Stats s = stats(r.tps);
+      nlohmann::json j = {{"model", info.label},          {"model_path", m.path},
+                          {"model_size", info.size_bytes}, {"model_n_params", info.params},
+                          {"backend", backend},            {"n_threads", threads},
+                          {"test", r.name},                {"n_prompt", r.n_prompt},
+                          {"n_gen", r.n_gen},              {"repetitions", o.reps},
+                          {"samples_ts", r.tps},           {"avg_ts", s.mean},
+                          {"stddev_ts", s.sd}};
+      if (r.n_gen > 0) {
+        j["weight_bytes_per_token"] = info.bytes_per_token;
+        j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;
+        if (bw > 0) {
+          j["read_bandwidth_gb_per_s"] = bw;
+          j["bandwidth_fraction"] = double(info.bytes_per_token) * s.mean / 1e9 / bw;
+        }
+      }
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  }
+
+  std::printf("| %-22s | %10s | %10s | %-7s | %7s | %7s | %20s | %16s |\n", "model", "size", "params", "backend", "threads",
+              "test", "t/s", "weights GB/s");
+  std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: |\n", std::string(22, '-').c_str(), std::string(9, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(6, '-').c_str(),
+              std::string(6, '-').c_str(), std::string(19, '-').c_str(), std::string(15, '-').c_str());
+  for (const auto& r : results) {
+    const Stats s = stats(r.tps);
+    std::string gbs;
+    if (r.n_gen > 0) {
+      const double g = double(info.bytes_per_token) * s.mean / 1e9;
+      gbs = bw > 0 ? fmt::format("{:.2f} ({:.0f}%)", g, 100.0 * g / bw) : fmt::format("{:.2f}", g);
+    }
+    std::fputs(fmt::format("| {:<22} | {:>10} | {:>10} | {:<7} | {:>7} | {:>7} | {:>20} | {:>16} |\n", info.label,
+                           size_str(info.size_bytes), params_str(info.params), backend, threads, r.name,
+                           fmt::format("{:.2f} ± {:.2f}", s.mean, s.sd), gbs)
+                   .c_str(),
+               stdout);
+  }
+  std::printf("\nweights read per generated token: %s", size_str(info.bytes_per_token).c_str());
+  if (bw > 0) std::printf("; measured read bandwidth (%d threads): %.2f GB/s", threads, bw);
+  std::printf("\n");
+  return 0;
+}
+
+Register reg{{"bench", "Measure prompt processing and generation speed (tokens/s, like llama-bench)",
+  [](CLI::App& app) {
+    auto o = std::make_shared<BenchOpts>();
+    add_model_flags(app, o->model);
+    app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens evaluated in one batch (0: skip pp)")->capture_default_str();
+    app.add_option("-n,--n-gen", o->n_gen, "tokens generated one at a time (0: skip tg)")->capture_default_str();
+    app.add_option("-r,--repetitions", o->reps, "timed repetitions of each test (after one warm-up)")->capture_default_str();
+    app.add_flag("--json", o->json, "one JSON object per test instead of the table");
+    app.add_flag("!--no-bandwidth", o->bandwidth, "skip measuring the machine's read bandwidth");
+    return [o] { return run(*o); };
+  }}};
+
+}  // namespace
+}  // namespace baton::cli
