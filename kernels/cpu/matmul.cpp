@@ -90,8 +90,8 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
   BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
   const KernelTable& kt = table_for(active_isa());
+  BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);  // a compute type
   const DotFn dot = kt.dot[int(W.type)];
-  BATON_CHECK(dot != nullptr);
   const int64_t rows = W.rows, cols = W.cols;
   const ActKind kind = kt.act[int(W.type)];
   const size_t a_stride = act_bytes(kind, cols);
