@@ -3,7 +3,8 @@
 # llama3-8b-shaped models, run whatever benchmark commands this tree has, print a short table last.
 # Usage: scripts/gpu-check.sh LOG_DIR        (full logs of every step go to LOG_DIR)
 # Environment: BATON_GPU_ARCH (default 90), BATON_GPU_BUILD (default build-gpu),
-#              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models).
+#              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models),
+#              BATON_GPU_SYNTH=0 (do not generate models: quick reruns, dry runs without a GPU).
 # Steps whose command does not exist yet in this tree are skipped with a note, not failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +44,8 @@ run() {
   return $rc
 }
 
-# True when the baton binary has subcommand $1.
-has_cmd() { [[ -x $bin ]] && "$bin" "$1" --help >/dev/null 2>&1; }
+# True when the baton binary has subcommand $1 (and, with $2, that option).
+has_cmd() { [[ -x $bin ]] && "$bin" "$1" --help >/dev/null 2>&1 && { [[ $# -lt 2 ]] || "$bin" "$1" --help 2>&1 | grep -q -- "$2"; }; }
 skip() { row "$1" skipped 0 "$2"; }
 
 note "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), logs in $logs"
@@ -66,7 +67,9 @@ if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'b
 
 # 4. llama3-8b-shaped models (Q4_0, Q4_K).
 mkdir -p "$models"
-if has_cmd synth; then
+if [[ ${BATON_GPU_SYNTH:-1} == 0 ]]; then
+  skip synth "BATON_GPU_SYNTH=0"
+elif has_cmd synth; then
   for t in Q4_0 Q4_K; do
     f=$models/llama3-8b-$t.gguf
     if [[ -s $f ]]; then row "synth-$t" ok 0 "reused $f"; else run "synth-$t" 600 "$bin" synth --shape llama3-8b --type "$t" --out "$f"; fi
@@ -80,9 +83,13 @@ if has_cmd bench; then
   for t in Q4_0 Q4_K; do
     f=$models/llama3-8b-$t.gguf
     [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
-    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0
-    run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on
-    run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off
+    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 512 -n 128
+    if has_cmd bench --p2p; then
+      run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p 512 -n 128
+      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p 512 -n 128
+    else
+      skip "bench-2stage-$t" "no --p2p option yet"
+    fi
   done
 else
   skip bench "no 'baton bench' yet"
