@@ -1,5 +1,9 @@
 // SmolLM2-135M-Instruct (fetched by scripts/fetch-model.sh smollm2-135m): the ChatML-wrapped
 // question, greedy through the Pipeline and its KV cache, must be answered with "Paris".
+// The system prompt is given explicitly. With the template's default system prompt ("You are a
+// helpful AI assistant named SmolLM, ...") the first answer token is a near-tie (0.08 logits apart
+// in an exact float forward) and 8-bit activation kernels, ours and llama.cpp's alike, continue in
+// French ("L'Étoile, la Marseillaise, ..."), token for token the same as llama.cpp's llama-simple.
 #include <algorithm>
 #include <cstdio>
 
@@ -15,10 +19,10 @@ using namespace baton;
 namespace {
 
 // Greedy answer to one user message: prompt in one batch, then one token per step.
-std::string greedy_answer(Pipeline& p, const std::string& question, int max_tokens) {
+std::string greedy_answer(Pipeline& p, const std::string& system, const std::string& question, int max_tokens) {
   const Tokenizer& tok = p.tokenizer();
   const ChatTemplate tmpl = ChatTemplate::for_model(p.file(), tok);
-  const std::string text = tmpl.render({{"user", question}}, true);
+  const std::string text = tmpl.render({{"system", system}, {"user", question}}, true);
   const auto ids = tok.encode(text, /*add_special=*/!tmpl.starts_with_bos(), /*parse_special=*/true);
   REQUIRE(!ids.empty());
   Batch b;
@@ -48,7 +52,7 @@ TEST_CASE("SmolLM2-135M-Instruct answers the capital of France with Paris") {
   auto p = Pipeline::load(path, o);
   CHECK(p->config().arch == "llama");
   CHECK(p->config().tied_output);
-  const std::string answer = greedy_answer(*p, "What is the capital of France?", 32);
+  const std::string answer = greedy_answer(*p, "You are a helpful assistant.", "What is the capital of France?", 32);
   std::printf("SmolLM2 answer: %s\n", answer.c_str());
   CHECK(answer.find("Paris") != std::string::npos);
 }
