@@ -87,6 +87,13 @@ class CpuPipeline final : public Pipeline {
   void decode(const Batch& batch, float* logits) override;
   void truncate_seq(int seq, int from) override;
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
+  std::vector<StageInfo> stages() const override {
+    std::vector<StageInfo> out;
+    for (const auto& s : stages_)
+      out.push_back({s.plan.label, s.begin, s.end, s.pool->size(), s.plan.total_bytes() - s.plan.reserve_bytes,
+                     s.measured_bytes()});
+    return out;
+  }
 
  private:
   void check_seq(int seq) const {
@@ -145,6 +152,9 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   po.n_parallel = uint32_t(opt.n_seq);
   po.n_batch = uint32_t(n_batch_);
   po.kv_type = opt.kv_type;
+  // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
+  // layers are cut evenly rather than filling the first entry.
+  if (devices.size() > 1) po.tensor_split.assign(devices.size(), 1.0);
   const Plan p = plan(shape, devices, po);
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   BATON_CHECK(!p.stages.empty());
@@ -183,12 +193,13 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
     std::fprintf(stderr, "threads per stage: %d\n", per_stage);
-    for (size_t k = 0; k < stages_.size(); ++k) {
-      const CpuStage& s = stages_[k];
-      const uint64_t planned = s.plan.total_bytes() - s.plan.reserve_bytes, measured = s.measured_bytes();
-      std::fprintf(stderr, "stage %zu (%s, layers %d..%d): planned %s (%llu B), measured %s (%llu B)\n", k,
-                   s.plan.label.c_str(), s.begin, s.end, format_bytes(planned).c_str(),
-                   (unsigned long long)planned, format_bytes(measured).c_str(), (unsigned long long)measured);
+    const auto info = stages();
+    for (size_t k = 0; k < info.size(); ++k) {
+      const StageInfo& s = info[k];
+      std::fprintf(stderr, "stage %zu (%s, layers [%d, %d)): planned %s (%llu B), measured %s (%llu B)\n", k,
+                   s.device.c_str(), s.layer_begin, s.layer_end, format_bytes(s.planned_bytes).c_str(),
+                   (unsigned long long)s.planned_bytes, format_bytes(s.measured_bytes).c_str(),
+                   (unsigned long long)s.measured_bytes);
     }
   }
 }

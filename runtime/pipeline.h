@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "quant/types.h"
 #include "runtime/batch.h"
@@ -28,6 +29,16 @@ struct LoadOptions {
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
+// One stage as loaded: where it runs, its layers, and the bytes the planner set aside for it
+// (reserve excluded) next to the bytes it actually holds (weights bound + KV + scratch + buffers).
+struct StageInfo {
+  std::string device;
+  int layer_begin = 0, layer_end = 0;
+  int n_threads = 0;
+  uint64_t planned_bytes = 0;
+  uint64_t measured_bytes = 0;
+};
+
 class Pipeline {
  public:
   static std::unique_ptr<Pipeline> load(const std::string& path, const LoadOptions& opt);
@@ -47,6 +58,8 @@ class Pipeline {
   // Forget what sequence `seq` has cached from position `from` on (0: all of it).
   virtual void truncate_seq(int seq, int from = 0) = 0;
   virtual int seq_len(int seq) const = 0;
+  // The stages in pipeline order (empty for pipelines that have no stages to show).
+  virtual std::vector<StageInfo> stages() const { return {}; }
 };
 
 }  // namespace baton
