@@ -24,6 +24,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--ctx", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
   app.add_option("--devices", f.devices, "devices to place layers on, e.g. cpu or cuda:0,cpu");
+  app.add_option("--threads-per-stage", f.threads_per_stage,
+                 "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
   app.add_flag("--verbose", f.verbose, "print loading and placement details");
 }
@@ -62,6 +64,7 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
   lo.kv_type = f.kv_type == "q8_0" ? GgmlType::Q8_0 : GgmlType::F16;
   lo.n_threads = f.threads;
   lo.devices = f.devices;
+  lo.threads_per_stage = f.threads_per_stage;
   lo.verbose = f.verbose;
   const bool bar = stderr_is_tty();
   if (bar) {

@@ -23,6 +23,7 @@ struct ModelFlags {
   int ctx = 0;
   int batch = 512;
   std::string devices = "cpu";
+  int threads_per_stage = 0;
   std::string kv_type = "f16";
   bool verbose = false;
 };
