@@ -426,7 +426,7 @@ TEST_CASE("gguf: hostile fields are rejected naming the field and the byte offse
     {"block multiple", [&](auto& b) { poke<uint64_t>(b, w2_dims, 33); return w2_type; }, "not a multiple of the block size 32"},
     {"misaligned offset", [&](auto& b) { poke<uint64_t>(b, w2_off, 72); return w2_off; }, "not a multiple of the alignment 32"},
     {"data past the end", [&](auto& b) { poke<uint64_t>(b, w2_off, 4096); return w2; }, "past the end of the file"},
-    {"data cut short", [&](auto& b) { b.resize(b.size() - 1); return w2; }, "past the end of the file"},
+    {"data cut short", [&](auto& b) { b.pop_back(); return w2; }, "past the end of the file"},
     {"overlap", [&](auto& b) { poke<uint64_t>(b, w2_off, 32); return w2; }, "tensor 'w2' overlaps tensor 'w1'"},
     {"duplicate tensor", [&](auto& b) { std::memcpy(&b[w2 + 8], "w1", 2); return w2; }, "tensor 'w1': duplicate tensor name"},
   };
