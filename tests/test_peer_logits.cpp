@@ -10,6 +10,7 @@
 
 #include "helpers.h"
 #include "gguf/error.h"
+#include "model_helpers.h"
 #include "runtime/pipeline.h"
 
 using namespace baton;
@@ -18,14 +19,6 @@ namespace {
 
 const int kVocab = 32000;
 
-std::vector<int32_t> read_ids(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::vector<int32_t> ids;
-  int32_t v;
-  while (in >> v) ids.push_back(v);
-  return ids;
-}
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -90,7 +83,7 @@ std::vector<float> eval_prompt(Pipeline& p, const std::vector<int32_t>& ids, boo
 
 void check_against_reference(const std::string& prompt, bool one_batch) {
   const std::string base = test::peer("logits/tiny-q4_0." + prompt);
-  const auto ids = read_ids(base + ".tokens.txt");
+  const auto ids = test::read_ids(base + ".tokens.txt");
   const auto ref = read_f32(base + ".logits.f32");
   REQUIRE(ref.size() == ids.size() * kVocab);
   auto p = load_tiny();
@@ -119,7 +112,7 @@ void check_against_reference(const std::string& prompt, bool one_batch) {
   }
 
   // Greedy continuation through the KV cache, compared tolerance-aware.
-  const auto greedy = read_ids(base + ".greedy32.txt");
+  const auto greedy = test::read_ids(base + ".greedy32.txt");
   const auto top5 = read_top5(base + ".greedy32.top5.txt");
   REQUIRE(greedy.size() == 32);
   REQUIRE(top5.size() == 32);
@@ -158,7 +151,7 @@ TEST_CASE("peer tiny-q4_0 logits match llama.cpp: prompt token by token through 
 }
 
 TEST_CASE("one batch and token by token agree closely with each other") {
-  const auto ids = read_ids(test::peer("logits/tiny-q4_0.P2.tokens.txt"));
+  const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P2.tokens.txt"));
   auto p = load_tiny();
   const auto a = eval_prompt(*p, ids, true);
   const auto b = eval_prompt(*p, ids, false);
@@ -169,7 +162,7 @@ TEST_CASE("one batch and token by token agree closely with each other") {
 }
 
 TEST_CASE("Q8_0 KV cache stays close to the F16 cache") {
-  const auto ids = read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
+  const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
   auto f16 = load_tiny(GgmlType::F16);
   auto q8 = load_tiny(GgmlType::Q8_0);
   const auto a = eval_prompt(*f16, ids, true);

@@ -6,6 +6,7 @@
 
 #include "helpers.h"
 #include "gguf/error.h"
+#include "model_helpers.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 
@@ -13,14 +14,6 @@ using namespace baton;
 
 namespace {
 
-std::vector<int32_t> read_ids(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::vector<int32_t> ids;
-  int32_t v;
-  while (in >> v) ids.push_back(v);
-  return ids;
-}
 
 std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, int n_seq = 1) {
   LoadOptions o;
@@ -118,7 +111,7 @@ std::string synth_model() {
 }  // namespace
 
 TEST_CASE("1, 2 and 3 CPU stages give the same logits on the peer tiny model", "[pipeline]") {
-  stages_agree(test::peer("logits/tiny-q4_0.gguf"), read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt")));
+  stages_agree(test::peer("logits/tiny-q4_0.gguf"), test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt")));
 }
 
 TEST_CASE("1, 2 and 3 CPU stages give the same logits on a generated model", "[pipeline]") {
@@ -143,7 +136,7 @@ TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline
 
 TEST_CASE("the threads per stage do not change the logits", "[pipeline]") {
   const std::string path = test::peer("logits/tiny-q4_0.gguf");
-  const auto ids = read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
+  const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
   auto a = load(path, "cpu,cpu");
   LoadOptions o;
   o.n_ctx = 128;

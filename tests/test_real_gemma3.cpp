@@ -12,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "helpers.h"
 #include "runtime/chat_template.h"
+#include "model_helpers.h"
 #include "runtime/config.h"
 #include "runtime/pipeline.h"
 #include "runtime/tokenizer.h"
@@ -20,28 +21,9 @@ using namespace baton;
 
 namespace {
 
-// Greedy continuation of `ids`: prompt in one batch, then one token per step.
-std::string greedy(Pipeline& p, const std::vector<int32_t>& ids, int max_tokens) {
-  const Tokenizer& tok = p.tokenizer();
-  REQUIRE(!ids.empty());
-  Batch b;
-  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], int32_t(i), 0, i + 1 == ids.size());
-  std::vector<float> logits(size_t(p.n_vocab()));
-  p.decode(b, logits.data());
-  std::vector<int32_t> out;
-  for (int step = 0; step < max_tokens; ++step) {
-    const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (tok.is_eog(next)) break;
-    out.push_back(next);
-    Batch d;
-    d.add(next, int32_t(ids.size() + out.size() - 1), 0, true);
-    p.decode(d, logits.data());
-  }
-  return tok.decode(out);
-}
 
 std::string complete(Pipeline& p, const std::string& prompt, int max_tokens) {
-  return greedy(p, p.tokenizer().encode(prompt, /*add_special=*/true, /*parse_special=*/false), max_tokens);
+  return test::greedy(p, p.tokenizer().encode(prompt, /*add_special=*/true, /*parse_special=*/false), max_tokens);
 }
 
 std::unique_ptr<Pipeline> load_gemma(const std::string& path) {
@@ -110,7 +92,7 @@ TEST_CASE("Gemma 3 270M through its chat template: same turn as llama.cpp on thi
   CHECK(ids.front() == tok.bos());
   // llama-simple on the same tokens: "What is the capital of France? mendatang\n..." (a pretrained
   // model echoing the turn). The echo is the part both forwards agree on to the token.
-  const std::string a = greedy(*p, ids, 8);
+  const std::string a = test::greedy(*p, ids, 8);
   std::printf("Gemma 3 chat turn: %s\n", a.c_str());
   CHECK(a.rfind("What is the capital of France?", 0) == 0);
 }

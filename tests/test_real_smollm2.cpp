@@ -9,6 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "helpers.h"
+#include "model_helpers.h"
 #include "runtime/chat_template.h"
 #include "runtime/config.h"
 #include "runtime/pipeline.h"
@@ -24,21 +25,7 @@ std::string greedy_answer(Pipeline& p, const std::string& system, const std::str
   const ChatTemplate tmpl = ChatTemplate::for_model(p.file(), tok);
   const std::string text = tmpl.render({{"system", system}, {"user", question}}, true);
   const auto ids = tok.encode(text, /*add_special=*/!tmpl.starts_with_bos(), /*parse_special=*/true);
-  REQUIRE(!ids.empty());
-  Batch b;
-  for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], int32_t(i), 0, i + 1 == ids.size());
-  std::vector<float> logits(size_t(p.n_vocab()));
-  p.decode(b, logits.data());
-  std::vector<int32_t> out;
-  for (int step = 0; step < max_tokens; ++step) {
-    const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (tok.is_eog(next)) break;
-    out.push_back(next);
-    Batch d;
-    d.add(next, int32_t(ids.size() + out.size() - 1), 0, true);
-    p.decode(d, logits.data());
-  }
-  return tok.decode(out);
+  return test::greedy(p, ids, max_tokens);
 }
 
 }  // namespace
