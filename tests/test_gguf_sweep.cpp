@@ -44,7 +44,7 @@ enum class Outcome { Parsed, Rejected };
 Outcome try_parse(const std::vector<uint8_t>& bytes) {
   std::unique_ptr<uint8_t[]> own(new uint8_t[std::max<size_t>(bytes.size(), 1)]);
   const uint8_t* buf = own.get();
-  std::memcpy(own.get(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(own.get(), bytes.data(), bytes.size());  // data() may be null
   std::unique_ptr<File> f;
   try {
     f = File::parse(buf, bytes.size(), "sweep");
