@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -25,6 +27,15 @@ inline std::string real_model(const std::string& name, const std::string& file) 
 }
 inline std::string smollm2() { return real_model("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"); }
 inline std::string gemma3() { return real_model("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"); }
+
+// The whole file as bytes.
+inline std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 // A fresh temporary directory per call.
 inline std::string temp_dir() {

@@ -12,14 +12,6 @@ using namespace baton;
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::string dir() { return std::string(BATON_TEST_DATA) + "/chat_templates/"; }
 
 std::vector<ChatMessage> messages_of(const nlohmann::json& j) {
@@ -39,11 +31,11 @@ ChatFamily family_of_fixture(const std::string& name) {
 }  // namespace
 
 TEST_CASE("each family renders exactly what its Jinja template renders") {
-  auto j = nlohmann::json::parse(read_all(dir() + "expected.json"));
+  auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
   REQUIRE(j.size() == 8);
   size_t compared = 0;
   for (const auto& [name, fx] : j.items()) {
-    const std::string src = read_all(dir() + name + ".jinja");
+    const std::string src = test::read_all(dir() + name + ".jinja");
     std::string warning;
     ChatTemplate t = ChatTemplate::detect(src, fx["bos_token"], fx["eos_token"], &warning);
     INFO("template " << name);
@@ -63,9 +55,9 @@ TEST_CASE("each family renders exactly what its Jinja template renders") {
 }
 
 TEST_CASE("a new turn after a rendered history is exactly the tail of the full rendering") {
-  auto j = nlohmann::json::parse(read_all(dir() + "expected.json"));
+  auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
   for (const auto& [name, fx] : j.items()) {
-    ChatTemplate t = ChatTemplate::detect(read_all(dir() + name + ".jinja"), fx["bos_token"], fx["eos_token"]);
+    ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + name + ".jinja"), fx["bos_token"], fx["eos_token"]);
     auto all = messages_of(fx["cases"][0]["messages"]);  // system, user, assistant, user
     std::vector<ChatMessage> history(all.begin(), all.end() - 1);
     auto tail = t.render_continuation(history, {all.back()});
@@ -80,13 +72,13 @@ TEST_CASE("a new turn after a rendered history is exactly the tail of the full r
 }
 
 TEST_CASE("SmolLM2's template brings its own system prompt") {
-  ChatTemplate t = ChatTemplate::detect(read_all(dir() + "smollm2.jinja"), "<|im_start|>", "<|im_end|>");
+  ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + "smollm2.jinja"), "<|im_start|>", "<|im_end|>");
   CHECK(t.default_system() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   CHECK(t.render({{"user", "Hi"}}, true) ==
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   // A plain ChatML template has none.
-  CHECK(ChatTemplate::detect(read_all(dir() + "chatml.jinja"), "", "").default_system().empty());
+  CHECK(ChatTemplate::detect(test::read_all(dir() + "chatml.jinja"), "", "").default_system().empty());
 }
 
 TEST_CASE("Mistral folds a system prompt into the first user message") {

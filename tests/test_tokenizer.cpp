@@ -15,14 +15,6 @@ using namespace baton;
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // `.inp`: inputs separated by "\n__ggml_vocab_test__\n" (the file ends with one); `.out`: one line
 // of space-separated ids per input.
 struct Vectors {
@@ -33,7 +25,7 @@ struct Vectors {
 Vectors load_vectors(const std::string& name) {
   Vectors v;
   const std::string sep = "\n__ggml_vocab_test__\n";
-  std::string inp = read_all(test::peer("tokenizer/" + name + ".inp"));
+  std::string inp = test::read_all(test::peer("tokenizer/" + name + ".inp"));
   size_t pos = 0;
   while (pos < inp.size()) {
     size_t hit = inp.find(sep, pos);
@@ -41,7 +33,7 @@ Vectors load_vectors(const std::string& name) {
     v.inputs.push_back(inp.substr(pos, hit - pos));
     pos = hit + sep.size();
   }
-  std::istringstream out(read_all(test::peer("tokenizer/" + name + ".out")));
+  std::istringstream out(test::read_all(test::peer("tokenizer/" + name + ".out")));
   std::string line;
   while (std::getline(out, line)) {
     std::istringstream ls(line);
@@ -92,7 +84,7 @@ TEST_CASE("llama.cpp vectors: starcoder") { check_vectors("ggml-vocab-starcoder.
 // Every pre-tokenizer against the same regexes run by an independent engine (Oniguruma through
 // the `tokenizers` package; tools/gen_tokenizer_fixtures.py).
 TEST_CASE("pre-tokenizers split like their regexes") {
-  auto j = nlohmann::json::parse(read_all(std::string(BATON_TEST_DATA) + "/pretokenizer_splits.json"));
+  auto j = nlohmann::json::parse(test::read_all(std::string(BATON_TEST_DATA) + "/pretokenizer_splits.json"));
   const auto& inputs = j["inputs"];
   REQUIRE(inputs.size() > 60);
   for (const char* name : {"default", "gpt-2", "falcon", "starcoder", "llama3", "qwen2"}) {
