@@ -55,11 +55,34 @@ class Pipeline {
   // `logits`, in batch order. Positions must continue each sequence's cache (pos == cached length)
   // and stay below n_ctx; a violation is an Error. Large batches are split internally.
   virtual void decode(const Batch& batch, float* logits) = 0;
+
+  // Asynchronous evaluation, so several batches can be in the stages at once (stage 0 on one
+  // batch while stage 1 finishes another). submit() checks the batch (an Error there leaves no
+  // state changed), copies it, starts evaluating it and returns a ticket; wait(ticket) blocks
+  // until its logits rows are in `logits` (same layout as decode) and rethrows any error raised
+  // while evaluating it. `logits` must stay valid until wait returns. Every stage evaluates
+  // batches in submission order, so a batch may continue a sequence that a batch still in flight
+  // extends (the next prompt chunk); positions are checked against what has been submitted.
+  // Tickets may be waited in any order; each exactly once. truncate_seq must not be called on a
+  // sequence with work in flight.
+  // The default is synchronous (submit evaluates with decode, wait returns at once), so a
+  // pipeline only has to implement decode(); pipelines that overlap work override all three.
+  virtual uint64_t submit(const Batch& batch, float* logits) {
+    decode(batch, logits);
+    return ++sync_tickets_;
+  }
+  virtual void wait(uint64_t ticket) { (void)ticket; }
+  // How many batches it pays to keep in flight: the number of stages that can work at once
+  // (1 for a single stage or a synchronous pipeline).
+  virtual int max_in_flight() const { return 1; }
   // Forget what sequence `seq` has cached from position `from` on (0: all of it).
   virtual void truncate_seq(int seq, int from = 0) = 0;
   virtual int seq_len(int seq) const = 0;
   // The stages in pipeline order (empty for pipelines that have no stages to show).
   virtual std::vector<StageInfo> stages() const { return {}; }
+
+ private:
+  uint64_t sync_tickets_ = 0;
 };
 
 }  // namespace baton
