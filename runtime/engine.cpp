@@ -1,7 +1,6 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <deque>
 
 #include "gguf/error.h"
 #include "runtime/batch.h"
@@ -36,6 +35,7 @@ struct Engine::Active {
   std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
   size_t next_prompt = 0;        // first prompt token not yet evaluated
   int32_t pending = -1;          // sampled, to be evaluated in the next step
+  bool waiting = false;          // a token whose logits it needs is in the pipeline
   bool done = false;
   Clock::time_point t_admit, t_first;
 
@@ -68,6 +68,13 @@ Result Engine::generate(Request req, const std::atomic<bool>* cancel, int slot) 
   Result out;
   run_slots([&]() { std::optional<Request> r; r.swap(one); return r; },
             [&](Result&& r) { out = std::move(r); }, {slot}, cancel);
+  if (one) {  // cancelled before it was taken: nothing evaluated, nothing generated
+    out.tag = one->tag;
+    out.seed = one->sampling.seed;
+    out.n_ctx = n_ctx_;
+    out.prompt_tokens = int(one->prompt.size());
+    out.finish = FinishReason::Cancelled;
+  }
   return out;
 }
 
@@ -150,22 +157,93 @@ void Engine::accept(Active& a, int32_t t) {
   if (int(cached_[a.slot].size()) >= n_ctx_) return finish(a, FinishReason::Context);
 }
 
+// One batch in the pipeline: what was submitted and whose logits rows come back.
+struct Engine::Step {
+  uint64_t ticket = 0;
+  Batch batch;
+  std::vector<float> logits;
+  std::vector<Active*> rows;                        // which request each logits row belongs to
+  std::vector<std::pair<Active*, bool>> chunks;     // prompt chunks: (request, its last chunk)
+};
+
+// Builds the next batch from requests that have something to evaluate: at most `cap` decoders
+// whose last token is not still in flight, then prompt chunks up to the prefill budget (a prompt
+// may have several chunks in flight, since the pipeline keeps each sequence's tokens in order).
+// The tokens count as cached from here on: the next batch continues after them.
+bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap, Step& st) {
+  st.batch.clear();
+  st.rows.clear();
+  st.chunks.clear();
+  size_t decoders = 0;
+  for (auto& a : active) {
+    if (a->pending < 0 || a->waiting || decoders == cap) continue;
+    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, true);
+    cached_[a->slot].push_back(a->pending);
+    st.rows.push_back(a.get());
+    a->pending = -1;
+    a->waiting = true;
+    decoders++;
+  }
+  int budget = opt_.prefill_chunk;
+  for (auto& a : active) {
+    if (!a->prefilling() || budget <= 0) continue;
+    size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
+    size_t pos = cached_[a->slot].size();
+    for (size_t i = 0; i < take; i++) {
+      size_t k = a->next_prompt + i;
+      bool last = k + 1 == a->req.prompt.size();
+      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last);
+      cached_[a->slot].push_back(a->req.prompt[k]);
+      if (last) {
+        st.rows.push_back(a.get());
+        a->waiting = true;
+      }
+    }
+    a->next_prompt += take;
+    st.chunks.push_back({a.get(), !a->prefilling()});
+    budget -= int(take);
+  }
+  if (st.batch.size() == 0) return false;
+  st.logits.resize(size_t(st.batch.n_logits()) * size_t(n_vocab_));
+  // Logits rows come out in batch order; rows[] was filled in that same order.
+  st.ticket = pipe_.submit(st.batch, st.logits.data());
+  return true;
+}
+
+// The requests are kept rotating through the pipeline in up to max_in_flight() batches: while
+// the pipeline evaluates one batch, the results of another are sampled and its next step is
+// submitted (stage 0 works on batch A's next token while stage 1 finishes batch B). Each request
+// samples with its own sampler, so how requests are grouped never changes what they generate.
 void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> free_slots,
                        const std::atomic<bool>* cancel) {
   std::deque<std::unique_ptr<Active>> active;  // admission order: earlier prompts are served first
+  std::deque<Step> in_flight;
+  std::vector<Step> spare;  // finished steps, reused for their buffers
   bool source_open = true;
-  Batch batch;
-  std::vector<float> logits;
-  std::vector<Active*> rows;  // which request each logits row belongs to
+  const size_t max_in_flight = size_t(std::max(1, pipe_.max_in_flight()));
   auto cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
+  // Waits for every batch still in flight, keeping the first error.
+  auto drain = [&](std::exception_ptr& error) {
+    for (auto& st : in_flight) {
+      try {
+        pipe_.wait(st.ticket);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    in_flight.clear();
+  };
   std::reverse(free_slots.begin(), free_slots.end());  // pop_back hands out the lowest slot first
 
   for (;;) {
     if (cancelled()) {
+      std::exception_ptr error;
+      drain(error);
       for (auto& a : active) {
         finish(*a, FinishReason::Cancelled);
         done(std::move(a->res));
       }
+      if (error) std::rethrow_exception(error);
       return;
     }
     // Fill free slots. A rejected request is answered at once and does not take a slot.
@@ -185,48 +263,48 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
     }
     if (active.empty()) return;
 
-    // One step: every decoder's pending token, then prompt chunks up to the budget.
-    batch.clear();
-    rows.clear();
-    for (auto& a : active) {
-      if (a->pending < 0) continue;
-      batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, true);
-      rows.push_back(a.get());
-    }
-    int budget = opt_.prefill_chunk;
-    std::vector<std::pair<Active*, size_t>> chunks;  // (request, tokens taken)
-    for (auto& a : active) {
-      if (!a->prefilling() || budget <= 0) continue;
-      size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
-      size_t pos = cached_[a->slot].size();
-      for (size_t i = 0; i < take; i++) {
-        size_t k = a->next_prompt + i;
-        bool last = k + 1 == a->req.prompt.size();
-        batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last);
-        if (last) rows.push_back(a.get());
+    // Keep the pipeline full: the decoders are spread over max_in_flight batches.
+    const size_t cap = (active.size() + max_in_flight - 1) / max_in_flight;
+    while (in_flight.size() < max_in_flight) {
+      Step st;
+      if (!spare.empty()) { st = std::move(spare.back()); spare.pop_back(); }
+      bool submitted = false;
+      try {
+        submitted = build_step(active, cap, st);
+      } catch (...) {
+        // Nothing of this step reached the pipeline; what is in flight is waited for, and the
+        // slots are emptied since their caches no longer match what the engine recorded.
+        std::exception_ptr error = std::current_exception();
+        drain(error);
+        for (auto& a : active) forget(a->slot);
+        std::rethrow_exception(error);
       }
-      chunks.push_back({a.get(), take});
-      budget -= int(take);
+      if (!submitted) break;
+      in_flight.push_back(std::move(st));
     }
-    BATON_CHECK(batch.size() > 0);
-    logits.resize(size_t(batch.n_logits()) * size_t(n_vocab_));
+    BATON_CHECK(!in_flight.empty());
 
-    // Logits rows come out in batch order; rows[] was filled in that same order.
-    pipe_.decode(batch, logits.data());
+    Step st = std::move(in_flight.front());
+    in_flight.pop_front();
+    try {
+      pipe_.wait(st.ticket);
+    } catch (...) {
+      std::exception_ptr error = std::current_exception();
+      drain(error);
+      for (auto& a : active) forget(a->slot);
+      std::rethrow_exception(error);
+    }
     auto now = Clock::now();
-
-    for (int i = 0; i < batch.size(); i++) cached_[batch.seq[i]].push_back(batch.token[i]);
-    for (auto& [a, take] : chunks) {
-      a->next_prompt += take;
-      if (!a->prefilling()) a->res.prompt_ms = ms_between(a->t_admit, now);
-    }
-    for (size_t r = 0; r < rows.size(); r++) {
-      Active& a = *rows[r];
-      a.pending = -1;
-      int32_t t = a.sampler.sample(logits.data() + r * size_t(n_vocab_), n_vocab_, a.history);
+    for (auto& [a, last] : st.chunks)
+      if (last) a->res.prompt_ms = ms_between(a->t_admit, now);
+    for (size_t r = 0; r < st.rows.size(); r++) {
+      Active& a = *st.rows[r];
+      a.waiting = false;
+      int32_t t = a.sampler.sample(st.logits.data() + r * size_t(n_vocab_), n_vocab_, a.history);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
       accept(a, t);
     }
+    spare.push_back(std::move(st));
 
     // Finished requests leave now, in admission order, and free their slots for the next ones.
     for (auto it = active.begin(); it != active.end();) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -103,6 +104,8 @@ class Engine {
 
  private:
   struct Active;
+  struct Step;
+  bool build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap, Step& st);
   void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel);
   bool admit(Active& a);
   void finish(Active& a, FinishReason why);

@@ -1,78 +1,56 @@
-// Pipeline::load places the model with the planner and builds one stage per planned block of
-// layers. A stage owns its weights view, KV cache, scratch, hidden-state buffer and thread pool;
-// consecutive stages are joined by a Link that moves hidden-state rows (a memcpy between CPU
-// stages). decode() checks the whole batch, cuts it into micro-batches (whole sequences, at most
-// n_batch tokens each) and, with several stages and micro-batches, runs them through the stages
-// concurrently: a driver thread per stage, stage k on micro-batch m while stage k+1 is on m-1.
-// Every token's math depends only on its own row and its own sequence's cache (attention is per
-// sequence, activations are quantized per token row), so the split changes no bit of the logits.
+// Pipeline::load places the model with the planner and builds one CpuStage (runtime/stage.h) per
+// planned block of layers. Each stage has a driver thread, created at load and kept until the
+// pipeline is destroyed, that takes pieces of work from its input queue, runs the stage on them
+// (driving the stage's own thread pool) and hands them to the next stage's queue. A piece carries
+// its own hidden-state buffer, so passing it on is the link between CPU stages: no copy, and a
+// stage never waits for the next one to free a buffer.
+// submit() checks a batch, cuts it into pieces of at most n_batch tokens and queues them at stage
+// 0; several submitted batches flow through the stages together (stage 0 on batch B while stage 1
+// finishes A). Every stage takes pieces in submission order, so the KV cache of each stage sees
+// each sequence's tokens in order. Every token's math depends only on its own row and its own
+// sequence's cache (attention is per sequence, activations are quantized per token row), so how
+// a batch is cut or grouped changes no bit of the logits.
 #include "runtime/pipeline.h"
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "gguf/gguf.h"
-#include "models/llama.h"
 #include "runtime/config.h"
 #include "runtime/devices.h"
-#include "runtime/kv_cache.h"
 #include "runtime/planner.h"
 #include "runtime/shape.h"
+#include "runtime/stage.h"
 #include "runtime/tokenizer.h"
 
 namespace baton {
 
 namespace {
 
-// Moves `rows` hidden-state rows from one stage's buffer to the next stage's. A CUDA link
-// (peer-to-peer or host-staged) implements the same interface.
-class Link {
- public:
-  virtual ~Link() = default;
-  virtual void send(const float* src, float* dst, size_t rows, size_t n_embd) = 0;
-};
-
-class CpuLink final : public Link {
- public:
-  void send(const float* src, float* dst, size_t rows, size_t n_embd) override {
-    std::memcpy(dst, src, rows * n_embd * sizeof(float));
-  }
-};
-
-struct CpuStage {
-  Stage plan;  // the planner's view: layer range, flags, planned bytes
-  int begin = 0, end = 0;
-  ModelWeights weights;
-  std::unique_ptr<KvCache> kv;
-  std::unique_ptr<Scratch> scratch;
-  std::unique_ptr<cpu::ThreadPool> pool;
-  std::vector<float> x;       // hidden states of the micro-batch in hand, n_batch × n_embd
-  std::vector<float> logits;  // last stage: n_batch × n_vocab rows of the micro-batch in hand
-  uint64_t weight_bytes = 0;  // bytes of the tensors this stage bound (measured, see below)
-  uint64_t scratch_bytes = 0; // what Scratch allocated (its own sizing function)
-
-  uint64_t measured_bytes() const {
-    return weight_bytes + kv->bytes() + scratch_bytes +
-           x.capacity() * sizeof(float) + logits.capacity() * sizeof(float);
-  }
-};
-
-// A piece of the batch: whole sequences (or a run of one sequence's tokens when it is longer
-// than n_batch), with the original index of each token.
-struct MicroBatch {
+// A run of at most n_batch tokens of one submitted batch, on its way through the stages.
+struct Piece {
+  uint64_t ticket = 0;
   Batch batch;
-  std::vector<int> index;
+  float* logits = nullptr;  // where this piece's logits rows go (the caller's buffer)
+  std::vector<float> x;     // hidden states, batch.size() × n_embd: what the links move
+};
+
+struct TicketState {
+  int pieces_left = 0;
+  std::exception_ptr error;  // the first error raised by one of its pieces
 };
 
 class CpuPipeline final : public Pipeline {
  public:
   CpuPipeline(const std::string& path, const LoadOptions& opt);
+  ~CpuPipeline() override;
 
   const gguf::File& file() const override { return *file_; }
   const ModelConfig& config() const override { return cfg_; }
@@ -85,13 +63,16 @@ class CpuPipeline final : public Pipeline {
   int n_vocab() const override { return cfg_.n_vocab; }
 
   void decode(const Batch& batch, float* logits) override;
+  uint64_t submit(const Batch& batch, float* logits) override;
+  void wait(uint64_t ticket) override;
+  int max_in_flight() const override { return int(stages_.size()); }
   void truncate_seq(int seq, int from) override;
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
   std::vector<StageInfo> stages() const override {
     std::vector<StageInfo> out;
     for (const auto& s : stages_)
-      out.push_back({s.plan.label, s.begin, s.end, s.pool->size(), s.plan.total_bytes() - s.plan.reserve_bytes,
-                     s.measured_bytes()});
+      out.push_back({s->plan().label, s->layer_begin(), s->layer_end(), s->n_threads(),
+                     s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes()});
     return out;
   }
 
@@ -101,23 +82,27 @@ class CpuPipeline final : public Pipeline {
       fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());
   }
   void touch_pages(const LoadOptions& opt) const;
-  uint64_t bound_bytes(const ModelWeights& w, int begin, int end, bool with_embed, bool with_head) const;
-  std::vector<MicroBatch> split(const Batch& b) const;
-  // Stage k's work on one micro-batch, in its own buffer; the last stage also writes the
-  // micro-batch's logits rows to their batch places.
-  void run_stage(size_t k, const MicroBatch& mb, float* logits, const std::vector<int>& out_row);
-  // Stage k hands the micro-batch's hidden states to stage k+1 through the link.
-  void send(size_t k, const MicroBatch& mb) {
-    links_[k]->send(stages_[k].x.data(), stages_[k + 1].x.data(), size_t(mb.batch.size()), size_t(cfg_.n_embd));
-  }
+  void drive(size_t k);  // stage k's driver thread
+  std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
   std::unique_ptr<gguf::File> file_;
   ModelConfig cfg_;
   std::optional<Tokenizer> tok_;
   int n_ctx_ = 0, n_batch_ = 0;
-  std::vector<CpuStage> stages_;
-  std::vector<std::unique_ptr<Link>> links_;  // links_[k]: stage k -> k+1
-  std::vector<int> len_;                      // cached positions per sequence
+  std::vector<std::unique_ptr<CpuStage>> stages_;
+  std::vector<int> len_;  // positions per sequence, as submitted
+  std::function<void(int, const Batch&)> on_stage_;
+
+  // Between the caller and the drivers: one lock for the queues and the ticket table (a few
+  // operations per piece; the work in between is a whole stage's forward).
+  std::mutex mu_;
+  std::condition_variable work_;  // a queue got a piece, or stop
+  std::condition_variable done_;  // a ticket finished
+  std::vector<std::deque<std::unique_ptr<Piece>>> queue_;  // queue_[k]: input of stage k
+  std::unordered_map<uint64_t, TicketState> tickets_;
+  uint64_t next_ticket_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> drivers_;
 };
 
 CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
@@ -166,29 +151,15 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   const int per_stage = opt.threads_per_stage > 0 ? opt.threads_per_stage : std::max(1, total / n_stages);
 
   touch_pages(opt);
-  stages_.resize(size_t(n_stages));
-  for (size_t k = 0; k < stages_.size(); ++k) {
-    CpuStage& s = stages_[k];
-    s.plan = p.stages[k];
-    s.begin = int(s.plan.layer_begin);
-    s.end = int(s.plan.layer_end);
-    s.weights = bind_weights(*file_, cfg_, s.begin, s.end, s.plan.has_embedding, s.plan.has_output);
-    s.weight_bytes = bound_bytes(s.weights, s.begin, s.end, s.plan.has_embedding, s.plan.has_output);
-    KvCacheShape ks;
-    ks.layer_begin = s.begin;
-    ks.layer_end = s.end;
-    ks.n_seq = opt.n_seq;
-    ks.n_ctx = n_ctx_;
-    ks.type = opt.kv_type;
-    s.kv = std::make_unique<KvCache>(cfg_, ks);
-    s.scratch = std::make_unique<Scratch>(cfg_, n_batch_, opt.kv_type);
-    s.scratch_bytes = Scratch::bytes(cfg_, n_batch_, opt.kv_type);
-    s.pool = std::make_unique<cpu::ThreadPool>(per_stage);
-    s.x.resize(size_t(n_batch_) * size_t(cfg_.n_embd));
-    if (s.plan.has_output) s.logits.resize(size_t(n_batch_) * size_t(cfg_.n_vocab));
-  }
-  for (int k = 0; k + 1 < n_stages; ++k) links_.push_back(std::make_unique<CpuLink>());
+  StageOptions so;
+  so.n_seq = opt.n_seq;
+  so.n_ctx = n_ctx_;
+  so.n_batch = n_batch_;
+  so.kv_type = opt.kv_type;
+  so.n_threads = per_stage;
+  for (const Stage& st : p.stages) stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
   len_.assign(size_t(opt.n_seq), 0);
+  on_stage_ = opt.on_stage;
 
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
@@ -202,31 +173,18 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
                    (unsigned long long)s.measured_bytes);
     }
   }
+
+  queue_.resize(stages_.size());
+  for (size_t k = 0; k < stages_.size(); ++k) drivers_.emplace_back([this, k] { drive(k); });
 }
 
-// Bytes of what the stage bound: each distinct mapped tensor its views point into, plus the norm
-// weights it holds as its own copies.
-uint64_t CpuPipeline::bound_bytes(const ModelWeights& w, int begin, int end, bool with_embed, bool with_head) const {
-  std::unordered_map<const void*, uint64_t> size_of;
-  for (const auto& t : file_->tensors()) size_of[t.data] = t.nbytes;
-  std::unordered_map<const void*, uint64_t> seen;
-  auto add = [&](const void* ptr) {
-    if (!ptr) return;
-    auto it = size_of.find(ptr);
-    if (it != size_of.end()) seen[ptr] = it->second;
-  };
-  if (with_embed) add(w.tok_embd.data);
-  if (with_head) { add(w.output.data); add(w.output_norm); }
-  for (int l = begin; l < end; ++l) {
-    const LayerWeights& L = w.layers[size_t(l)];
-    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add(m->data);
-    for (const float* n : {L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm,
-                           L.bq, L.bk, L.bv}) add(n);
+CpuPipeline::~CpuPipeline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
   }
-  uint64_t total = 0;
-  for (const auto& [ptr, n] : seen) total += n;
-  for (const auto& v : w.owned) total += v.capacity() * sizeof(float);
-  return total;
+  work_.notify_all();
+  for (auto& t : drivers_) t.join();
 }
 
 // Reads one byte per page of tensor data so the first forward does not pay the page faults,
@@ -247,58 +205,51 @@ void CpuPipeline::touch_pages(const LoadOptions& opt) const {
   if (opt.progress) opt.progress(total, total);
 }
 
-// Groups whole sequences (in order of first appearance) into micro-batches. With one stage there
-// is nothing to overlap, so micro-batches are only cut at n_batch tokens; with several stages the
-// sequences are spread over up to 4 micro-batches per stage so every stage has work in flight.
-std::vector<MicroBatch> CpuPipeline::split(const Batch& b) const {
-  std::vector<int> order;                     // sequences by first appearance
-  std::vector<std::vector<int>> tokens(len_.size());
-  for (int i = 0; i < b.size(); ++i) {
-    const int s = b.seq[size_t(i)];
-    if (tokens[size_t(s)].empty()) order.push_back(s);
-    tokens[size_t(s)].push_back(i);
-  }
-  const size_t n_groups = stages_.size() == 1 ? 1 : std::min(order.size(), stages_.size() * 4);
-  const size_t per_group = (order.size() + n_groups - 1) / n_groups;
-
-  std::vector<MicroBatch> out;
-  auto fresh = [&] { out.emplace_back(); return &out.back(); };
-  MicroBatch* cur = nullptr;
-  for (size_t g = 0; g < order.size(); ++g) {
-    if (g % per_group == 0 && (cur == nullptr || cur->batch.size() > 0)) cur = fresh();
-    for (int i : tokens[size_t(order[g])]) {
-      if (cur->batch.size() == n_batch_) cur = fresh();
-      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
-      cur->index.push_back(i);
+// Stage k's driver: take the oldest piece, run the stage on it, pass it on. A piece of a ticket
+// that already failed is passed on without work, so the ticket still completes.
+void CpuPipeline::drive(size_t k) {
+  CpuStage& stage = *stages_[k];
+  const bool last = k + 1 == stages_.size();
+  for (;;) {
+    std::unique_ptr<Piece> piece;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_.wait(lock, [&] { return stop_ || !queue_[k].empty(); });
+      if (stop_) return;
+      piece = std::move(queue_[k].front());
+      queue_[k].pop_front();
+      skip = tickets_.at(piece->ticket).error != nullptr;
+    }
+    std::exception_ptr error;
+    if (!skip) {
+      try {
+        if (on_stage_) on_stage_(int(k), piece->batch);
+        stage.forward(piece->batch, piece->x.data(), piece->logits);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    TicketState& t = tickets_.at(piece->ticket);
+    if (error && !t.error) t.error = error;
+    if (!last && !t.error) {
+      queue_[k + 1].push_back(std::move(piece));
+      work_.notify_all();
+    } else if (--t.pieces_left == 0) {
+      done_.notify_all();
     }
   }
-  return out;
 }
 
-void CpuPipeline::run_stage(size_t k, const MicroBatch& mb, float* logits, const std::vector<int>& out_row) {
-  CpuStage& s = stages_[k];
-  const size_t rows = size_t(mb.batch.size()), V = size_t(cfg_.n_vocab);
-  if (s.plan.has_embedding) embed(cfg_, s.weights, mb.batch, s.x.data());
-  forward_layers(cfg_, s.weights, *s.kv, mb.batch, s.begin, s.end, s.x.data(), *s.scratch, *s.pool);
-  if (k + 1 < stages_.size()) return;
-  head(cfg_, s.weights, mb.batch, s.x.data(), s.logits.data(), *s.scratch, *s.pool);
-  size_t r = 0;
-  for (size_t j = 0; j < rows; ++j) {
-    if (!mb.batch.logits[j]) continue;
-    std::memcpy(logits + size_t(out_row[size_t(mb.index[j])]) * V, s.logits.data() + r * V, V * sizeof(float));
-    ++r;
-  }
-}
-
-void CpuPipeline::decode(const Batch& b, float* logits) {
+// Checks a batch and cuts it into pieces; only then are the sequences' positions advanced.
+std::vector<std::unique_ptr<Piece>> CpuPipeline::prepare(const Batch& b, float* logits) {
   const int n = b.size();
   if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
     fail(ErrorKind::Usage, "batch arrays differ in length");
   // Check everything before touching any state: ids, sequences, and positions that continue each
-  // sequence's cache and stay inside the context.
+  // sequence's cache (as submitted so far) and stay inside the context.
   std::vector<int> next(len_);
-  std::vector<int> out_row(size_t(n), -1);
-  int n_out = 0;
   for (int i = 0; i < n; ++i) {
     const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
     if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
@@ -308,60 +259,120 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
     if (p >= n_ctx_)
       fail(ErrorKind::Usage, "sequence {}: position {} is past the context length {}", s, p, n_ctx_);
     next[size_t(s)] = p + 1;
-    if (b.logits[size_t(i)]) out_row[size_t(i)] = n_out++;
   }
-  if (n == 0) return;
+  len_ = std::move(next);
 
-  const std::vector<MicroBatch> mbs = split(b);
-  const size_t S = stages_.size(), M = mbs.size();
-  if (S == 1 || M == 1) {
-    for (const auto& mb : mbs)
-      for (size_t k = 0; k < S; ++k) {
-        run_stage(k, mb, logits, out_row);
-        if (k + 1 < S) send(k, mb);
-      }
-  } else {
-    // One driver thread per stage, each driving its own pool. Stage k starts micro-batch m once
-    // stage k-1 has handed it over (done[k-1] > m); it computes in its own buffer, and sends to
-    // stage k+1 only once that stage has finished m-1 (done[k+1] >= m), whose input it overwrites.
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<size_t> done(S, 0);
-    bool failed = false;
-    std::exception_ptr error;
-    auto wait_for = [&](auto ready) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return failed || ready(); });
-      return !failed;
-    };
-    auto drive = [&](size_t k) {
-      for (size_t m = 0; m < M; ++m) {
-        if (!wait_for([&] { return k == 0 || done[k - 1] > m; })) return;
-        try {
-          run_stage(k, mbs[m], logits, out_row);
-          if (k + 1 < S) {
-            if (!wait_for([&] { return done[k + 1] >= m; })) return;
-            send(k, mbs[m]);
-          }
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!failed) error = std::current_exception();
-          failed = true;
-          cv.notify_all();
-          return;
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        done[k] = m + 1;
-        cv.notify_all();
-      }
-    };
-    std::vector<std::thread> drivers;
-    for (size_t k = 1; k < S; ++k) drivers.emplace_back(drive, k);
-    drive(0);
-    for (auto& t : drivers) t.join();
-    if (error) std::rethrow_exception(error);
+  // Pieces of at most n_batch tokens in batch order; each sequence's tokens stay in order.
+  std::vector<std::unique_ptr<Piece>> pieces;
+  size_t out_rows = 0;
+  for (int i0 = 0; i0 < n; i0 += n_batch_) {
+    auto piece = std::make_unique<Piece>();
+    const int i1 = std::min(n, i0 + n_batch_);
+    for (int i = i0; i < i1; ++i)
+      piece->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+    piece->logits = logits + out_rows * size_t(cfg_.n_vocab);
+    out_rows += size_t(piece->batch.n_logits());
+    piece->x.resize(size_t(i1 - i0) * size_t(cfg_.n_embd));
+    pieces.push_back(std::move(piece));
   }
-  for (int i = 0; i < n; ++i) len_[size_t(b.seq[size_t(i)])] = b.pos[size_t(i)] + 1;
+  return pieces;
+}
+
+uint64_t CpuPipeline::submit(const Batch& b, float* logits) {
+  auto pieces = prepare(b, logits);
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t ticket = ++next_ticket_;
+  tickets_[ticket].pieces_left = int(pieces.size());
+  for (auto& piece : pieces) {
+    piece->ticket = ticket;
+    queue_[0].push_back(std::move(piece));
+  }
+  if (!pieces.empty()) work_.notify_all();
+  return ticket;
+}
+
+void CpuPipeline::wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) fail(ErrorKind::Usage, "ticket {} is not in flight (never submitted or already waited)", ticket);
+  done_.wait(lock, [&] { return it->second.pieces_left == 0; });
+  const std::exception_ptr error = it->second.error;
+  tickets_.erase(it);
+  if (error) std::rethrow_exception(error);
+}
+
+// One batch, waited for. With several stages the batch's sequences are spread over one group per
+// stage (in order of first appearance), submitted together so the stages overlap; their logits
+// rows are then put back in batch order.
+void CpuPipeline::decode(const Batch& b, float* logits) {
+  const size_t S = stages_.size();
+  std::vector<int> order;  // sequences by first appearance
+  std::vector<int> group_of(len_.size(), -1);
+  for (int i = 0; i < b.size(); ++i) {
+    const int s = b.seq[size_t(i)];
+    if (s >= 0 && s < int(len_.size()) && group_of[size_t(s)] < 0) {
+      group_of[size_t(s)] = 0;
+      order.push_back(s);
+    }
+  }
+  const size_t n_groups = std::min(S, order.size());
+  if (n_groups <= 1) {
+    bool idle = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle = tickets_.empty();
+    }
+    if (!idle) return wait(submit(b, logits));
+    // Nothing in flight, so every driver is waiting on an empty queue: run the stages on this
+    // thread and spare the hand-offs (one stream decoding token by token pays them per token).
+    for (const auto& piece : prepare(b, logits))
+      for (size_t k = 0; k < S; ++k) {
+        if (on_stage_) on_stage_(int(k), piece->batch);
+        stages_[k]->forward(piece->batch, piece->x.data(), piece->logits);
+      }
+    return;
+  }
+
+  // Check the whole batch first (submit of the groups would leave earlier groups submitted).
+  {
+    std::vector<int> next(len_);
+    for (int i = 0; i < b.size(); ++i) {
+      const int s = b.seq[size_t(i)], p = b.pos[size_t(i)];
+      check_seq(s);
+      if (p != next[size_t(s)] || p >= n_ctx_ || b.token[size_t(i)] < 0 || b.token[size_t(i)] >= cfg_.n_vocab)
+        return wait(submit(b, logits));  // submit reports the first problem
+      next[size_t(s)] = p + 1;
+    }
+  }
+  const size_t per_group = (order.size() + n_groups - 1) / n_groups;
+  for (size_t g = 0; g < order.size(); ++g) group_of[size_t(order[g])] = int(g / per_group);
+  const size_t V = size_t(cfg_.n_vocab);
+  std::vector<Batch> groups(n_groups);
+  std::vector<std::vector<size_t>> rows_of(n_groups);  // each group's logits rows in batch order
+  size_t row = 0;
+  for (int i = 0; i < b.size(); ++i) {
+    const size_t g = size_t(group_of[size_t(b.seq[size_t(i)])]);
+    groups[g].add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+    if (b.logits[size_t(i)]) rows_of[g].push_back(row++);
+  }
+  std::vector<std::vector<float>> out(n_groups);
+  std::vector<uint64_t> tickets;
+  for (size_t g = 0; g < n_groups; ++g) {
+    out[g].resize(rows_of[g].size() * V);
+    tickets.push_back(submit(groups[g], out[g].data()));
+  }
+  std::exception_ptr error;
+  for (uint64_t t : tickets) {
+    try {
+      wait(t);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  for (size_t g = 0; g < n_groups; ++g)
+    for (size_t r = 0; r < rows_of[g].size(); ++r)
+      std::memcpy(logits + rows_of[g][r] * V, out[g].data() + r * V, V * sizeof(float));
 }
 
 void CpuPipeline::truncate_seq(int seq, int from) {
@@ -369,9 +380,8 @@ void CpuPipeline::truncate_seq(int seq, int from) {
   const int len = len_[size_t(seq)];
   if (from < 0 || from > len)
     fail(ErrorKind::Usage, "sequence {}: cannot truncate at {} (it holds {} positions)", seq, from, len);
-  const int max_rewind = stages_.front().kv->max_rewind();
-  int rewind = max_rewind;
-  for (const auto& s : stages_) rewind = std::min(rewind, s.kv->max_rewind());
+  int rewind = stages_.front()->max_rewind();
+  for (const auto& s : stages_) rewind = std::min(rewind, s->max_rewind());
   if (from > 0 && len - from > rewind)
     fail(ErrorKind::Usage, "sequence {}: sliding-window layers keep only their window; rewinding by {} "
          "positions is not possible (at most {}, or truncate to 0)", seq, len - from, rewind);

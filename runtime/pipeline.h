@@ -27,6 +27,9 @@ struct LoadOptions {
   bool verbose = false;
   // Progress while loading: bytes done of bytes total (called from the loading thread).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called by a stage's driver thread before the stage works on a piece of a batch (tests use it
+  // to watch stages overlap and to inject a failure: what it throws reaches wait()).
+  std::function<void(int stage, const Batch& piece)> on_stage;
 };
 
 // One stage as loaded: where it runs, its layers, and the bytes the planner set aside for it
@@ -64,7 +67,7 @@ class Pipeline {
   // batches in submission order, so a batch may continue a sequence that a batch still in flight
   // extends (the next prompt chunk); positions are checked against what has been submitted.
   // Tickets may be waited in any order; each exactly once. truncate_seq must not be called on a
-  // sequence with work in flight.
+  // sequence with work in flight. A pipeline is driven from one thread at a time.
   // The default is synchronous (submit evaluates with decode, wait returns at once), so a
   // pipeline only has to implement decode(); pipelines that overlap work override all three.
   virtual uint64_t submit(const Batch& batch, float* logits) {

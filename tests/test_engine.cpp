@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <random>
 
@@ -312,4 +313,86 @@ TEST_CASE("bad requests are answered with an error, not a crash") {
   r.sampling.top_p = 2;
   CHECK(e.generate(r).error.find("top_p") != std::string::npos);
   CHECK_THROWS_AS(e.run([] { return std::optional<Request>(); }, [](Result&&) {}, 2), Error);
+}
+
+namespace {
+
+// The toy model behind an asynchronous interface: submit() only queues a batch, wait(t) evaluates
+// the queue up to t in submission order, as a pipeline's stages would. It counts how many batches
+// were in flight at once and refuses a batch that would need the result of one still queued.
+class AsyncToyPipeline : public ToyPipeline {
+ public:
+  AsyncToyPipeline(int n_ctx, int n_seq, int in_flight) : ToyPipeline(n_ctx, n_seq), in_flight_(in_flight) {}
+  uint64_t submit(const Batch& b, float* logits) override {
+    queue_.push_back({++last_, b, logits});
+    max_queued = std::max(max_queued, int(queue_.size()));
+    REQUIRE(int(queue_.size()) <= in_flight_);
+    return last_;
+  }
+  void wait(uint64_t ticket) override {
+    while (!queue_.empty() && queue_.front().ticket <= ticket) {
+      Queued q = std::move(queue_.front());
+      queue_.pop_front();
+      decode(q.batch, q.logits);
+    }
+  }
+  int max_in_flight() const override { return in_flight_; }
+  int max_queued = 0;
+
+ private:
+  struct Queued {
+    uint64_t ticket;
+    Batch batch;
+    float* logits;
+  };
+  int in_flight_;
+  uint64_t last_ = 0;
+  std::deque<Queued> queue_;
+};
+
+}  // namespace
+
+TEST_CASE("several batches in flight: each request's output is the same as one batch at a time") {
+  auto reqs = make_requests(40, 7);
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 32;
+  ToyPipeline sync(256, 16);
+  Engine es(sync, vocab, opt);
+  const auto ref = run_all(es, reqs, 16);
+  REQUIRE(ref.size() == 40);
+  for (int in_flight : {2, 3}) {
+    INFO(in_flight << " in flight");
+    AsyncToyPipeline p(256, 16, in_flight);
+    Engine e(p, vocab, opt);
+    const auto got = run_all(e, reqs, 16);
+    REQUIRE(got.size() == 40);
+    for (auto& [tag, a] : ref) {
+      INFO("request " << tag);
+      const Result& b = got.at(tag);
+      CHECK(a.tokens == b.tokens);
+      CHECK(a.text == b.text);
+      CHECK(a.finish == b.finish);
+    }
+    // The pipeline was kept full: the requests were spread over in_flight rotating batches.
+    CHECK(p.max_queued == in_flight);
+    CHECK(p.steps > sync.steps);
+  }
+}
+
+TEST_CASE("a long prompt is evaluated in chunks that are in flight together") {
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 16;
+  Request r;
+  for (int i = 0; i < 100; i++) r.prompt.push_back(1 + i % 30);
+  r.sampling.temperature = 0;
+  r.max_tokens = 10;
+  ToyPipeline sync(256, 1);
+  AsyncToyPipeline p(256, 1, 2);
+  Engine es(sync, vocab, opt), e(p, vocab, opt);
+  const Result a = es.generate(r), b = e.generate(r);
+  CHECK(a.tokens == b.tokens);
+  CHECK(b.prompt_evaluated == 100);
+  CHECK(p.max_queued == 2);  // the next chunk was submitted before the previous one came back
 }

@@ -1,12 +1,17 @@
 // Pipeline stages on the CPU: 1, 2 and 3 stages (and pipelined micro-batches of several
 // sequences) must give the same logits bit for bit; a plan that does not fit is refused before
 // anything is loaded; every stage holds no more than the planner set aside for it.
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "helpers.h"
 #include "gguf/error.h"
 #include "model_helpers.h"
+#include "runtime/engine.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 
@@ -167,5 +172,173 @@ TEST_CASE("CUDA stages are refused with a clear message", "[pipeline]") {
   } catch (const Error& e) {
     CHECK((e.kind() == ErrorKind::Usage));
     CHECK(std::string(e.what()).find("cuda") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Three batches: two sets of prompts, then the next chunk of sequence 0 next to a new prompt.
+std::vector<Batch> three_batches(int vocab) {
+  std::vector<Batch> out(3);
+  auto prompt = [&](Batch& b, int s, int from, int n) {
+    for (int i = from; i < from + n; ++i) b.add((11 + 29 * s + 7 * i) % vocab, i, s, i == from + n - 1 || i % 3 == 0);
+  };
+  prompt(out[0], 0, 0, 5);
+  prompt(out[0], 1, 0, 6);
+  prompt(out[1], 2, 0, 4);
+  prompt(out[1], 3, 0, 7);
+  prompt(out[2], 0, 5, 3);  // continues sequence 0, whose first chunk may still be in flight
+  prompt(out[2], 4, 0, 2);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("batches in flight together give the logits of one batch at a time", "[pipeline]") {
+  const std::string path = test::peer("logits/tiny-q4_0.gguf");
+  auto one = load(path, "cpu", 6);
+  const auto batches = three_batches(one->n_vocab());
+  const size_t V = size_t(one->n_vocab());
+  std::vector<std::vector<float>> ref(3);
+  for (size_t i = 0; i < 3; ++i) {
+    ref[i].resize(size_t(batches[i].n_logits()) * V);
+    one->decode(batches[i], ref[i].data());
+  }
+  for (const char* devices : {"cpu", "cpu,cpu", "cpu,cpu,cpu"}) {
+    INFO("devices " << devices);
+    auto p = load(path, devices, 6);
+    CHECK(p->max_in_flight() == int(p->stages().size()));
+    std::vector<std::vector<float>> got(3);
+    std::vector<uint64_t> tickets;
+    for (size_t i = 0; i < 3; ++i) {
+      got[i].assign(size_t(batches[i].n_logits()) * V, -1.f);
+      tickets.push_back(p->submit(batches[i], got[i].data()));
+    }
+    CHECK(p->seq_len(0) == 8);  // positions count what was submitted
+    for (size_t i : {2, 0, 1}) p->wait(tickets[i]);  // any order
+    for (size_t i = 0; i < 3; ++i) same_bits(ref[i], got[i]);
+    CHECK_THROWS_AS(p->wait(tickets[0]), Error);  // each ticket once
+  }
+}
+
+TEST_CASE("stage 0 works on the next batch while stage 1 finishes the previous one", "[pipeline]") {
+  std::mutex mu;
+  std::condition_variable cv;
+  int stage0_pieces = 0;
+  bool overlapped = false;
+  LoadOptions o;
+  o.n_ctx = 64;
+  o.n_seq = 2;
+  o.n_threads = 2;
+  o.devices = "cpu,cpu";
+  // Stage 1 holds its first piece until stage 0 has started the second one: a pipeline that
+  // ran one batch at a time through all stages would never get there (and the wait times out).
+  o.on_stage = [&](int stage, const Batch&) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (stage == 0) {
+      ++stage0_pieces;
+      cv.notify_all();
+    } else if (!overlapped) {
+      overlapped = cv.wait_for(lock, std::chrono::seconds(20), [&] { return stage0_pieces >= 2; });
+    }
+  };
+  auto p = Pipeline::load(test::peer("logits/tiny-q4_0.gguf"), o);
+  Batch a, b;
+  a.add(5, 0, 0, true);
+  b.add(6, 0, 1, true);
+  std::vector<float> la(size_t(p->n_vocab())), lb(size_t(p->n_vocab()));
+  const uint64_t ta = p->submit(a, la.data()), tb = p->submit(b, lb.data());
+  p->wait(ta);
+  p->wait(tb);
+  CHECK(overlapped);
+}
+
+TEST_CASE("an error in a stage reaches wait() and the pipeline keeps working", "[pipeline]") {
+  const std::string path = test::peer("logits/tiny-q4_0.gguf");
+  for (int bad_stage : {0, 1, 2}) {
+    INFO("failing stage " << bad_stage);
+    LoadOptions o;
+    o.n_ctx = 64;
+    o.n_seq = 4;
+    o.n_threads = 3;
+    o.devices = "cpu,cpu,cpu";
+    o.on_stage = [bad_stage](int stage, const Batch& piece) {
+      if (stage == bad_stage && piece.seq[0] == 1) fail(ErrorKind::Model, "injected failure in stage {}", stage);
+    };
+    auto p = Pipeline::load(path, o);
+    auto ref = load(path, "cpu", 4);
+    const size_t V = size_t(p->n_vocab());
+    std::vector<Batch> b(3);
+    for (int s = 0; s < 3; ++s) b[size_t(s)].add(3 + s, 0, s, true);
+    std::vector<float> got(3 * V), want(3 * V);
+    std::vector<uint64_t> t;
+    for (size_t i = 0; i < 3; ++i) t.push_back(p->submit(b[i], got.data() + i * V));
+    p->wait(t[0]);
+    try {
+      p->wait(t[1]);
+      FAIL("no error from the failing stage");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("injected failure in stage " + std::to_string(bad_stage)) != std::string::npos);
+    }
+    p->wait(t[2]);
+    for (size_t i : {0, 2}) {
+      ref->decode(b[i], want.data() + i * V);
+      CHECK(std::memcmp(got.data() + i * V, want.data() + i * V, V * sizeof(float)) == 0);
+    }
+    // Later batches still run; decode() reports the error too.
+    Batch next;
+    next.add(9, 0, 3, true);
+    std::vector<float> l(V), lr(V);
+    p->decode(next, l.data());
+    ref->decode(next, lr.data());
+    CHECK(std::memcmp(l.data(), lr.data(), V * sizeof(float)) == 0);
+    p->truncate_seq(1, 0);
+    CHECK_THROWS_AS(p->decode(b[1], l.data()), Error);
+  }
+}
+
+TEST_CASE("the engine's outputs are the same with 1, 2 and 3 stages for 16 sequences", "[pipeline]") {
+  const std::string path = test::peer("logits/tiny-q4_0.gguf");
+  const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
+  auto run = [&](const char* devices) {
+    auto p = load(path, devices, 16);
+    auto vocab = tokenizer_vocab(p->tokenizer());
+    EngineOptions eo;
+    eo.prefill_chunk = 24;
+    Engine e(*p, *vocab, eo);
+    std::vector<Request> reqs;
+    for (int i = 0; i < 20; ++i) {
+      Request r;
+      for (size_t k = 0; k < 3 + size_t(i * 7) % ids.size(); ++k) r.prompt.push_back(ids[(k + size_t(i)) % ids.size()]);
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 100 + uint64_t(i);
+      r.max_tokens = 6 + i % 7;
+      r.tag = uint64_t(i);
+      reqs.push_back(std::move(r));
+    }
+    std::map<uint64_t, Result> out;
+    size_t next = 0;
+    e.run([&]() -> std::optional<Request> {
+            if (next == reqs.size()) return std::nullopt;
+            return std::move(reqs[next++]);
+          },
+          [&](Result&& r) { out[r.tag] = std::move(r); }, 16);
+    return out;
+  };
+  const auto ref = run("cpu");
+  REQUIRE(ref.size() == 20);
+  size_t generated = 0;
+  for (const auto& [tag, r] : ref) generated += r.tokens.size();
+  CHECK(generated > 20);
+  for (const char* devices : {"cpu,cpu", "cpu,cpu,cpu"}) {
+    INFO("devices " << devices);
+    const auto got = run(devices);
+    REQUIRE(got.size() == 20);
+    for (const auto& [tag, r] : ref) {
+      INFO("request " << tag);
+      CHECK(r.error.empty());
+      CHECK(got.at(tag).tokens == r.tokens);
+      CHECK(got.at(tag).finish == r.finish);
+    }
   }
 }

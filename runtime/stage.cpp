@@ -1,0 +1,70 @@
+// A CPU stage: bind the planned block, allocate what the planner sized, run embed / layers / head.
+#include "runtime/stage.h"
+
+#include <cstring>
+#include <unordered_map>
+
+#include "gguf/gguf.h"
+
+namespace baton {
+
+CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt)
+    : cfg_(cfg), plan_(plan), begin_(int(plan.layer_begin)), end_(int(plan.layer_end)), n_batch_(opt.n_batch) {
+  BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
+  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output);
+  weight_bytes_ = bound_bytes(f);
+  KvCacheShape ks;
+  ks.layer_begin = begin_;
+  ks.layer_end = end_;
+  ks.n_seq = opt.n_seq;
+  ks.n_ctx = opt.n_ctx;
+  ks.type = opt.kv_type;
+  kv_ = std::make_unique<KvCache>(cfg_, ks);
+  scratch_ = std::make_unique<Scratch>(cfg_, n_batch_, opt.kv_type);
+  scratch_bytes_ = Scratch::bytes(cfg_, n_batch_, opt.kv_type);
+  pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
+  if (plan_.has_output) logits_.resize(size_t(n_batch_) * size_t(cfg_.n_vocab));
+}
+
+void CpuStage::forward(const Batch& batch, float* x, float* logits) {
+  BATON_CHECK(batch.size() > 0 && batch.size() <= n_batch_);
+  if (plan_.has_embedding) embed(cfg_, weights_, batch, x);
+  forward_layers(cfg_, weights_, *kv_, batch, begin_, end_, x, *scratch_, *pool_);
+  if (!plan_.has_output) return;
+  const size_t rows = size_t(batch.n_logits());
+  if (rows == 0) return;
+  head(cfg_, weights_, batch, x, logits_.data(), *scratch_, *pool_);
+  std::memcpy(logits, logits_.data(), rows * size_t(cfg_.n_vocab) * sizeof(float));
+}
+
+uint64_t CpuStage::measured_bytes() const {
+  return weight_bytes_ + kv_->bytes() + scratch_bytes_ + logits_.capacity() * sizeof(float);
+}
+
+// Bytes of what the stage bound: each distinct mapped tensor its views point into, plus the norm
+// weights it holds as its own copies.
+uint64_t CpuStage::bound_bytes(const gguf::File& f) const {
+  std::unordered_map<const void*, uint64_t> size_of;
+  for (const auto& t : f.tensors()) size_of[t.data] = t.nbytes;
+  std::unordered_map<const void*, uint64_t> seen;
+  auto add = [&](const void* ptr) {
+    if (!ptr) return;
+    auto it = size_of.find(ptr);
+    if (it != size_of.end()) seen[ptr] = it->second;
+  };
+  const ModelWeights& w = weights_;
+  if (plan_.has_embedding) add(w.tok_embd.data);
+  if (plan_.has_output) { add(w.output.data); add(w.output_norm); }
+  for (int l = begin_; l < end_; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add(m->data);
+    for (const float* n : {L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm,
+                           L.bq, L.bk, L.bv}) add(n);
+  }
+  uint64_t total = 0;
+  for (const auto& [ptr, n] : seen) total += n;
+  for (const auto& v : w.owned) total += v.capacity() * sizeof(float);
+  return total;
+}
+
+}  // namespace baton

@@ -1,0 +1,65 @@
+// One pipeline stage on the CPU: a contiguous block of layers (and the embedding / head when the
+// plan gives it them) with its own weights view, KV cache, scratch and worker threads. A
+// pipeline joins stages with links; another backend (an MPI rank, a GPU) runs the same stage
+// over its own block. forward() is the whole of the stage's work on one batch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/cpu/threadpool.h"
+#include "models/llama.h"
+#include "runtime/config.h"
+#include "runtime/kv_cache.h"
+#include "runtime/planner.h"
+
+namespace baton {
+
+namespace gguf { class File; }
+
+struct StageOptions {
+  int n_seq = 1;     // KV cache slots
+  int n_ctx = 0;     // context per sequence
+  int n_batch = 0;   // most tokens in one forward (sizes scratch and the logits buffer)
+  GgmlType kv_type = GgmlType::F16;
+  int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
+};
+
+class CpuStage {
+ public:
+  // Binds the planned block of `f` (which must outlive the stage) and allocates its KV cache,
+  // scratch and pool.
+  CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt);
+
+  // The stage's work on `batch` (at most n_batch tokens). x holds batch.size() × n_embd hidden
+  // states: written from the token ids when the stage holds the embedding, otherwise read from
+  // the previous stage; updated in place by the stage's layers. When the stage holds the head,
+  // batch.n_logits() rows of n_vocab floats go to `logits` in batch order.
+  void forward(const Batch& batch, float* x, float* logits);
+
+  const Stage& plan() const { return plan_; }
+  int layer_begin() const { return begin_; }
+  int layer_end() const { return end_; }
+  bool first() const { return plan_.has_embedding; }
+  bool last() const { return plan_.has_output; }
+  int n_threads() const { return pool_->size(); }
+  int max_rewind() const { return kv_->max_rewind(); }
+  // Weights bound + KV cache + scratch + the head's logits buffer: what the planner sized.
+  uint64_t measured_bytes() const;
+
+ private:
+  uint64_t bound_bytes(const gguf::File& f) const;
+
+  const ModelConfig& cfg_;
+  Stage plan_;
+  int begin_ = 0, end_ = 0, n_batch_ = 0;
+  ModelWeights weights_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::vector<float> logits_;   // last stage: n_batch × n_vocab rows, copied out per batch
+  uint64_t weight_bytes_ = 0;
+  uint64_t scratch_bytes_ = 0;
+};
+
+}  // namespace baton
