@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gguf/gguf.h"
+#include "kernels/cpu/matmul_multi.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/kv_cache.h"
 
@@ -156,9 +157,8 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
 
     // Attention block: norm, projections, q/k norm, RoPE.
     cpu::rms_norm(x, L.attn_norm, s.xb, n, E, c.rms_eps);
-    cpu::matmul(L.wq, s.xb, n, s.q, pool);
-    cpu::matmul(L.wk, s.xb, n, s.k, pool);
-    cpu::matmul(L.wv, s.xb, n, s.v, pool);
+    const cpu::MatmulTarget qkv[] = {{&L.wq, s.q}, {&L.wk, s.k}, {&L.wv, s.v}};
+    cpu::matmul_multi(qkv, 3, s.xb, n, pool);  // one job (one barrier) in decode
     if (L.bq) {
       for (int t = 0; t < n; ++t) {
         cpu::add(s.q + size_t(t) * nq, L.bq, nq);
@@ -210,8 +210,8 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
 
     // FFN block: norm, gate and up, activation, down.
     cpu::rms_norm(x, L.ffn_norm, s.xb, n, E, c.rms_eps);
-    cpu::matmul(L.gate, s.xb, n, s.hb, pool);
-    cpu::matmul(L.up, s.xb, n, s.hb2, pool);
+    const cpu::MatmulTarget gate_up[] = {{&L.gate, s.hb}, {&L.up, s.hb2}};
+    cpu::matmul_multi(gate_up, 2, s.xb, n, pool);
     if (c.act == Activation::SiLU) cpu::silu_gate(s.hb, s.hb2, s.hb, n * F);
     else cpu::gelu_tanh_gate(s.hb, s.hb2, s.hb, n * F);
     cpu::matmul(L.down, s.hb, n, s.xb, pool);

@@ -105,16 +105,141 @@ void softmax(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// The gates compute silu(g) = g / (1 + e^-g) and gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
+// g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3): one exponential per element. The SIMD paths
+// use their own exp (below, ~1 ulp) on every element, the tail included (masked), so an element's
+// result depends only on its value, never on where it sits in the batch.
+namespace {
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+
+inline float silu_one(float g) { return g / (1.f + std::exp(-g)); }
+inline float gelu_one(float g) { return g / (1.f + std::exp(-2.f * kGeluK * (g + kGeluC * g * g * g))); }
+
+void silu_gate_scalar(const float* g, const float* u, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = silu_one(g[i]) * u[i];
+}
+void gelu_gate_scalar(const float* g, const float* u, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = gelu_one(g[i]) * u[i];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BATON_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define BATON_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// reports as a false positive once inlined here (as in dot_avx512.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// e^x for x clamped to [-87, 88] (no overflow to inf, no denormals): x = n ln2 + r with |r| <= ln2/2
+// (ln2 split in two for an exact product), e^r by its degree-7 Taylor polynomial (error < 1e-8
+// relative), scaled by 2^n through the exponent bits.
+BATON_AVX2_FN inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+BATON_AVX512_FN inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+BATON_AVX2_FN inline __m256 gelu_avx2(__m256 g) {
+  const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(kGeluK), _mm256_fmadd_ps(_mm256_set1_ps(kGeluC), g3, g));
+  const __m256 e = exp_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+BATON_AVX2_FN inline __m256 silu_avx2(__m256 g) {
+  const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+BATON_AVX512_FN inline __m512 gelu_avx512(__m512 g) {
+  const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+  const __m512 z = _mm512_mul_ps(_mm512_set1_ps(kGeluK), _mm512_fmadd_ps(_mm512_set1_ps(kGeluC), g3, g));
+  const __m512 e = exp_avx512(_mm512_mul_ps(_mm512_set1_ps(-2.f), z));
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+BATON_AVX512_FN inline __m512 silu_avx512(__m512 g) {
+  const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+
+template <bool Gelu>
+BATON_AVX2_FN void gate_avx2(const float* g, const float* u, float* y, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(Gelu ? gelu_avx2(gv) : silu_avx2(gv), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), idx);
+    const __m256 gv = _mm256_maskload_ps(g + i, m);
+    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(Gelu ? gelu_avx2(gv) : silu_avx2(gv), _mm256_maskload_ps(u + i, m)));
+  }
+}
+
+template <bool Gelu>
+BATON_AVX512_FN void gate_avx512(const float* g, const float* u, float* y, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace
+
 void silu_gate(const float* g, const float* u, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+#if defined(__x86_64__) || defined(__i386__)
+  const Isa isa = active_isa();
+  if (isa >= Isa::Avx512) return gate_avx512<false>(g, u, y, n);
+  if (isa >= Isa::Avx2) return gate_avx2<false>(g, u, y, n);
+#endif
+  silu_gate_scalar(g, u, y, n);
 }
 
 void gelu_tanh_gate(const float* g, const float* u, float* y, int n) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  for (int i = 0; i < n; ++i) {
-    const float x = g[i];
-    y[i] = 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x))) * u[i];
-  }
+#if defined(__x86_64__) || defined(__i386__)
+  const Isa isa = active_isa();
+  if (isa >= Isa::Avx512) return gate_avx512<true>(g, u, y, n);
+  if (isa >= Isa::Avx2) return gate_avx2<true>(g, u, y, n);
+#endif
+  gelu_gate_scalar(g, u, y, n);
 }
 
 void add(float* y, const float* x, int n) {
@@ -153,10 +278,10 @@ namespace {
 // by active_isa(). Each query row's result depends only on its own keys, never on the block.
 struct AttnKernels {
   void (*cvt_f16)(const uint16_t* h, float* dst, int n);
-  // s[j] = scale * q·K[j] for j < n (K rows d apart).
-  void (*scores)(const float* q, const float* K, int n, int d, float scale, float* s);
-  // out = sum_j p[j] * V[j] for j < n (V rows d apart).
-  void (*pv)(const float* p, const float* V, int n, int d, float* out);
+  // For nh query heads (q rows d apart) sharing one K tile: s[h*n + j] = scale * q_h·K[j], j < n.
+  void (*scores)(const float* q, int nh, const float* K, int n, int d, float scale, float* s);
+  // out_h = sum_j p[h*n + j] * V[j] for each of nh heads (out rows d apart; V rows d apart).
+  void (*pv)(const float* p, int nh, const float* V, int n, int d, float* out);
 };
 
 void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
@@ -164,19 +289,21 @@ void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
   for (int i = 0; i < n; ++i) dst[i] = f16[h[i]];
 }
 
-void scores_scalar(const float* q, const float* K, int n, int d, float scale, float* s) {
-  for (int j = 0; j < n; ++j) s[j] = dot(q, K + size_t(j) * d, d) * scale;
+void scores_scalar(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+  for (int h = 0; h < nh; ++h)
+    for (int j = 0; j < n; ++j) s[size_t(h) * n + j] = dot(q + size_t(h) * d, K + size_t(j) * d, d) * scale;
 }
 
-void pv_scalar(const float* p, const float* V, int n, int d, float* out) {
-  std::fill(out, out + d, 0.f);
-  for (int j = 0; j < n; ++j) axpy(out, p[j], V + size_t(j) * d, d);
+void pv_scalar(const float* p, int nh, const float* V, int n, int d, float* out) {
+  for (int h = 0; h < nh; ++h) {
+    float* o = out + size_t(h) * d;
+    std::fill(o, o + d, 0.f);
+    for (int j = 0; j < n; ++j) axpy(o, p[size_t(h) * n + j], V + size_t(j) * d, d);
+  }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#define BATON_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-BATON_AVX2 void cvt_f16_avx2(const uint16_t* h, float* dst, int n) {
+BATON_AVX2_FN void cvt_f16_avx2(const uint16_t* h, float* dst, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
@@ -184,7 +311,7 @@ BATON_AVX2 void cvt_f16_avx2(const uint16_t* h, float* dst, int n) {
   for (; i < n; ++i) dst[i] = f16[h[i]];
 }
 
-BATON_AVX2 inline float hsum8(__m256 v) {
+BATON_AVX2_FN inline float hsum8(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
@@ -192,7 +319,7 @@ BATON_AVX2 inline float hsum8(__m256 v) {
 }
 
 // d % 8 == 0 (checked by the caller). Four keys at a time share each load of q.
-BATON_AVX2 void scores_avx2(const float* q, const float* K, int n, int d, float scale, float* s) {
+BATON_AVX2_FN void scores_avx2_head(const float* q, const float* K, int n, int d, float scale, float* s) {
   int j = 0;
   for (; j + 4 <= n; j += 4) {
     const float* k0 = K + size_t(j) * d;
@@ -218,7 +345,7 @@ BATON_AVX2 void scores_avx2(const float* q, const float* K, int n, int d, float 
 }
 
 // d % 8 == 0. The output slice (up to 32 floats) stays in registers across all n rows.
-BATON_AVX2 void pv_avx2(const float* p, const float* V, int n, int d, float* out) {
+BATON_AVX2_FN void pv_avx2_head(const float* p, const float* V, int n, int d, float* out) {
   int i = 0;
   for (; i + 32 <= d; i += 32) {
     __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
@@ -242,10 +369,100 @@ BATON_AVX2 void pv_avx2(const float* p, const float* V, int n, int d, float* out
     _mm256_storeu_ps(out + i, o0);
   }
 }
+
+void scores_avx2(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+  for (int h = 0; h < nh; ++h) scores_avx2_head(q + size_t(h) * d, K, n, d, scale, s + size_t(h) * n);
+}
+void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out) {
+  for (int h = 0; h < nh; ++h) pv_avx2_head(p + size_t(h) * n, V, n, d, out + size_t(h) * d);
+}
+
+// AVX-512, register-blocked over the query heads that share a KV head (Gemma 3: 4 of them): every
+// K or V vector loaded feeds NH heads. Each head keeps its own accumulators and summation order,
+// so a head's result is the same whatever NH is (a task's head count varies with the batch).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers, see above
+
+// d % 16 == 0. Keys four at a time: 4 K loads + NH q loads per 4·NH FMAs.
+template <int NH>
+BATON_AVX512_FN void scores_avx512_nh(const float* q, const float* K, int n, int d, float scale, float* s) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* k0 = K + size_t(j) * d;
+    __m512 acc[NH][4];
+    for (int h = 0; h < NH; ++h)
+      for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+      const __m512 kv0 = _mm512_loadu_ps(k0 + i), kv1 = _mm512_loadu_ps(k0 + d + i);
+      const __m512 kv2 = _mm512_loadu_ps(k0 + 2 * d + i), kv3 = _mm512_loadu_ps(k0 + 3 * d + i);
+      for (int h = 0; h < NH; ++h) {
+        const __m512 qv = _mm512_loadu_ps(q + size_t(h) * d + i);
+        acc[h][0] = _mm512_fmadd_ps(qv, kv0, acc[h][0]);
+        acc[h][1] = _mm512_fmadd_ps(qv, kv1, acc[h][1]);
+        acc[h][2] = _mm512_fmadd_ps(qv, kv2, acc[h][2]);
+        acc[h][3] = _mm512_fmadd_ps(qv, kv3, acc[h][3]);
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int c = 0; c < 4; ++c) s[size_t(h) * n + j + c] = _mm512_reduce_add_ps(acc[h][c]) * scale;
+  }
+  for (; j < n; ++j) {
+    const float* k0 = K + size_t(j) * d;
+    __m512 acc[NH];
+    for (int h = 0; h < NH; ++h) acc[h] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+      const __m512 kv = _mm512_loadu_ps(k0 + i);
+      for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
+    }
+    for (int h = 0; h < NH; ++h) s[size_t(h) * n + j] = _mm512_reduce_add_ps(acc[h]) * scale;
+  }
+}
+
+// d % 16 == 0. Output slices of W vectors per head stay in registers over all n keys: W V loads
+// and NH broadcasts per W·NH FMAs.
+template <int NH, int W>
+BATON_AVX512_FN void pv_avx512_slice(const float* p, const float* V, int n, int d, int i, float* out) {
+  __m512 acc[NH][W];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int j = 0; j < n; ++j) {
+    const float* v = V + size_t(j) * d + i;
+    __m512 vv[W];
+    for (int c = 0; c < W; ++c) vv[c] = _mm512_loadu_ps(v + 16 * c);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[size_t(h) * n + j]);
+      for (int c = 0; c < W; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < W; ++c) _mm512_storeu_ps(out + size_t(h) * d + i + 16 * c, acc[h][c]);
+}
+
+template <int NH>
+BATON_AVX512_FN void pv_avx512_nh(const float* p, const float* V, int n, int d, float* out) {
+  int i = 0;
+  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out);
+  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out);
+}
+#pragma GCC diagnostic pop
+
+void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_avx512_nh<4>(q, K, n, d, scale, s);
+  if (nh == 3) scores_avx512_nh<3>(q, K, n, d, scale, s);
+  if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s);
+  if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s);
+}
+void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out) {
+  for (; nh >= 4; nh -= 4, p += 4 * size_t(n), out += 4 * size_t(d)) pv_avx512_nh<4>(p, V, n, d, out);
+  if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out);
+  if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out);
+  if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out);
+}
 #endif
 
 AttnKernels attn_kernels(int dk, int dv) {
 #if defined(__x86_64__) || defined(__i386__)
+  if (active_isa() >= Isa::Avx512 && dk % 16 == 0 && dv % 16 == 0) return {cvt_f16_avx2, scores_avx512, pv_avx512};
   if (active_isa() >= Isa::Avx2 && dk % 8 == 0 && dv % 8 == 0) return {cvt_f16_avx2, scores_avx2, pv_avx2};
 #endif
   (void)dk, (void)dv;
@@ -314,10 +531,10 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     auto val_at = [&](int j) { return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row : kv.v_cell(s, j); };
 
     thread_local std::vector<float> buf;
-    buf.resize(size_t(nk) * (dk + dv) + size_t(nk));
+    buf.resize(size_t(nk) * (dk + dv) + size_t(nk) * heads_per_task);
     float* ktile = buf.data();                   // [nk][dk]
     float* vtile = ktile + size_t(nk) * dk;      // [nk][dv]
-    float* scores = vtile + size_t(nk) * dv;     // [nk]
+    float* scores = vtile + size_t(nk) * dv;     // [heads_per_task][nk]
     for (int j = 0; j < nk; ++j) {
       load_head(kern, kv.type, key_at(lo + j), g * dk, dk, ktile + size_t(j) * dk);
       load_head(kern, kv.type, val_at(lo + j), g * dv, dv, vtile + size_t(j) * dv);
@@ -325,13 +542,12 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
 
     for (int t = t0; t < t1; ++t) {
       const int off = lo_of(t) - lo, n = a.pos[t] - lo_of(t) + 1;
-      for (int r = 0; r < heads_per_task; ++r) {
-        const float* q = a.q + size_t(t) * a.q_stride + size_t(h0 + r) * dk;
-        float* out = a.out + size_t(t) * a.out_stride + size_t(h0 + r) * dv;
-        kern.scores(q, ktile + size_t(off) * dk, n, dk, a.scale, scores);
-        softmax(scores, n);
-        kern.pv(scores, vtile + size_t(off) * dv, n, dv, out);
-      }
+      // The task's heads are consecutive in q and out, so one call covers them all.
+      const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
+      float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
+      kern.scores(q, heads_per_task, ktile + size_t(off) * dk, n, dk, a.scale, scores);
+      for (int r = 0; r < heads_per_task; ++r) softmax(scores + size_t(r) * n, n);
+      kern.pv(scores, heads_per_task, vtile + size_t(off) * dv, n, dv, out);
     }
   });
 }

@@ -1,0 +1,92 @@
+// matmul_multi: the per-row dot kernels of the active kernel table (qkernels.h, owned by the GEMM
+// code) driven over the rows of several matrices at once. Row chunks and the kernel called per row
+// are those matmul() uses for few columns, so each output is the same bits as matmul() gives.
+#include "kernels/cpu/matmul_multi.h"
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "gguf/error.h"
+#include "kernels/cpu/qkernels.h"
+
+namespace baton::cpu {
+
+namespace {
+
+const KernelTable& active_table() {
+  switch (active_isa()) {
+    case Isa::Avx512: return kernels_avx512();
+    case Isa::Avx2: return kernels_avx2();
+    case Isa::Scalar: break;
+  }
+  return kernels_scalar();
+}
+
+constexpr int kMaxTargets = 4;
+constexpr int kFusedMaxCols = 4;
+
+}  // namespace
+
+void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool) {
+  BATON_CHECK(n >= 1 && n_targets >= 1);
+  if (n > kFusedMaxCols || n_targets > kMaxTargets || n_targets == 1) {
+    for (int i = 0; i < n_targets; ++i) matmul(*targets[i].W, X, n, targets[i].Y, pool);
+    return;
+  }
+  const KernelTable& kt = active_table();
+  const int64_t cols = targets[0].W->cols;
+
+  // Per target: its kernel, its activations (quantized once per format) and its row chunks.
+  struct Part {
+    DotFn dot;
+    const uint8_t* a;
+    size_t a_stride;
+    int64_t chunk;
+    int first_task;
+  };
+  Part parts[kMaxTargets];
+  thread_local std::vector<uint8_t> scratch[kMaxTargets];  // per target; only grows
+  int n_tasks = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    const QMatrix& W = *targets[i].W;
+    BATON_CHECK(W.cols == cols && W.cols % traits(W.type).block_elems == 0);
+    BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
+    BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);
+    const ActKind kind = kt.act[int(W.type)];
+    Part& p = parts[i];
+    p.dot = kt.dot[int(W.type)];
+    p.a_stride = act_bytes(kind, cols);
+    if (kind == ActKind::Float) {
+      p.a = reinterpret_cast<const uint8_t*>(X);
+    } else {
+      int same = -1;  // an earlier target that already quantized X into this format
+      for (int j = 0; j < i && same < 0; ++j)
+        if (kt.act[int(targets[j].W->type)] == kind) same = j;
+      if (same >= 0) {
+        p.a = parts[same].a;
+      } else {
+        std::vector<uint8_t>& buf = scratch[i];
+        if (buf.size() < p.a_stride * size_t(n)) buf.resize(p.a_stride * size_t(n));
+        for (int c = 0; c < n; ++c) kt.quant[int(kind)](X + int64_t(c) * cols, cols, buf.data() + size_t(c) * p.a_stride);
+        p.a = buf.data();
+      }
+    }
+    p.chunk = std::max<int64_t>(16, W.rows / (int64_t(pool.size()) * 8));
+    p.first_task = n_tasks;
+    n_tasks += int((W.rows + p.chunk - 1) / p.chunk);
+  }
+
+  auto body = [&](int task, int) {
+    int i = n_targets - 1;
+    while (parts[i].first_task > task) --i;
+    const Part& p = parts[i];
+    const QMatrix& W = *targets[i].W;
+    const int64_t r0 = int64_t(task - p.first_task) * p.chunk, r1 = std::min(W.rows, r0 + p.chunk);
+    const size_t y_stride = size_t(W.rows);
+    for (int64_t r = r0; r < r1; r++) p.dot(cols, W.row(r), p.a, p.a_stride, n, targets[i].Y + size_t(r), y_stride);
+  };
+  pool.run(n_tasks, std::ref(body));
+}
+
+}  // namespace baton::cpu

@@ -1,0 +1,18 @@
+// Several weight matrices against the same activations in one pool job: decode multiplies one
+// token by q, k and v (and by gate and up), and a job per matrix would cost a barrier each.
+#pragma once
+#include "kernels/cpu/matmul.h"
+
+namespace baton::cpu {
+
+struct MatmulTarget {
+  const QMatrix* W = nullptr;
+  float* Y = nullptr;  // n vectors of W->rows floats, as in matmul()
+};
+
+// Y_i = W_i·X for every target (all W_i share cols). Same results as calling matmul() per target;
+// for n <= 4 (decode) the rows of all targets are one job, above that each target is its own
+// matmul() (prefill: the GEMMs are long enough that a barrier does not matter).
+void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool);
+
+}  // namespace baton::cpu

@@ -1,0 +1,173 @@
+// CPU transformer ops on every ISA level the CPU has, against double-precision references:
+// the gate activations, blocked attention (head dims 64 and 256, GQA, sliding window), and the
+// fused several-matrices matmul (same bits as one matmul per matrix).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "helpers.h"
+#include "kernels/cpu/matmul_multi.h"
+#include "kernels/cpu/ops.h"
+#include "quant/quant.h"
+
+using namespace baton;
+using namespace baton::cpu;
+
+namespace {
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v;
+  for (int i = 0; i <= int(detected_isa()); ++i) v.push_back(Isa(i));
+  return v;
+}
+
+struct IsaGuard {  // restores "no limit" however the section ends
+  explicit IsaGuard(Isa i) { set_isa_limit(i); }
+  ~IsaGuard() { set_isa_limit(Isa::Avx512); }
+};
+
+std::vector<float> randoms(size_t n, float lo, float hi, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("gate activations match their definitions on every ISA, tails included") {
+  std::mt19937 rng(7);
+  const int n = 16 * 5 + 11;  // a tail on every vector width
+  std::vector<float> g = randoms(n, -12.f, 12.f, rng), u = randoms(n, -2.f, 2.f, rng);
+  g[0] = 0.f, g[1] = -90.f, g[2] = 95.f, g[3] = 1e-4f;
+  for (Isa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << isa_name(isa));
+    std::vector<float> y(n, -1.f);
+    gelu_tanh_gate(g.data(), u.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double x = g[size_t(i)];
+      const double z = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+      // 0.5 x (1 + tanh z) written as x / (1 + e^-2z): the same function without 1 + tanh's
+      // cancellation for negative z, so the reference stays accurate where gelu is tiny.
+      const double ref = x / (1 + std::exp(-2 * z)) * u[size_t(i)];
+      CHECK(ref == Approx(0.5 * x * (1 + std::tanh(z)) * u[size_t(i)]).margin(1e-12));
+      // A float argument of e^-2z carries a relative error that grows with |2z|, as in any float version.
+      CHECK(std::abs(y[size_t(i)] - ref) <= 2e-7 * (4 + std::abs(2 * z)) * std::abs(ref) + 1e-30);
+    }
+    silu_gate(g.data(), u.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double x = g[size_t(i)];
+      const double ref = x / (1 + std::exp(-x)) * u[size_t(i)];
+      CHECK(std::abs(y[size_t(i)] - ref) <= 2e-7 * (4 + std::abs(x)) * std::abs(ref) + 1e-30);
+    }
+  }
+}
+
+TEST_CASE("attention over staged F16 rows matches a double reference on every ISA") {
+  for (int dk : {64, 256}) {
+    for (int window : {0, 5}) {
+      const int n_head = 4, n_kv = 1 + (dk == 64), n_tok = 45;  // 45 spans two query blocks
+      std::mt19937 rng(uint32_t(dk + window));
+      std::vector<float> q = randoms(size_t(n_tok) * n_head * dk, -1.f, 1.f, rng);
+      std::vector<float> k = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
+      std::vector<float> v = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
+      const size_t row = size_t(n_kv) * dk * 2;
+      std::vector<uint8_t> k16(row * n_tok), v16(row * n_tok), cache(row * 4);
+      for (int t = 0; t < n_tok; ++t) {
+        kv_convert(GgmlType::F16, k.data() + size_t(t) * n_kv * dk, k16.data() + row * t, n_kv * dk);
+        kv_convert(GgmlType::F16, v.data() + size_t(t) * n_kv * dk, v16.data() + row * t, n_kv * dk);
+      }
+      std::vector<float> kf(k.size()), vf(v.size());  // what the cache holds, back in float
+      dequantize_row(GgmlType::F16, k16.data(), kf.data(), int64_t(kf.size()));
+      dequantize_row(GgmlType::F16, v16.data(), vf.data(), int64_t(vf.size()));
+      std::vector<int32_t> pos(n_tok), seq(n_tok, 0), first(n_tok, 0), row0(n_tok, 0);
+      for (int t = 0; t < n_tok; ++t) pos[size_t(t)] = t;
+      const float scale = 1.f / std::sqrt(float(dk));
+
+      std::vector<double> ref(size_t(n_tok) * n_head * dk);
+      for (int t = 0; t < n_tok; ++t)
+        for (int h = 0; h < n_head; ++h) {
+          const int g = h / (n_head / n_kv), lo = window ? std::max(0, t - window + 1) : 0;
+          std::vector<double> s;
+          double mx = -1e300, sum = 0;
+          for (int j = lo; j <= t; ++j) {
+            double d = 0;
+            for (int i = 0; i < dk; ++i)
+              d += double(q[(size_t(t) * n_head + h) * dk + i]) * kf[(size_t(j) * n_kv + g) * dk + i];
+            s.push_back(d * scale);
+            mx = std::max(mx, s.back());
+          }
+          for (double& x : s) sum += (x = std::exp(x - mx));
+          for (int j = lo; j <= t; ++j)
+            for (int i = 0; i < dk; ++i)
+              ref[(size_t(t) * n_head + h) * dk + i] += s[size_t(j - lo)] / sum * vf[(size_t(j) * n_kv + g) * dk + i];
+        }
+
+      for (Isa isa : isas()) {
+        IsaGuard guard(isa);
+        INFO("isa " << isa_name(isa) << " head_dim " << dk << " window " << window);
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          std::vector<float> out(ref.size(), 0.f);
+          AttentionArgs a;
+          a.n_tokens = n_tok;
+          a.q = q.data();
+          a.q_stride = size_t(n_head) * dk;
+          a.out = out.data();
+          a.out_stride = size_t(n_head) * dk;
+          a.pos = pos.data(), a.seq = seq.data(), a.first = first.data(), a.row0 = row0.data();
+          a.k_new = k16.data(), a.v_new = v16.data();
+          a.n_head = n_head;
+          a.scale = scale;
+          a.window = window;
+          a.kv.type = GgmlType::F16;
+          a.kv.k = a.kv.v = cache.data();
+          a.kv.k_row = a.kv.v_row = row;
+          a.kv.n_cells = 4;
+          a.kv.n_head_kv = n_kv, a.kv.head_dim_k = a.kv.head_dim_v = dk;
+          attention(a, pool);
+          double worst = 0;
+          for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]));
+          CHECK(worst < 2e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul_multi gives the same bits as one matmul per matrix") {
+  std::mt19937 rng(3);
+  const int64_t cols = 256;
+  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K};
+  const int64_t rows[] = {96, 40, 300};
+  std::vector<std::vector<uint8_t>> data(3);
+  QMatrix W[3];
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> f = randoms(size_t(rows[i] * cols), -1.f, 1.f, rng);
+    const size_t rb = row_bytes(types[i], cols);
+    data[size_t(i)].resize(rb * size_t(rows[i]));
+    for (int64_t r = 0; r < rows[i]; ++r) quantize_row(types[i], f.data() + r * cols, data[size_t(i)].data() + r * rb, cols);
+    W[i] = QMatrix{types[i], data[size_t(i)].data(), rows[i], cols, rb};
+  }
+  for (Isa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int n : {1, 3, 4, 9}) {
+      INFO("isa " << isa_name(isa) << " columns " << n);
+      ThreadPool pool(2);
+      std::vector<float> X = randoms(size_t(n * cols), -1.f, 1.f, rng);
+      std::vector<std::vector<float>> single(3), fused(3);
+      MatmulTarget t[3];
+      for (int i = 0; i < 3; ++i) {
+        single[size_t(i)].assign(size_t(n * rows[i]), 0.f);
+        fused[size_t(i)].assign(size_t(n * rows[i]), -7.f);
+        matmul(W[i], X.data(), n, single[size_t(i)].data(), pool);
+        t[i] = {&W[i], fused[size_t(i)].data()};
+      }
+      matmul_multi(t, 3, X.data(), n, pool);
+      for (int i = 0; i < 3; ++i)
+        CHECK(std::memcmp(single[size_t(i)].data(), fused[size_t(i)].data(), single[size_t(i)].size() * 4) == 0);
+    }
+  }
+}
