@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
+#include "cli/distributed.h"
 #include "gguf/error.h"
 #include "gguf/gguf.h"
 #include "runtime/model_files.h"
@@ -20,6 +21,7 @@ struct Opts {
   std::string model, prompt, out, tokens_out, tokens;
   int threads = 0, ctx = 0;
   std::string kv_type = "f16";
+  bool distributed = false;
 };
 
 void write_file(const std::string& path, const void* data, size_t bytes) {
@@ -59,7 +61,7 @@ int run(const Opts& o) {
     ids = Tokenizer::from_gguf(*file).encode(o.prompt, /*add_special=*/true, /*parse_special=*/true);
   }
   lo.n_batch = std::max<int>(1, int(ids.size()));
-  std::unique_ptr<Pipeline> p = Pipeline::load(path, lo);
+  std::unique_ptr<Pipeline> p = o.distributed ? load_distributed(path, lo) : Pipeline::load(path, lo);
   if (ids.empty()) fail(ErrorKind::Usage, "the prompt has no tokens");
   if (int(ids.size()) > p->n_ctx())
     fail(ErrorKind::Usage, "the prompt has {} tokens but the context is {} (--ctx)", ids.size(), p->n_ctx());
@@ -90,6 +92,7 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
     app.add_option("-t,--threads", o->threads, "CPU threads (0: all)");
     app.add_option("--ctx", o->ctx, "Context length (0: model's, capped at 4096)");
     app.add_option("--kv-type", o->kv_type, "KV cache type: f16 or q8_0");
+    cli::add_distributed_flag(app, o->distributed, [o] { return WorkerArgs{o->model, "cpu", o->threads, 0}; });
     return [o] {
       if (o->prompt.empty() && o->tokens.empty()) fail(ErrorKind::Usage, "give -p PROMPT or --tokens IDS");
       return run(*o);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/distributed.h"
 #include "gguf/error.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 1;
   }
   try {
+    if (auto code = cli::distributed_main()) return *code;  // a worker rank of --distributed
     return run ? run() : 0;
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/distributed.h"
 #include "gguf/error.h"
 #include "runtime/chat_template.h"
 #include "runtime/model_files.h"
@@ -28,6 +29,7 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
   app.add_flag("--verbose", f.verbose, "print loading and placement details");
+  add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags) {
@@ -79,7 +81,7 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
     };
   }
   auto t0 = std::chrono::steady_clock::now();
-  out.pipe = Pipeline::load(out.path, lo);
+  out.pipe = f.distributed ? load_distributed(out.path, lo) : Pipeline::load(out.path, lo);
   out.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (bar) std::fprintf(stderr, "\r\033[K");  // the bar is gone once loading is done
   out.vocab = tokenizer_vocab(out.pipe->tokenizer());

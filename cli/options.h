@@ -26,6 +26,7 @@ struct ModelFlags {
   int threads_per_stage = 0;
   std::string kv_type = "f16";
   bool verbose = false;
+  bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
 };
 void add_model_flags(CLI::App& app, ModelFlags& f);
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/distributed.h"
 #include "gguf/gguf.h"
 #include "runtime/devices.h"
 #include "runtime/model_files.h"
@@ -21,7 +22,7 @@ struct PlanArgs {
   std::string model, shape, type = "Q4_K", devices = "auto", kv_type = "f16", tensor_split, reserve;
   uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0;
   int n_gpu_layers = -1;
-  bool no_cpu_spill = false, spread = false, json = false;
+  bool no_cpu_spill = false, spread = false, json = false, distributed = false;
 };
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -64,8 +65,13 @@ int run_plan(const PlanArgs& a) {
   o.no_cpu_spill = a.no_cpu_spill;
   o.spread = a.spread;
 
-  const auto devices = parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true);
-  const Plan p = plan(shape, devices, o);
+  Plan p;
+  if (a.distributed) {  // every rank's devices (one each), gathered on rank 0; the workers print nothing
+    p = plan_distributed(shape, a.model.empty() ? "" : resolve_model(a.model), a.devices, o);
+    distributed_shutdown(false);
+  } else {
+    p = plan(shape, parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true), o);
+  }
   if (a.json) std::printf("%s\n", plan_to_json(p, shape).dump(2).c_str());
   else std::fputs(format_plan(p, shape).c_str(), stdout);
   if (!p.fits) fail(ErrorKind::OutOfMemory, "the model does not fit: {}", shortfall_message(p));
@@ -91,6 +97,7 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_flag("--spread", a->spread, "Use every GPU even when one would do");
                 app.add_option("--reserve", a->reserve, "Extra margin per device: one SIZE, or one per device entry");
                 app.add_flag("--json", a->json, "Print the plan as JSON");
+                add_distributed_flag(app, a->distributed, [a] { return WorkerArgs{a->model, a->devices, 0, 0}; });
                 return [a] { return run_plan(*a); };
               }}};
 

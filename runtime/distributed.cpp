@@ -1,0 +1,774 @@
+// The distributed pipeline (runtime/distributed.h): setup messages, the worker's service loop and
+// the rank-0 Pipeline. Stage k runs on rank k; a micro-batch travels as one kWork message per
+// boundary (its tokens, positions, sequences, logits flags and hidden-state rows) and comes back
+// to rank 0 as one kLogits message. Every token's math depends only on its own row and its own
+// sequence's cache, so where the layers run changes no bit of the logits.
+#include "runtime/distributed.h"
+
+#include "gguf/error.h"
+
+#if BATON_HAVE_MPI
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "gguf/gguf.h"
+#include "runtime/config.h"
+#include "runtime/devices.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model_files.h"
+#include "runtime/mpi_comm.h"
+#include "runtime/shape.h"
+#include "runtime/stage.h"
+#include "runtime/tokenizer.h"
+
+namespace baton {
+
+using mpi::Comm;
+using mpi::Message;
+using mpi::Reader;
+using mpi::Writer;
+
+namespace {
+
+constexpr uint32_t kProtocol = 1;  // bump when a message layout changes
+
+// ---- setup: what each rank tells rank 0 ----
+
+struct RankInfo {
+  int rank = 0;
+  std::string host;
+  int pid = 0;
+  std::string path;            // the model as resolved on that rank ("" when planning a shape)
+  uint64_t file_size = 0;
+  uint64_t header_hash = 0;    // FNV-1a of bytes [0, data offset): metadata and tensor infos
+  std::vector<DeviceSpec> devices;
+  std::string error;           // the rank could not open its file or parse its devices
+};
+
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+void put_device(Writer& w, const DeviceSpec& d) {
+  w.put(int32_t(d.kind)).put(int32_t(d.index)).put(uint8_t(d.present)).put_str(d.label).put(d.budget)
+      .put(d.runtime_reserve).put(uint8_t(d.budget_given)).put(d.total_bytes).put(d.free_bytes);
+}
+
+DeviceSpec get_device(Reader& r) {
+  DeviceSpec d;
+  d.kind = DeviceKind(r.get<int32_t>());
+  d.index = r.get<int32_t>();
+  d.present = r.get<uint8_t>() != 0;
+  d.label = r.get_str();
+  d.budget = r.get<uint64_t>();
+  d.runtime_reserve = r.get<uint64_t>();
+  d.budget_given = r.get<uint8_t>() != 0;
+  d.total_bytes = r.get<uint64_t>();
+  d.free_bytes = r.get<uint64_t>();
+  return d;
+}
+
+// This rank's facts; errors are kept in the record so rank 0 can report them by rank.
+RankInfo local_info(const std::string& model, const std::string& devices, bool allow_hypothetical) {
+  Comm& c = *Comm::get();
+  RankInfo info;
+  info.rank = c.rank();
+  info.host = c.host();
+  info.pid = int(getpid());
+  try {
+    info.devices = parse_devices(devices.empty() ? "cpu" : devices, probe_devices(), allow_hypothetical);
+    if (!model.empty()) {
+      info.path = resolve_model(model);
+      auto f = gguf::File::open(info.path);
+      info.file_size = f->file_size();
+      info.header_hash = fnv1a(f->base(), size_t(f->data_offset()));
+    }
+  } catch (const std::exception& e) {
+    info.error = e.what();
+  }
+  return info;
+}
+
+std::vector<uint8_t> hello_bytes(const RankInfo& i) {
+  Writer w;
+  w.put(kProtocol).put(int32_t(i.pid)).put_str(i.host).put_str(i.path).put(i.file_size).put(i.header_hash)
+      .put_str(i.error).put(uint32_t(i.devices.size()));
+  for (const auto& d : i.devices) put_device(w, d);
+  return std::move(w.bytes);
+}
+
+RankInfo parse_hello(const Message& m) {
+  Reader r(m.bytes, m.source);
+  if (r.get<uint32_t>() != kProtocol)
+    fail(ErrorKind::Usage, "rank {} runs a baton with a different distributed protocol: use the same build on every rank",
+         m.source);
+  RankInfo i;
+  i.rank = m.source;
+  i.pid = r.get<int32_t>();
+  i.host = r.get_str();
+  i.path = r.get_str();
+  i.file_size = r.get<uint64_t>();
+  i.header_hash = r.get<uint64_t>();
+  i.error = r.get_str();
+  const uint32_t n = r.get<uint32_t>();
+  for (uint32_t k = 0; k < n; ++k) i.devices.push_back(get_device(r));
+  return i;
+}
+
+std::string where(const RankInfo& i) { return fmt::format("rank {} ({}, pid {})", i.rank, i.host, i.pid); }
+
+// Text of a kError message.
+[[noreturn]] void throw_remote(const Message& m) {
+  Reader r(m.bytes, m.source);
+  const int kind = r.get<int32_t>();
+  const std::string text = r.get_str();
+  throw Error(ErrorKind(kind), fmt::format("rank {}: {}", m.source, text));
+}
+
+std::vector<uint8_t> error_bytes(ErrorKind kind, const std::string& text) {
+  Writer w;
+  w.put(int32_t(kind)).put_str(text);
+  return std::move(w.bytes);
+}
+
+// Rank 0: everyone's facts, rank order. The workers send theirs first thing; anything else before
+// that is a protocol error.
+std::vector<RankInfo> gather(const RankInfo& mine) {
+  Comm& c = *Comm::get();
+  std::vector<RankInfo> all(size_t(c.size()));
+  all[0] = mine;
+  for (int got = 1; got < c.size();) {
+    Message m = c.recv();
+    if (m.tag == mpi::kError) throw_remote(m);
+    if (m.tag != mpi::kHello) fail(ErrorKind::Model, "rank {} sent message {} before its hello", m.source, m.tag);
+    all[size_t(m.source)] = parse_hello(m);
+    ++got;
+  }
+  for (const auto& i : all)
+    if (!i.error.empty()) fail(ErrorKind::Usage, "{}: {}", where(i), i.error);
+  return all;
+}
+
+// Same file on every rank: size and header hash (metadata and tensor table) must agree.
+void check_files(const std::vector<RankInfo>& all) {
+  const RankInfo& a = all[0];
+  for (const auto& b : all) {
+    if (b.file_size == a.file_size && b.header_hash == a.header_hash) continue;
+    fail(ErrorKind::Model, "{} has a different model file than rank 0: {} ({} bytes, header hash {:016x}) vs {} "
+         "({} bytes, header hash {:016x}); every rank needs its own copy of the same file",
+         where(b), b.path, b.file_size, b.header_hash, a.path, a.file_size, a.header_hash);
+  }
+}
+
+// Every rank's devices in rank order, labelled with the rank; stage k must land on rank k.
+Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanOptions po) {
+  std::vector<DeviceSpec> devices;
+  for (const auto& i : all) {
+    if (i.devices.size() != 1)
+      fail(ErrorKind::Usage, "{} lists {} devices; with --distributed each rank serves one stage: give one device "
+           "per rank (e.g. --devices cpu or --devices cuda:0) and launch one rank per device", where(i),
+           i.devices.size());
+    DeviceSpec d = i.devices[0];
+    d.label = fmt::format("rank{}:{}", i.rank, d.label);
+    devices.push_back(d);
+  }
+  // The user asked for a pipeline over all ranks: the layers are cut evenly, not packed onto the
+  // first rank that could hold them all (the same rule as repeated CPU entries in one process).
+  if (po.tensor_split.empty()) po.tensor_split.assign(devices.size(), 1.0);
+  return plan(shape, devices, po);
+}
+
+// ---- one stage, as a rank holds it ----
+
+// The stage (runtime/stage.h) and the buffers the wire needs: the hidden states of the micro-batch
+// in hand and, on the last rank, its logits rows.
+struct LocalStage {
+  std::unique_ptr<CpuStage> s;
+  std::vector<float> x, logits;
+
+  uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float) + logits.capacity() * sizeof(float); }
+};
+
+struct StageSetup {
+  int n_ctx = 0, n_seq = 1, n_batch = 1;
+  GgmlType kv_type = GgmlType::F16;
+  Stage stage;
+};
+
+// Whether tensor `name` belongs to the stage (its blocks, the embedding / head it holds, and the
+// few tensors outside any block that every stage keeps).
+bool stage_holds(const Stage& s, const std::string& name, bool tied_head) {
+  if (name.rfind("blk.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 4);
+    return layer >= int(s.layer_begin) && layer < int(s.layer_end);
+  }
+  if (name.rfind("token_embd.", 0) == 0) return s.has_embedding || (tied_head && s.has_output);
+  if (name.rfind("output", 0) == 0) return s.has_output;
+  return true;
+}
+
+// Reads one byte per page of the stage's tensors, and only those: the rest of the file is never
+// paged in on this rank.
+void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(uint64_t, uint64_t)>& progress) {
+  const bool tied = f.tensor("output.weight") == nullptr;
+  uint64_t total = 0, done = 0;
+  for (const auto& t : f.tensors())
+    if (stage_holds(s, t.name, tied)) total += t.nbytes;
+  volatile uint8_t sink = 0;
+  for (const auto& t : f.tensors()) {
+    if (!stage_holds(s, t.name, tied) || !t.data) continue;
+    for (uint64_t off = 0; off < t.nbytes; off += 4096) sink = sink + t.data[off];
+    done += t.nbytes;
+    if (progress) progress(done, total);
+  }
+}
+
+std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& cfg, const StageSetup& su, int threads,
+                                       const std::function<void(uint64_t, uint64_t)>& progress) {
+  touch_stage(f, su.stage, progress);
+  StageOptions so;
+  so.n_seq = su.n_seq;
+  so.n_ctx = su.n_ctx;
+  so.n_batch = su.n_batch;
+  so.kv_type = su.kv_type;
+  so.n_threads = threads;
+  auto s = std::make_unique<LocalStage>();
+  s->s = std::make_unique<CpuStage>(f, cfg, su.stage, so);
+  s->x.resize(size_t(su.n_batch) * size_t(cfg.n_embd));
+  if (su.stage.has_output) s->logits.resize(size_t(su.n_batch) * size_t(cfg.n_vocab));
+  return s;
+}
+
+// The stage's work on the hidden states in s.x (the embedding first when it holds it); the last
+// stage leaves batch.n_logits() rows in s.logits.
+void run_stage(LocalStage& s, const Batch& b) { s.s->forward(b, s.x.data(), s.logits.data()); }
+
+int stage_threads(int n_threads, int threads_per_stage) {
+  if (threads_per_stage > 0) return threads_per_stage;
+  if (n_threads > 0) return n_threads;
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void put_stage(Writer& w, const StageSetup& su) {
+  const Stage& s = su.stage;
+  w.put(int32_t(su.n_ctx)).put(int32_t(su.n_seq)).put(int32_t(su.n_batch)).put(int32_t(su.kv_type))
+      .put(s.layer_begin).put(s.layer_end).put(uint8_t(s.has_embedding)).put(uint8_t(s.has_output))
+      .put_str(s.label).put(s.total_bytes() - s.reserve_bytes);
+}
+
+StageSetup get_stage(Reader& r, uint64_t* planned) {
+  StageSetup su;
+  su.n_ctx = r.get<int32_t>();
+  su.n_seq = r.get<int32_t>();
+  su.n_batch = r.get<int32_t>();
+  su.kv_type = GgmlType(r.get<int32_t>());
+  su.stage.layer_begin = r.get<uint32_t>();
+  su.stage.layer_end = r.get<uint32_t>();
+  su.stage.has_embedding = r.get<uint8_t>() != 0;
+  su.stage.has_output = r.get<uint8_t>() != 0;
+  su.stage.label = r.get_str();
+  *planned = r.get<uint64_t>();
+  return su;
+}
+
+// A micro-batch on the wire: id, batch arrays, then `rows` hidden-state rows.
+void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd) {
+  w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(x, size_t(b.size()) * n_embd);
+}
+
+// ---- the worker ----
+
+struct Worker {
+  Comm& c;
+  WorkerArgs args;
+  std::unique_ptr<gguf::File> file;
+  ModelConfig cfg;
+  std::unique_ptr<LocalStage> stage;
+  bool broken = false;  // an error was reported; only a shutdown is expected now
+
+  void report(const std::exception& e) {
+    const auto* be = dynamic_cast<const Error*>(&e);
+    c.send(0, mpi::kError, error_bytes(be ? be->kind() : ErrorKind::Model, e.what()));
+    broken = true;
+  }
+
+  void on_plan(const Message& m) {
+    Reader r(m.bytes, m.source);
+    uint64_t planned = 0;
+    const StageSetup su = get_stage(r, &planned);
+    file = gguf::File::open(resolve_model(args.model));
+    cfg = ModelConfig::from_gguf(*file);
+    stage = load_stage(*file, cfg, su, stage_threads(args.n_threads, args.threads_per_stage), {});
+    Writer w;
+    w.put(stage->measured_bytes()).put(int32_t(stage->s->max_rewind())).put(int32_t(stage->s->n_threads()));
+    c.send(0, mpi::kReady, std::move(w.bytes));
+  }
+
+  void on_work(const Message& m) {
+    if (!stage) fail(ErrorKind::Model, "work arrived before this rank was given a stage");
+    Reader r(m.bytes, m.source);
+    const uint64_t id = r.get<uint64_t>();
+    Batch b;
+    b.token = r.get_vec<int32_t>();
+    b.pos = r.get_vec<int32_t>();
+    b.seq = r.get_vec<int32_t>();
+    b.logits = r.get_vec<uint8_t>();
+    const size_t n = size_t(b.size()), E = size_t(cfg.n_embd);
+    BATON_CHECK(b.pos.size() == n && b.seq.size() == n && b.logits.size() == n);
+    BATON_CHECK(n <= stage->x.size() / E);
+    std::memcpy(stage->x.data(), r.get_view<float>(n * E), n * E * sizeof(float));
+    run_stage(*stage, b);
+    Writer w;
+    if (stage->s->last()) {
+      const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
+      w.put(id).put_raw(stage->logits.data(), rows * V);
+      c.send(0, mpi::kLogits, std::move(w.bytes));
+    } else {
+      put_work(w, id, b, stage->x.data(), E);
+      c.send(c.rank() + 1, mpi::kWork, std::move(w.bytes));
+    }
+  }
+
+  int serve() {
+    c.send(0, mpi::kHello, hello_bytes(local_info(args.model, args.devices, /*allow_hypothetical=*/true)));
+    for (;;) {
+      Message m = c.recv();
+      if (m.tag == mpi::kShutdown) {
+        c.flush();
+        c.finalize();
+        return 0;
+      }
+      if (broken) continue;
+      try {
+        if (m.tag == mpi::kPlan) on_plan(m);
+        else if (m.tag == mpi::kWork) on_work(m);
+        else fail(ErrorKind::Model, "unexpected message {} from rank {}", m.tag, m.source);
+      } catch (const std::exception& e) {
+        report(e);
+      }
+    }
+  }
+};
+
+// ---- rank 0 ----
+
+struct MicroBatch {
+  Batch batch;
+  std::vector<int> index;  // each token's place in the submitted batch
+};
+
+// Whole sequences in order of first appearance, cut into up to `groups` micro-batches of at most
+// n_batch tokens (a sequence longer than n_batch is cut into runs).
+std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_seq) {
+  std::vector<int> order;
+  std::vector<std::vector<int>> tokens(static_cast<size_t>(n_seq));
+  for (int i = 0; i < b.size(); ++i) {
+    const int s = b.seq[size_t(i)];
+    if (tokens[size_t(s)].empty()) order.push_back(s);
+    tokens[size_t(s)].push_back(i);
+  }
+  const size_t n_groups = std::max<size_t>(1, std::min(order.size(), groups));
+  const size_t per_group = (order.size() + n_groups - 1) / n_groups;
+  std::vector<MicroBatch> out;
+  MicroBatch* cur = nullptr;
+  auto fresh = [&] { out.emplace_back(); return &out.back(); };
+  for (size_t g = 0; g < order.size(); ++g) {
+    if (g % per_group == 0 && (cur == nullptr || cur->batch.size() > 0)) cur = fresh();
+    for (int i : tokens[size_t(order[g])]) {
+      if (cur->batch.size() == n_batch) cur = fresh();
+      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+      cur->index.push_back(i);
+    }
+  }
+  return out;
+}
+
+bool g_shutdown_sent = false;
+
+class DistributedPipeline final : public Pipeline {
+ public:
+  DistributedPipeline(const std::string& path, const LoadOptions& opt);
+  ~DistributedPipeline() override;
+
+  const gguf::File& file() const override { return *file_; }
+  const ModelConfig& config() const override { return cfg_; }
+  const Tokenizer& tokenizer() const override {
+    if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
+    return *tok_;
+  }
+  int n_ctx() const override { return n_ctx_; }
+  int n_seq() const override { return int(len_.size()); }
+  int n_vocab() const override { return cfg_.n_vocab; }
+
+  void decode(const Batch& b, float* logits) override { wait(start(b, logits, 2 * size_t(c_.size()))); }
+  uint64_t submit(const Batch& b, float* logits) override { return start(b, logits, 1); }
+  void wait(uint64_t ticket) override;
+  int max_in_flight() const override { return c_.size(); }
+  void truncate_seq(int seq, int from) override;
+  int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
+  std::vector<StageInfo> stages() const override { return infos_; }
+
+ private:
+  struct Job {
+    std::vector<MicroBatch> mbs;
+    float* logits = nullptr;
+    std::vector<int> out_row;
+    size_t left = 0;  // micro-batches whose logits have not come back
+    std::exception_ptr error;
+  };
+
+  void check_seq(int seq) const {
+    if (seq < 0 || seq >= int(len_.size()))
+      fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());
+  }
+  void check_alive() const {
+    if (broken_) fail(ErrorKind::Model, "the distributed pipeline stopped after an earlier error: {}", broken_what_);
+  }
+  uint64_t start(const Batch& b, float* logits, size_t groups);
+  void stage_loop();
+  void take(const Message& m);  // a kLogits or kError message
+
+  Comm& c_;
+  std::unique_ptr<gguf::File> file_;
+  ModelConfig cfg_;
+  std::optional<Tokenizer> tok_;
+  int n_ctx_ = 0, n_batch_ = 0, max_rewind_ = 0;
+  std::unique_ptr<LocalStage> stage_;
+  std::vector<StageInfo> infos_;
+  std::vector<int> len_;  // positions submitted per sequence
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, size_t>> queue_;  // (ticket, micro-batch) for stage 0
+  std::map<uint64_t, Job> jobs_;
+  uint64_t next_ticket_ = 0;
+  bool stopping_ = false;
+  bool broken_ = false;
+  std::string broken_what_;
+  std::thread stage_thread_;
+};
+
+DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOptions& opt) : c_(*Comm::get()) {
+  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
+  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
+  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+
+  const std::vector<RankInfo> all = gather(local_info(path, opt.devices, /*allow_hypothetical=*/false));
+  check_files(all);
+  for (const auto& i : all)
+    if (i.devices[0].is_gpu())
+      fail(ErrorKind::Usage, "{}: device '{}': CUDA stages are not available in the pipeline of this version "
+           "(use --devices cpu)", where(i), i.devices[0].label);
+
+  file_ = gguf::File::open(path);
+  cfg_ = ModelConfig::from_gguf(*file_);
+  check_kv_type(cfg_, opt.kv_type);
+  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
+  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+
+  const ModelShape shape = shape_from_gguf(*file_);
+  PlanOptions po;
+  po.n_ctx = uint32_t(n_ctx_);
+  po.n_parallel = uint32_t(opt.n_seq);
+  po.n_batch = uint32_t(opt.n_batch);
+  po.kv_type = opt.kv_type;
+  const Plan p = plan_ranks(shape, all, po);
+  if (opt.verbose) std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
+  if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
+  if (p.stages.size() != all.size())
+    fail(ErrorKind::Usage, "{} ranks but the model's {} layers make only {} stages: launch at most {} ranks",
+         all.size(), cfg_.n_layer, p.stages.size(), p.stages.size());
+  for (size_t k = 0; k < p.stages.size(); ++k) BATON_CHECK(p.stages[k].device == k);
+  n_batch_ = int(p.options.n_batch);
+
+  // Workers load while rank 0 loads its own stage.
+  for (int r = 1; r < c_.size(); ++r) {
+    StageSetup su{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[size_t(r)]};
+    Writer w;
+    put_stage(w, su);
+    c_.send(r, mpi::kPlan, std::move(w.bytes));
+  }
+  StageSetup mine{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[0]};
+  stage_ = load_stage(*file_, cfg_, mine, stage_threads(opt.n_threads, opt.threads_per_stage), opt.progress);
+  max_rewind_ = stage_->s->max_rewind();
+  infos_.resize(all.size());
+  infos_[0] = {p.stages[0].label, stage_->s->layer_begin(), stage_->s->layer_end(), stage_->s->n_threads(),
+               p.stages[0].total_bytes() - p.stages[0].reserve_bytes, stage_->measured_bytes()};
+  for (int got = 1; got < c_.size();) {
+    Message m = c_.recv();
+    if (m.tag == mpi::kError) throw_remote(m);
+    if (m.tag != mpi::kReady) fail(ErrorKind::Model, "rank {} sent message {} while loading", m.source, m.tag);
+    Reader r(m.bytes, m.source);
+    const Stage& s = p.stages[size_t(m.source)];
+    StageInfo& info = infos_[size_t(m.source)];
+    info.device = s.label;
+    info.layer_begin = int(s.layer_begin);
+    info.layer_end = int(s.layer_end);
+    info.planned_bytes = s.total_bytes() - s.reserve_bytes;
+    info.measured_bytes = r.get<uint64_t>();
+    max_rewind_ = std::min(max_rewind_, int(r.get<int32_t>()));
+    info.n_threads = r.get<int32_t>();
+    ++got;
+  }
+  len_.assign(size_t(opt.n_seq), 0);
+  if (opt.verbose)
+    for (size_t k = 0; k < infos_.size(); ++k) {
+      const StageInfo& s = infos_[k];
+      std::fprintf(stderr, "stage %zu (%s, layers [%d, %d), %d threads): planned %s (%llu B), measured %s (%llu B)\n", k,
+                   s.device.c_str(), s.layer_begin, s.layer_end, s.n_threads, format_bytes(s.planned_bytes).c_str(),
+                   (unsigned long long)s.planned_bytes, format_bytes(s.measured_bytes).c_str(),
+                   (unsigned long long)s.measured_bytes);
+    }
+  stage_thread_ = std::thread([this] { stage_loop(); });
+}
+
+DistributedPipeline::~DistributedPipeline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (stage_thread_.joinable()) stage_thread_.join();
+  try {
+    distributed_shutdown(broken_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+}
+
+uint64_t DistributedPipeline::start(const Batch& b, float* logits, size_t groups) {
+  check_alive();
+  const int n = b.size();
+  if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
+    fail(ErrorKind::Usage, "batch arrays differ in length");
+  std::vector<int> next(len_);
+  Job job;
+  job.out_row.assign(size_t(n), -1);
+  int n_out = 0;
+  for (int i = 0; i < n; ++i) {
+    const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
+    if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
+    check_seq(s);
+    if (p != next[size_t(s)])
+      fail(ErrorKind::Usage, "sequence {}: token at position {} does not continue the cache (expected position {})", s, p, next[size_t(s)]);
+    if (p >= n_ctx_) fail(ErrorKind::Usage, "sequence {}: position {} is past the context length {}", s, p, n_ctx_);
+    next[size_t(s)] = p + 1;
+    if (b.logits[size_t(i)]) job.out_row[size_t(i)] = n_out++;
+  }
+  len_ = next;
+  job.logits = logits;
+  job.mbs = split(b, groups, n_batch_, int(len_.size()));
+  if (n == 0) job.mbs.clear();
+  job.left = job.mbs.size();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t ticket = ++next_ticket_;
+  const size_t count = job.mbs.size();
+  jobs_.emplace(ticket, std::move(job));
+  for (size_t m = 0; m < count; ++m) queue_.push_back({ticket, m});
+  cv_.notify_all();
+  return ticket;
+}
+
+// Stage 0 on rank 0: micro-batches in submission order, each handed to rank 1 once computed.
+void DistributedPipeline::stage_loop() {
+  const size_t E = size_t(cfg_.n_embd);
+  for (;;) {
+    std::pair<uint64_t, size_t> item;
+    const MicroBatch* mb = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      item = queue_.front();
+      queue_.pop_front();
+      mb = &jobs_.at(item.first).mbs[item.second];  // std::map nodes do not move
+    }
+    const uint64_t id = (item.first << 20) | item.second;
+    try {
+      run_stage(*stage_, mb->batch);
+      Writer w;
+      put_work(w, id, mb->batch, stage_->x.data(), E);
+      c_.send(1, mpi::kWork, std::move(w.bytes));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Job& j = jobs_.at(item.first);
+      if (!j.error) j.error = std::current_exception();
+      j.left = 0;  // its other micro-batches may never come back; the pipeline is broken now
+      broken_ = true;
+      broken_what_ = "rank 0's stage failed";
+      cv_.notify_all();
+    }
+  }
+}
+
+void DistributedPipeline::take(const Message& m) {
+  if (m.tag == mpi::kError) {
+    try {
+      throw_remote(m);
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_ = true;
+      broken_what_ = e.what();
+      throw;
+    }
+  }
+  if (m.tag != mpi::kLogits) fail(ErrorKind::Model, "unexpected message {} from rank {}", m.tag, m.source);
+  Reader r(m.bytes, m.source);
+  const uint64_t id = r.get<uint64_t>();
+  const uint64_t ticket = id >> 20;
+  const size_t index = size_t(id & ((1u << 20) - 1));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(ticket);
+  BATON_CHECK(it != jobs_.end() && index < it->second.mbs.size());
+  Job& j = it->second;
+  const MicroBatch& mb = j.mbs[index];
+  const size_t V = size_t(cfg_.n_vocab), rows = size_t(mb.batch.n_logits());
+  const float* src = r.get_view<float>(rows * V);
+  size_t row = 0;
+  for (size_t t = 0; t < size_t(mb.batch.size()); ++t) {
+    if (!mb.batch.logits[t]) continue;
+    std::memcpy(j.logits + size_t(j.out_row[size_t(mb.index[t])]) * V, src + row * V, V * sizeof(float));
+    ++row;
+  }
+  --j.left;
+}
+
+void DistributedPipeline::wait(uint64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (jobs_.find(ticket) == jobs_.end()) fail(ErrorKind::Usage, "ticket {} is not in flight", ticket);
+  }
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Job& j = jobs_.at(ticket);
+      if (j.left == 0) {
+        std::exception_ptr e = j.error;
+        jobs_.erase(ticket);
+        if (e) std::rethrow_exception(e);
+        return;
+      }
+      if (broken_) {
+        jobs_.erase(ticket);
+        check_alive();
+      }
+    }
+    take(c_.recv());
+  }
+}
+
+void DistributedPipeline::truncate_seq(int seq, int from) {
+  check_seq(seq);
+  const int len = len_[size_t(seq)];
+  if (from < 0 || from > len)
+    fail(ErrorKind::Usage, "sequence {}: cannot truncate at {} (it holds {} positions)", seq, from, len);
+  if (from > 0 && len - from > max_rewind_)
+    fail(ErrorKind::Usage, "sequence {}: sliding-window layers keep only their window; rewinding by {} "
+         "positions is not possible (at most {}, or truncate to 0)", seq, len - from, max_rewind_);
+  len_[size_t(seq)] = from;
+}
+
+// At exit: rank 0 that never told the workers tells them now (the job failed); a rank that lost a
+// peer cannot finalize (finalize waits for everyone) and ends the whole job instead.
+void at_exit() {
+  Comm* c = Comm::get();
+  if (!c || c->finalized()) return;
+  if (!c->failure().empty()) c->abort(1);
+  try {
+    if (c->rank() == 0) distributed_shutdown(true);
+    else c->abort(1);  // a worker leaves only through a shutdown from rank 0
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    c->abort(1);
+  }
+}
+
+}  // namespace
+
+bool distributed_available() { return true; }
+
+int distributed_init() {
+  const bool first = Comm::get() == nullptr;
+  Comm& c = Comm::init();
+  if (first) std::atexit(at_exit);
+  if (c.size() < 2) {
+    // Nothing to talk to: leave MPI cleanly before reporting.
+    c.finalize();
+    fail(ErrorKind::Usage, "--distributed needs at least 2 ranks, this job has 1: launch with "
+         "`mpirun -np N baton ... --distributed` (N >= 2), or drop --distributed");
+  }
+  return c.rank();
+}
+
+int distributed_serve(const WorkerArgs& args) {
+  Comm& c = *Comm::get();
+  BATON_CHECK(c.rank() > 0);
+  Worker w{c, args, nullptr, {}, nullptr};
+  try {
+    return w.serve();
+  } catch (const Error& e) {  // lost contact with a peer: nobody left to report to
+    throw Error(e.kind(), fmt::format("rank {} ({}): {}", c.rank(), c.host(), e.what()));
+  }
+}
+
+std::unique_ptr<Pipeline> load_distributed(const std::string& path, const LoadOptions& opt) {
+  if (!Comm::get()) distributed_init();
+  BATON_CHECK(Comm::get()->rank() == 0);
+  return std::make_unique<DistributedPipeline>(path, opt);
+}
+
+Plan plan_distributed(const ModelShape& shape, const std::string& path, const std::string& devices,
+                      const PlanOptions& options) {
+  if (!Comm::get()) distributed_init();
+  const std::vector<RankInfo> all = gather(local_info(path, devices, /*allow_hypothetical=*/true));
+  if (!path.empty()) check_files(all);
+  return plan_ranks(shape, all, options);
+}
+
+void distributed_shutdown(bool failed) {
+  Comm* c = Comm::get();
+  if (!c || c->finalized() || c->rank() != 0) return;
+  if (!c->failure().empty()) return;  // at_exit aborts the job
+  if (!g_shutdown_sent) {
+    g_shutdown_sent = true;
+    for (int r = 1; r < c->size(); ++r) c->send(r, mpi::kShutdown, {uint8_t(failed ? 1 : 0)});
+  }
+  c->flush();
+  c->finalize();
+}
+
+}  // namespace baton
+
+#else  // built without MPI: the flags exist, and say what is missing
+
+namespace baton {
+
+bool distributed_available() { return false; }
+
+[[noreturn]] static void no_mpi() {
+  fail(ErrorKind::Usage, "--distributed: this baton was built without MPI; install Open MPI (libopenmpi-dev, "
+       "openmpi-bin: scripts/setup.sh does) and rebuild with -DBATON_MPI=AUTO or ON");
+}
+
+int distributed_init() { no_mpi(); }
+int distributed_serve(const WorkerArgs&) { no_mpi(); }
+std::unique_ptr<Pipeline> load_distributed(const std::string&, const LoadOptions&) { no_mpi(); }
+Plan plan_distributed(const ModelShape&, const std::string&, const std::string&, const PlanOptions&) { no_mpi(); }
+void distributed_shutdown(bool) {}
+
+}  // namespace baton
+
+#endif

@@ -1,0 +1,299 @@
+// The distributed pipeline end to end: real `mpirun` jobs of the baton binary on this machine
+// (--oversubscribe: more ranks than cores is fine for correctness). Exit code 77 (ctest: skipped)
+// when mpirun is missing or baton was built without MPI.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+#include "model_helpers.h"
+#include "runtime/distributed.h"
+#include "runtime/shape.h"
+#include "runtime/synth.h"
+
+using namespace baton;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void require_mpi() {
+  if (!distributed_available()) {
+    std::printf("skipping: baton was built without MPI (install libopenmpi-dev and reconfigure)\n");
+    std::exit(77);
+  }
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    std::printf("skipping: mpirun is not installed (scripts/setup.sh installs openmpi-bin)\n");
+    std::exit(77);
+  }
+}
+
+// mpirun with what a test machine needs: more ranks than cores, no core binding (ranks share the
+// cores), and root allowed (containers).
+std::string mpirun(int n) {
+  std::string s = "mpirun --oversubscribe --bind-to none";
+  if (geteuid() == 0) s += " --allow-run-as-root";
+  return s + " -np " + std::to_string(n) + " ";
+}
+
+const std::string kBaton = BATON_BINARY;
+
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs a shell command with a time limit; stdout and stderr are captured separately.
+Ran sh(const std::string& cmd, int limit_s = 120) {
+  const std::string dir = test::temp_dir();
+  const std::string full = "timeout " + std::to_string(limit_s) + " sh -c '" + cmd + "' >" + dir + "/out 2>" + dir + "/err";
+  const int st = std::system(full.c_str());
+  Ran r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = test::read_all(dir + "/out");
+  r.err = test::read_all(dir + "/err");
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+std::string tiny() { return test::peer("logits/tiny-q4_0.gguf"); }
+
+// A Gemma 3-shaped model (tied head, sliding-window layers) with 7 layers to cut two and three ways.
+std::string synth_model() {
+  static const std::string path = [] {
+    const ShapePreset shape{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6,
+                            1e6f, 1e-6f, false};
+    SynthOptions o;
+    o.type = GgmlType::Q8_0;
+    o.seed = 5;
+    const std::string p = test::temp_dir() + "/tiny-gemma3.gguf";
+    synth_write(shape, o, p);
+    return p;
+  }();
+  return path;
+}
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  return s;
+}
+
+// The logits of one prompt from `baton logits`, as bytes.
+std::string logits(const std::string& launch, const std::string& model, const std::string& ids, const std::string& extra) {
+  const std::string out = test::temp_dir() + "/logits.f32";
+  const Ran r = sh(launch + kBaton + " logits -m " + model + " --tokens \"" + ids + "\" -t 1 --out " + out + " " + extra);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  return test::read_all(out);
+}
+
+// Batch results by id, without the timing field.
+std::map<std::string, nlohmann::json> batch_results(const std::string& path) {
+  std::map<std::string, nlohmann::json> m;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    j.erase("ms");
+    m[j["id"].dump()] = j;
+  }
+  return m;
+}
+
+std::string write_prompts(int n) {
+  const std::string p = test::temp_dir() + "/prompts.jsonl";
+  std::ofstream f(p);
+  for (int i = 0; i < n; ++i)
+    f << nlohmann::json{{"id", i}, {"prompt", "Once upon a time number " + std::to_string(i) + ", there lived"},
+                        {"seed", 100 + i}}
+             .dump()
+      << "\n";
+  return p;
+}
+
+// Pid of the rank `rank` of the job whose processes carry BATON_TEST_JOB=tag, or -1.
+int find_rank(const std::string& tag, int rank) {
+  const std::string want_tag = "BATON_TEST_JOB=" + tag, want_rank = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    if (!f) continue;
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    bool has_tag = false, has_rank = false;
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = env.find('\0', at);
+      const std::string var = env.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      has_tag |= var == want_tag;
+      has_rank |= var == want_rank;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    std::ifstream comm(e.path() / "comm");
+    std::string exe;
+    comm >> exe;
+    if (has_tag && has_rank && exe == "baton") return std::stoi(name);
+  }
+  return -1;
+}
+
+// Starts a 3-rank batch job in the background, waits until it has written its first result, does
+// `hit` to one of its ranks, and returns the job's exit code, stderr and how long it took to end.
+struct Ended {
+  int code = -1;
+  std::string err;
+  double seconds = 0;
+};
+Ended break_a_rank(int rank, int signal, const std::string& env) {
+  const std::string dir = test::temp_dir();
+  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(rank);
+  const std::string cmd = "BATON_TEST_JOB=" + tag + " " + env + " " + mpirun(3) + kBaton + " batch -m " + tiny() +
+                          " --raw -t 1 --temp 0 -n 400 --ctx 512 --parallel 4 -i " + write_prompts(400) + " -o " + dir +
+                          "/out.jsonl --distributed >" + dir + "/stdout 2>" + dir + "/stderr";
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  // Mid-run: the first request has finished and the ranks are still working.
+  const auto t_start = Clock::now();
+  while (!std::filesystem::exists(dir + "/out.jsonl") || std::filesystem::file_size(dir + "/out.jsonl") == 0) {
+    REQUIRE(Clock::now() - t_start < std::chrono::seconds(60));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int victim = find_rank(tag, rank);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, signal) == 0);
+  const auto t_hit = Clock::now();
+  int st = 0;
+  Ended e;
+  for (;;) {
+    const pid_t w = waitpid(child, &st, WNOHANG);
+    if (w == child) break;
+    if (Clock::now() - t_hit > std::chrono::seconds(60)) {  // a hang: clean up, then fail below
+      kill(-child, SIGKILL);
+      kill(victim, SIGKILL);
+      waitpid(child, &st, 0);
+      e.seconds = 1e9;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (e.seconds == 0) e.seconds = std::chrono::duration<double>(Clock::now() - t_hit).count();
+  kill(victim, SIGKILL);  // a stopped rank that outlived the job
+  e.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  e.err = test::read_all(dir + "/stderr");
+  std::filesystem::remove_all(dir);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("2 and 3 ranks give the same logits as one process", "[mpi]") {
+  require_mpi();
+  const std::string p1 = ids_text(test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt")));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((3 + 37 * i) % 1000);  // past the window of 16
+  for (const auto& [model, prompt] : {std::pair{tiny(), p1}, std::pair{synth_model(), ids_text(ids)}}) {
+    INFO(model);
+    const std::string one = logits("", model, prompt, "");
+    REQUIRE(one.size() > 0);
+    for (int n : {2, 3}) {
+      INFO(n << " ranks");
+      const std::string many = logits(mpirun(n), model, prompt, "--distributed");
+      CHECK(many.size() == one.size());
+      CHECK(many == one);
+    }
+  }
+}
+
+TEST_CASE("batch output over 2 and 3 ranks equals one process", "[mpi]") {
+  require_mpi();
+  const std::string dir = test::temp_dir(), in = write_prompts(10);
+  const std::string common = " batch -m " + tiny() + " --raw -t 1 --temp 0.8 -n 24 --ctx 128 --parallel 4 -i " + in;
+  Ran r = sh(kBaton + common + " -o " + dir + "/one.jsonl");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto one = batch_results(dir + "/one.jsonl");
+  REQUIRE(one.size() == 10);
+  for (int n : {2, 3}) {
+    INFO(n << " ranks");
+    const std::string out = dir + "/many" + std::to_string(n) + ".jsonl";
+    r = sh(mpirun(n) + kBaton + common + " -o " + out + " --distributed");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(batch_results(out) == one);
+  }
+}
+
+TEST_CASE("baton plan --distributed shows the rank of every stage", "[mpi]") {
+  require_mpi();
+  const Ran r = sh(mpirun(3) + kBaton + " plan -m " + tiny() + " --devices cpu --distributed");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rank0:cpu") != std::string::npos);
+  CHECK(r.out.find("rank1:cpu") != std::string::npos);
+  CHECK(r.out.find("rank2:cpu") != std::string::npos);
+  CHECK(r.out.find("fits: yes, 3 stages") != std::string::npos);
+}
+
+TEST_CASE("bad launches are refused before any weights load", "[mpi]") {
+  require_mpi();
+  const std::string ids = "1 450 4996";
+  SECTION("one rank") {
+    const Ran r = sh(mpirun(1) + kBaton + " logits -m " + tiny() + " --tokens \"" + ids + "\" --out /dev/null --distributed");
+    CHECK(r.code == 1);
+    CHECK(r.err.find("needs at least 2 ranks") != std::string::npos);
+  }
+  SECTION("without a launcher") {
+    const Ran r = sh(kBaton + " logits -m " + tiny() + " --tokens \"" + ids + "\" --out /dev/null --distributed");
+    CHECK(r.code == 1);
+    CHECK(r.err.find("needs at least 2 ranks") != std::string::npos);
+  }
+  SECTION("a different file on one rank") {
+    std::string launch = mpirun(1) + kBaton + " logits -m " + tiny() + " --tokens \"" + ids + "\" --out /dev/null --distributed : ";
+    launch += "-np 1 " + kBaton + " logits -m " + synth_model() + " --tokens \"" + ids + "\" --out /dev/null --distributed";
+    const Ran r = sh(launch);
+    CHECK(r.code != 0);
+    INFO(r.err);
+    CHECK(r.err.find("rank 1") != std::string::npos);
+    CHECK(r.err.find("different model file") != std::string::npos);
+  }
+  SECTION("a plan that does not fit") {
+    const Ran r = sh(mpirun(2) + kBaton + " run -m " + tiny() + " --raw -p hi -n 4 --devices cpu=4MiB --distributed");
+    CHECK(r.code == 3);
+    INFO(r.err);
+    CHECK(r.err.find("does not fit") != std::string::npos);
+    CHECK(r.err.find("rank0:cpu") != std::string::npos);
+  }
+}
+
+TEST_CASE("a killed rank ends the job with an error within 30 s", "[mpi]") {
+  require_mpi();
+  const Ended e = break_a_rank(2, SIGKILL, "");
+  INFO(e.err);
+  CHECK(e.seconds < 30);
+  CHECK(e.code != 0);
+  CHECK(e.err.find("rank 2") != std::string::npos);
+}
+
+TEST_CASE("a rank that stops answering ends the job with an error naming it", "[mpi]") {
+  require_mpi();
+  const Ended e = break_a_rank(1, SIGSTOP, "BATON_MPI_TIMEOUT=3");
+  INFO(e.err);
+  CHECK(e.seconds < 30);
+  CHECK(e.code != 0);
+  CHECK(e.err.find("rank 1 stopped answering") != std::string::npos);
+}
