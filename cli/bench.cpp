@@ -30,6 +30,7 @@ struct BenchOpts {
   int n_prompt = 512;
   int n_gen = 128;
   int reps = 3;
+  int parallel = 1;  // > 1: tg is that many sequences decoding together (aggregate t/s)
   bool json = false;
   bool bandwidth = true;
 };
@@ -155,6 +156,41 @@ TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
   return r;
 }
 
+// n_seq sequences generating n tokens each, kept rotating through the pipeline in as many groups
+// as it wants in flight (as the engine does): while one group's step is in the stages, the next
+// group's step is submitted. Rate: all sequences' tokens over the wall time.
+TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, int n_seq, int reps) {
+  TestResult r{fmt::format("tg{}x{}", tokens.size(), n_seq), 0, int(tokens.size()), {}};
+  const size_t G = size_t(std::clamp(p.max_in_flight(), 1, n_seq));
+  std::vector<std::vector<float>> logits(G);
+  std::vector<Batch> batches(G);
+  std::vector<uint64_t> tickets(G);
+  auto generate = [&](size_t n) {
+    for (int s = 0; s < n_seq; ++s) p.truncate_seq(s);
+    // Group g holds sequences g, g + G, ...; step i of group g is submitted once step i - 1 of
+    // the same group is back.
+    auto submit = [&](size_t g, size_t i) {
+      batches[g].clear();
+      for (int s = int(g); s < n_seq; s += int(G)) batches[g].add(tokens[(i + size_t(s)) % tokens.size()], int32_t(i), s, true);
+      logits[g].resize(size_t(batches[g].size()) * size_t(p.n_vocab()));
+      tickets[g] = p.submit(batches[g], logits[g].data());
+    };
+    for (size_t g = 0; g < G; ++g) submit(g, 0);
+    for (size_t i = 1; i <= n; ++i)
+      for (size_t g = 0; g < G; ++g) {
+        p.wait(tickets[g]);
+        if (i < n) submit(g, i);
+      }
+  };
+  generate(std::min<size_t>(tokens.size(), 8));  // warm-up, not counted
+  for (int rep = 0; rep < reps; ++rep) {
+    const double t0 = now_s();
+    generate(tokens.size());
+    r.tps.push_back(double(tokens.size()) * n_seq / (now_s() - t0));
+  }
+  return r;
+}
+
 std::string size_str(uint64_t bytes) {
   const double b = double(bytes);
   return b >= double(1ull << 30) ? fmt::format("{:.2f} GiB", b / double(1ull << 30)) : fmt::format("{:.2f} MiB", b / double(1ull << 20));
@@ -169,16 +205,24 @@ int run(const BenchOpts& o) {
   if (o.n_gen < 0) fail(ErrorKind::Usage, "-n {}: the generation length cannot be negative", o.n_gen);
   if (o.n_prompt == 0 && o.n_gen == 0) fail(ErrorKind::Usage, "-p 0 and -n 0: nothing to measure");
   if (o.reps < 1) fail(ErrorKind::Usage, "-r {}: need at least one repetition", o.reps);
+  if (o.parallel < 1) fail(ErrorKind::Usage, "--parallel {}: need at least one sequence", o.parallel);
   if (o.model.ctx > 0 && o.model.ctx < std::max(o.n_prompt, o.n_gen))
     fail(ErrorKind::Usage, "--ctx {} is shorter than the longest test ({} tokens)", o.model.ctx, std::max(o.n_prompt, o.n_gen));
 
   ModelFlags mf = o.model;
-  mf.batch = std::max({1, o.n_prompt});  // pp is one batch, as in llama-bench's default -b
+  mf.batch = std::max({1, o.n_prompt, o.parallel});  // pp is one batch, as in llama-bench's default -b
   if (mf.ctx == 0) mf.ctx = std::max({o.n_prompt, o.n_gen, 16});
-  Loaded m = load_model(mf, 1);
+  Loaded m = load_model(mf, o.parallel);
   Pipeline& p = *m.pipe;
   const ModelInfo info = describe(p);
-  const int threads = mf.threads > 0 ? mf.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  // Threads as run: the stages' pools together (with several stages, threads per stage × stages).
+  int threads = 0;
+  std::string per_stage;
+  for (const auto& st : p.stages()) {
+    threads += st.n_threads;
+    per_stage += (per_stage.empty() ? "" : "+") + std::to_string(st.n_threads);
+  }
+  if (threads == 0) threads = mf.threads > 0 ? mf.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
   // Random token ids (fixed seed), away from the first few ids where special tokens live.
   std::mt19937 rng(1234);
@@ -191,7 +235,8 @@ int run(const BenchOpts& o) {
 
   std::vector<TestResult> results;
   if (o.n_prompt > 0) results.push_back(run_pp(p, draw(o.n_prompt), o.reps));
-  if (o.n_gen > 0) results.push_back(run_tg(p, draw(o.n_gen), o.reps));
+  if (o.n_gen > 0)
+    results.push_back(o.parallel > 1 ? run_tg_parallel(p, draw(o.n_gen), o.parallel, o.reps) : run_tg(p, draw(o.n_gen), o.reps));
   const double bw = o.bandwidth && o.n_gen > 0 ? read_bandwidth_gbs(threads) : 0.0;
 
   const std::string backend = mf.devices;
@@ -201,11 +246,12 @@ int run(const BenchOpts& o) {
       nlohmann::json j = {{"model", info.label},          {"model_path", m.path},
                           {"model_size", info.size_bytes}, {"model_n_params", info.params},
                           {"backend", backend},            {"n_threads", threads},
+                          {"threads_per_stage", per_stage}, {"n_parallel", o.parallel},
                           {"test", r.name},                {"n_prompt", r.n_prompt},
                           {"n_gen", r.n_gen},              {"repetitions", o.reps},
                           {"samples_ts", r.tps},           {"avg_ts", s.mean},
                           {"stddev_ts", s.sd}};
-      if (r.n_gen > 0) {
+      if (r.n_gen > 0 && o.parallel == 1) {
         j["weight_bytes_per_token"] = info.bytes_per_token;
         j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;
         if (bw > 0) {
@@ -218,7 +264,7 @@ int run(const BenchOpts& o) {
     return 0;
   }
 
-  std::printf("| %-22s | %10s | %10s | %-7s | %7s | %7s | %20s | %16s |\n", "model", "size", "params", "backend", "threads",
+  std::printf("| %-22s | %10s | %10s | %-7s | %7s | %7s | %20s | %16s |\n", "model", "size", "params", "devices", "threads",
               "test", "t/s", "weights GB/s");
   std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: |\n", std::string(22, '-').c_str(), std::string(9, '-').c_str(),
               std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(6, '-').c_str(),
@@ -226,12 +272,13 @@ int run(const BenchOpts& o) {
   for (const auto& r : results) {
     const Stats s = stats(r.tps);
     std::string gbs;
-    if (r.n_gen > 0) {
+    if (r.n_gen > 0 && o.parallel == 1) {  // with several sequences a weight read serves a group
       const double g = double(info.bytes_per_token) * s.mean / 1e9;
       gbs = bw > 0 ? fmt::format("{:.2f} ({:.0f}%)", g, 100.0 * g / bw) : fmt::format("{:.2f}", g);
     }
     std::fputs(fmt::format("| {:<22} | {:>10} | {:>10} | {:<7} | {:>7} | {:>7} | {:>20} | {:>16} |\n", info.label,
-                           size_str(info.size_bytes), params_str(info.params), backend, threads, r.name,
+                           size_str(info.size_bytes), params_str(info.params), backend,
+                           per_stage.find('+') != std::string::npos ? per_stage : std::to_string(threads), r.name,
                            fmt::format("{:.2f} ± {:.2f}", s.mean, s.sd), gbs)
                    .c_str(),
                stdout);
@@ -249,6 +296,8 @@ Register reg{{"bench", "Measure prompt processing and generation speed (tokens/s
     app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens evaluated in one batch (0: skip pp)")->capture_default_str();
     app.add_option("-n,--n-gen", o->n_gen, "tokens generated one at a time (0: skip tg)")->capture_default_str();
     app.add_option("-r,--repetitions", o->reps, "timed repetitions of each test (after one warm-up)")->capture_default_str();
+    app.add_option("--parallel", o->parallel,
+                   "tg with N sequences decoding together, pipelined over the stages (aggregate t/s)")->capture_default_str();
     app.add_flag("--json", o->json, "one JSON object per test instead of the table");
     app.add_flag("!--no-bandwidth", o->bandwidth, "skip measuring the machine's read bandwidth");
     return [o] { return run(*o); };
