@@ -11,34 +11,35 @@
 namespace baton::cli {
 namespace {
 
-int run_devices(bool json) {
+int run_devices(bool json, bool links) {
   const auto devs = probe_devices();
+  const auto pairs = links ? probe_links() : std::vector<DeviceLink>{};
   if (json) {
-    nlohmann::json j = nlohmann::json::array();
+    nlohmann::json j;
+    j["cuda_backend"] = have_cuda_backend();
+    j["devices"] = nlohmann::json::array();
     for (const auto& d : devs)
-      j.push_back({{"kind", d.kind == DeviceKind::Cuda ? "cuda" : "cpu"}, {"index", d.index}, {"name", d.name},
+      j["devices"].push_back({{"kind", d.kind == DeviceKind::Cuda ? "cuda" : "cpu"}, {"index", d.index}, {"name", d.name},
                    {"total_bytes", d.total_bytes}, {"free_bytes", d.free_bytes},
                    {"compute_capability", d.kind == DeviceKind::Cuda ? fmt::format("{}.{}", d.cc_major, d.cc_minor) : std::string()}});
+    j["links"] = nlohmann::json::array();
+    for (const auto& l : pairs)
+      j["links"].push_back({{"from", l.from}, {"to", l.to}, {"peer_access", l.peer_access}, {"p2p_gb_per_s", l.p2p_gbs},
+                            {"host_staged_gb_per_s", l.staged_gbs}, {"error", l.error}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%-8s %-32s %11s %11s  %s\n", "device", "name", "total", "free", "compute");
-  for (const auto& d : devs) {
-    const std::string label = d.kind == DeviceKind::Cuda ? fmt::format("cuda:{}", d.index) : "cpu";
-    const std::string cc = d.kind == DeviceKind::Cuda ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-";
-    std::printf("%-8s %-32s %11s %11s  %s\n", label.c_str(), d.name.c_str(), format_bytes(d.total_bytes).c_str(),
-                format_bytes(d.free_bytes).c_str(), cc.c_str());
-  }
-  if (!have_cuda_backend()) std::printf("(this build has no CUDA backend: GPUs are not listed)\n");
-  else if (devs.size() == 1) std::printf("(no CUDA GPU visible)\n");
+  std::fputs(format_devices(devs, pairs, have_cuda_backend()).c_str(), stdout);
   return 0;
 }
 
-Register reg{{"devices", "List the devices Baton can use, with total and free memory",
+Register reg{{"devices", "List the devices Baton can use: memory, compute capability, GPU-to-GPU copy paths",
               [](CLI::App& app) {
                 auto json = std::make_shared<bool>(false);
+                auto links = std::make_shared<bool>(true);
                 app.add_flag("--json", *json, "Print as JSON");
-                return [json] { return run_devices(*json); };
+                app.add_flag("!--no-links", *links, "skip measuring the copy paths between GPUs");
+                return [json, links] { return run_devices(*json, *links); };
               }}};
 
 }  // namespace

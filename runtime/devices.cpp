@@ -12,6 +12,8 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "gguf/error.h"
 #if defined(BATON_HAVE_CUDA)
 #include "kernels/cuda/device_info.h"
@@ -63,6 +65,44 @@ std::vector<ProbedDevice> probe_devices() {
     out.push_back(d);
   }
 #endif
+  return out;
+}
+
+std::vector<DeviceLink> probe_links(size_t bytes) {
+  std::vector<DeviceLink> out;
+#if defined(BATON_HAVE_CUDA)
+  for (const auto& l : cuda::measure_links(bytes))
+    out.push_back({l.from, l.to, l.peer_access, l.p2p_gbs, l.staged_gbs, l.error});
+#else
+  (void)bytes;
+#endif
+  return out;
+}
+
+std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,
+                           bool cuda_backend) {
+  std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {}\n", "device", "name", "total", "free", "compute");
+  size_t gpus = 0;
+  for (const auto& d : devices) {
+    const bool gpu = d.kind == DeviceKind::Cuda;
+    gpus += gpu;
+    out += fmt::format("{:<8} {:<32} {:>11} {:>11}  {}\n", gpu ? fmt::format("cuda:{}", d.index) : "cpu", d.name,
+                       format_bytes(d.total_bytes), format_bytes(d.free_bytes),
+                       gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-");
+  }
+  if (!cuda_backend) out += "no CUDA devices: this build has no CUDA backend (build with -DBATON_CUDA=ON)\n";
+  else if (gpus == 0) out += "no CUDA devices: none visible (no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)\n";
+  if (!links.empty()) {
+    out += fmt::format("\n{:<16} {:>11} {:>14} {:>16}\n", "copy", "peer access", "P2P GB/s", "host-staged GB/s");
+    for (const auto& l : links) {
+      const std::string p2p = l.peer_access ? fmt::format("{:.1f}", l.p2p_gbs) : "-";
+      out += fmt::format("{:<16} {:>11} {:>14} {:>16.1f}{}\n", fmt::format("cuda:{} -> cuda:{}", l.from, l.to),
+                         l.peer_access ? "yes" : "no", p2p, l.staged_gbs,
+                         l.error.empty() ? "" : "  (" + l.error + ")");
+    }
+  } else if (gpus == 1) {
+    out += "one GPU: no GPU pairs to measure copies between\n";
+  }
   return out;
 }
 

@@ -32,6 +32,25 @@ std::vector<ProbedDevice> probe_devices();
 ProbedDevice probe_cpu();
 bool have_cuda_backend();  // compiled with CUDA
 
+// A copy path between two GPUs (from -> to): whether peer access is possible and the measured
+// bandwidth of a direct peer copy and of a copy staged through pinned host memory (GB/s, 0 when
+// the path is not possible; error when a measurement failed).
+struct DeviceLink {
+  int from = 0, to = 0;
+  bool peer_access = false;
+  double p2p_gbs = 0;
+  double staged_gbs = 0;
+  std::string error;
+};
+// Every ordered pair of visible GPUs, measured now (copies of `bytes`); empty without CUDA or
+// with fewer than two GPUs.
+std::vector<DeviceLink> probe_links(size_t bytes = size_t(64) << 20);
+
+// The `baton devices` listing: one line per device (total / free memory, compute capability),
+// then the GPU pairs' links, and a line saying why no GPU is listed when there is none.
+std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,
+                           bool cuda_backend);
+
 // Memory the CUDA runtime itself holds on a GPU, outside our tensors. For a present GPU the
 // context already exists when free memory is measured, so only the cuBLAS workspace and stream
 // bookkeeping are left to reserve. A hypothetical GPU has nothing to measure: it also reserves an

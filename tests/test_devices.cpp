@@ -135,3 +135,44 @@ TEST_CASE("the CPU probe reads /proc/meminfo") {
   CHECK(all[0].kind == DeviceKind::Cpu);
   if (!have_cuda_backend()) CHECK(all.size() == 1);
 }
+
+TEST_CASE("baton devices: without a GPU the listing says so and has no links") {
+  const auto devs = probe_devices();
+  const auto links = probe_links(size_t(1) << 20);
+  size_t gpus = 0;
+  for (const auto& d : devs) gpus += d.kind == DeviceKind::Cuda;
+  const std::string text = format_devices(devs, links, have_cuda_backend());
+  CHECK(text.find("\ncpu ") != std::string::npos);
+  if (gpus == 0) {
+    CHECK(links.empty());
+    CHECK(text.find("no CUDA devices") != std::string::npos);
+    CHECK(text.find(have_cuda_backend() ? "none visible" : "no CUDA backend") != std::string::npos);
+  }
+  if (gpus < 2) CHECK(links.empty());
+}
+
+TEST_CASE("baton devices: GPUs with compute capability, and each pair's copy paths") {
+  ProbedDevice cpu = probe_cpu();
+  ProbedDevice g0{DeviceKind::Cuda, 0, "NVIDIA H100 80GB HBM3", 80ull << 30, 79ull << 30, 9, 0};
+  ProbedDevice g1{DeviceKind::Cuda, 1, "NVIDIA A100-SXM4-40GB", 40ull << 30, 39ull << 30, 8, 0};
+  std::vector<DeviceLink> links{{0, 1, true, 180.25, 21.5, ""}, {1, 0, false, 0, 19.75, ""}};
+  const std::string text = format_devices({cpu, g0, g1}, links, true);
+  CHECK(text.find("cuda:0") != std::string::npos);
+  CHECK(text.find("sm 9.0") != std::string::npos);
+  CHECK(text.find("sm 8.0") != std::string::npos);
+  CHECK(text.find("80.0 GiB") != std::string::npos);
+  CHECK(text.find("no CUDA devices") == std::string::npos);
+  const auto line = [&](const std::string& start) {
+    const size_t at = text.find(start);
+    REQUIRE(at != std::string::npos);
+    return text.substr(at, text.find('\n', at) - at);
+  };
+  const std::string fwd = line("cuda:0 -> cuda:1"), back = line("cuda:1 -> cuda:0");
+  CHECK(fwd.find("yes") != std::string::npos);
+  CHECK(fwd.find("180.2") != std::string::npos);
+  CHECK(fwd.find("21.5") != std::string::npos);
+  CHECK(back.find("no") != std::string::npos);
+  CHECK(back.find("19.8") != std::string::npos);
+  // One GPU: said plainly that there is no pair.
+  CHECK(format_devices({cpu, g0}, {}, true).find("no GPU pairs") != std::string::npos);
+}

@@ -17,4 +17,18 @@ struct DeviceInfo {
 // Empty when the build has no CUDA, no driver is loaded or no GPU is visible.
 std::vector<DeviceInfo> list_devices();
 
+// The copy paths from one GPU to another: direct peer-to-peer (when the driver allows peer
+// access) and staged through pinned host memory (device -> host -> device), each measured by
+// copying `bytes` a few times (best run, GB/s = 1e9 bytes/s). 0 when a path is not possible or
+// the measurement failed (error says why).
+struct LinkInfo {
+  int from = 0, to = 0;
+  bool peer_access = false;
+  double p2p_gbs = 0;
+  double staged_gbs = 0;
+  std::string error;
+};
+// Every ordered pair of the visible GPUs; empty with fewer than two.
+std::vector<LinkInfo> measure_links(size_t bytes = size_t(64) << 20);
+
 }  // namespace baton::cuda
