@@ -164,6 +164,7 @@ struct Engine::Step {
   std::vector<float> logits;
   std::vector<Active*> rows;                        // which request each logits row belongs to
   std::vector<std::pair<Active*, bool>> chunks;     // prompt chunks: (request, its last chunk)
+  bool evaluated = false;                           // ran synchronously: nothing to wait for
 };
 
 // Builds the next batch from requests that have something to evaluate: at most `cap` decoders
@@ -205,8 +206,8 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   }
   if (st.batch.size() == 0) return false;
   st.logits.resize(size_t(st.batch.n_logits()) * size_t(n_vocab_));
-  // Logits rows come out in batch order; rows[] was filled in that same order.
-  st.ticket = pipe_.submit(st.batch, st.logits.data());
+  st.ticket = 0;
+  st.evaluated = false;
   return true;
 }
 
@@ -225,6 +226,7 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
   // Waits for every batch still in flight, keeping the first error.
   auto drain = [&](std::exception_ptr& error) {
     for (auto& st : in_flight) {
+      if (st.evaluated || st.ticket == 0) continue;
       try {
         pipe_.wait(st.ticket);
       } catch (...) {
@@ -263,31 +265,44 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
     }
     if (active.empty()) return;
 
-    // Keep the pipeline full: the decoders are spread over max_in_flight batches.
+    // Keep the pipeline full: the decoders are spread over max_in_flight batches. When there is
+    // only one batch to evaluate and nothing in flight (one stream), decode() runs it without
+    // handing it to the pipeline's threads. Logits rows come out in batch order, as rows[].
     const size_t cap = (active.size() + max_in_flight - 1) / max_in_flight;
+    const size_t first_new = in_flight.size();
     while (in_flight.size() < max_in_flight) {
       Step st;
       if (!spare.empty()) { st = std::move(spare.back()); spare.pop_back(); }
-      bool submitted = false;
-      try {
-        submitted = build_step(active, cap, st);
-      } catch (...) {
-        // Nothing of this step reached the pipeline; what is in flight is waited for, and the
-        // slots are emptied since their caches no longer match what the engine recorded.
-        std::exception_ptr error = std::current_exception();
-        drain(error);
-        for (auto& a : active) forget(a->slot);
-        std::rethrow_exception(error);
+      if (!build_step(active, cap, st)) {
+        spare.push_back(std::move(st));
+        break;
       }
-      if (!submitted) break;
       in_flight.push_back(std::move(st));
     }
     BATON_CHECK(!in_flight.empty());
+    try {
+      if (first_new == 0 && in_flight.size() == 1) {
+        Step& st = in_flight.front();
+        pipe_.decode(st.batch, st.logits.data());
+        st.evaluated = true;
+      } else {
+        for (size_t i = first_new; i < in_flight.size(); i++)
+          in_flight[i].ticket = pipe_.submit(in_flight[i].batch, in_flight[i].logits.data());
+      }
+    } catch (...) {
+      // Steps that were built but not submitted leave the queue; what is in flight is waited
+      // for, and the slots are emptied since their caches no longer match the engine's record.
+      std::exception_ptr error = std::current_exception();
+      while (in_flight.size() > first_new && in_flight.back().ticket == 0) in_flight.pop_back();
+      drain(error);
+      for (auto& a : active) forget(a->slot);
+      std::rethrow_exception(error);
+    }
 
     Step st = std::move(in_flight.front());
     in_flight.pop_front();
     try {
-      pipe_.wait(st.ticket);
+      if (!st.evaluated) pipe_.wait(st.ticket);
     } catch (...) {
       std::exception_ptr error = std::current_exception();
       drain(error);
