@@ -84,7 +84,10 @@ std::string synth_model() {
 
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  for (int id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 
