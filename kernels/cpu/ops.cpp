@@ -93,7 +93,8 @@ void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float
   }
 }
 
-void softmax(float* x, int n) {
+namespace {
+void softmax_scalar(float* x, int n) {
   float mx = x[0];
   for (int i = 1; i < n; ++i) mx = std::max(mx, x[i]);
   double sum = 0;
@@ -104,6 +105,7 @@ void softmax(float* x, int n) {
   const float inv = float(1.0 / sum);
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
+}  // namespace
 
 // The gates compute silu(g) = g / (1 + e^-g) and gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
 // g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3): one exponential per element. The SIMD paths
@@ -127,10 +129,11 @@ void gelu_gate_scalar(const float* g, const float* u, float* y, int n) {
 #if defined(__x86_64__) || defined(__i386__)
 #define BATON_AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define BATON_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps()/_pd(), which -W(maybe-)uninitialized
 // reports as a false positive once inlined here (as in dot_avx512.cpp).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // e^x for x clamped to [-87, 88] (no overflow to inf, no denormals): x = n ln2 + r with |r| <= ln2/2
 // (ln2 split in two for an exact product), e^r by its degree-7 Taylor polynomial (error < 1e-8
@@ -219,10 +222,41 @@ BATON_AVX512_FN void gate_avx512(const float* g, const float* u, float* y, int n
     _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
+// Softmax with the SIMD exp: max, exponentials and their sum in 16 lanes (tail masked), one scale.
+BATON_AVX512_FN void softmax_avx512(float* x, int n) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mv = ninf;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+  const __mmask16 tail = __mmask16((1u << (n - i)) - 1);
+  if (i < n) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail, x + i));
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __m512 e = _mm512_maskz_mov_ps(tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), mx)));
+    _mm512_mask_storeu_ps(x + i, tail, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  if (i < n) _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
 #pragma GCC diagnostic pop
 #endif
 
 }  // namespace
+
+void softmax(float* x, int n) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (active_isa() >= Isa::Avx512) return softmax_avx512(x, n);
+#endif
+  softmax_scalar(x, n);
+}
 
 void silu_gate(const float* g, const float* u, float* y, int n) {
 #if defined(__x86_64__) || defined(__i386__)
