@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -34,6 +36,14 @@ struct BenchOpts {
   bool json = false;
   bool bandwidth = true;
 };
+
+// CPU seconds of the whole process (every thread, user + system): on a loaded machine the CPU
+// time per token still says what the work costs when the wall clock does not.
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -118,6 +128,7 @@ struct TestResult {
   std::string name;
   int n_prompt = 0, n_gen = 0;
   std::vector<double> tps;
+  double cpu_ms_per_token = 0;  // process CPU time over the timed repetitions, per token
 };
 
 TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
@@ -148,11 +159,13 @@ TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
     }
   };
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up: a few steps (as llama-bench does), not counted
+  const double c0 = cpu_s();
   for (int rep = 0; rep < reps; ++rep) {
     const double t0 = now_s();
     generate(tokens.size());
     r.tps.push_back(double(tokens.size()) / (now_s() - t0));
   }
+  r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(reps));
   return r;
 }
 
@@ -183,11 +196,13 @@ TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, int 
       }
   };
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up, not counted
+  const double c0 = cpu_s();
   for (int rep = 0; rep < reps; ++rep) {
     const double t0 = now_s();
     generate(tokens.size());
     r.tps.push_back(double(tokens.size()) * n_seq / (now_s() - t0));
   }
+  r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(n_seq) * size_t(reps));
   return r;
 }
 
@@ -250,7 +265,7 @@ int run(const BenchOpts& o) {
                           {"test", r.name},                {"n_prompt", r.n_prompt},
                           {"n_gen", r.n_gen},              {"repetitions", o.reps},
                           {"samples_ts", r.tps},           {"avg_ts", s.mean},
-                          {"stddev_ts", s.sd}};
+                          {"stddev_ts", s.sd},            {"cpu_ms_per_token", r.cpu_ms_per_token}};
       if (r.n_gen > 0 && o.parallel == 1) {
         j["weight_bytes_per_token"] = info.bytes_per_token;
         j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;

@@ -25,21 +25,23 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 uptime
-python3 - "$out" <<'PY'
-import json, pathlib, statistics, sys
+PAR=$PAR python3 - "$out" <<'PY'
+import json, os, pathlib, statistics, sys
+PAR = os.environ["PAR"]
 d = pathlib.Path(sys.argv[1])
 def tps(tag):
     rows = [json.loads(l) for l in (d / f"{tag}.json").read_text().splitlines() if l.strip()]
-    return statistics.median(s for r in rows for s in r["samples_ts"]), len(rows)
-print("| test | config | median t/s | ratio |")
-print("| --- | --- | ---: | ---: |")
-b11 = tps("1x1")[0]; b12 = tps("1x2")[0]
+    return (statistics.median(s for r in rows for s in r["samples_ts"]),
+            statistics.median(r["cpu_ms_per_token"] for r in rows))
+print("| test | config | median t/s | ratio (wall) | CPU ms/token | ratio (CPU) |")
+print("| --- | --- | ---: | ---: | ---: | ---: |")
+b11 = tps("1x1"); b12 = tps("1x2")
 for tag, label in [("1x1", "1 stage x 1 thread"), ("2x1", "2 stages x 1 thread"), ("1x2", "1 stage x 2 threads")]:
-    v = tps(tag)[0]
-    print(f"| batch | {label} | {v:.1f} | {v / b11:.2f}x of 1x1, {v / b12:.2f}x of 1x2 |")
+    v, c = tps(tag)
+    print(f"| batch {PAR} seqs | {label} | {v:.1f} | {v / b11[0]:.2f}x of 1x1, {v / b12[0]:.2f}x of 1x2 | {c:.2f} | {c / b11[1]:.3f} |")
 for t in (2, 1):
-    base = tps(f"S1t{t}")[0]
+    base = tps(f"S1t{t}")
     for s in (1, 2, 3):
-        v = tps(f"S{s}t{t}")[0]
-        print(f"| single stream | {s} stage(s) x {t} thread(s) | {v:.1f} | {v / base:.3f} |")
+        v, c = tps(f"S{s}t{t}")
+        print(f"| single stream | {s} stage(s) x {t} thread(s) | {v:.1f} | {v / base[0]:.3f} | {c:.2f} | {c / base[1]:.3f} |")
 PY
