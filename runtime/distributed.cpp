@@ -193,13 +193,13 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
 
 // ---- one stage, as a rank holds it ----
 
-// The stage (runtime/stage.h) and the buffers the wire needs: the hidden states of the micro-batch
-// in hand and, on the last rank, its logits rows.
+// The stage (runtime/stage.h) and the hidden states of the micro-batch in hand. The last rank's
+// logits rows go straight into the outgoing message.
 struct LocalStage {
   std::unique_ptr<CpuStage> s;
-  std::vector<float> x, logits;
+  std::vector<float> x;
 
-  uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float) + logits.capacity() * sizeof(float); }
+  uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float); }
 };
 
 struct StageSetup {
@@ -248,13 +248,12 @@ std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& c
   auto s = std::make_unique<LocalStage>();
   s->s = std::make_unique<CpuStage>(f, cfg, su.stage, so);
   s->x.resize(size_t(su.n_batch) * size_t(cfg.n_embd));
-  if (su.stage.has_output) s->logits.resize(size_t(su.n_batch) * size_t(cfg.n_vocab));
   return s;
 }
 
 // The stage's work on the hidden states in s.x (the embedding first when it holds it); the last
-// stage leaves batch.n_logits() rows in s.logits.
-void run_stage(LocalStage& s, const Batch& b) { s.s->forward(b, s.x.data(), s.logits.data()); }
+// stage writes batch.n_logits() rows to `logits`.
+void run_stage(LocalStage& s, const Batch& b, float* logits) { s.s->forward(b, s.x.data(), logits); }
 
 int stage_threads(int n_threads, int threads_per_stage) {
   if (threads_per_stage > 0) return threads_per_stage;
@@ -330,13 +329,16 @@ struct Worker {
     BATON_CHECK(b.pos.size() == n && b.seq.size() == n && b.logits.size() == n);
     BATON_CHECK(n <= stage->x.size() / E);
     std::memcpy(stage->x.data(), r.get_view<float>(n * E), n * E * sizeof(float));
-    run_stage(*stage, b);
     Writer w;
-    if (stage->s->last()) {
+    if (stage->s->last()) {  // the same layout as put_raw: id, row count × n_vocab, the rows
       const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
-      w.put(id).put_raw(stage->logits.data(), rows * V);
+      w.put(id).put(uint64_t(rows * V));
+      const size_t at = w.bytes.size();
+      w.bytes.resize(at + rows * V * sizeof(float));
+      run_stage(*stage, b, reinterpret_cast<float*>(w.bytes.data() + at));
       c.send(0, mpi::kLogits, std::move(w.bytes));
     } else {
+      run_stage(*stage, b, nullptr);
       put_work(w, id, b, stage->x.data(), E);
       c.send(c.rank() + 1, mpi::kWork, std::move(w.bytes));
     }
@@ -598,7 +600,7 @@ void DistributedPipeline::stage_loop() {
     }
     const uint64_t id = (item.first << 20) | item.second;
     try {
-      run_stage(*stage_, mb->batch);
+      run_stage(*stage_, mb->batch, nullptr);  // rank 0 is never the last stage
       Writer w;
       put_work(w, id, mb->batch, stage_->x.data(), E);
       c_.send(1, mpi::kWork, std::move(w.bytes));

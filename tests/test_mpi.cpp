@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -241,6 +242,28 @@ TEST_CASE("batch output over 2 and 3 ranks equals one process", "[mpi]") {
   }
 }
 
+TEST_CASE("every rank's stage holds no more than its plan", "[mpi]") {
+  require_mpi();
+  const Ran r = sh(mpirun(3) + kBaton + " run -m " + synth_model() + " --raw -p hi -n 2 -t 1 --ctx 64 --verbose --distributed");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  int stages = 0;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) {
+    // "stage 1 (rank1:cpu, layers [2, 4), 1 threads): planned 1.2 MiB (1234 B), measured 1.1 MiB (1200 B)"
+    const size_t p = line.find("): planned "), m = line.find(", measured ");
+    if (line.rfind("stage ", 0) != 0 || p == std::string::npos || m == std::string::npos) continue;
+    const uint64_t planned = std::stoull(line.substr(line.find('(', p + 3) + 1));
+    const uint64_t measured = std::stoull(line.substr(line.find('(', m) + 1));
+    INFO(line);
+    CHECK(line.find("rank" + std::to_string(stages) + ":cpu") != std::string::npos);
+    CHECK(planned >= measured);
+    CHECK(measured > 0);
+    ++stages;
+  }
+  CHECK(stages == 3);
+}
+
 TEST_CASE("baton plan --distributed shows the rank of every stage", "[mpi]") {
   require_mpi();
   const Ran r = sh(mpirun(3) + kBaton + " plan -m " + tiny() + " --devices cpu --distributed");
@@ -273,6 +296,12 @@ TEST_CASE("bad launches are refused before any weights load", "[mpi]") {
     INFO(r.err);
     CHECK(r.err.find("rank 1") != std::string::npos);
     CHECK(r.err.find("different model file") != std::string::npos);
+  }
+  SECTION("more ranks than layers") {
+    const Ran r = sh(mpirun(5) + kBaton + " logits -m " + tiny() + " --tokens \"" + ids + "\" --out /dev/null --distributed");
+    CHECK(r.code == 1);
+    INFO(r.err);
+    CHECK(r.err.find("launch at most 4 ranks") != std::string::npos);
   }
   SECTION("a plan that does not fit") {
     const Ran r = sh(mpirun(2) + kBaton + " run -m " + tiny() + " --raw -p hi -n 4 --devices cpu=4MiB --distributed");
