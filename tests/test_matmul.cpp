@@ -210,17 +210,39 @@ TEST_CASE("matmul matches the reference for every type, ISA level and awkward sh
   set_isa_limit(Isa::Avx512);
 }
 
+TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the tile grid") {
+  // The GEMM path tiles rows by 4 and columns by 4, groups blocks by 4 and blocks columns by
+  // activation bytes: every count below leaves some remainder in one of those.
+  std::mt19937 rng(4321);
+  ThreadPool pool(2);
+  const int64_t row_counts[] = {1, 3, 5, 6, 7, 13, 37};
+  const int64_t block_counts[] = {1, 5, 18, 8};
+  for (Isa isa : isa_levels()) {
+    set_isa_limit(isa);
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+      INFO("type " << type_name(t) << " isa " << isa_name(isa));
+      int i = 0;
+      for (int n = 1; n <= 70; n += (n < 10 ? 1 : 7), i++)
+        check_matmul(t, row_counts[i % 7], 32 * block_counts[i % 4], n, rng, pool);
+      check_matmul(t, 9, 4096, 70, rng, pool);  // more columns than one activation block
+    }
+  }
+  set_isa_limit(Isa::Avx512);
+}
+
 TEST_CASE("matmul is deterministic across thread counts") {
   std::mt19937 rng(99);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     const int64_t rows = 131, cols = 512;
     const auto wbytes = random_matrix(t, rows, cols, rng);
-    const auto x = random_floats(size_t(cols) * 5, rng);
-    QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
-    std::vector<float> y1(size_t(rows) * 5), y4(size_t(rows) * 5);
-    ThreadPool p1(1), p4(4);
-    matmul(W, x.data(), 5, y1.data(), p1);
-    matmul(W, x.data(), 5, y4.data(), p4);
-    CHECK(std::memcmp(y1.data(), y4.data(), y1.size() * 4) == 0);
+    for (int n : {5, 37}) {  // the per-row dot path and the GEMM path
+      const auto x = random_floats(size_t(cols) * size_t(n), rng);
+      QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
+      std::vector<float> y1(size_t(rows) * size_t(n)), y4(size_t(rows) * size_t(n));
+      ThreadPool p1(1), p4(4);
+      matmul(W, x.data(), n, y1.data(), p1);
+      matmul(W, x.data(), n, y4.data(), p4);
+      CHECK(std::memcmp(y1.data(), y4.data(), y1.size() * 4) == 0);
+    }
   }
 }

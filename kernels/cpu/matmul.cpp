@@ -86,29 +86,57 @@ const KernelTable& table_for(Isa isa) {
 
 }  // namespace
 
+namespace {
+
+// Quantizes the n activation columns into the calling thread's scratch (which only grows).
+const uint8_t* quantize_columns(const KernelTable& kt, ActKind kind, const float* X, int64_t cols, int n,
+                                size_t a_stride, ThreadPool& pool) {
+  if (kind == ActKind::Float) return reinterpret_cast<const uint8_t*>(X);
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
+  uint8_t* out = scratch.data();
+  const QuantFn q = kt.quant[int(kind)];
+  auto quant_col = [&](int j) { q(X + int64_t(j) * cols, cols, out + size_t(j) * a_stride); };
+  auto quant_task = [&](int j, int) { quant_col(j); };
+  if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
+  else for (int j = 0; j < n; j++) quant_col(j);
+  return out;
+}
+
+// From this many columns on, a type with a GEMM kernel uses it: below, unpacking each weight row
+// costs more than the register tiling saves.
+constexpr int kGemmMinCols = 8;
+
+}  // namespace
+
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
   BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
   const KernelTable& kt = table_for(active_isa());
   BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);  // a compute type
-  const DotFn dot = kt.dot[int(W.type)];
   const int64_t rows = W.rows, cols = W.cols;
+  const size_t y_stride = size_t(rows);
+
+  if (const GemmFn gemm = kt.gemm[int(W.type)]; gemm && n >= kGemmMinCols) {
+    const ActKind kind = kt.gemm_act[int(W.type)];
+    const size_t a_stride = act_bytes(kind, cols);
+    const uint8_t* A = quantize_columns(kt, kind, X, cols, n, a_stride, pool);
+    // Chunks of rows (a multiple of the 4-row tile), enough of them to balance the threads.
+    int64_t chunk = 32;
+    while (chunk > 4 && (rows + chunk - 1) / chunk < 8 * pool.size()) chunk /= 2;
+    const int n_tasks = int((rows + chunk - 1) / chunk);
+    auto body = [&](int task, int) {
+      const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+      gemm(cols, W.row(r0), W.row_bytes, r1 - r0, A, a_stride, n, Y + size_t(r0), y_stride);
+    };
+    pool.run(n_tasks, std::ref(body));
+    return;
+  }
+
+  const DotFn dot = kt.dot[int(W.type)];
   const ActKind kind = kt.act[int(W.type)];
   const size_t a_stride = act_bytes(kind, cols);
-
-  // Quantize the activations once; the scratch belongs to the calling thread and only grows.
-  const uint8_t* A = reinterpret_cast<const uint8_t*>(X);
-  if (kind != ActKind::Float) {
-    thread_local std::vector<uint8_t> scratch;
-    if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
-    uint8_t* out = scratch.data();
-    const QuantFn q = kt.quant[int(kind)];
-    auto quant_col = [&](int j) { q(X + int64_t(j) * cols, cols, out + size_t(j) * a_stride); };
-    auto quant_task = [&](int j, int) { quant_col(j); };
-    if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
-    else for (int j = 0; j < n; j++) quant_col(j);
-    A = out;
-  }
+  const uint8_t* A = quantize_columns(kt, kind, X, cols, n, a_stride, pool);
 
   // Rows are split into chunks handed out dynamically. One column at a time streams the weights
   // (memory bound): chunks big enough for long sequential reads, enough of them to balance. With
@@ -121,7 +149,6 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
     while (chunk > 4 && (rows + chunk - 1) / chunk < 4 * pool.size()) chunk /= 2;
   }
   const int n_tasks = int((rows + chunk - 1) / chunk);
-  const size_t y_stride = size_t(rows);
   // Passed by std::ref so the std::function wraps a reference: no allocation per call.
   auto body = [&](int task, int) {
     const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
