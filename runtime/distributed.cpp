@@ -668,7 +668,12 @@ void DistributedPipeline::wait(uint64_t ticket) {
         check_alive();
       }
     }
-    take(c_.recv());
+    // Also stop waiting when rank 0's own stage fails this job (no logits will come for it).
+    auto m = c_.recv_until([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return jobs_.at(ticket).left == 0 || broken_;
+    });
+    if (m) take(*m);
   }
 }
 

@@ -206,7 +206,9 @@ void Comm::flush() {
   }
 }
 
-Message Comm::recv(int source) {
+Message Comm::recv(int source) { return *recv_until({}, source); }
+
+std::optional<Message> Comm::recv_until(const std::function<bool()>& done, int source) {
   std::lock_guard<std::mutex> lock(impl_->recv_mu);
   const auto t0 = Clock::now();
   for (;;) {
@@ -227,6 +229,7 @@ Message Comm::recv(int source) {
       return m;
     }
     throw_if_failed();
+    if (done && done()) return std::nullopt;
     poll_sends();  // our own sends progress while we wait
     backoff(t0);
   }

@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -50,6 +52,8 @@ class Comm {
   // The next message from `source` (-1: any rank), any tag. Waits while every peer is alive:
   // throws Error naming the rank once one stops answering.
   Message recv(int source = -1);
+  // The same, but gives up (nullopt) as soon as `done` returns true (checked between polls).
+  std::optional<Message> recv_until(const std::function<bool()>& done, int source = -1);
   // Waits until every queued send has completed (same liveness rule as recv).
   void flush();
   // Progress on queued sends without waiting (frees completed ones).
