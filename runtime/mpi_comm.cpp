@@ -150,7 +150,9 @@ Comm& Comm::init() {
           im.set_failure(fmt::format("rank {} stopped answering (no heartbeat for {:.1f} s; BATON_MPI_TIMEOUT={})",
                                      r, silent, timeout));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      // Every millisecond: the probe above also drives MPI's progress engine, so a large send
+      // (rendezvous over TCP) moves on while this rank's other threads compute.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     for (auto& q : pending) MPI_Request_free(&q);
   });
