@@ -3,8 +3,12 @@
 // turn is evaluated), line editing and history (libedit), slash commands, Ctrl-C that stops the
 // reply's compute. With stdin piped it reads one message per line (or per """ block) and prints
 // each answer followed by a blank line, with no decorations.
+#include <poll.h>
+#include <termios.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <clocale>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -44,12 +48,58 @@ const char* kHelp =
     "  A line ending in \\ continues on the next line; \"\"\" opens and closes a multi-line block.\n"
     "  Ctrl-C stops a reply; the part already written stays in the conversation.\n";
 
+// One byte of input, or -1 at the end of input or when Ctrl-C is pending (interrupt_fd() readable).
+int next_byte(int fd) {
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {interrupt_fd(), POLLIN, 0}};  // a negative fd is skipped
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;  // the handler ran: its byte is in the pipe now
+      return -1;
+    }
+    if (p[1].revents & POLLIN) {
+      if (interrupted()) return -1;
+      clear_interrupt();  // a byte from a press already dealt with (it landed during the last clear)
+      continue;
+    }
+    if (p[0].revents == 0) continue;
+    unsigned char c;
+    ssize_t n = read(fd, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    return -1;
+  }
+}
+
+// libedit's key reader. libedit prints the prompt, then switches the terminal to raw mode, then
+// blocks in read(). A Ctrl-C that lands before that read (the terminal still cooked echoes it as
+// ^C) runs the handler, which sets the flag but has no read() to interrupt: libedit then waits in
+// read() with the press gone, and the REPL says nothing. Waiting on stdin and on the interrupt pipe
+// together sees every press, whenever it came; -1 ends the line and the caller sees interrupted().
+// libedit takes one character per call, so UTF-8 sequences are put together here.
+int read_key(FILE* in) {
+  const int fd = fileno(in);
+  int c = next_byte(fd);
+  if (c < 0xC0) return c;  // ASCII, -1, or a stray continuation byte (passed on as is)
+  const int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+  int code = c & (0x7F >> len);
+  for (int i = 1; i < len; i++) {
+    int b = next_byte(fd);
+    if (b < 0) return -1;
+    if ((b & 0xC0) != 0x80) return 0xFFFD;  // not UTF-8
+    code = (code << 6) | (b & 0x3F);
+  }
+  return code;
+}
+
 // Where input lines come from: libedit on a terminal, plain reads otherwise.
 class LineSource {
  public:
   explicit LineSource(bool tty) : tty_(tty) {
     if (!tty_) return;
+    // libedit turns the characters read_key returns into text through the C library's locale.
+    if (!std::setlocale(LC_CTYPE, "C.UTF-8")) std::setlocale(LC_CTYPE, "");
     rl_catch_signals = 0;  // our SIGINT handler decides what Ctrl-C means
+    rl_getc_function = read_key;  // before using_history(), which initializes libedit
     using_history();
     stifle_history(1000);
     std::error_code ec;
@@ -65,8 +115,26 @@ class LineSource {
       if (!s.empty() && s.back() == '\r') s.pop_back();
       return s;
     }
+    // libedit prints the prompt and only then switches the terminal to raw mode. Keys that arrive
+    // in between meet a cooked terminal: Ctrl-D there becomes an end-of-file mark that libedit then
+    // reads as a NUL key, and the REPL does not leave. Raw mode from before the prompt closes that
+    // window (Ctrl-C still raises SIGINT); the terminal's own mode comes back afterwards.
+    termios saved{};
+    const bool restore = tcgetattr(STDIN_FILENO, &saved) == 0;
+    if (restore) {
+      termios raw = saved;
+      raw.c_lflag &= ~tcflag_t(ICANON | ECHO);
+      raw.c_cc[VMIN] = 1;
+      raw.c_cc[VTIME] = 0;
+      tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    }
     char* l = readline(prompt);
-    if (!l) return std::nullopt;
+    if (restore) tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    // A press while the line was being typed cancels the line (libedit may hand back what was typed).
+    if (!l || interrupted()) {
+      std::free(l);
+      return std::nullopt;
+    }
     std::string s(l);
     std::free(l);
     return s;
@@ -102,12 +170,15 @@ class Chat {
     if (tty_)
       std::printf("baton chat: %s (template %s, context %d). /help for commands, Ctrl-D or /exit to leave.\n",
                   m_.path.c_str(), prompter_.template_name().c_str(), engine_.n_ctx());
+    // The Ctrl-C flag is lowered only where a press is dealt with (here at the prompt, or by
+    // stopping a reply), never before waiting for input: a press that came in between would be lost.
     for (;;) {
-      interrupted() = false;
       std::optional<std::string> msg = read_message();
       if (!msg) {
         if (interrupted()) {  // Ctrl-C at the prompt
           std::printf("\n(to leave, type /exit or press Ctrl-D)\n");
+          std::fflush(stdout);
+          clear_interrupt();
           continue;
         }
         if (tty_) std::printf("\n");
@@ -215,9 +286,21 @@ class Chat {
       std::fprintf(stderr, "error: %s\n", res.error.c_str());
       return;
     }
+    if (res.finish == FinishReason::Cancelled && res.text.empty()) {
+      turns_.pop_back();  // stopped before a word of the reply: as if the message was not sent
+      std::printf("\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "[interrupted]\n");
+      clear_interrupt();
+      return;
+    }
     turns_.push_back({"assistant", res.text});
     std::printf("\n");
-    if (res.finish == FinishReason::Cancelled) std::fprintf(stderr, "[interrupted]\n");
+    std::fflush(stdout);
+    if (res.finish == FinishReason::Cancelled) {
+      std::fprintf(stderr, "[interrupted]\n");
+      clear_interrupt();
+    }
     if (res.finish == FinishReason::Context)
       std::fprintf(stderr, "[context full (%d tokens): %s]\n", res.n_ctx,
                    o_.on_context_full == "stop" ? "/reset to start over" : "the oldest exchanges go next turn");

@@ -1,7 +1,10 @@
 #include "cli/options.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -123,7 +126,9 @@ std::vector<int32_t> Prompter::raw(const std::string& text) const { return encod
 // ---- Ctrl-C ----
 
 static std::atomic<bool> g_interrupted{false};
+static int g_pipe[2] = {-1, -1};  // the handler writes a byte per press; non-blocking both ends
 std::atomic<bool>& interrupted() { return g_interrupted; }
+int interrupt_fd() { return g_pipe[0]; }
 
 static void on_sigint(int) {
   if (g_interrupted.load()) {  // pressed again before the engine noticed: leave now
@@ -132,9 +137,22 @@ static void on_sigint(int) {
     return;
   }
   g_interrupted.store(true);
+  if (g_pipe[1] >= 0) {
+    int saved = errno;  // the interrupted code may be about to look at errno
+    [[maybe_unused]] ssize_t n = write(g_pipe[1], "c", 1);
+    errno = saved;
+  }
+}
+
+void clear_interrupt() {
+  char buf[64];
+  if (g_pipe[0] >= 0)
+    while (read(g_pipe[0], buf, sizeof buf) > 0) {}
+  g_interrupted.store(false);
 }
 
 void install_interrupt_handler() {
+  if (g_pipe[0] < 0 && pipe2(g_pipe, O_CLOEXEC | O_NONBLOCK) != 0) g_pipe[0] = g_pipe[1] = -1;
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);

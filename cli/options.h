@@ -74,8 +74,14 @@ class Prompter {
 
 // Ctrl-C: the first press sets the flag (the engine stops between tokens); the handler is installed
 // without SA_RESTART so a blocking read returns. A second press while the flag is still set exits.
+// Each press also writes a byte to a pipe: a wait for input that polls interrupt_fd() as well cannot
+// miss a press that came just before the wait began (a flag alone can: see cli/chat.cpp).
 void install_interrupt_handler();
 std::atomic<bool>& interrupted();
+int interrupt_fd();        // readable while a press is pending; -1 before install_interrupt_handler()
+// After a press was dealt with: the pipe drained, then the flag lowered. A byte written by a press
+// that lands during the clear, with the flag already down, is stale: readers drop it.
+void clear_interrupt();
 
 bool stderr_is_tty();
 bool stdin_is_tty();
