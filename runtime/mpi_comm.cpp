@@ -1,8 +1,8 @@
 // Comm: MPI point-to-point with bounded waits. Two duplicated communicators keep the heartbeats
 // apart from the data: a data receive never sees a heartbeat, and a slow data transfer never delays
 // one. Waiting threads poll: they spin for a short while (a hand-off that is about to arrive costs
-// no sleep) and then sleep in 50 µs steps, so a rank waiting for its neighbour leaves the cores to
-// the ranks that compute.
+// no sleep) and then sleep in 50 µs steps (200 µs after 2 ms), so a rank waiting for its neighbour
+// leaves the cores to the ranks that compute.
 #include "runtime/mpi_comm.h"
 
 #if BATON_HAVE_MPI
@@ -43,7 +43,8 @@ void backoff(Clock::time_point since) {
     sched_yield();
     return;
   }
-  std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // Each wake-up costs a context switch: sleep longer once the wait is clearly a long one.
+  std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(2) ? 50 : 200));
 }
 }  // namespace
 
