@@ -192,6 +192,7 @@ TEST_CASE("isa names parse back and the limit lowers the active level") {
 }
 
 TEST_CASE("matmul matches the reference for every type, ISA level and awkward shape") {
+  set_gemm_enabled(true);
   std::mt19937 rng(1234);
   ThreadPool pool(2);
   for (Isa isa : isa_levels()) {
@@ -213,6 +214,7 @@ TEST_CASE("matmul matches the reference for every type, ISA level and awkward sh
 TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the tile grid") {
   // The GEMM path tiles rows by 4 and columns by 4, groups blocks by 4 and blocks columns by
   // activation bytes: every count below leaves some remainder in one of those.
+  set_gemm_enabled(true);
   std::mt19937 rng(4321);
   ThreadPool pool(2);
   const int64_t row_counts[] = {1, 3, 5, 6, 7, 13, 37};
@@ -231,6 +233,7 @@ TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the
 }
 
 TEST_CASE("matmul is deterministic across thread counts") {
+  set_gemm_enabled(true);
   std::mt19937 rng(99);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     const int64_t rows = 131, cols = 512;

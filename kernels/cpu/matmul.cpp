@@ -107,7 +107,21 @@ const uint8_t* quantize_columns(const KernelTable& kt, ActKind kind, const float
 // costs more than the register tiling saves.
 constexpr int kGemmMinCols = 8;
 
+std::atomic<int> g_gemm{-1};  // -1: not set yet (read BATON_CPU_GEMM on first use)
+
 }  // namespace
+
+void set_gemm_enabled(bool on) { g_gemm.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool gemm_enabled() {
+  int v = g_gemm.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("BATON_CPU_GEMM");
+    v = e && !std::strcmp(e, "1") ? 1 : 0;
+    g_gemm.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
@@ -117,7 +131,7 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
   const int64_t rows = W.rows, cols = W.cols;
   const size_t y_stride = size_t(rows);
 
-  if (const GemmFn gemm = kt.gemm[int(W.type)]; gemm && n >= kGemmMinCols) {
+  if (const GemmFn gemm = kt.gemm[int(W.type)]; gemm && n >= kGemmMinCols && gemm_enabled()) {
     const ActKind kind = kt.gemm_act[int(W.type)];
     const size_t a_stride = act_bytes(kind, cols);
     const uint8_t* A = quantize_columns(kt, kind, X, cols, n, a_stride, pool);
