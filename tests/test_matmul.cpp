@@ -192,7 +192,6 @@ TEST_CASE("isa names parse back and the limit lowers the active level") {
 }
 
 TEST_CASE("matmul matches the reference for every type, ISA level and awkward shape") {
-  set_gemm_enabled(true);
   std::mt19937 rng(1234);
   ThreadPool pool(2);
   for (Isa isa : isa_levels()) {
@@ -212,9 +211,8 @@ TEST_CASE("matmul matches the reference for every type, ISA level and awkward sh
 }
 
 TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the tile grid") {
-  // The GEMM path tiles rows by 4 and columns by 4, groups blocks by 4 and blocks columns by
-  // activation bytes: every count below leaves some remainder in one of those.
-  set_gemm_enabled(true);
+  // The kernels group columns by 4 and blocks by 4 (Q4x4) or 2 (Q8x2): every count below leaves
+  // some remainder in one of those.
   std::mt19937 rng(4321);
   ThreadPool pool(2);
   const int64_t row_counts[] = {1, 3, 5, 6, 7, 13, 37};
@@ -233,12 +231,11 @@ TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the
 }
 
 TEST_CASE("matmul is deterministic across thread counts") {
-  set_gemm_enabled(true);
   std::mt19937 rng(99);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     const int64_t rows = 131, cols = 512;
     const auto wbytes = random_matrix(t, rows, cols, rng);
-    for (int n : {5, 37}) {  // the per-row dot path and the GEMM path
+    for (int n : {5, 37}) {
       const auto x = random_floats(size_t(cols) * size_t(n), rng);
       QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
       std::vector<float> y1(size_t(rows) * size_t(n)), y4(size_t(rows) * size_t(n));
@@ -248,4 +245,32 @@ TEST_CASE("matmul is deterministic across thread counts") {
       CHECK(std::memcmp(y1.data(), y4.data(), y1.size() * 4) == 0);
     }
   }
+}
+
+TEST_CASE("a column's result does not depend on how many columns came with it") {
+  // The pipeline and the engine rely on this: a sequence decoded alone, in a batch of 16, or in a
+  // micro-batch of 6 gets the same bits, whichever kernel (per-row dot or GEMM) the count selects.
+  std::mt19937 rng(7);
+  ThreadPool pool(2);
+  for (Isa isa : isa_levels()) {
+    set_isa_limit(isa);
+    for (GgmlType t : kComputeTypes) {
+      INFO("type " << type_name(t) << " isa " << isa_name(isa));
+      const int64_t blk = traits(t).block_elems == 1 ? 32 : traits(t).block_elems;
+      for (int64_t cols : {blk * 18, blk * 7}) {  // whole groups of four blocks, and a tail
+        const int64_t rows = 21;
+        const int n = 19;
+        const auto wbytes = random_matrix(t, rows, cols, rng);
+        const auto x = random_floats(size_t(cols) * size_t(n), rng);
+        QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
+        std::vector<float> all(size_t(rows) * size_t(n)), one(static_cast<size_t>(rows));
+        matmul(W, x.data(), n, all.data(), pool);
+        for (int j = 0; j < n; j++) {
+          matmul(W, x.data() + size_t(j) * size_t(cols), 1, one.data(), pool);
+          CHECK(std::memcmp(one.data(), all.data() + size_t(j) * size_t(rows), one.size() * 4) == 0);
+        }
+      }
+    }
+  }
+  set_isa_limit(Isa::Avx512);
 }

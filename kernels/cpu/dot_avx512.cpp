@@ -168,26 +168,6 @@ void quant_q8_32x4(const float* x, int64_t n, void* out) {
   }
 }
 
-// Activations for the GEMM (ActGemm32): the same rounding, stored q + 128.
-void quant_gemm32(const float* x, int64_t n, void* out) {
-  auto* o = static_cast<ActGemm32*>(out);
-  const int64_t nb = n / 32;
-  for (int64_t g = 0; g < (nb + 3) / 4; g++) {
-    std::memset(&o[g], 0, sizeof(ActGemm32));
-    for (int j = 0; j < 4 && 4 * g + j < nb; j++) {
-      const float* xb = x + 32 * (4 * g + j);
-      const float amax = amax_of(xb, 32);
-      const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-      __m256i s_lo, s_hi;
-      const __m256i q = _mm256_xor_si256(quant32(xb, _mm256_set1_ps(id), s_lo, s_hi), _mm256_set1_epi8(char(0x80)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o[g].q + 16 * j), _mm256_castsi256_si128(q));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o[g].q + 64 + 16 * j), _mm256_extracti128_si256(q, 1));
-      _mm_storeu_ps(o[g].d + 4 * j, _mm_set1_ps(d));
-      o[g].ds[4 * j] = d * float(hsum_i32(_mm256_add_epi32(s_lo, s_hi)));
-    }
-  }
-}
-
 KernelTable make_avx512_table() {
   KernelTable t = make_simd_table();
   t.quant[int(ActKind::Q8_32x4)] = quant_q8_32x4;
@@ -195,10 +175,6 @@ KernelTable make_avx512_table() {
   t.dot[int(GgmlType::Q4_0)] = by_columns<Q4x4<GgmlType::Q4_0>>;
   t.dot[int(GgmlType::Q4_1)] = by_columns<Q4x4<GgmlType::Q4_1>>;
   t.dot[int(GgmlType::Q8_0)] = by_columns<Q8x2>;
-  t.quant[int(ActKind::Gemm32)] = quant_gemm32;
-  add_gemm_avx512(t);
-  for (GgmlType g : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0})
-    t.gemm_act[int(g)] = ActKind::Gemm32;
   return t;
 }
 

@@ -103,25 +103,7 @@ const uint8_t* quantize_columns(const KernelTable& kt, ActKind kind, const float
   return out;
 }
 
-// From this many columns on, a type with a GEMM kernel uses it: below, unpacking each weight row
-// costs more than the register tiling saves.
-constexpr int kGemmMinCols = 8;
-
-std::atomic<int> g_gemm{-1};  // -1: not set yet (read BATON_CPU_GEMM on first use)
-
 }  // namespace
-
-void set_gemm_enabled(bool on) { g_gemm.store(on ? 1 : 0, std::memory_order_relaxed); }
-
-bool gemm_enabled() {
-  int v = g_gemm.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("BATON_CPU_GEMM");
-    v = e && !std::strcmp(e, "1") ? 1 : 0;
-    g_gemm.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
 
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
@@ -130,22 +112,6 @@ void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool)
   BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);  // a compute type
   const int64_t rows = W.rows, cols = W.cols;
   const size_t y_stride = size_t(rows);
-
-  if (const GemmFn gemm = kt.gemm[int(W.type)]; gemm && n >= kGemmMinCols && gemm_enabled()) {
-    const ActKind kind = kt.gemm_act[int(W.type)];
-    const size_t a_stride = act_bytes(kind, cols);
-    const uint8_t* A = quantize_columns(kt, kind, X, cols, n, a_stride, pool);
-    // Chunks of rows (a multiple of the 4-row tile), enough of them to balance the threads.
-    int64_t chunk = 32;
-    while (chunk > 4 && (rows + chunk - 1) / chunk < 8 * pool.size()) chunk /= 2;
-    const int n_tasks = int((rows + chunk - 1) / chunk);
-    auto body = [&](int task, int) {
-      const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
-      gemm(cols, W.row(r0), W.row_bytes, r1 - r0, A, a_stride, n, Y + size_t(r0), y_stride);
-    };
-    pool.run(n_tasks, std::ref(body));
-    return;
-  }
 
   const DotFn dot = kt.dot[int(W.type)];
   const ActKind kind = kt.act[int(W.type)];

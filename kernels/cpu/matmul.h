@@ -33,11 +33,5 @@ void set_isa_limit(Isa limit);
 const char* isa_name(Isa isa);
 bool parse_isa(const char* s, Isa& out);
 
-// The register-tiled GEMM for ≥ 8 columns (AVX-512, legacy formats; gemm_avx512.cpp). Off by
-// default for now: its float rounding order differs from the per-row kernels that decode (n = 1)
-// uses, so batch and token-by-token logits stop being bit-identical, which model tests require.
-// On with BATON_CPU_GEMM=1 or set_gemm_enabled(true).
-void set_gemm_enabled(bool on);
-bool gemm_enabled();
 
 }  // namespace baton::cpu

@@ -39,18 +39,8 @@ struct ActQ8_32x4 {
 };
 static_assert(sizeof(ActQ8_32x4) == 160);
 
-// Activation group for the AVX-512 GEMM (gemm_avx512.cpp): four legacy blocks in the ActQ8_32x4
-// order, stored as q + 128 (unsigned bytes for vpdpbusd), each block's d repeated over its four
-// int32 lanes, and d·Σq in lane 4i only. A partial last group is padded with zeros.
-struct ActGemm32 {
-  uint8_t q[128];
-  float d[16];
-  float ds[16];
-};
-static_assert(sizeof(ActGemm32) == 256);
-
-enum class ActKind { Float = 0, Q8_32 = 1, Q8_256 = 2, Q8_32x4 = 3, Gemm32 = 4 };
-constexpr int kActKinds = 5;
+enum class ActKind { Float = 0, Q8_32 = 1, Q8_256 = 2, Q8_32x4 = 3 };
+constexpr int kActKinds = 4;
 
 // Bytes of one activation column of n elements in a given format.
 inline size_t act_bytes(ActKind k, int64_t n) {
@@ -58,7 +48,6 @@ inline size_t act_bytes(ActKind k, int64_t n) {
     case ActKind::Q8_32: return size_t(n / 32) * sizeof(ActQ8_32);
     case ActKind::Q8_256: return size_t(n / 256) * sizeof(ActQ8_256);
     case ActKind::Q8_32x4: return size_t((n / 32 + 3) / 4) * sizeof(ActQ8_32x4);
-    case ActKind::Gemm32: return size_t((n / 32 + 3) / 4) * sizeof(ActGemm32);
     case ActKind::Float: break;
   }
   return size_t(n) * sizeof(float);
@@ -68,30 +57,22 @@ inline size_t act_bytes(ActKind k, int64_t n) {
 // n is the row length in elements; a points at column 0's activations, a_stride bytes apart.
 using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_stride, int nc, float* y,
                        size_t y_stride);
-// Many columns at once: rows [0, rows) of a weight chunk (row r at w + r·row_bytes, k elements)
-// against n activation columns in the table's gemm_act format; y[j·y_stride + r] = Σ w·x_j.
-using GemmFn = void (*)(int64_t k, const uint8_t* w, size_t row_bytes, int64_t rows, const uint8_t* a,
-                        size_t a_stride, int n, float* y, size_t y_stride);
 // Quantize n floats (a multiple of the format's block) into one activation column.
 using QuantFn = void (*)(const float* x, int64_t n, void* out);
 
 constexpr int kTypeSlots = 31;  // indexed by the ggml type id (BF16 = 30 is the largest we use)
 
 // One instruction-set level: per weight type the dot kernel and the activation format it reads,
-// optionally a GEMM kernel (used for many columns) and the format it reads, and per activation
-// format its quantizer.
+// and per activation format its quantizer.
 struct KernelTable {
   DotFn dot[kTypeSlots] = {};
   ActKind act[kTypeSlots] = {};
-  GemmFn gemm[kTypeSlots] = {};
-  ActKind gemm_act[kTypeSlots] = {};
   QuantFn quant[kActKinds] = {};
 };
 
 const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();    // only call when the CPU has AVX2 + FMA + F16C
 const KernelTable& kernels_avx512();  // only call when the CPU has AVX-512 F/BW/VL/VNNI
-void add_gemm_avx512(KernelTable& t);  // the legacy-format GEMM kernels (gemm_avx512.cpp)
 
 // ---- block decoders (scalar; shared by every ISA for the types without a dedicated kernel) ----
 
