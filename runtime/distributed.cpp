@@ -185,9 +185,10 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
     d.label = fmt::format("rank{}:{}", i.rank, d.label);
     devices.push_back(d);
   }
-  // The user asked for a pipeline over all ranks: the layers are cut evenly, not packed onto the
-  // first rank that could hold them all (the same rule as repeated CPU entries in one process).
-  if (po.tensor_split.empty()) po.tensor_split.assign(devices.size(), 1.0);
+  // The user asked for a pipeline over all ranks: the layers are cut for equal work per rank (the
+  // output head counts), not packed onto the first rank that could hold them all (the same rule
+  // as repeated CPU entries in one process).
+  if (po.tensor_split.empty()) po.tensor_split = balanced_split(shape, devices.size());
   return plan(shape, devices, po);
 }
 

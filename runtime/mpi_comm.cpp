@@ -1,8 +1,9 @@
 // Comm: MPI point-to-point with bounded waits. Two duplicated communicators keep the heartbeats
 // apart from the data: a data receive never sees a heartbeat, and a slow data transfer never delays
 // one. Waiting threads poll: they spin for a short while (a hand-off that is about to arrive costs
-// no sleep) and then sleep in 50 µs steps (200 µs after 2 ms), so a rank waiting for its neighbour
-// leaves the cores to the ranks that compute.
+// no sleep), then yield for up to 20 ms (one stage step; a sleeping receiver would stall the
+// fragments of a large message), then sleep in 200 µs steps, so a rank waiting for long leaves the
+// cores to the ranks that compute.
 #include "runtime/mpi_comm.h"
 
 #if BATON_HAVE_MPI
@@ -39,12 +40,13 @@ std::string mpi_error_text(int code) {
 void backoff(Clock::time_point since) {
   const auto waited = Clock::now() - since;
   if (waited < std::chrono::microseconds(100)) return;
-  if (waited < std::chrono::microseconds(500)) {
+  // Yield (not sleep) for the length of a typical stage step: a large message arrives in fragments
+  // that only move while both sides poll, so a sleeping receiver stretches every hand-off.
+  if (waited < std::chrono::milliseconds(20)) {
     sched_yield();
     return;
   }
-  // Each wake-up costs a context switch: sleep longer once the wait is clearly a long one.
-  std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(2) ? 50 : 200));
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 }  // namespace
 

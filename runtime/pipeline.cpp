@@ -138,8 +138,9 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   po.n_batch = uint32_t(n_batch_);
   po.kv_type = opt.kv_type;
   // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
-  // layers are cut evenly rather than filling the first entry.
-  if (devices.size() > 1) po.tensor_split.assign(devices.size(), 1.0);
+  // layers are cut for equal work per stage (the output head counts) rather than filling the
+  // first entry; the slowest stage sets the pace of a pipeline.
+  if (devices.size() > 1) po.tensor_split = balanced_split(shape, devices.size());
   const Plan p = plan(shape, devices, po);
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   BATON_CHECK(!p.stages.empty());

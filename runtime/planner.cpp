@@ -298,6 +298,30 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   return p;
 }
 
+std::vector<double> balanced_split(const ModelShape& shape, size_t n) {
+  const size_t L = shape.layers.size();
+  if (n == 0 || n > L) return std::vector<double>(n, 1.0);
+  // best[k][i]: the smallest largest block when layers [0, i) form k blocks; the head rides with
+  // layer L-1. O(n·L²) over at most a few hundred layers.
+  std::vector<uint64_t> prefix(L + 1, 0);
+  for (size_t i = 0; i < L; i++) prefix[i + 1] = prefix[i] + shape.layers[i].weight_bytes;
+  auto cost = [&](size_t a, size_t b) { return prefix[b] - prefix[a] + (b == L ? shape.output_bytes : 0); };
+  const uint64_t inf = UINT64_MAX;
+  std::vector<std::vector<uint64_t>> best(n + 1, std::vector<uint64_t>(L + 1, inf));
+  std::vector<std::vector<size_t>> cut(n + 1, std::vector<size_t>(L + 1, 0));
+  best[0][0] = 0;
+  for (size_t k = 1; k <= n; k++)
+    for (size_t i = k; i <= L; i++)
+      for (size_t j = k - 1; j < i; j++) {
+        if (best[k - 1][j] == inf) continue;
+        const uint64_t m = std::max(best[k - 1][j], cost(j, i));
+        if (m < best[k][i]) best[k][i] = m, cut[k][i] = j;
+      }
+  std::vector<double> counts(n);
+  for (size_t k = n, i = L; k > 0; i = cut[k][i], k--) counts[k - 1] = double(i - cut[k][i]);
+  return counts;
+}
+
 std::string shortfall_message(const Plan& p) {
   std::string out;
   for (const auto& s : p.shortfalls)

@@ -79,6 +79,12 @@ struct Plan {
 // a tensor split that names no device, ...). A plan that does not fit is a result, not an error.
 Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options);
 
+// Layer counts for n pipeline stages of equal speed (CPU stages: the work follows the weight
+// bytes each stage reads): contiguous blocks, each at least one layer, the output head counted with
+// the last block, the largest block as small as possible. As PlanOptions::tensor_split the counts
+// are taken as they are. n > n_layer: n equal proportions (the planner then reports the problem).
+std::vector<double> balanced_split(const ModelShape& shape, size_t n);
+
 // Human table (with the shortfall when it does not fit) and JSON (bytes exact, layer ranges
 // half-open).
 std::string format_plan(const Plan& p, const ModelShape& shape);

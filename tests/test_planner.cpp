@@ -530,3 +530,21 @@ TEST_CASE("plans of the preset shapes are printable as a table and JSON") {
     CHECK_THAT(format_plan(p, s), Catch::Contains(pr.name));
   }
 }
+
+TEST_CASE("balanced_split gives CPU stages equal work, the head counted with the last") {
+  ModelShape s;
+  s.n_layer = 10;
+  s.layers.assign(10, LayerShape{1, 0, 100});
+  s.output_bytes = 400;  // the head weighs four layers
+  // 1400 bytes over 2 stages: 7 layers | 3 layers + head (700 each).
+  CHECK(balanced_split(s, 2) == std::vector<double>{7, 3});
+  // Over 3: the best largest block is 500 (5 | 4 | 1 + head).
+  const auto three = balanced_split(s, 3);
+  REQUIRE(three.size() == 3);
+  CHECK(three[0] + three[1] + three[2] == 10);
+  CHECK(three[2] == 1);
+  s.output_bytes = 0;
+  CHECK(balanced_split(s, 2) == std::vector<double>{5, 5});
+  CHECK(balanced_split(s, 1) == std::vector<double>{10});
+  CHECK(balanced_split(s, 11) == std::vector<double>(11, 1.0));  // more stages than layers
+}
