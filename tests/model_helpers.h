@@ -7,7 +7,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "helpers.h"
 #include "runtime/pipeline.h"
+#include "runtime/synth.h"
 #include "runtime/tokenizer.h"
 
 namespace baton::test {
@@ -41,6 +43,22 @@ inline std::string greedy(Pipeline& p, const std::vector<int32_t>& ids, int max_
     p.decode(d, logits.data());
   }
   return tok.decode(out);
+}
+
+// A generated Gemma 3-shaped model (tied head, sliding-window layers with a ring KV cache) with 7
+// layers, to cut two and three ways; written once per test process.
+inline std::string tiny_gemma3_model() {
+  static const std::string path = [] {
+    const ShapePreset shape{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6,
+                            1e6f, 1e-6f, false};
+    SynthOptions o;
+    o.type = GgmlType::Q8_0;
+    o.seed = 5;
+    const std::string p = temp_dir() + "/tiny-gemma3.gguf";
+    synth_write(shape, o, p);
+    return p;
+  }();
+  return path;
 }
 
 }  // namespace baton::test

@@ -68,21 +68,6 @@ Ran sh(const std::string& cmd, int limit_s = 120) {
 
 std::string tiny() { return test::peer("logits/tiny-q4_0.gguf"); }
 
-// A Gemma 3-shaped model (tied head, sliding-window layers) with 7 layers to cut two and three ways.
-std::string synth_model() {
-  static const std::string path = [] {
-    const ShapePreset shape{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6,
-                            1e6f, 1e-6f, false};
-    SynthOptions o;
-    o.type = GgmlType::Q8_0;
-    o.seed = 5;
-    const std::string p = test::temp_dir() + "/tiny-gemma3.gguf";
-    synth_write(shape, o, p);
-    return p;
-  }();
-  return path;
-}
-
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
   for (int id : ids) {
@@ -210,7 +195,7 @@ TEST_CASE("2 and 3 ranks give the same logits as one process", "[mpi]") {
   const std::string p1 = ids_text(test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt")));
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((3 + 37 * i) % 1000);  // past the window of 16
-  for (const auto& [model, prompt] : {std::pair{tiny(), p1}, std::pair{synth_model(), ids_text(ids)}}) {
+  for (const auto& [model, prompt] : {std::pair{tiny(), p1}, std::pair{test::tiny_gemma3_model(), ids_text(ids)}}) {
     INFO(model);
     const std::string one = logits("", model, prompt, "");
     REQUIRE(one.size() > 0);
@@ -244,7 +229,7 @@ TEST_CASE("batch output over 2 and 3 ranks equals one process", "[mpi]") {
 
 TEST_CASE("every rank's stage holds no more than its plan", "[mpi]") {
   require_mpi();
-  const Ran r = sh(mpirun(3) + kBaton + " run -m " + synth_model() + " --raw -p hi -n 2 -t 1 --ctx 64 --verbose --distributed");
+  const Ran r = sh(mpirun(3) + kBaton + " run -m " + test::tiny_gemma3_model() + " --raw -p hi -n 2 -t 1 --ctx 64 --verbose --distributed");
   INFO(r.err);
   REQUIRE(r.code == 0);
   int stages = 0;
@@ -290,7 +275,7 @@ TEST_CASE("bad launches are refused before any weights load", "[mpi]") {
   }
   SECTION("a different file on one rank") {
     std::string launch = mpirun(1) + kBaton + " logits -m " + tiny() + " --tokens \"" + ids + "\" --out /dev/null --distributed : ";
-    launch += "-np 1 " + kBaton + " logits -m " + synth_model() + " --tokens \"" + ids + "\" --out /dev/null --distributed";
+    launch += "-np 1 " + kBaton + " logits -m " + test::tiny_gemma3_model() + " --tokens \"" + ids + "\" --out /dev/null --distributed";
     const Ran r = sh(launch);
     CHECK(r.code != 0);
     INFO(r.err);

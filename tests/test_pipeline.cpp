@@ -98,21 +98,6 @@ std::vector<float> run_multi(Pipeline& p, int n_seq, int vocab) {
   return out;
 }
 
-std::string synth_model() {
-  static const std::string path = [] {
-    // Gemma 3 family: tied head, sliding-window layers (ring KV), 7 layers to cut three ways.
-    const ShapePreset shape{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6,
-                            1e6f, 1e-6f, false};
-    SynthOptions o;
-    o.type = GgmlType::Q8_0;
-    o.seed = 5;
-    const std::string p = test::temp_dir() + "/tiny-gemma3.gguf";
-    synth_write(shape, o, p);
-    return p;
-  }();
-  return path;
-}
-
 }  // namespace
 
 TEST_CASE("1, 2 and 3 CPU stages give the same logits on the peer tiny model", "[pipeline]") {
@@ -122,11 +107,11 @@ TEST_CASE("1, 2 and 3 CPU stages give the same logits on the peer tiny model", "
 TEST_CASE("1, 2 and 3 CPU stages give the same logits on a generated model", "[pipeline]") {
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((3 + 37 * i) % 1000);  // past the window of 16
-  stages_agree(synth_model(), ids);
+  stages_agree(test::tiny_gemma3_model(), ids);
 }
 
 TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline]") {
-  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), synth_model()}) {
+  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
     INFO(path);
     auto one = load(path, "cpu", 6);
     const auto ref = run_multi(*one, 6, one->n_vocab());
