@@ -28,6 +28,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model_files.h"
 #include "runtime/mpi_comm.h"
+#include "runtime/pipeline_base.h"
 #include "runtime/shape.h"
 #include "runtime/stage.h"
 #include "runtime/tokenizer.h"
@@ -403,20 +404,11 @@ std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_
 
 bool g_shutdown_sent = false;
 
-class DistributedPipeline final : public Pipeline {
+class DistributedPipeline final : public ModelPipeline {
  public:
   DistributedPipeline(const std::string& path, const LoadOptions& opt);
   ~DistributedPipeline() override;
 
-  const gguf::File& file() const override { return *file_; }
-  const ModelConfig& config() const override { return cfg_; }
-  const Tokenizer& tokenizer() const override {
-    if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
-    return *tok_;
-  }
-  int n_ctx() const override { return n_ctx_; }
-  int n_seq() const override { return int(len_.size()); }
-  int n_vocab() const override { return cfg_.n_vocab; }
 
   void decode(const Batch& b, float* logits) override { wait(start(b, logits, 2 * size_t(c_.size()))); }
   uint64_t submit(const Batch& b, float* logits) override { return start(b, logits, 1); }
@@ -447,13 +439,9 @@ class DistributedPipeline final : public Pipeline {
   void take(const Message& m);  // a kLogits or kError message
 
   Comm& c_;
-  std::unique_ptr<gguf::File> file_;
-  ModelConfig cfg_;
-  std::optional<Tokenizer> tok_;
-  int n_ctx_ = 0, n_batch_ = 0, max_rewind_ = 0;
+  int n_batch_ = 0, max_rewind_ = 0;
   std::unique_ptr<LocalStage> stage_;
   std::vector<StageInfo> infos_;
-  std::vector<int> len_;  // positions submitted per sequence
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -467,9 +455,7 @@ class DistributedPipeline final : public Pipeline {
 };
 
 DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOptions& opt) : c_(*Comm::get()) {
-  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
-  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
-  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+  check_options(opt);
 
   const std::vector<RankInfo> all = gather(local_info(path, opt.devices, /*allow_hypothetical=*/false));
   check_files(all);
@@ -478,11 +464,7 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
       fail(ErrorKind::Usage, "{}: device '{}': CUDA stages are not available in the pipeline of this version "
            "(use --devices cpu)", where(i), i.devices[0].label);
 
-  file_ = gguf::File::open(path);
-  cfg_ = ModelConfig::from_gguf(*file_);
-  check_kv_type(cfg_, opt.kv_type);
-  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
-  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+  open_model(path, opt);
 
   const ModelShape shape = shape_from_gguf(*file_);
   PlanOptions po;
@@ -528,7 +510,6 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
     info.n_threads = r.get<int32_t>();
     ++got;
   }
-  len_.assign(size_t(opt.n_seq), 0);
   if (opt.verbose)
     for (size_t k = 0; k < infos_.size(); ++k) {
       const StageInfo& s = infos_[k];

@@ -11,6 +11,7 @@
 // sequence's cache (attention is per sequence, activations are quantized per token row), so how
 // a batch is cut or grouped changes no bit of the logits.
 #include "runtime/pipeline.h"
+#include "runtime/pipeline_base.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -47,20 +48,11 @@ struct TicketState {
   std::exception_ptr error;  // the first error raised by one of its pieces
 };
 
-class CpuPipeline final : public Pipeline {
+class CpuPipeline final : public ModelPipeline {
  public:
   CpuPipeline(const std::string& path, const LoadOptions& opt);
   ~CpuPipeline() override;
 
-  const gguf::File& file() const override { return *file_; }
-  const ModelConfig& config() const override { return cfg_; }
-  const Tokenizer& tokenizer() const override {
-    if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
-    return *tok_;
-  }
-  int n_ctx() const override { return n_ctx_; }
-  int n_seq() const override { return int(len_.size()); }
-  int n_vocab() const override { return cfg_.n_vocab; }
 
   void decode(const Batch& batch, float* logits) override;
   uint64_t submit(const Batch& batch, float* logits) override;
@@ -85,12 +77,8 @@ class CpuPipeline final : public Pipeline {
   void drive(size_t k);  // stage k's driver thread
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
-  std::unique_ptr<gguf::File> file_;
-  ModelConfig cfg_;
-  std::optional<Tokenizer> tok_;
-  int n_ctx_ = 0, n_batch_ = 0;
+  int n_batch_ = 0;
   std::vector<std::unique_ptr<CpuStage>> stages_;
-  std::vector<int> len_;  // positions per sequence, as submitted
   std::function<void(int, const Batch&)> on_stage_;
 
   // Between the caller and the drivers: one lock for the queues and the ticket table (a few
@@ -106,9 +94,7 @@ class CpuPipeline final : public Pipeline {
 };
 
 CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
-  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
-  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
-  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+  check_options(opt);
   if (opt.n_threads < 0) fail(ErrorKind::Usage, "thread count {} must be >= 0", opt.n_threads);
   if (opt.threads_per_stage < 0) fail(ErrorKind::Usage, "threads per stage {} must be >= 0", opt.threads_per_stage);
 
@@ -120,14 +106,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
       fail(ErrorKind::Usage, "device '{}': CUDA stages are not available in the pipeline of this version "
            "(use CPU devices, e.g. --devices cpu or cpu,cpu)", d.label);
 
-  file_ = gguf::File::open(path);
-  cfg_ = ModelConfig::from_gguf(*file_);
-  check_kv_type(cfg_, opt.kv_type);
-  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
-  if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
-    fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
-
-  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+  open_model(path, opt);
   n_batch_ = opt.n_batch;
 
   // Plan before allocating anything: a plan that does not fit is refused here.
@@ -159,7 +138,6 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.kv_type = opt.kv_type;
   so.n_threads = per_stage;
   for (const Stage& st : p.stages) stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
-  len_.assign(size_t(opt.n_seq), 0);
   on_stage_ = opt.on_stage;
 
   if (opt.verbose) {
@@ -390,6 +368,28 @@ void CpuPipeline::truncate_seq(int seq, int from) {
 }
 
 }  // namespace
+
+const Tokenizer& ModelPipeline::tokenizer() const {
+  if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
+  return *tok_;
+}
+
+void ModelPipeline::check_options(const LoadOptions& opt) {
+  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
+  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
+  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+}
+
+void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) {
+  file_ = gguf::File::open(path);
+  cfg_ = ModelConfig::from_gguf(*file_);
+  check_kv_type(cfg_, opt.kv_type);
+  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
+  if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
+    fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
+  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+  len_.assign(size_t(opt.n_seq), 0);
+}
 
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& path, const LoadOptions& opt) {
   return std::make_unique<CpuPipeline>(path, opt);

@@ -1,0 +1,39 @@
+// Internal to runtime/: what every Pipeline implementation holds about its model and the steps
+// that open it, shared by the in-process pipeline (pipeline.cpp) and the MPI one (distributed.cpp).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "runtime/config.h"
+#include "runtime/pipeline.h"
+#include "runtime/tokenizer.h"
+
+namespace baton {
+
+class ModelPipeline : public Pipeline {
+ public:
+  const gguf::File& file() const override { return *file_; }
+  const ModelConfig& config() const override { return cfg_; }
+  const Tokenizer& tokenizer() const override;
+  int n_ctx() const override { return n_ctx_; }
+  int n_seq() const override { return int(len_.size()); }
+  int n_vocab() const override { return cfg_.n_vocab; }
+
+ protected:
+  // The options every pipeline takes: context, sequences, batch (Error(Usage) when out of range).
+  static void check_options(const LoadOptions& opt);
+  // Maps the file, reads its config and tokenizer (checked against each other), checks the KV
+  // type, and sets n_ctx_ (the model's context capped at 4096 unless given) and len_ (all empty).
+  void open_model(const std::string& path, const LoadOptions& opt);
+
+  std::unique_ptr<gguf::File> file_;
+  ModelConfig cfg_;
+  std::optional<Tokenizer> tok_;
+  int n_ctx_ = 0;
+  std::vector<int> len_;  // positions per sequence, as submitted
+};
+
+}  // namespace baton
