@@ -427,10 +427,6 @@ class DistributedPipeline final : public ModelPipeline {
     std::exception_ptr error;
   };
 
-  void check_seq(int seq) const {
-    if (seq < 0 || seq >= int(len_.size()))
-      fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());
-  }
   void check_alive() const {
     if (broken_) fail(ErrorKind::Model, "the distributed pipeline stopped after an earlier error: {}", broken_what_);
   }
@@ -538,23 +534,12 @@ DistributedPipeline::~DistributedPipeline() {
 uint64_t DistributedPipeline::start(const Batch& b, float* logits, size_t groups) {
   check_alive();
   const int n = b.size();
-  if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
-    fail(ErrorKind::Usage, "batch arrays differ in length");
-  std::vector<int> next(len_);
+  len_ = check_batch(b);
   Job job;
   job.out_row.assign(size_t(n), -1);
   int n_out = 0;
-  for (int i = 0; i < n; ++i) {
-    const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
-    if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
-    check_seq(s);
-    if (p != next[size_t(s)])
-      fail(ErrorKind::Usage, "sequence {}: token at position {} does not continue the cache (expected position {})", s, p, next[size_t(s)]);
-    if (p >= n_ctx_) fail(ErrorKind::Usage, "sequence {}: position {} is past the context length {}", s, p, n_ctx_);
-    next[size_t(s)] = p + 1;
+  for (int i = 0; i < n; ++i)
     if (b.logits[size_t(i)]) job.out_row[size_t(i)] = n_out++;
-  }
-  len_ = next;
   job.logits = logits;
   job.mbs = split(b, groups, n_batch_, int(len_.size()));
   if (n == 0) job.mbs.clear();

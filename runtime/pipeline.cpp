@@ -69,10 +69,6 @@ class CpuPipeline final : public ModelPipeline {
   }
 
  private:
-  void check_seq(int seq) const {
-    if (seq < 0 || seq >= int(len_.size()))
-      fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());
-  }
   void touch_pages(const LoadOptions& opt) const;
   void drive(size_t k);  // stage k's driver thread
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
@@ -224,22 +220,7 @@ void CpuPipeline::drive(size_t k) {
 // Checks a batch and cuts it into pieces; only then are the sequences' positions advanced.
 std::vector<std::unique_ptr<Piece>> CpuPipeline::prepare(const Batch& b, float* logits) {
   const int n = b.size();
-  if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
-    fail(ErrorKind::Usage, "batch arrays differ in length");
-  // Check everything before touching any state: ids, sequences, and positions that continue each
-  // sequence's cache (as submitted so far) and stay inside the context.
-  std::vector<int> next(len_);
-  for (int i = 0; i < n; ++i) {
-    const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
-    if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
-    check_seq(s);
-    if (p != next[size_t(s)])
-      fail(ErrorKind::Usage, "sequence {}: token at position {} does not continue the cache (expected position {})", s, p, next[size_t(s)]);
-    if (p >= n_ctx_)
-      fail(ErrorKind::Usage, "sequence {}: position {} is past the context length {}", s, p, n_ctx_);
-    next[size_t(s)] = p + 1;
-  }
-  len_ = std::move(next);
+  len_ = check_batch(b);
 
   // Pieces of at most n_batch tokens in batch order; each sequence's tokens stay in order.
   std::vector<std::unique_ptr<Piece>> pieces;
@@ -313,16 +294,7 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
   }
 
   // Check the whole batch first (submit of the groups would leave earlier groups submitted).
-  {
-    std::vector<int> next(len_);
-    for (int i = 0; i < b.size(); ++i) {
-      const int s = b.seq[size_t(i)], p = b.pos[size_t(i)];
-      check_seq(s);
-      if (p != next[size_t(s)] || p >= n_ctx_ || b.token[size_t(i)] < 0 || b.token[size_t(i)] >= cfg_.n_vocab)
-        return wait(submit(b, logits));  // submit reports the first problem
-      next[size_t(s)] = p + 1;
-    }
-  }
+  check_batch(b);
   const size_t per_group = (order.size() + n_groups - 1) / n_groups;
   for (size_t g = 0; g < order.size(); ++g) group_of[size_t(order[g])] = int(g / per_group);
   const size_t V = size_t(cfg_.n_vocab);
@@ -368,28 +340,6 @@ void CpuPipeline::truncate_seq(int seq, int from) {
 }
 
 }  // namespace
-
-const Tokenizer& ModelPipeline::tokenizer() const {
-  if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
-  return *tok_;
-}
-
-void ModelPipeline::check_options(const LoadOptions& opt) {
-  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
-  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
-  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
-}
-
-void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) {
-  file_ = gguf::File::open(path);
-  cfg_ = ModelConfig::from_gguf(*file_);
-  check_kv_type(cfg_, opt.kv_type);
-  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
-  if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
-    fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
-  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
-  len_.assign(size_t(opt.n_seq), 0);
-}
 
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& path, const LoadOptions& opt) {
   return std::make_unique<CpuPipeline>(path, opt);

@@ -1,5 +1,6 @@
-// Internal to runtime/: what every Pipeline implementation holds about its model and the steps
-// that open it, shared by the in-process pipeline (pipeline.cpp) and the MPI one (distributed.cpp).
+// Internal to runtime/: what every Pipeline implementation holds about its model, the steps that
+// open it and the checks on its batches, shared by the in-process pipeline (pipeline.cpp) and the
+// MPI one (distributed.cpp); defined in pipeline_base.cpp.
 #pragma once
 #include <memory>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "runtime/batch.h"
 #include "runtime/config.h"
 #include "runtime/pipeline.h"
 #include "runtime/tokenizer.h"
@@ -28,6 +30,13 @@ class ModelPipeline : public Pipeline {
   // Maps the file, reads its config and tokenizer (checked against each other), checks the KV
   // type, and sets n_ctx_ (the model's context capped at 4096 unless given) and len_ (all empty).
   void open_model(const std::string& path, const LoadOptions& opt);
+  // Error(Usage) unless seq names one of the n_seq sequences.
+  void check_seq(int seq) const;
+  // Checks a whole batch before any state is touched: equal array lengths, token ids inside the
+  // vocabulary, existing sequences, positions that continue each sequence's cache (as submitted
+  // so far) and stay inside the context. Returns the sequence lengths after the batch; the
+  // caller stores them in len_ once it accepts the batch. Error(Usage) names the first problem.
+  std::vector<int> check_batch(const Batch& b) const;
 
   std::unique_ptr<gguf::File> file_;
   ModelConfig cfg_;

@@ -1,6 +1,7 @@
 // Pipeline stages on the CPU: 1, 2 and 3 stages (and pipelined micro-batches of several
 // sequences) must give the same logits bit for bit; a plan that does not fit is refused before
 // anything is loaded; every stage holds no more than the planner set aside for it.
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -121,6 +122,47 @@ TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline
       same_bits(ref, run_multi(*p, 6, p->n_vocab()));
       for (int s = 0; s < 6; ++s) CHECK(p->seq_len(s) == 4 + s);
     }
+  }
+}
+
+TEST_CASE("a bad batch is refused naming the problem, and leaves the sequences as they were", "[pipeline]") {
+  using Catch::Matchers::Equals;
+  for (const char* devices : {"cpu", "cpu,cpu"}) {  // two stages: decode() splits by sequence first
+    INFO("devices " << devices);
+    auto p = load(test::peer("logits/tiny-q4_0.gguf"), devices, 2);
+    const int V = p->n_vocab();
+    std::vector<float> logits(size_t(200) * size_t(V));
+    Batch first;
+    first.add(1, 0, 0, true);
+    p->decode(first, logits.data());
+    // Each bad batch also holds a valid token of the other sequence.
+    auto with = [](std::initializer_list<std::array<int, 3>> toks) {  // token, pos, seq
+      Batch b;
+      for (const auto& t : toks) b.add(t[0], t[1], t[2], true);
+      return b;
+    };
+    Batch long_seq1;
+    for (int i = 0; i <= 128; ++i) long_seq1.add(5, i, 1, false);
+    Batch ragged = with({{5, 1, 0}, {5, 0, 1}});
+    ragged.pos.pop_back();
+    const std::vector<std::pair<Batch, std::string>> bad = {
+        {with({{5, 1, 0}, {-1, 0, 1}}), "token id -1 is outside the vocabulary (0.." + std::to_string(V - 1) + ")"},
+        {with({{5, 1, 0}, {V, 0, 1}}), "token id " + std::to_string(V) + " is outside the vocabulary (0.." + std::to_string(V - 1) + ")"},
+        {with({{5, 1, 0}, {5, 0, 2}}), "sequence 2 does not exist (n_seq = 2)"},
+        {with({{5, 0, 1}, {5, 0, 0}}), "sequence 0: token at position 0 does not continue the cache (expected position 1)"},
+        {long_seq1, "sequence 1: position 128 is past the context length 128"},
+        {ragged, "batch arrays differ in length"},
+    };
+    for (const auto& [b, message] : bad) {
+      INFO(message);
+      CHECK_THROWS_WITH(p->decode(b, logits.data()), Equals(message));
+      CHECK_THROWS_WITH(p->submit(b, logits.data()), Equals(message));
+      CHECK(p->seq_len(0) == 1);
+      CHECK(p->seq_len(1) == 0);
+    }
+    p->decode(with({{5, 1, 0}, {5, 0, 1}}), logits.data());  // still usable
+    CHECK(p->seq_len(0) == 2);
+    CHECK(p->seq_len(1) == 1);
   }
 }
 

@@ -1,0 +1,57 @@
+// ModelPipeline: opening the model and checking options and batches, the same for the in-process
+// pipeline (pipeline.cpp) and the MPI one (distributed.cpp), so both report the same errors.
+#include "runtime/pipeline_base.h"
+
+#include <algorithm>
+
+#include "gguf/error.h"
+#include "runtime/kv_cache.h"
+
+namespace baton {
+
+const Tokenizer& ModelPipeline::tokenizer() const {
+  if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());
+  return *tok_;
+}
+
+void ModelPipeline::check_options(const LoadOptions& opt) {
+  if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
+  if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
+  if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+}
+
+void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) {
+  file_ = gguf::File::open(path);
+  cfg_ = ModelConfig::from_gguf(*file_);
+  check_kv_type(cfg_, opt.kv_type);
+  if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
+  if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
+    fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
+  n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+  len_.assign(size_t(opt.n_seq), 0);
+}
+
+void ModelPipeline::check_seq(int seq) const {
+  if (seq < 0 || seq >= int(len_.size()))
+    fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());
+}
+
+std::vector<int> ModelPipeline::check_batch(const Batch& b) const {
+  const int n = b.size();
+  if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
+    fail(ErrorKind::Usage, "batch arrays differ in length");
+  std::vector<int> next(len_);
+  for (int i = 0; i < n; ++i) {
+    const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
+    if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
+    check_seq(s);
+    if (p != next[size_t(s)])
+      fail(ErrorKind::Usage, "sequence {}: token at position {} does not continue the cache (expected position {})", s, p, next[size_t(s)]);
+    if (p >= n_ctx_)
+      fail(ErrorKind::Usage, "sequence {}: position {} is past the context length {}", s, p, n_ctx_);
+    next[size_t(s)] = p + 1;
+  }
+  return next;
+}
+
+}  // namespace baton
