@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <queue>
+#include <optional>
 
 #include "gguf/gguf.h"
 #include "runtime/byte_level.h"
+#include "runtime/symbol_merge.h"
 #include "runtime/unicode.h"
 
 namespace baton {
@@ -243,50 +244,24 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
 // end up outside the vocabulary are spelled as <0xNN> byte tokens.
 void Tokenizer::encode_spm(std::string_view s, std::vector<int32_t>& out) const {
   if (s.empty()) return;
-  struct Sym {
-    int prev, next;
-    size_t off, len;
-  };
-  struct Pair {
-    float score;
-    int left, right;
-    size_t len;
-    bool operator<(const Pair& o) const { return score != o.score ? score < o.score : left > o.left; }
-  };
-  std::vector<Sym> sym;
+  std::vector<SymbolSpan> sym;
   for (size_t pos = 0; pos < s.size();) {
     // One symbol per character; a malformed sequence is split into single bytes (which then
     // take the byte fallback) so that it cannot swallow the start of the next character.
     const size_t start = pos;
     unicode::decode_one(s, pos);
-    sym.push_back({int(sym.size()) - 1, int(sym.size()) + 1, start, pos - start});
+    sym.push_back({start, pos - start});
   }
-  sym.back().next = -1;
 
-  std::priority_queue<Pair> queue;
   std::string key;
-  auto try_pair = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
-    key.assign(s.substr(sym[l].off, sym[l].len + sym[r].len));
+  merge_symbols(sym, [&](const SymbolSpan& l, const SymbolSpan& r) -> std::optional<double> {
+    key.assign(s.substr(l.off, l.len + r.len));
     auto it = id_of_.find(key);
-    if (it != id_of_.end()) queue.push({score_[size_t(it->second)], l, r, key.size()});
-  };
-  for (int i = 0; i + 1 < int(sym.size()); ++i) try_pair(i, i + 1);
-  while (!queue.empty()) {
-    Pair p = queue.top();
-    queue.pop();
-    Sym& l = sym[p.left];
-    Sym& r = sym[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;  // stale
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = p.left;
-    try_pair(l.prev, p.left);
-    try_pair(p.left, l.next);
-  }
-  for (int i = 0; i >= 0; i = sym[i].next) {
-    key.assign(s.substr(sym[i].off, sym[i].len));
+    if (it == id_of_.end()) return std::nullopt;
+    return double(score_[size_t(it->second)]);
+  });
+  for (const SymbolSpan& piece : sym) {
+    key.assign(s.substr(piece.off, piece.len));
     if (auto it = id_of_.find(key); it != id_of_.end()) {
       out.push_back(it->second);
       continue;

@@ -1,8 +1,10 @@
 // Byte-level BPE (GPT-2 style): every byte of a pre-tokenized word is written as one printable
 // code point, then the word's symbols are merged pairwise, lowest merge rank first.
-#include <queue>
+#include <algorithm>
+#include <optional>
 
 #include "runtime/byte_level.h"
+#include "runtime/symbol_merge.h"
 #include "runtime/tokenizer.h"
 #include "runtime/unicode.h"
 
@@ -55,19 +57,7 @@ std::string byte_level_decode(std::string_view text) {
 }
 
 void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) const {
-  struct Sym {
-    int prev, next;
-    size_t off, len;
-  };
-  struct Pair {
-    int rank;
-    int left, right;
-    size_t len;
-    bool operator<(const Pair& o) const {  // priority_queue pops the largest: lowest rank, then leftmost
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::vector<Sym> sym;
+  std::vector<SymbolSpan> sym;
   std::string key;
   for (std::string_view piece : pretokenize(pre_, text)) {
     const std::string word = byte_level_encode(piece);
@@ -80,37 +70,21 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
     sym.clear();
     for (size_t pos = 0; pos < word.size();) {
       size_t n = std::min(unicode::utf8_len(uint8_t(word[pos])), word.size() - pos);
-      sym.push_back({int(sym.size()) - 1, int(sym.size()) + 1, pos, n});
+      sym.push_back({pos, n});
       pos += n;
     }
-    sym.back().next = -1;
 
-    std::priority_queue<Pair> queue;
-    auto try_pair = [&](int l, int r) {
-      if (l < 0 || r < 0) return;
-      key.assign(word, sym[l].off, sym[l].len);
+    // Merge rules are "left right"; the lowest rank merges first.
+    merge_symbols(sym, [&](const SymbolSpan& l, const SymbolSpan& r) -> std::optional<double> {
+      key.assign(word, l.off, l.len);
       key += ' ';
-      key.append(word, sym[r].off, sym[r].len);
+      key.append(word, r.off, r.len);
       auto it = merge_rank_.find(key);
-      if (it != merge_rank_.end()) queue.push({it->second, l, r, sym[l].len + sym[r].len});
-    };
-    for (int i = 0; i + 1 < int(sym.size()); ++i) try_pair(i, i + 1);
-    while (!queue.empty()) {
-      Pair p = queue.top();
-      queue.pop();
-      Sym& l = sym[p.left];
-      Sym& r = sym[p.right];
-      // Skip pairs made stale by an earlier merge.
-      if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
-      l.len += r.len;
-      r.len = 0;
-      l.next = r.next;
-      if (r.next >= 0) sym[r.next].prev = p.left;
-      try_pair(l.prev, p.left);
-      try_pair(p.left, l.next);
-    }
-    for (int i = 0; i >= 0; i = sym[i].next) {
-      std::string s = word.substr(sym[i].off, sym[i].len);
+      if (it == merge_rank_.end()) return std::nullopt;
+      return -double(it->second);
+    });
+    for (const SymbolSpan& sp : sym) {
+      std::string s = word.substr(sp.off, sp.len);
       if (auto it = id_of_.find(s); it != id_of_.end()) {
         out.push_back(it->second);
         continue;
