@@ -21,6 +21,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "gguf/error.h"
+#include "gguf/file_type.h"
 #include "gguf/gguf.h"
 #include "runtime/config.h"
 
@@ -64,9 +65,10 @@ Stats stats(const std::vector<double>& v) {
   return s;
 }
 
-// What describes the model in the table: size (tensor bytes), parameters, the dominant weight
-// type, and the weight bytes one generated token streams: every tensor once, except the token
-// embedding, of which one row is read (unless the output head reuses it, then all of it).
+// What describes the model in the table: size (tensor bytes), parameters, the weight type (the
+// file type, e.g. Q4_K_M, as llama-bench names models), and the weight bytes one generated token
+// streams: every tensor once, except the token embedding, of which one row is read (unless the
+// output head reuses it, then all of it).
 struct ModelInfo {
   std::string label;
   uint64_t size_bytes = 0;
@@ -77,20 +79,17 @@ struct ModelInfo {
 ModelInfo describe(const Pipeline& p) {
   ModelInfo m;
   const ModelConfig& c = p.config();
-  std::vector<uint64_t> by_type(64, 0);
   const gguf::TensorInfo* embd = nullptr;
   for (const auto& t : p.file().tensors()) {
     m.size_bytes += t.nbytes;
     m.params += uint64_t(t.nelements());
-    if (t.n_dims >= 2 && size_t(t.type) < by_type.size()) by_type[size_t(t.type)] += t.nbytes;
     if (t.name == "token_embd.weight") embd = &t;
   }
   m.bytes_per_token = m.size_bytes;
   if (embd && !c.tied_output && embd->ne[1] > 0) m.bytes_per_token -= embd->nbytes - embd->nbytes / uint64_t(embd->ne[1]);
-  const auto main_type = GgmlType(std::max_element(by_type.begin(), by_type.end()) - by_type.begin());
   const double params = double(m.params);
   const std::string count = params >= 1e9 ? fmt::format("{:.1f}B", params / 1e9) : fmt::format("{:.0f}M", params / 1e6);
-  m.label = fmt::format("{} {} {}", c.arch, count, type_name(main_type));
+  m.label = fmt::format("{} {} {}", c.arch, count, gguf::weight_type_label(p.file()));
   return m;
 }
 

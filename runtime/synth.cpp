@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gguf/error.h"
+#include "gguf/file_type.h"
 #include "quant/quant.h"
 
 namespace baton {
@@ -154,6 +155,8 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   w.set("general.description", gguf::Value::of_str(fmt::format(
       "baton synth: random weights, seed {}, type {}", opt.seed, type_name(opt.type))));
   w.set("general.quantization_version", gguf::Value::of_u32(2));
+  if (const auto ft = gguf::file_type_for(opt.type))  // what tools call the model (Q4_0, Q4_K_S, ...)
+    w.set("general.file_type", gguf::Value::of_u32(*ft));
   w.set(key("context_length"), gguf::Value::of_u32(p.n_ctx_train));
   w.set(key("embedding_length"), gguf::Value::of_u32(p.n_embd));
   w.set(key("block_count"), gguf::Value::of_u32(p.n_layer));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "gguf/file_type.h"
 #include "gguf/gguf.h"
 #include "helpers.h"
 #include "models/llama.h"
@@ -55,6 +56,9 @@ TEST_CASE("synth writes files whose shape equals the preset's") {
       const ModelConfig c = ModelConfig::from_gguf(*f);
       CHECK(c.n_layer == int(p->n_layer));
       CHECK(c.n_vocab == int(p->n_vocab));
+      // general.file_type says what the weights are, so tools name the model by it.
+      CHECK(f->get<uint32_t>("general.file_type") == gguf::file_type_for(t).value());
+      CHECK(gguf::weight_type_label(*f) == (t == GgmlType::Q4_K ? std::string("Q4_K_S") : std::string(type_name(t))));
     }
   }
 }
