@@ -89,6 +89,12 @@ std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s) {
   return f;
 }
 
+float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_head, int head_dim_k) {
+  const bool gemma3_27b = arch == "gemma3" && n_layer == 62 && n_head > 0;
+  const int query_pre_attn_scalar = gemma3_27b ? n_embd / n_head : head_dim_k;
+  return 1.f / std::sqrt(float(query_pre_attn_scalar));
+}
+
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   std::vector<std::string> problems;
   ModelConfig c;
@@ -168,9 +174,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.post_norms = fam->post_norms;
   c.qk_norm = fam->qk_norm;
   c.attn_bias = fam->attn_bias;
-  c.attn_scale = 1.f / std::sqrt(float(c.head_dim_k));
-  // Gemma 3 27B scales queries by 1/sqrt(n_embd / n_head) instead of the head dimension.
-  if (c.arch == "gemma3" && c.n_layer == 62) c.attn_scale = 1.f / std::sqrt(float(c.n_embd / c.n_head));
+  c.attn_scale = attention_scale(c.arch, c.n_layer, c.n_embd, c.n_head, c.head_dim_k);
   c.final_softcap = float(get_float("final_logit_softcapping", 0.0));
 
   c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);

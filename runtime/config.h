@@ -86,4 +86,11 @@ struct RopeScaling {
 };
 std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s);
 
+// What q·k is multiplied by: 1/sqrt(query_pre_attn_scalar). Training configs set that scalar to
+// the head dimension, except Gemma 3 27B, which uses n_embd / n_head (5376 / 32 = 168, its head
+// dimension being 128). GGUF files do not store the scalar, and no shape rule tells the 27B apart
+// (n_embd / n_head is not the head dimension at any Gemma 3 size: 160, 288, 320, 240 against
+// 256), so the 27B is recognised the way llama.cpp does, by its 62 layers.
+float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_head, int head_dim_k);
+
 }  // namespace baton
