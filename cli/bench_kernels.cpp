@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "gguf/error.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
 #include "quant/quant.h"
 
 namespace baton::cli {
@@ -33,7 +34,17 @@ struct Options {
   int cols = 4096;
   std::string isa;
   bool cpu_time = false;  // time by process CPU time / threads instead of the wall clock
+  bool no_pack = false;
 };
+
+// Packs W as a model load would (when this process packs its type); W then reads the packed copy.
+cpu::PackedBuffer maybe_pack(cpu::QMatrix& W, bool no_pack) {
+  if (no_pack || !cpu::packing_enabled(W.type)) return {};
+  cpu::PackedBuffer buf = cpu::alloc_packed(cpu::packed_bytes(W.type, W.rows, W.cols));
+  cpu::pack_matrix(W, buf.get());
+  W.packed = buf.get();
+  return buf;
+}
 
 // The clock: wall time, or (--cpu-time) the CPU time the process got divided by its threads. On a
 // machine shared with other busy processes the wall clock mostly measures the scheduler; CPU
@@ -180,6 +191,7 @@ int run_bench(const Options& o) {
     {
       const auto m = make_matrix(t, rows, cols);
       cpu::QMatrix W{t, m.data(), rows, cols, rb};
+      const cpu::PackedBuffer packed = maybe_pack(W, o.no_pack);
       std::vector<float> Y(static_cast<size_t>(rows));
       for (size_t i = 0; i < threads.size(); i++) {
         BenchPool bp(threads[i]);
@@ -194,6 +206,7 @@ int run_bench(const Options& o) {
     const int64_t grows = o.gemm_rows;
     const auto m = make_matrix(t, grows, cols);
     cpu::QMatrix W{t, m.data(), grows, cols, rb};
+    const cpu::PackedBuffer packed = maybe_pack(W, o.no_pack);
     std::vector<float> Y(size_t(grows) * 512);
     for (int n : {64, 512}) {
       for (size_t i = 0; i < threads.size(); i++) {
@@ -219,6 +232,7 @@ Register reg{{"bench-kernels", "Measure CPU read bandwidth and matmul kernel thr
                 app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(CLI::Range(1, 65536));
                 app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(CLI::Range(16, 1 << 20));
                 app.add_option("--cols", o->cols, "Matrix columns (row length), a multiple of 256");
+                app.add_flag("--no-pack", o->no_pack, "Keep the GGUF row layout (by default packable types are packed, as a model load does)");
                 app.add_flag("--cpu-time", o->cpu_time, "Time by process CPU time / threads (busy shared machines)");
                 app.add_option("--cpu-isa", o->isa, "Limit the instruction set: scalar, avx2 or avx512");
                 return [o] { return run_bench(*o); };

@@ -11,6 +11,7 @@
 
 #include "helpers.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/quant.h"
 
@@ -78,10 +79,18 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 // `ablk` to 8 bits (scale amax/127), so element k may be off by amax/254: against the exact
 // activations the bound adds that up (times a hair for float rounding); against activations
 // rounded the same way the kernels must agree to float accumulation error (2e-5 of Σ|w·x|).
-void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& rng, ThreadPool& pool) {
+// With pack, W is multiplied in the packed (row-interleaved) layout.
+void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& rng, ThreadPool& pool,
+                  bool pack = false) {
   const auto wbytes = random_matrix(t, rows, cols, rng);
   const auto x = random_floats(size_t(cols) * size_t(n), rng);
   QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
+  PackedBuffer packed;
+  if (pack) {
+    packed = alloc_packed(packed_bytes(t, rows, cols));
+    pack_matrix(W, packed.get(), &pool);
+    W.packed = packed.get();
+  }
   std::vector<float> y(size_t(rows) * size_t(n), std::nanf(""));
   matmul(W, x.data(), n, y.data(), pool);
 
@@ -273,4 +282,90 @@ TEST_CASE("a column's result does not depend on how many columns came with it") 
     }
   }
   set_isa_limit(Isa::Avx512);
+}
+
+// ---- packed (row-interleaved) weights ----
+
+namespace {
+
+constexpr GgmlType kPackable[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0};
+
+struct Packed {
+  std::vector<uint8_t> bytes;
+  PackedBuffer buf;
+  QMatrix W;
+};
+Packed make_packed(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Packed p;
+  p.bytes = random_matrix(t, rows, cols, rng);
+  p.W = QMatrix{t, p.bytes.data(), rows, cols, row_bytes(t, cols)};
+  p.buf = alloc_packed(packed_bytes(t, rows, cols));
+  pack_matrix(p.W, p.buf.get());
+  p.W.packed = p.buf.get();
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("packed weights: same bytes as the file, every row recovered exactly") {
+  std::mt19937 rng(11);
+  for (GgmlType t : kPackable) {
+    INFO(type_name(t));
+    CHECK(packed_bytes(t, 32, 256) == 32 * row_bytes(t, 256));  // no overhead on whole groups
+    CHECK(packed_bytes(t, 17, 256) == 32 * row_bytes(t, 256));  // padded to two groups
+    const Packed p = make_packed(t, 37, 32 * 7, rng);
+    std::vector<float> want(size_t(p.W.cols)), got(size_t(p.W.cols));
+    for (int64_t r = 0; r < p.W.rows; r++) {
+      dequantize_row(t, p.W.row(r), want.data(), p.W.cols);
+      unpack_row(p.W, r, got.data());
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("packed weights match the reference on every ISA level and awkward shapes") {
+  std::mt19937 rng(2468);
+  ThreadPool pool(2);
+  for (Isa isa : isa_levels()) {
+    set_isa_limit(isa);
+    for (GgmlType t : kPackable) {
+      INFO("type " << type_name(t) << " isa " << isa_name(isa));
+      check_matmul(t, 1, 32, 1, rng, pool, true);
+      check_matmul(t, 15, 32 * 3, 2, rng, pool, true);
+      check_matmul(t, 16, 32 * 5, 8, rng, pool, true);
+      check_matmul(t, 17, 32 * 9, 9, rng, pool, true);
+      check_matmul(t, 37, 32 * 18, 3, rng, pool, true);
+      check_matmul(t, 70, 32 * 2, 257, rng, pool, true);
+      check_matmul(t, 9, 4096, 20, rng, pool, true);
+    }
+  }
+  set_isa_limit(Isa::Avx512);
+}
+
+TEST_CASE("packed: a column's bits do not depend on the column count, the threads or the ISA kernel") {
+  std::mt19937 rng(97);
+  for (GgmlType t : kPackable) {
+    INFO(type_name(t));
+    const int64_t rows = 53, cols = 32 * 11;
+    const int n = 19;
+    const Packed p = make_packed(t, rows, cols, rng);
+    const auto x = random_floats(size_t(cols) * size_t(n), rng);
+    std::vector<float> all(size_t(rows) * size_t(n)), other(size_t(rows) * size_t(n));
+    std::vector<float> one(static_cast<size_t>(rows));
+    ThreadPool p1(1), p3(3);
+    matmul(p.W, x.data(), n, all.data(), p3);
+    matmul(p.W, x.data(), n, other.data(), p1);
+    CHECK(std::memcmp(all.data(), other.data(), all.size() * 4) == 0);
+    for (int j = 0; j < n; j++) {
+      matmul(p.W, x.data() + size_t(j) * size_t(cols), 1, one.data(), p1);
+      CHECK(std::memcmp(one.data(), all.data() + size_t(j) * size_t(rows), one.size() * 4) == 0);
+    }
+    // The SIMD tiles perform the portable kernel's operations in the same order: same bits.
+    if (detected_isa() == Isa::Avx512) {
+      set_isa_limit(Isa::Scalar);
+      matmul(p.W, x.data(), n, other.data(), p3);
+      set_isa_limit(Isa::Avx512);
+      CHECK(std::memcmp(all.data(), other.data(), all.size() * 4) == 0);
+    }
+  }
 }

@@ -168,6 +168,112 @@ void quant_q8_32x4(const float* x, int64_t n, void* out) {
   }
 }
 
+// ---- packed (row-interleaved) tiles, see packed.h ----
+// Lane r of every vector is row r of the group. Per tile and column: the integer sums start at
+// −off·Σq and take 8 vpdpbusd against broadcast activation bytes (split over two chains when few
+// columns give too little independent work), then one convert, one multiply by the activation
+// scale and one FMA with the 16 row scales. The portable kernel does the same per output.
+template <GgmlType T>
+struct Packed {
+  static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
+  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
+  static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
+
+  static __m512i bcast(const int8_t* q) {
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    return _mm512_set1_epi32(v);
+  }
+
+  template <int NC>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    constexpr bool kTwoChains = NC < 4;
+    __m512 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* t = tiles + size_t(b) * kTile;
+      const uint8_t* qs = t + kQs;
+      const ActQ8_32s* x[NC];
+      __m512i s0[NC], s1[NC];
+      for (int c = 0; c < NC; c++) {
+        x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + b;
+        s0[c] = kOff ? _mm512_set1_epi32(-kOff * x[c]->sum) : _mm512_setzero_si512();
+        if (kTwoChains) s1[c] = _mm512_setzero_si512();
+      }
+      if constexpr (T == GgmlType::Q8_0) {
+        const __m512i flip = _mm512_set1_epi8(char(0x80));
+        for (int k = 0; k < 8; k++) {
+          const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * k), flip);  // q + 128
+          for (int c = 0; c < NC; c++) {
+            __m512i& s = kTwoChains && k >= 4 ? s1[c] : s0[c];
+            s = _mm512_dpbusd_epi32(s, u, bcast(x[c]->q + 4 * k));
+          }
+        }
+      } else {
+        for (int k = 0; k < 4; k++) {
+          const __m512i raw = _mm512_loadu_si512(qs + 64 * k);
+          __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+          if constexpr (T == GgmlType::Q5_0) {
+            uint64_t mlo, mhi;
+            std::memcpy(&mlo, t + 32 + 16 * k, 8);
+            std::memcpy(&mhi, t + 40 + 16 * k, 8);
+            const __m512i b16 = _mm512_set1_epi8(0x10);
+            lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b16);
+            hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b16);
+          }
+          for (int c = 0; c < NC; c++) {
+            s0[c] = _mm512_dpbusd_epi32(s0[c], lo, bcast(x[c]->q + 4 * k));
+            __m512i& s = kTwoChains ? s1[c] : s0[c];
+            s = _mm512_dpbusd_epi32(s, hi, bcast(x[c]->q + 16 + 4 * k));
+          }
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+      for (int c = 0; c < NC; c++) {
+        const __m512i s = kTwoChains ? _mm512_add_epi32(s0[c], s1[c]) : s0[c];
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(x[c]->d));
+        acc[c] = _mm512_fmadd_ps(f, dw, acc[c]);
+      }
+      if constexpr (T == GgmlType::Q4_1) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+        for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[c]->ds), acc[c]);
+      }
+    }
+    const __mmask16 keep = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(y + size_t(c) * ys, keep, acc[c]);
+  }
+
+  static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                      int rows) {
+    switch (nc) {
+      case 1: return run<1>(nb, tiles, a, as, y, ys, rows);
+      case 2: return run<2>(nb, tiles, a, as, y, ys, rows);
+      case 3: return run<3>(nb, tiles, a, as, y, ys, rows);
+      case 4: return run<4>(nb, tiles, a, as, y, ys, rows);
+      case 5: return run<5>(nb, tiles, a, as, y, ys, rows);
+      case 6: return run<6>(nb, tiles, a, as, y, ys, rows);
+      case 7: return run<7>(nb, tiles, a, as, y, ys, rows);
+      default: return run<8>(nb, tiles, a, as, y, ys, rows);
+    }
+  }
+};
+
+void quant_q8_32s(const float* x, int64_t n, void* out) {
+  auto* o = static_cast<ActQ8_32s*>(out);
+  for (int64_t b = 0; b < n / 32; b++, x += 32) {
+    const float amax = amax_of(x, 32);
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    __m256i s_lo, s_hi;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[b].q), quant32(x, _mm256_set1_ps(id), s_lo, s_hi));
+    const int32_t sum = hsum_i32(_mm256_add_epi32(s_lo, s_hi));
+    o[b].d = d;
+    o[b].sum = sum;
+    o[b].ds = d * float(sum);
+    o[b].pad = 0;
+  }
+}
+
 KernelTable make_avx512_table() {
   KernelTable t = make_simd_table();
   t.quant[int(ActKind::Q8_32x4)] = quant_q8_32x4;
@@ -175,6 +281,11 @@ KernelTable make_avx512_table() {
   t.dot[int(GgmlType::Q4_0)] = by_columns<Q4x4<GgmlType::Q4_0>>;
   t.dot[int(GgmlType::Q4_1)] = by_columns<Q4x4<GgmlType::Q4_1>>;
   t.dot[int(GgmlType::Q8_0)] = by_columns<Q8x2>;
+  t.quant[int(ActKind::Q8_32s)] = quant_q8_32s;
+  t.packed[int(GgmlType::Q4_0)] = Packed<GgmlType::Q4_0>::by_cols;
+  t.packed[int(GgmlType::Q4_1)] = Packed<GgmlType::Q4_1>::by_cols;
+  t.packed[int(GgmlType::Q5_0)] = Packed<GgmlType::Q5_0>::by_cols;
+  t.packed[int(GgmlType::Q8_0)] = Packed<GgmlType::Q8_0>::by_cols;
   return t;
 }
 

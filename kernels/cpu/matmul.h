@@ -16,6 +16,9 @@ struct QMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_bytes = 0;
+  // The same matrix row-interleaved for the tiled kernels (kernels/cpu/packed.h), or null. When
+  // set, matmul() reads only this; data stays the row-major view.
+  const uint8_t* packed = nullptr;
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes; }
 };
 

@@ -1,4 +1,4 @@
-// matmul_multi: the per-row dot kernels of the active kernel table (qkernels.h, owned by the GEMM
+// matmul_multi: the per-row dot kernels (or the packed tile kernels) of the active kernel table (qkernels.h, owned by the GEMM
 // code) driven over the rows of several matrices at once. Row chunks and the kernel called per row
 // are those matmul() uses for few columns, so each output is the same bits as matmul() gives.
 #include "kernels/cpu/matmul_multi.h"
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gguf/error.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/qkernels.h"
 
 namespace baton::cpu {
@@ -40,6 +41,7 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
   // Per target: its kernel, its activations (quantized once per format) and its row chunks.
   struct Part {
     DotFn dot;
+    PackedFn packed;  // set for packed targets: tasks then cover groups of 16 rows
     const uint8_t* a;
     size_t a_stride;
     int64_t chunk;
@@ -52,29 +54,35 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     const QMatrix& W = *targets[i].W;
     BATON_CHECK(W.cols == cols && W.cols % traits(W.type).block_elems == 0);
     BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
-    BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);
-    const ActKind kind = kt.act[int(W.type)];
+    BATON_CHECK(int(W.type) < kTypeSlots && (W.packed || kt.dot[int(W.type)] != nullptr));
+    const ActKind kind = W.packed ? ActKind::Q8_32s : kt.act[int(W.type)];
     Part& p = parts[i];
     p.dot = kt.dot[int(W.type)];
+    p.packed = W.packed ? (kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type)) : nullptr;
     p.a_stride = act_bytes(kind, cols);
     if (kind == ActKind::Float) {
       p.a = reinterpret_cast<const uint8_t*>(X);
     } else {
       int same = -1;  // an earlier target that already quantized X into this format
       for (int j = 0; j < i && same < 0; ++j)
-        if (kt.act[int(targets[j].W->type)] == kind) same = j;
+        if ((targets[j].W->packed ? ActKind::Q8_32s : kt.act[int(targets[j].W->type)]) == kind) same = j;
       if (same >= 0) {
         p.a = parts[same].a;
       } else {
         std::vector<uint8_t>& buf = scratch[i];
         if (buf.size() < p.a_stride * size_t(n)) buf.resize(p.a_stride * size_t(n));
-        for (int c = 0; c < n; ++c) kt.quant[int(kind)](X + int64_t(c) * cols, cols, buf.data() + size_t(c) * p.a_stride);
+        QuantFn q = kt.quant[int(kind)];
+        if (!q && kind == ActKind::Q8_32s) q = quant_q8_32s_portable;
+        for (int c = 0; c < n; ++c) q(X + int64_t(c) * cols, cols, buf.data() + size_t(c) * p.a_stride);
         p.a = buf.data();
       }
     }
-    p.chunk = std::max<int64_t>(16, W.rows / (int64_t(pool.size()) * 8));
+    // Units: rows, or groups of 16 rows when packed (chunks as matmul() makes them for few columns).
+    const int64_t units = W.packed ? (W.rows + kPackRows - 1) / kPackRows : W.rows;
+    p.chunk = W.packed ? std::max<int64_t>(1, units / (int64_t(pool.size()) * 8))
+                       : std::max<int64_t>(16, W.rows / (int64_t(pool.size()) * 8));
     p.first_task = n_tasks;
-    n_tasks += int((W.rows + p.chunk - 1) / p.chunk);
+    n_tasks += int((units + p.chunk - 1) / p.chunk);
   }
 
   auto body = [&](int task, int) {
@@ -82,8 +90,17 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     while (parts[i].first_task > task) --i;
     const Part& p = parts[i];
     const QMatrix& W = *targets[i].W;
-    const int64_t r0 = int64_t(task - p.first_task) * p.chunk, r1 = std::min(W.rows, r0 + p.chunk);
     const size_t y_stride = size_t(W.rows);
+    if (p.packed) {
+      const int64_t groups = (W.rows + kPackRows - 1) / kPackRows, nb = cols / 32;
+      const size_t group_bytes = size_t(nb) * packed_tile_bytes(W.type);
+      const int64_t g0 = int64_t(task - p.first_task) * p.chunk, g1 = std::min(groups, g0 + p.chunk);
+      for (int64_t g = g0; g < g1; g++)
+        p.packed(nb, W.packed + size_t(g) * group_bytes, p.a, p.a_stride, n, targets[i].Y + size_t(g * kPackRows),
+                 y_stride, int(std::min<int64_t>(kPackRows, W.rows - g * kPackRows)));
+      return;
+    }
+    const int64_t r0 = int64_t(task - p.first_task) * p.chunk, r1 = std::min(W.rows, r0 + p.chunk);
     for (int64_t r = r0; r < r1; r++) p.dot(cols, W.row(r), p.a, p.a_stride, n, targets[i].Y + size_t(r), y_stride);
   };
   pool.run(n_tasks, std::ref(body));

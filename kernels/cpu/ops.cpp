@@ -11,6 +11,7 @@
 #endif
 
 #include "gguf/error.h"
+#include "kernels/cpu/packed.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
@@ -291,7 +292,8 @@ void softcap(float* y, float cap, int n) {
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s) {
   for (int i = 0; i < n; ++i) {
     float* o = out + size_t(i) * emb.cols;
-    dequantize_row(emb.type, emb.row(ids[i]), o, emb.cols);
+    if (emb.packed) unpack_row(emb, ids[i], o);
+    else dequantize_row(emb.type, emb.row(ids[i]), o, emb.cols);
     if (s != 1.f) scale(o, s, int(emb.cols));
   }
 }

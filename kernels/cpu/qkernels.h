@@ -39,8 +39,19 @@ struct ActQ8_32x4 {
 };
 static_assert(sizeof(ActQ8_32x4) == 160);
 
-enum class ActKind { Float = 0, Q8_32 = 1, Q8_256 = 2, Q8_32x4 = 3 };
-constexpr int kActKinds = 4;
+// Activation block for the packed (row-interleaved) kernels: the integer Σq lets a kernel fold a
+// weight offset into its integer sum (start at −off·Σq), ds = d·Σq serves the Q4_1 minimum.
+struct ActQ8_32s {
+  float d;
+  float ds;
+  int32_t sum;
+  int32_t pad;
+  int8_t q[32];
+};
+static_assert(sizeof(ActQ8_32s) == 48);
+
+enum class ActKind { Float = 0, Q8_32 = 1, Q8_256 = 2, Q8_32x4 = 3, Q8_32s = 4 };
+constexpr int kActKinds = 5;
 
 // Bytes of one activation column of n elements in a given format.
 inline size_t act_bytes(ActKind k, int64_t n) {
@@ -48,6 +59,7 @@ inline size_t act_bytes(ActKind k, int64_t n) {
     case ActKind::Q8_32: return size_t(n / 32) * sizeof(ActQ8_32);
     case ActKind::Q8_256: return size_t(n / 256) * sizeof(ActQ8_256);
     case ActKind::Q8_32x4: return size_t((n / 32 + 3) / 4) * sizeof(ActQ8_32x4);
+    case ActKind::Q8_32s: return size_t(n / 32) * sizeof(ActQ8_32s);
     case ActKind::Float: break;
   }
   return size_t(n) * sizeof(float);
@@ -59,6 +71,12 @@ using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_s
                        size_t y_stride);
 // Quantize n floats (a multiple of the format's block) into one activation column.
 using QuantFn = void (*)(const float* x, int64_t n, void* out);
+// One group of 16 packed rows (nb tiles, kernels/cpu/packed.h) against nc (1..8) ActQ8_32s
+// columns: y[c·y_stride + r] for the group's first `rows` (1..16) rows. Each output's arithmetic
+// is independent of nc.
+using PackedFn = void (*)(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t a_stride, int nc, float* y,
+                          size_t y_stride, int rows);
+constexpr int kPackedMaxCols = 8;
 
 constexpr int kTypeSlots = 31;  // indexed by the ggml type id (BF16 = 30 is the largest we use)
 
@@ -68,7 +86,15 @@ struct KernelTable {
   DotFn dot[kTypeSlots] = {};
   ActKind act[kTypeSlots] = {};
   QuantFn quant[kActKinds] = {};
+  PackedFn packed[kTypeSlots] = {};  // null: the portable packed kernel (packed_portable) is used
 };
+
+// The portable (scalar) packed kernels and their activation quantizer, for ISA levels without
+// tiled kernels of their own; also the reference the SIMD ones are tested against.
+PackedFn packed_portable(GgmlType t);
+void quant_q8_32s_portable(const float* x, int64_t n, void* out);
+// Bytes of one tile (16 rows × one 32-element block) of a packable type.
+size_t packed_tile_bytes(GgmlType t);
 
 const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();    // only call when the CPU has AVX2 + FMA + F16C

@@ -1,0 +1,241 @@
+// Packing GGUF rows into the row-interleaved tiles of packed.h, the inverse for one row, and the
+// portable packed kernel (plain C++: the scalar/AVX2 levels' path and the tests' reference).
+#include "kernels/cpu/packed.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <vector>
+
+#include "gguf/error.h"
+#include "kernels/cpu/qkernels.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+namespace baton::cpu {
+
+namespace {
+
+// Where a tile's parts start, and the weight offset each unsigned quant carries (value = d·(u − off),
+// Q4_1: d·u + m).
+struct TileLayout {
+  size_t bytes = 0;
+  size_t m = 0;   // Q4_1: fp16 minimums
+  size_t qh = 0;  // Q5_0: eight u64 fifth-bit masks
+  size_t qs = 0;  // the 64-byte quant lines
+  int off = 0;
+};
+
+TileLayout layout(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return {288, 0, 0, 32, 8};
+    case GgmlType::Q4_1: return {320, 32, 0, 64, 0};
+    case GgmlType::Q5_0: return {352, 0, 32, 96, 16};
+    case GgmlType::Q8_0: return {544, 0, 0, 32, 128};
+    default: break;
+  }
+  BATON_CHECK(false && "not a packable type");
+  return {};
+}
+
+// Byte offsets inside one GGUF block: fp16 d, fp16 m (Q4_1), u32 qh (Q5_0), the quant bytes.
+struct BlockLayout {
+  size_t m, qh, qs, n_qs;
+};
+BlockLayout block_layout(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return {0, 0, 2, 16};
+    case GgmlType::Q4_1: return {2, 0, 4, 16};
+    case GgmlType::Q5_0: return {0, 2, 6, 16};
+    default: return {0, 0, 2, 32};  // Q8_0
+  }
+}
+
+// Tile ↔ block: row r (0..15) of a tile holds the GGUF block `blk` (nullptr: a zero padding row).
+void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
+  const TileLayout L = layout(t);
+  const BlockLayout B = block_layout(t);
+  static const uint8_t zero[34] = {};
+  if (!blk) blk = zero;
+  std::memcpy(tile + 2 * r, blk, 2);
+  if (t == GgmlType::Q4_1) std::memcpy(tile + L.m + 2 * r, blk + B.m, 2);
+  uint8_t* lines = tile + L.qs;
+  for (size_t j = 0; j < B.n_qs; j++) lines[64 * (j / 4) + 4 * r + j % 4] = blk[B.qs + j];
+  if (t == GgmlType::Q5_0) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + B.qh, 4);
+    uint64_t mask[8];
+    std::memcpy(mask, tile + L.qh, 64);
+    for (int e = 0; e < 32; e++) {
+      const int half = e / 16, k = (e % 16) / 4, i = e % 4;
+      const uint64_t bit = uint64_t(1) << (4 * r + i);
+      if ((qh >> e) & 1) mask[2 * k + half] |= bit;
+      else mask[2 * k + half] &= ~bit;
+    }
+    std::memcpy(tile + L.qh, mask, 64);
+  }
+}
+
+void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
+  const TileLayout L = layout(t);
+  const BlockLayout B = block_layout(t);
+  std::memcpy(blk, tile + 2 * r, 2);
+  if (t == GgmlType::Q4_1) std::memcpy(blk + B.m, tile + L.m + 2 * r, 2);
+  const uint8_t* lines = tile + L.qs;
+  for (size_t j = 0; j < B.n_qs; j++) blk[B.qs + j] = lines[64 * (j / 4) + 4 * r + j % 4];
+  if (t == GgmlType::Q5_0) {
+    uint64_t mask[8];
+    std::memcpy(mask, tile + L.qh, 64);
+    uint32_t qh = 0;
+    for (int e = 0; e < 32; e++) {
+      const int half = e / 16, k = (e % 16) / 4, i = e % 4;
+      qh |= uint32_t((mask[2 * k + half] >> (4 * r + i)) & 1) << e;
+    }
+    std::memcpy(blk + B.qh, &qh, 4);
+  }
+}
+
+// The 32 unsigned quants of row r of a tile, element order (value = d·(u − off), Q4_1 d·u + m).
+void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
+  const TileLayout L = layout(t);
+  const uint8_t* lines = tile + L.qs;
+  if (t == GgmlType::Q8_0) {
+    for (int e = 0; e < 32; e++) u[e] = int32_t(int8_t(lines[64 * (e / 4) + 4 * r + e % 4])) + 128;
+    return;
+  }
+  for (int e = 0; e < 16; e++) {
+    const uint8_t b = lines[64 * (e / 4) + 4 * r + e % 4];
+    u[e] = b & 0x0F;
+    u[e + 16] = b >> 4;
+  }
+  if (t == GgmlType::Q5_0) {
+    uint64_t mask[8];
+    std::memcpy(mask, tile + L.qh, 64);
+    for (int e = 0; e < 32; e++) {
+      const int half = e / 16, k = (e % 16) / 4, i = e % 4;
+      u[e] |= int32_t((mask[2 * k + half] >> (4 * r + i)) & 1) << 4;
+    }
+  }
+}
+
+float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// Per output: s = Σ (u − off)·q over the block in integers, then acc = fma(float(s)·dx, dw, acc)
+// (Q4_1: plus fma(m, dx·Σq, acc)), blocks in order. The SIMD kernels do the same operations.
+template <GgmlType T>
+void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                     int rows) {
+  const TileLayout L = layout(T);
+  float acc[kPackedMaxCols][kPackRows] = {};
+  int32_t u[kPackRows][32];
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* tile = tiles + size_t(b) * L.bytes;
+    for (int r = 0; r < kPackRows; r++) tile_quants(T, tile, r, u[r]);
+    for (int c = 0; c < nc; c++) {
+      const ActQ8_32s& x = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as)[b];
+      for (int r = 0; r < kPackRows; r++) {
+        int32_t s = -L.off * x.sum;
+        for (int e = 0; e < 32; e++) s += u[r][e] * int32_t(x.q[e]);
+        acc[c][r] = std::fma(float(s) * x.d, h2f(tile + 2 * r), acc[c][r]);
+        if (T == GgmlType::Q4_1) acc[c][r] = std::fma(h2f(tile + L.m + 2 * r), x.ds, acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < nc; c++)
+    for (int r = 0; r < rows; r++) y[size_t(c) * ys + size_t(r)] = acc[c][r];
+}
+
+}  // namespace
+
+bool packable(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0;
+}
+
+bool packing_enabled(GgmlType t) {
+  static const bool off = [] {
+    const char* e = std::getenv("BATON_CPU_PACK");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off && packable(t) && active_isa() == Isa::Avx512;
+}
+
+size_t packed_tile_bytes(GgmlType t) { return layout(t).bytes; }
+
+size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols) {
+  const int64_t groups = (rows + kPackRows - 1) / kPackRows;
+  return size_t(groups) * size_t(cols / 32) * layout(t).bytes;
+}
+
+void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool) {
+  BATON_CHECK(packable(W.type) && W.cols % 32 == 0);
+  const GgmlType t = W.type;
+  const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
+  const int64_t nb = W.cols / 32, groups = (W.rows + kPackRows - 1) / kPackRows;
+  auto group = [&](int g, int) {
+    uint8_t* tiles = out + size_t(g) * size_t(nb) * tb;
+    std::memset(tiles, 0, size_t(nb) * tb);
+    for (int r = 0; r < kPackRows; r++) {
+      const int64_t row = int64_t(g) * kPackRows + r;
+      for (int64_t b = 0; b < nb; b++)
+        put_block(t, row < W.rows ? W.row(row) + size_t(b) * bb : nullptr, r, tiles + size_t(b) * tb);
+    }
+  };
+  if (pool && pool->size() > 1) pool->run(int(groups), std::ref(group));
+  else for (int g = 0; g < int(groups); g++) group(g, 0);
+}
+
+void unpack_row(const QMatrix& W, int64_t r, float* out) {
+  BATON_CHECK(W.packed && r >= 0 && r < W.rows);
+  const GgmlType t = W.type;
+  const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
+  const int64_t nb = W.cols / 32;
+  const uint8_t* tiles = W.packed + size_t(r / kPackRows) * size_t(nb) * tb;
+  std::vector<uint8_t> row(size_t(nb) * bb);
+  for (int64_t b = 0; b < nb; b++) get_block(t, tiles + size_t(b) * tb, int(r % kPackRows), row.data() + size_t(b) * bb);
+  dequantize_row(t, row.data(), out, W.cols);
+}
+
+void FreeDeleter::operator()(uint8_t* p) const noexcept { std::free(p); }
+
+PackedBuffer alloc_packed(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  return PackedBuffer(static_cast<uint8_t*>(p));
+}
+
+PackedFn packed_portable(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return portable_kernel<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return portable_kernel<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return portable_kernel<GgmlType::Q5_0>;
+    case GgmlType::Q8_0: return portable_kernel<GgmlType::Q8_0>;
+    default: return nullptr;
+  }
+}
+
+void quant_q8_32s_portable(const float* x, int64_t n, void* out) {
+  auto* o = static_cast<ActQ8_32s*>(out);
+  for (int64_t b = 0; b < n / 32; b++, x += 32) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < 32; i++) {
+      o[b].q[i] = int8_t(std::nearbyint(x[i] * id));
+      sum += o[b].q[i];
+    }
+    o[b].d = d;
+    o[b].sum = sum;
+    o[b].ds = d * float(sum);
+    o[b].pad = 0;
+  }
+}
+
+}  // namespace baton::cpu

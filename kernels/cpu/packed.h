@@ -1,0 +1,51 @@
+// Row-interleaved ("packed") weights for the CPU matmul: the layout a register-tiled kernel wants.
+//
+// Rows go in groups of 16. For every 32-element block column of a group, one tile holds the 16
+// rows' scales (fp16, as stored) and their quants interleaved four bytes per row: byte 4·r + i of
+// a 64-byte line is row r's quant byte 4·k + i. One 512-bit load then holds 4 quant bytes of each of
+// the 16 rows, and one vpdpbusd against a broadcast 4 bytes of activations adds them into 16
+// per-row sums: no horizontal reductions, the weights reused from registers for up to 8 activation
+// columns. The same kernel runs for every column count (decode included), so each output's
+// arithmetic — and its bits — never depend on how many columns were multiplied together.
+//
+// Tile contents (32 B of fp16 scales first, always):
+//   Q4_0  d[16] | 4 lines of nibbles (line k: bytes 4k..4k+3 of each row's qs)          288 B
+//   Q4_1  d[16] m[16] | 4 nibble lines                                                  320 B
+//   Q5_0  d[16] | 8 × u64 fifth-bit masks (line k low nibbles, line k high) | 4 lines  352 B
+//   Q8_0  d[16] | 8 lines of signed bytes (line k: bytes 4k..4k+3 of each row's qs)    544 B
+// i.e. exactly 16 × the GGUF block size: the packed matrix has the file's bytes (rows padded to a
+// multiple of 16 with zero rows, counted by packed_bytes()).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu/matmul.h"
+#include "quant/types.h"
+
+namespace baton::cpu {
+
+constexpr int kPackRows = 16;
+
+// Whether a type has a packed layout, and whether this process packs it (the active ISA has the
+// tiled kernels, and BATON_CPU_PACK is not 0).
+bool packable(GgmlType t);
+bool packing_enabled(GgmlType t);
+
+// Bytes of a packed rows × cols matrix (rows rounded up to a multiple of 16).
+size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols);
+
+// Packs W (row-major GGUF layout) into out (packed_bytes() long; 64-byte alignment is best).
+void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool = nullptr);
+
+// Row r of a packed matrix as floats (the embedding lookup of a tied, packed head).
+void unpack_row(const QMatrix& W, int64_t r, float* out);
+
+// An owned, 64-byte aligned buffer for packed weights.
+struct FreeDeleter {
+  void operator()(uint8_t* p) const noexcept;
+};
+using PackedBuffer = std::unique_ptr<uint8_t[], FreeDeleter>;
+PackedBuffer alloc_packed(size_t bytes);
+
+}  // namespace baton::cpu
