@@ -30,7 +30,7 @@ const float* floats(const gguf::TensorInfo& t) { return reinterpret_cast<const f
 }  // namespace
 
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
-                          bool with_embed, bool with_head) {
+                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool) {
   BATON_CHECK(0 <= begin && begin <= end && end <= c.n_layer);
   ModelWeights w;
   // A norm weight as stored, or a copy with Gemma's +1 when the file did not fold it in.
@@ -73,6 +73,25 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bq = opt(l, LayerTensor::Bq);
     L.bk = opt(l, LayerTensor::Bk);
     L.bv = opt(l, LayerTensor::Bv);
+  }
+  if (pack_pool) {
+    auto pack = [&](cpu::QMatrix& m) {
+      if (!m.data || !cpu::packing_enabled(m.type)) return;
+      const size_t bytes = cpu::packed_bytes(m.type, m.rows, m.cols);
+      cpu::PackedBuffer buf = cpu::alloc_packed(bytes);
+      cpu::pack_matrix(m, buf.get(), pack_pool);
+      m.packed = buf.get();
+      w.packed_bytes += bytes;
+      w.packed.push_back(std::move(buf));
+    };
+    for (int l = begin; l < end; ++l) {
+      LayerWeights& L = w.layers[size_t(l)];
+      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) pack(*m);
+    }
+    if (with_head) {
+      pack(w.output);
+      if (c.tied_output) w.tok_embd.packed = w.output.packed;
+    }
   }
   return w;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/batch.h"
 #include "runtime/config.h"
@@ -29,18 +30,23 @@ struct LayerWeights {
   const float* bv = nullptr;
 };
 
-// Views into the mapped file (nothing copied) except norm weights that need the +1 folded in.
+// Views into the mapped file except norm weights that need the +1 folded in, and the packed
+// (row-interleaved) copies of the matrices whose type this process packs (kernels/cpu/packed.h).
 struct ModelWeights {
   cpu::QMatrix tok_embd;       // bound when with_embed
   cpu::QMatrix output;         // bound when with_head (token_embd when tied)
   const float* output_norm = nullptr;
   std::vector<LayerWeights> layers;  // n_layer entries; only [begin, end) are bound
   std::vector<std::vector<float>> owned;
+  std::vector<cpu::PackedBuffer> packed;
+  uint64_t packed_bytes = 0;
 };
 // Binds the tensors of layers [begin, end) (and the embedding / head when asked) of a file whose
-// config was read by ModelConfig::from_gguf (which already checked names, shapes and types).
+// config was read by ModelConfig::from_gguf (which already checked names, shapes and types). With
+// a pool, the layer matrices and the head are packed (using its threads) where this process packs
+// their type; a tied embedding then reads its rows from the packed head.
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
-                          bool with_embed, bool with_head);
+                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr);
 
 // Activation buffers for up to n_batch tokens, allocated once. bytes() is the sizing function the
 // constructor uses, so an estimate made with it equals the allocation.

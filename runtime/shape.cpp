@@ -4,6 +4,7 @@
 #include <charconv>
 
 #include "gguf/gguf.h"
+#include "kernels/cpu/packed.h"
 
 namespace baton {
 
@@ -29,6 +30,13 @@ bool layer_is_global(uint32_t il, uint32_t swa_period) {
 }
 
 namespace {
+
+// Bytes a weight takes where it is used: a matrix of a packable type fills whole groups of 16
+// rows in a CPU stage (kernels/cpu/packed.h). Counted on every device, so the plan never falls
+// short of a CPU stage's allocation.
+uint64_t used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nbytes) {
+  return cpu::packable(type) && rows > 1 ? cpu::packed_bytes(type, rows, ne0) : nbytes;
+}
 
 // Architectures whose files carry a sliding window but not its layer pattern: every
 // period-th layer is global. An unknown architecture with a window and no pattern is treated as
@@ -121,20 +129,21 @@ ModelShape shape_from_gguf(const gguf::File& f) {
   bool have_output = false;
   for (const auto& t : f.tensors()) {
     const int64_t il = block_index(t.name);
+    const uint64_t nbytes = used_bytes(t.type, t.ne[0], t.nrows(), t.nbytes);
     if (il >= 0) {
       if (il >= int64_t(s.n_layer))
         fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
-      s.layers[size_t(il)].weight_bytes += t.nbytes;
+      s.layers[size_t(il)].weight_bytes += nbytes;
     } else if (t.name == "token_embd.weight") {
-      s.embedding_bytes += t.nbytes;
+      s.embedding_bytes += nbytes;
       s.n_vocab = uint32_t(t.ne[1]);
     } else if (t.name.rfind("output.", 0) == 0) {
-      s.output_bytes += t.nbytes;
+      s.output_bytes += nbytes;
       have_output = true;
     } else if (t.name.rfind("output_norm.", 0) == 0) {
-      s.output_norm_bytes += t.nbytes;
+      s.output_norm_bytes += nbytes;
     } else {
-      s.shared_bytes += t.nbytes;
+      s.shared_bytes += nbytes;
     }
   }
   if (s.embedding_bytes == 0) fail(ErrorKind::Model, "{}: no token_embd.weight tensor", f.path());
@@ -252,7 +261,9 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
   }
   bool have_output = false;
   for (const TensorSpec& t : preset_tensors(p, type)) {
-    const uint64_t n = t.nbytes();
+    int64_t rows = 1;
+    for (size_t i = 1; i < t.dims.size(); i++) rows *= t.dims[i];
+    const uint64_t n = used_bytes(t.type, t.dims.at(0), rows, t.nbytes());
     if (t.name.rfind("blk.", 0) == 0) s.layers[std::stoul(t.name.substr(4))].weight_bytes += n;
     else if (t.name == "token_embd.weight") s.embedding_bytes += n;
     else if (t.name == "output.weight") { s.output_bytes += n; have_output = true; }

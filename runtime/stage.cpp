@@ -11,7 +11,8 @@ namespace baton {
 CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt)
     : cfg_(cfg), plan_(plan), begin_(int(plan.layer_begin)), end_(int(plan.layer_end)), n_batch_(opt.n_batch) {
   BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
-  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output);
+  pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
+  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get());
   weight_bytes_ = bound_bytes(f);
   KvCacheShape ks;
   ks.layer_begin = begin_;
@@ -22,7 +23,6 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   kv_ = std::make_unique<KvCache>(cfg_, ks);
   scratch_ = std::make_unique<Scratch>(cfg_, n_batch_, opt.kv_type);
   scratch_bytes_ = Scratch::bytes(cfg_, n_batch_, opt.kv_type);
-  pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
   if (plan_.has_output) logits_.resize(size_t(n_batch_) * size_t(cfg_.n_vocab));
 }
 
@@ -41,8 +41,8 @@ uint64_t CpuStage::measured_bytes() const {
   return weight_bytes_ + kv_->bytes() + scratch_bytes_ + logits_.capacity() * sizeof(float);
 }
 
-// Bytes of what the stage bound: each distinct mapped tensor its views point into, plus the norm
-// weights it holds as its own copies.
+// Bytes of what the stage bound: each distinct mapped tensor its views point into (unless it reads
+// a packed copy instead), plus the norm weights and packed matrices it holds as its own copies.
 uint64_t CpuStage::bound_bytes(const gguf::File& f) const {
   std::unordered_map<const void*, uint64_t> size_of;
   for (const auto& t : f.tensors()) size_of[t.data] = t.nbytes;
@@ -53,18 +53,21 @@ uint64_t CpuStage::bound_bytes(const gguf::File& f) const {
     if (it != size_of.end()) seen[ptr] = it->second;
   };
   const ModelWeights& w = weights_;
-  if (plan_.has_embedding) add(w.tok_embd.data);
-  if (plan_.has_output) { add(w.output.data); add(w.output_norm); }
+  auto add_matrix = [&](const cpu::QMatrix& m) {
+    if (!m.packed) add(m.data);
+  };
+  if (plan_.has_embedding) add_matrix(w.tok_embd);
+  if (plan_.has_output) { add_matrix(w.output); add(w.output_norm); }
   for (int l = begin_; l < end_; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
-    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add(m->data);
+    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add_matrix(*m);
     for (const float* n : {L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm,
                            L.bq, L.bk, L.bv}) add(n);
   }
   uint64_t total = 0;
   for (const auto& [ptr, n] : seen) total += n;
   for (const auto& v : w.owned) total += v.capacity() * sizeof(float);
-  return total;
+  return total + w.packed_bytes;
 }
 
 }  // namespace baton

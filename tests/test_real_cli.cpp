@@ -62,7 +62,12 @@ std::vector<json> read_jsonl(const std::string& path) {
   return v;
 }
 
-const std::string kSys = "--system 'You are a helpful assistant.'";
+// A system prompt under which the 135M model's answer to the capital question has a clear margin
+// (first answer token ~1 logit ahead on every ISA level, packed or not, and with f32 activations).
+// Under "You are a helpful assistant." the first token is a 0.05-logit tie between "The" and "La"
+// even with f32 activations, so the answer flipped with the rounding order of the kernels; llama.cpp
+// flips the same way under SmolLM2's default system prompt.
+const std::string kSys = "--system 'Answer in one short sentence.'";
 
 }  // namespace
 
@@ -316,7 +321,7 @@ TEST_CASE("chat on a terminal: a turn, /set, Ctrl-C mid-reply, /save and /load, 
   std::string m = smollm2();
   if (m.empty()) return;
   std::string dir = temp_dir();
-  Pty chat({BATON_BINARY, "chat", "-m", m, "--temp", "0", "-t", "2", "--system", "You are a helpful assistant."}, dir);
+  Pty chat({BATON_BINARY, "chat", "-m", m, "--temp", "0", "-t", "2", "--system", "Answer in one short sentence."}, dir);
   chat.until(">>> ");
   chat.send("What is the capital of France?\r");
   std::string a1 = chat.until(">>> ");
@@ -346,7 +351,7 @@ TEST_CASE("chat on a terminal: a turn, /set, Ctrl-C mid-reply, /save and /load, 
   chat.send("/save " + saved + "\r");
   CHECK(chat.until(">>> ").find("saved 6 messages") != std::string::npos);
   json conv = json::parse(slurp(saved));
-  CHECK(conv["system"] == "You are a helpful assistant.");
+  CHECK(conv["system"] == "Answer in one short sentence.");
   REQUIRE(conv["messages"].size() == 6);
   CHECK(conv["messages"][2]["role"] == "user");
   CHECK(conv["messages"][3]["role"] == "assistant");

@@ -30,6 +30,8 @@ std::string greedy_answer(Pipeline& p, const std::string& system, const std::str
 
 }  // namespace
 
+// The system prompt gives the answer a clear margin (see kSys in test_real_cli.cpp): under "You are a
+// helpful assistant." the first answer token is a near-tie that flips with kernel rounding.
 TEST_CASE("SmolLM2-135M-Instruct answers the capital of France with Paris") {
   const std::string path = test::smollm2();
   if (path.empty()) return;
@@ -39,7 +41,7 @@ TEST_CASE("SmolLM2-135M-Instruct answers the capital of France with Paris") {
   auto p = Pipeline::load(path, o);
   CHECK(p->config().arch == "llama");
   CHECK(p->config().tied_output);
-  const std::string answer = greedy_answer(*p, "You are a helpful assistant.", "What is the capital of France?", 32);
+  const std::string answer = greedy_answer(*p, "Answer in one short sentence.", "What is the capital of France?", 32);
   std::printf("SmolLM2 answer: %s\n", answer.c_str());
   CHECK(answer.find("Paris") != std::string::npos);
 }
