@@ -46,11 +46,12 @@ KvCache::KvCache(const ModelConfig& c, const KvCacheShape& s) : shape_(s) {
     v.head_dim_v = c.head_dim_v;
     v.k_row = row_bytes(s.type, c.n_embd_k());
     v.v_row = row_bytes(s.type, c.n_embd_v());
-    L.k.resize(v.k_row * size_t(v.n_cells) * size_t(s.n_seq));
-    L.v.resize(v.v_row * size_t(v.n_cells) * size_t(s.n_seq));
-    v.k = L.k.data();
-    v.v = L.v.data();
-    total_ += L.k.size() + L.v.size();
+    const size_t kb = v.k_row * size_t(v.n_cells) * size_t(s.n_seq), vb = v.v_row * size_t(v.n_cells) * size_t(s.n_seq);
+    L.k.reset(new uint8_t[kb]);
+    L.v.reset(new uint8_t[vb]);
+    v.k = L.k.get();
+    v.v = L.v.get();
+    total_ += kb + vb;
     if (v.n_cells < s.n_ctx) rewind_.push_back(v.n_cells - c.layer_window[size_t(l)] + 1);
   }
 }

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -40,7 +41,10 @@ class KvCache {
 
  private:
   struct Layer {
-    std::vector<uint8_t> k, v;
+    // Not zeroed: cells are written before any query reads them, and untouched pages of a large
+    // allocation cost nothing until used (a cache sized for 16 × 4096 positions would otherwise be
+    // written in full at load).
+    std::unique_ptr<uint8_t[]> k, v;
     cpu::KvLayerView view;
   };
   KvCacheShape shape_;
