@@ -72,10 +72,18 @@ TEST_CASE("Gemma 3 270M continues everyday prompts coherently") {
   std::printf("days: %s\n", days.c_str());
   CHECK(days.find("Tuesday") != std::string::npos);
   CHECK(days.find("Wednesday") != std::string::npos);
+  // Prompts whose continuation has a clear margin on every ISA level, packed or not. ("My favourite
+  // breakfast is" → "… eggs …" was a near-tie: the AVX2 kernels' rounding made it "a cup of coffee".)
   p = load_gemma(path);  // a fresh KV cache for the next prompt
-  const std::string food = complete(*p, "My favourite breakfast is", 12);
-  std::printf("breakfast: %s\n", food.c_str());
-  CHECK(food.find("eggs") != std::string::npos);
+  const std::string colours = complete(*p, "The colors of the rainbow are red, orange,", 12);
+  std::printf("rainbow: %s\n", colours.c_str());
+  CHECK(colours.find("yellow") != std::string::npos);
+  CHECK(colours.find("green") != std::string::npos);
+  p = load_gemma(path);
+  const std::string months = complete(*p, "January, February, March,", 12);
+  std::printf("months: %s\n", months.c_str());
+  CHECK(months.find("April") != std::string::npos);
+  CHECK(months.find("May") != std::string::npos);
 }
 
 TEST_CASE("Gemma 3 270M through its chat template: same turn as llama.cpp on this pretrained file") {
