@@ -94,7 +94,8 @@ void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& r
   std::vector<float> y(size_t(rows) * size_t(n), std::nanf(""));
   matmul(W, x.data(), n, y.data(), pool);
 
-  const int64_t ablk = traits(t).block_elems >= 256 ? 256 : 32;
+  // Packed weights (any type) read 32-element activation blocks; row kernels the weight's block.
+  const int64_t ablk = !pack && traits(t).block_elems >= 256 ? 256 : 32;
   std::vector<float> w(static_cast<size_t>(cols));
   int bad = 0;
   for (int64_t r = 0; r < rows; r++) {
@@ -288,7 +289,11 @@ TEST_CASE("a column's result does not depend on how many columns came with it") 
 
 namespace {
 
-constexpr GgmlType kPackable[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0};
+constexpr GgmlType kPackable[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0,
+                                  GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+// The row-length unit of a packed type: its block (32, or a 256-element k-quant super-block).
+int64_t unit(GgmlType t) { return traits(t).block_elems; }
 
 struct Packed {
   std::vector<uint8_t> bytes;
@@ -313,7 +318,7 @@ TEST_CASE("packed weights: same bytes as the file, every row recovered exactly")
     INFO(type_name(t));
     CHECK(packed_bytes(t, 32, 256) == 32 * row_bytes(t, 256));  // no overhead on whole groups
     CHECK(packed_bytes(t, 17, 256) == 32 * row_bytes(t, 256));  // padded to two groups
-    const Packed p = make_packed(t, 37, 32 * 7, rng);
+    const Packed p = make_packed(t, 37, unit(t) * 7, rng);
     std::vector<float> want(size_t(p.W.cols)), got(size_t(p.W.cols));
     for (int64_t r = 0; r < p.W.rows; r++) {
       dequantize_row(t, p.W.row(r), want.data(), p.W.cols);
@@ -330,12 +335,13 @@ TEST_CASE("packed weights match the reference on every ISA level and awkward sha
     set_isa_limit(isa);
     for (GgmlType t : kPackable) {
       INFO("type " << type_name(t) << " isa " << isa_name(isa));
-      check_matmul(t, 1, 32, 1, rng, pool, true);
-      check_matmul(t, 15, 32 * 3, 2, rng, pool, true);
-      check_matmul(t, 16, 32 * 5, 8, rng, pool, true);
-      check_matmul(t, 17, 32 * 9, 9, rng, pool, true);
-      check_matmul(t, 37, 32 * 18, 3, rng, pool, true);
-      check_matmul(t, 70, 32 * 2, 257, rng, pool, true);
+      const int64_t u = unit(t);
+      check_matmul(t, 1, u, 1, rng, pool, true);
+      check_matmul(t, 15, u * 3, 2, rng, pool, true);
+      check_matmul(t, 16, u * 5, 8, rng, pool, true);
+      check_matmul(t, 17, u * 9, 9, rng, pool, true);
+      check_matmul(t, 37, u * 18, 3, rng, pool, true);
+      check_matmul(t, 70, u * 2, 257, rng, pool, true);
       check_matmul(t, 9, 4096, 20, rng, pool, true);
     }
   }
@@ -346,7 +352,7 @@ TEST_CASE("packed: a column's bits do not depend on the column count, the thread
   std::mt19937 rng(97);
   for (GgmlType t : kPackable) {
     INFO(type_name(t));
-    const int64_t rows = 53, cols = 32 * 11;
+    const int64_t rows = 53, cols = unit(t) * 11;
     const int n = 19;
     const Packed p = make_packed(t, rows, cols, rng);
     const auto x = random_floats(size_t(cols) * size_t(n), rng);

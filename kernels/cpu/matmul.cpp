@@ -124,7 +124,7 @@ void matmul_packed(const KernelTable& kt, const QMatrix& W, const float* X, int 
   else for (int j = 0; j < n; j++) quant_task(j, 0);
 
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
-  const size_t group_bytes = size_t(nb) * packed_tile_bytes(W.type);
+  const size_t group_bytes = packed_group_bytes(W.type, cols);
   int64_t chunk;
   if (n <= kPackedMaxCols) {
     chunk = std::max<int64_t>(1, groups / (int64_t(pool.size()) * 8));

@@ -93,7 +93,7 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     const size_t y_stride = size_t(W.rows);
     if (p.packed) {
       const int64_t groups = (W.rows + kPackRows - 1) / kPackRows, nb = cols / 32;
-      const size_t group_bytes = size_t(nb) * packed_tile_bytes(W.type);
+      const size_t group_bytes = packed_group_bytes(W.type, cols);
       const int64_t g0 = int64_t(task - p.first_task) * p.chunk, g1 = std::min(groups, g0 + p.chunk);
       for (int64_t g = g0; g < g1; g++)
         p.packed(nb, W.packed + size_t(g) * group_bytes, p.a, p.a_stride, n, targets[i].Y + size_t(g * kPackRows),

@@ -20,85 +20,104 @@ namespace baton::cpu {
 namespace {
 
 // Where a tile's parts start, and the weight offset each unsigned quant carries (value = d·(u − off),
-// Q4_1: d·u + m).
+// Q4_1: d·u + m). A tile spans 32 elements (the legacy formats) or one 256-element super-block.
 struct TileLayout {
   size_t bytes = 0;
   size_t m = 0;   // Q4_1: fp16 minimums
   size_t qh = 0;  // Q5_0: eight u64 fifth-bit masks
   size_t qs = 0;  // the 64-byte quant lines
   int off = 0;
+  int elems = 32;
 };
 
 TileLayout layout(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: return {288, 0, 0, 32, 8};
-    case GgmlType::Q4_1: return {320, 32, 0, 64, 0};
-    case GgmlType::Q5_0: return {352, 0, 32, 96, 16};
-    case GgmlType::Q8_0: return {544, 0, 0, 32, 128};
+    case GgmlType::Q4_0: return {288, 0, 0, 32, 8, 32};
+    case GgmlType::Q4_1: return {320, 32, 0, 64, 0, 32};
+    case GgmlType::Q5_0: return {352, 0, 32, 96, 16, 32};
+    case GgmlType::Q8_0: return {544, 0, 0, 32, 128, 32};
+    case GgmlType::Q4_K: return {16 * sizeof(BlockQ4_K), 0, 0, 0, 0, 256};
+    case GgmlType::Q5_K: return {16 * sizeof(BlockQ5_K), 0, 0, 0, 0, 256};
+    case GgmlType::Q6_K: return {16 * sizeof(BlockQ6_K), 0, 0, 0, 32, 256};
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
   return {};
 }
 
-// Byte offsets inside one GGUF block: fp16 d, fp16 m (Q4_1), u32 qh (Q5_0), the quant bytes.
-struct BlockLayout {
-  size_t m, qh, qs, n_qs;
+// Tile ↔ block as a list of fields: a 2-byte field (an fp16 scale) goes to tile + 2·r, a longer
+// one to 64-byte lines, byte j of row r at tile + 64·(j / 4) + 4·r + j % 4. Q5_0's fifth bits are
+// the one exception (bit masks, handled apart). See packed.h for each type's order.
+struct Field {
+  size_t blk, len, tile;
 };
-BlockLayout block_layout(GgmlType t) {
+struct Fields {
+  Field f[5];
+  int n;
+};
+Fields fields(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: return {0, 0, 2, 16};
-    case GgmlType::Q4_1: return {2, 0, 4, 16};
-    case GgmlType::Q5_0: return {0, 2, 6, 16};
-    default: return {0, 0, 2, 32};  // Q8_0
+    case GgmlType::Q4_0: return {{{0, 2, 0}, {2, 16, 32}}, 2};
+    case GgmlType::Q4_1: return {{{0, 2, 0}, {2, 2, 32}, {4, 16, 64}}, 3};
+    case GgmlType::Q5_0: return {{{0, 2, 0}, {6, 16, 96}}, 2};
+    case GgmlType::Q8_0: return {{{0, 2, 0}, {2, 32, 32}}, 2};
+    case GgmlType::Q4_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 128, 256}}, 4};
+    case GgmlType::Q5_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 32, 256}, {48, 128, 768}}, 5};
+    case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288}, {128, 64, 2336}}, 4};
+    default: break;
   }
+  BATON_CHECK(false && "not a packable type");
+  return {};
 }
+
+inline size_t line_pos(size_t j, int r) { return 64 * (j / 4) + 4 * size_t(r) + j % 4; }
 
 // Tile ↔ block: row r (0..15) of a tile holds the GGUF block `blk` (nullptr: a zero padding row).
 void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
-  const TileLayout L = layout(t);
-  const BlockLayout B = block_layout(t);
-  static const uint8_t zero[34] = {};
+  static const uint8_t zero[sizeof(BlockQ6_K)] = {};
   if (!blk) blk = zero;
-  std::memcpy(tile + 2 * r, blk, 2);
-  if (t == GgmlType::Q4_1) std::memcpy(tile + L.m + 2 * r, blk + B.m, 2);
-  uint8_t* lines = tile + L.qs;
-  for (size_t j = 0; j < B.n_qs; j++) lines[64 * (j / 4) + 4 * r + j % 4] = blk[B.qs + j];
+  const Fields F = fields(t);
+  for (int i = 0; i < F.n; i++) {
+    const Field& f = F.f[i];
+    if (f.len == 2) std::memcpy(tile + f.tile + 2 * size_t(r), blk + f.blk, 2);
+    else for (size_t j = 0; j < f.len; j++) tile[f.tile + line_pos(j, r)] = blk[f.blk + j];
+  }
   if (t == GgmlType::Q5_0) {
+    const size_t qh_at = layout(t).qh;
     uint32_t qh;
-    std::memcpy(&qh, blk + B.qh, 4);
+    std::memcpy(&qh, blk + 2, 4);
     uint64_t mask[8];
-    std::memcpy(mask, tile + L.qh, 64);
+    std::memcpy(mask, tile + qh_at, 64);
     for (int e = 0; e < 32; e++) {
       const int half = e / 16, k = (e % 16) / 4, i = e % 4;
       const uint64_t bit = uint64_t(1) << (4 * r + i);
       if ((qh >> e) & 1) mask[2 * k + half] |= bit;
       else mask[2 * k + half] &= ~bit;
     }
-    std::memcpy(tile + L.qh, mask, 64);
+    std::memcpy(tile + qh_at, mask, 64);
   }
 }
 
 void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
-  const TileLayout L = layout(t);
-  const BlockLayout B = block_layout(t);
-  std::memcpy(blk, tile + 2 * r, 2);
-  if (t == GgmlType::Q4_1) std::memcpy(blk + B.m, tile + L.m + 2 * r, 2);
-  const uint8_t* lines = tile + L.qs;
-  for (size_t j = 0; j < B.n_qs; j++) blk[B.qs + j] = lines[64 * (j / 4) + 4 * r + j % 4];
+  const Fields F = fields(t);
+  for (int i = 0; i < F.n; i++) {
+    const Field& f = F.f[i];
+    if (f.len == 2) std::memcpy(blk + f.blk, tile + f.tile + 2 * size_t(r), 2);
+    else for (size_t j = 0; j < f.len; j++) blk[f.blk + j] = tile[f.tile + line_pos(j, r)];
+  }
   if (t == GgmlType::Q5_0) {
     uint64_t mask[8];
-    std::memcpy(mask, tile + L.qh, 64);
+    std::memcpy(mask, tile + layout(t).qh, 64);
     uint32_t qh = 0;
     for (int e = 0; e < 32; e++) {
       const int half = e / 16, k = (e % 16) / 4, i = e % 4;
       qh |= uint32_t((mask[2 * k + half] >> (4 * r + i)) & 1) << e;
     }
-    std::memcpy(blk + B.qh, &qh, 4);
+    std::memcpy(blk + 2, &qh, 4);
   }
 }
 
-// The 32 unsigned quants of row r of a tile, element order (value = d·(u − off), Q4_1 d·u + m).
+// The 32 unsigned quants of row r of a legacy tile, element order (value = d·(u − off), Q4_1 d·u + m).
 void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
   const TileLayout L = layout(t);
   const uint8_t* lines = tile + L.qs;
@@ -152,10 +171,60 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
     for (int r = 0; r < rows; r++) y[size_t(c) * ys + size_t(r)] = acc[c][r];
 }
 
+// The k-quants, per 32-element block m of a super-block (it meets exactly one activation block):
+//   Q4_K, Q5_K: s = Σ u·q, then acc = fma(float(s)·dx, d·sc_m, acc), acc = fma(−dmin·mn_m, dx·Σq, acc);
+//   Q6_K: for each 16-element half h, s = −32·Σq_h + Σ u·q, then acc = fma(float(s)·dx, d·sc, acc).
+// Blocks (and halves) in element order; the AVX-512 kernel does the same operations.
+template <GgmlType T>
+void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                     int rows) {
+  const TileLayout L = layout(T);
+  float acc[kPackedMaxCols][kPackRows] = {};
+  std::vector<KBlock> kb(kPackRows);
+  uint8_t blk[sizeof(BlockQ6_K)];
+  for (int64_t sb = 0; sb < nb / 8; sb++) {
+    const uint8_t* tile = tiles + size_t(sb) * L.bytes;
+    for (int r = 0; r < kPackRows; r++) {
+      get_block(T, tile, r, blk);
+      decode_k(T, blk, kb[size_t(r)]);
+    }
+    for (int c = 0; c < nc; c++) {
+      const ActQ8_32s* xs = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
+      for (int r = 0; r < kPackRows; r++) {
+        const KBlock& k = kb[size_t(r)];
+        float& out = acc[c][r];
+        for (int m = 0; m < 8; m++) {
+          const ActQ8_32s& x = xs[m];
+          const uint8_t* u = k.u + 32 * m;
+          if constexpr (T == GgmlType::Q6_K) {
+            for (int h = 0; h < 2; h++) {
+              int32_t s = -32 * int32_t(x.sum16[h]);
+              for (int e = 16 * h; e < 16 * h + 16; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
+              out = std::fma(float(s) * x.d, k.d * float(k.s[2 * m + h]), out);
+            }
+          } else {
+            int32_t s = 0;
+            for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
+            out = std::fma(float(s) * x.d, k.d * float(k.s[2 * m]), out);
+            out = std::fma(-k.dmin * float(k.mn[2 * m]), x.ds, out);
+          }
+        }
+      }
+    }
+  }
+  for (int c = 0; c < nc; c++)
+    for (int r = 0; r < rows; r++) y[size_t(c) * ys + size_t(r)] = acc[c][r];
+}
+
 }  // namespace
 
+bool has_packed_layout(GgmlType t) { return packable(t) || t == GgmlType::Q6_K; }
+
+// Q6_K has a layout and kernels but is not packed at load: its packed GEMV runs below the row
+// kernel's memory speed (see docs/KERNELS.md).
 bool packable(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0;
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ||
+         t == GgmlType::Q4_K || t == GgmlType::Q5_K;
 }
 
 bool packing_enabled(GgmlType t) {
@@ -166,18 +235,21 @@ bool packing_enabled(GgmlType t) {
   return !off && packable(t) && active_isa() == Isa::Avx512;
 }
 
-size_t packed_tile_bytes(GgmlType t) { return layout(t).bytes; }
+size_t packed_group_bytes(GgmlType t, int64_t cols) {
+  const TileLayout L = layout(t);
+  return size_t(cols / L.elems) * L.bytes;
+}
 
 size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols) {
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
-  return size_t(groups) * size_t(cols / 32) * layout(t).bytes;
+  return size_t(groups) * packed_group_bytes(t, cols);
 }
 
 void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool) {
-  BATON_CHECK(packable(W.type) && W.cols % 32 == 0);
   const GgmlType t = W.type;
+  BATON_CHECK(has_packed_layout(t) && W.cols % layout(t).elems == 0);
   const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
-  const int64_t nb = W.cols / 32, groups = (W.rows + kPackRows - 1) / kPackRows;
+  const int64_t nb = W.cols / layout(t).elems, groups = (W.rows + kPackRows - 1) / kPackRows;
   auto group = [&](int g, int) {
     uint8_t* tiles = out + size_t(g) * size_t(nb) * tb;
     std::memset(tiles, 0, size_t(nb) * tb);
@@ -195,7 +267,7 @@ void unpack_row(const QMatrix& W, int64_t r, float* out) {
   BATON_CHECK(W.packed && r >= 0 && r < W.rows);
   const GgmlType t = W.type;
   const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
-  const int64_t nb = W.cols / 32;
+  const int64_t nb = W.cols / layout(t).elems;
   const uint8_t* tiles = W.packed + size_t(r / kPackRows) * size_t(nb) * tb;
   std::vector<uint8_t> row(size_t(nb) * bb);
   for (int64_t b = 0; b < nb; b++) get_block(t, tiles + size_t(b) * tb, int(r % kPackRows), row.data() + size_t(b) * bb);
@@ -216,6 +288,9 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::Q4_1: return portable_kernel<GgmlType::Q4_1>;
     case GgmlType::Q5_0: return portable_kernel<GgmlType::Q5_0>;
     case GgmlType::Q8_0: return portable_kernel<GgmlType::Q8_0>;
+    case GgmlType::Q4_K: return portable_kquant<GgmlType::Q4_K>;
+    case GgmlType::Q5_K: return portable_kquant<GgmlType::Q5_K>;
+    case GgmlType::Q6_K: return portable_kquant<GgmlType::Q6_K>;
     default: return nullptr;
   }
 }
@@ -226,15 +301,17 @@ void quant_q8_32s_portable(const float* x, int64_t n, void* out) {
     float amax = 0;
     for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[i]));
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-    int32_t sum = 0;
+    int32_t half[2] = {0, 0};
     for (int i = 0; i < 32; i++) {
       o[b].q[i] = int8_t(std::nearbyint(x[i] * id));
-      sum += o[b].q[i];
+      half[i / 16] += o[b].q[i];
     }
+    const int32_t sum = half[0] + half[1];
     o[b].d = d;
     o[b].sum = sum;
     o[b].ds = d * float(sum);
-    o[b].pad = 0;
+    o[b].sum16[0] = int16_t(half[0]);
+    o[b].sum16[1] = int16_t(half[1]);
   }
 }
 

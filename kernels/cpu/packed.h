@@ -13,8 +13,17 @@
 //   Q4_1  d[16] m[16] | 4 nibble lines                                                  320 B
 //   Q5_0  d[16] | 8 × u64 fifth-bit masks (line k low nibbles, line k high) | 4 lines  352 B
 //   Q8_0  d[16] | 8 lines of signed bytes (line k: bytes 4k..4k+3 of each row's qs)    544 B
-// i.e. exactly 16 × the GGUF block size: the packed matrix has the file's bytes (rows padded to a
-// multiple of 16 with zero rows, counted by packed_bytes()).
+//
+// The k-quants tile 16 rows × one 256-element super-block; every field is kept as stored, the
+// byte arrays as 64-byte lines (byte j of row r at 64·(j / 4) + 4·r + j % 4):
+//   Q4_K  d[16] dmin[16] | 3 lines of the 12 packed 6-bit scale/min bytes | 32 lines of qs     2304 B
+//   Q5_K  d[16] dmin[16] | 3 scale lines | 8 lines of qh | 32 lines of qs                     2816 B
+//   Q6_K  d[16] | 4 lines of int8 scales | 32 lines of ql | 16 lines of qh                    3360 B
+// A 32-element block of the super-block then reads 8 quant lines (Q4_K: chunk c = lines 8c..8c+7,
+// low nibbles block 2c, high nibbles 2c + 1) and meets exactly one 32-element activation block.
+//
+// Every tile is exactly 16 × the GGUF block size: the packed matrix has the file's bytes (rows
+// padded to a multiple of 16 with zero rows, counted by packed_bytes()).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,8 +36,10 @@ namespace baton::cpu {
 
 constexpr int kPackRows = 16;
 
-// Whether a type has a packed layout, and whether this process packs it (the active ISA has the
-// tiled kernels, and BATON_CPU_PACK is not 0).
+// Whether a type has a packed layout (pack_matrix accepts it); whether model loads pack it (its
+// AVX-512 tile kernel beats the row kernel at every column count); whether this process packs it
+// (packable, the active ISA has the tiled kernels, and BATON_CPU_PACK is not 0).
+bool has_packed_layout(GgmlType t);
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
 

@@ -40,12 +40,14 @@ struct ActQ8_32x4 {
 static_assert(sizeof(ActQ8_32x4) == 160);
 
 // Activation block for the packed (row-interleaved) kernels: the integer Σq lets a kernel fold a
-// weight offset into its integer sum (start at −off·Σq), ds = d·Σq serves the Q4_1 minimum.
+// weight offset into its integer sum (start at −off·Σq), ds = d·Σq serves the Q4_1/Q4_K/Q5_K
+// minimums, and the sums of values 0..15 and 16..31 (|·| ≤ 2032) the offset of Q6_K's 16-element
+// sub-blocks.
 struct ActQ8_32s {
   float d;
   float ds;
   int32_t sum;
-  int32_t pad;
+  int16_t sum16[2];
   int8_t q[32];
 };
 static_assert(sizeof(ActQ8_32s) == 48);
@@ -71,8 +73,8 @@ using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_s
                        size_t y_stride);
 // Quantize n floats (a multiple of the format's block) into one activation column.
 using QuantFn = void (*)(const float* x, int64_t n, void* out);
-// One group of 16 packed rows (nb tiles, kernels/cpu/packed.h) against nc (1..8) ActQ8_32s
-// columns: y[c·y_stride + r] for the group's first `rows` (1..16) rows. Each output's arithmetic
+// One group of 16 packed rows (kernels/cpu/packed.h; nb = the row's 32-element blocks, i.e.
+// nb tiles of a legacy type, nb / 8 of a k-quant) against nc (1..8) ActQ8_32s columns: y[c·y_stride + r] for the group's first `rows` (1..16) rows. Each output's arithmetic
 // is independent of nc.
 using PackedFn = void (*)(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t a_stride, int nc, float* y,
                           size_t y_stride, int rows);
@@ -93,8 +95,8 @@ struct KernelTable {
 // tiled kernels of their own; also the reference the SIMD ones are tested against.
 PackedFn packed_portable(GgmlType t);
 void quant_q8_32s_portable(const float* x, int64_t n, void* out);
-// Bytes of one tile (16 rows × one 32-element block) of a packable type.
-size_t packed_tile_bytes(GgmlType t);
+// Bytes of one packed group (16 rows of `cols` elements) of a packable type.
+size_t packed_group_bytes(GgmlType t, int64_t cols);
 
 const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();    // only call when the CPU has AVX2 + FMA + F16C
