@@ -195,3 +195,27 @@ TEST_CASE("matmul_multi gives the same bits as one matmul per matrix") {
     }
   }
 }
+
+TEST_CASE("kv_convert to F16 gives the software rounding's bits on every ISA") {
+  // Values across the half range: normals, subnormals, ties, overflow to infinity, signed zeros.
+  std::mt19937 rng(5);
+  std::vector<float> x;
+  for (int e = -30; e <= 17; ++e)
+    for (int i = 0; i < 64; ++i) {
+      const uint32_t mant = rng() & 0x7fffffu;
+      const uint32_t bits = (uint32_t(e + 127) << 23) | mant | (i % 2 ? 0x80000000u : 0u);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      x.push_back(f);
+    }
+  for (float t : {0.f, -0.f, 65504.f, 65520.f, 1e9f, -1e9f, 1.f + 1.f / 2048.f, 1.f + 3.f / 2048.f}) x.push_back(t);
+  const int n = int(x.size());
+  std::vector<uint16_t> want(x.size()), got(x.size());
+  for (int i = 0; i < n; ++i) want[size_t(i)] = f32_to_fp16(x[size_t(i)]);
+  for (Isa isa : isas()) {
+    IsaGuard g(isa);
+    INFO(isa_name(isa));
+    kv_convert(GgmlType::F16, x.data(), reinterpret_cast<uint8_t*>(got.data()), n);
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * 2) == 0);
+  }
+}

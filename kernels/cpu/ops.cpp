@@ -298,9 +298,23 @@ void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float
   }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C rounds to nearest even like f32_to_fp16 (same bits for every non-NaN value; tested).
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* h, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) h[i] = f32_to_fp16(src[i]);
+}
+#endif
+
 void kv_convert(GgmlType type, const float* src, uint8_t* dst, int n) {
   if (type == GgmlType::F16) {
     uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+#if defined(__x86_64__) || defined(__i386__)
+    if (active_isa() >= Isa::Avx2) return f32_to_f16_f16c(src, h, n);
+#endif
     for (int i = 0; i < n; ++i) h[i] = f32_to_fp16(src[i]);
   } else {
     BATON_CHECK(type == GgmlType::Q8_0);
