@@ -303,9 +303,16 @@ std::vector<double> balanced_split(const ModelShape& shape, size_t n) {
   if (n == 0 || n > L) return std::vector<double>(n, 1.0);
   // best[k][i]: the smallest largest block when layers [0, i) form k blocks; the head rides with
   // layer L-1. O(n·L²) over at most a few hundred layers.
+  // Work is multiply-adds per token (weight elements): the stages of a pipeline overlap when
+  // several micro-batches are in flight, and a batch's decode is compute-bound in the packed
+  // kernels, where a Q8_0 head costs per element what a Q4 layer does (its extra bytes do not).
+  // Shapes without element counts fall back to bytes.
+  const bool by_elems = shape.layer_elems_known();
   std::vector<uint64_t> prefix(L + 1, 0);
-  for (size_t i = 0; i < L; i++) prefix[i + 1] = prefix[i] + shape.layers[i].weight_bytes;
-  auto cost = [&](size_t a, size_t b) { return prefix[b] - prefix[a] + (b == L ? shape.output_bytes : 0); };
+  for (size_t i = 0; i < L; i++)
+    prefix[i + 1] = prefix[i] + (by_elems ? shape.layers[i].weight_elems : shape.layers[i].weight_bytes);
+  const uint64_t head = by_elems ? shape.output_elems : shape.output_bytes;
+  auto cost = [&](size_t a, size_t b) { return prefix[b] - prefix[a] + (b == L ? head : 0); };
   const uint64_t inf = UINT64_MAX;
   std::vector<std::vector<uint64_t>> best(n + 1, std::vector<uint64_t>(L + 1, inf));
   std::vector<std::vector<size_t>> cut(n + 1, std::vector<size_t>(L + 1, 0));

@@ -134,11 +134,13 @@ ModelShape shape_from_gguf(const gguf::File& f) {
       if (il >= int64_t(s.n_layer))
         fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
       s.layers[size_t(il)].weight_bytes += nbytes;
+      s.layers[size_t(il)].weight_elems += uint64_t(t.nelements());
     } else if (t.name == "token_embd.weight") {
       s.embedding_bytes += nbytes;
       s.n_vocab = uint32_t(t.ne[1]);
     } else if (t.name.rfind("output.", 0) == 0) {
       s.output_bytes += nbytes;
+      s.output_elems += uint64_t(t.nelements());
       have_output = true;
     } else if (t.name.rfind("output_norm.", 0) == 0) {
       s.output_norm_bytes += nbytes;
@@ -150,6 +152,7 @@ ModelShape shape_from_gguf(const gguf::File& f) {
   if (!have_output) {
     s.tied_output = true;
     s.output_bytes = s.embedding_bytes;
+    s.output_elems = uint64_t(f.require_tensor("token_embd.weight").nelements());
   }
   if (const std::string key = f.arch_key("vocab_size"); f.has(key)) {
     const uint32_t v = f.get<uint32_t>(key);
@@ -182,6 +185,13 @@ const ShapePreset& find_preset(std::string_view name) {
     names += std::string(names.empty() ? "" : ", ") + p.name;
   }
   fail(ErrorKind::Usage, "unknown shape '{}' (known shapes: {})", name, names);
+}
+
+bool ModelShape::layer_elems_known() const {
+  if (layers.empty()) return false;
+  for (const auto& l : layers)
+    if (l.weight_elems == 0) return false;
+  return true;
 }
 
 uint64_t TensorSpec::nbytes() const {
@@ -260,18 +270,29 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
     s.layers[i].sliding_window = p.sliding_window && !layer_is_global(i, p.swa_period) ? p.sliding_window : 0;
   }
   bool have_output = false;
+  uint64_t embd_elems = 0;
   for (const TensorSpec& t : preset_tensors(p, type)) {
     int64_t rows = 1;
     for (size_t i = 1; i < t.dims.size(); i++) rows *= t.dims[i];
     const uint64_t n = used_bytes(t.type, t.dims.at(0), rows, t.nbytes());
-    if (t.name.rfind("blk.", 0) == 0) s.layers[std::stoul(t.name.substr(4))].weight_bytes += n;
-    else if (t.name == "token_embd.weight") s.embedding_bytes += n;
-    else if (t.name == "output.weight") { s.output_bytes += n; have_output = true; }
+    const uint64_t elems = uint64_t(rows) * uint64_t(t.dims.at(0));
+    if (t.name.rfind("blk.", 0) == 0) {
+      LayerShape& l = s.layers[std::stoul(t.name.substr(4))];
+      l.weight_bytes += n;
+      l.weight_elems += elems;
+    } else if (t.name == "token_embd.weight") {
+      s.embedding_bytes += n;
+      embd_elems = elems;
+    } else if (t.name == "output.weight") {
+      s.output_bytes += n;
+      s.output_elems = elems;
+      have_output = true;
+    }
     else if (t.name == "output_norm.weight") s.output_norm_bytes += n;
     else s.shared_bytes += n;
   }
   s.tied_output = !have_output;
-  if (s.tied_output) s.output_bytes = s.embedding_bytes;
+  if (s.tied_output) s.output_bytes = s.embedding_bytes, s.output_elems = embd_elems;
   return s;
 }
 

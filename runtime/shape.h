@@ -17,6 +17,7 @@ struct LayerShape {
   uint32_t n_head_kv = 0;
   uint32_t sliding_window = 0;  // 0: global attention over the whole context; W: the last W tokens
   uint64_t weight_bytes = 0;    // sum of nbytes of every blk.N.* tensor
+  uint64_t weight_elems = 0;    // their elements: the multiply-adds one token costs in the layer
 
   bool operator==(const LayerShape&) const = default;
 };
@@ -37,6 +38,7 @@ struct ModelShape {
   uint64_t embedding_bytes = 0;    // token_embd.weight
   bool tied_output = false;        // no output.weight: the head multiplies by token_embd
   uint64_t output_bytes = 0;       // output.weight, or token_embd's bytes when tied
+  uint64_t output_elems = 0;       // its elements (multiply-adds per token with logits)
   uint64_t output_norm_bytes = 0;  // output_norm.weight (and its bias, if any)
   // Tensors outside blk.N.*, token_embd, output and output_norm (e.g. rope_freqs.weight): every
   // stage needs its own copy, so the planner charges them to each stage.
@@ -44,6 +46,7 @@ struct ModelShape {
 
   uint32_t max_head_kv() const;
   uint64_t layer_weight_bytes() const;  // sum over layers
+  bool layer_elems_known() const;       // every layer has weight_elems (shapes built by hand may not)
   // Every byte of weights counted once (what the file holds; a tied head is not counted twice).
   uint64_t total_weight_bytes() const;
 

@@ -548,3 +548,16 @@ TEST_CASE("balanced_split gives CPU stages equal work, the head counted with the
   CHECK(balanced_split(s, 1) == std::vector<double>{10});
   CHECK(balanced_split(s, 11) == std::vector<double>(11, 1.0));  // more stages than layers
 }
+
+TEST_CASE("balanced_split weighs multiply-adds, not bytes, when the shape has element counts") {
+  // SmolLM2-like: a Q8_0 head of 8 layers' elements but 14 layers' bytes (1.7 bytes per element
+  // against ~0.6 for Q4 layers). By bytes the cut would be 22 | 8 + head; by work it is 19 | 11 + head.
+  ModelShape s;
+  s.n_layer = 30;
+  s.layers.assign(30, LayerShape{3, 0, 2200, 3540});
+  s.output_bytes = 30000;
+  s.output_elems = 28300;
+  CHECK(balanced_split(s, 2) == std::vector<double>{19, 11});
+  for (auto& l : s.layers) l.weight_elems = 0;  // no element counts: bytes decide
+  CHECK(balanced_split(s, 2) == std::vector<double>{22, 8});
+}
