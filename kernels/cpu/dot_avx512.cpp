@@ -354,43 +354,77 @@ struct PackedK4 {
   }
 };
 
-// Q6_K. Tile: d[16] (fp16) | 4 lines of int8 scales | 32 lines of ql | 16 lines of qh. Block m
-// (half h = m / 4, p = m % 4) takes ql lines 16h + 8·(p & 1) + k (low nibbles for p < 2, high
-// otherwise) and qh lines 8h + k (bits 2p, 2p + 1 as bits 4, 5). Per column and 16-element
-// sub-block: s = −32·Σq16 + Σ u·q in integers (the block's two halves are two chains), then
-// acc = fma(float(s)·dx, d·sc, acc); the portable kernel agrees.
+// Q6_K. Tile: d[16] (fp16) | 4 lines of int8 scales | 48 quant lines, 24 per half h: for
+// k = 0..7 the triple ql line 16h + k, ql line 16h + 8 + k, qh line 8h + k. Block m (h = m / 4,
+// p = m % 4) takes ql lines 16h + 8·(p & 1) + k (low nibbles for p < 2, high otherwise) and qh
+// lines 8h + k (bits 2p, 2p + 1 as bits 4, 5). Per column and 16-element sub-block:
+// s = −32·Σq16 + Σ u·q in integers (the block's two halves are two chains), then
+// acc = fma(float(s)·dx, d·sc, acc), blocks in order; the portable kernel agrees. Memory order
+// matters here: read in any other order than the layout's, a GEMV fell from ~14 to ~7 GB/s.
 struct PackedQ6K {
   static constexpr size_t kTile = 16 * sizeof(BlockQ6_K);
-  static constexpr size_t kSc = 32, kQl = 288, kQh = 2336;
+  static constexpr size_t kSc = 32, kQ = 288;
 
-  template <int NC, int M>
-  static void block(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
-    constexpr int H = M / 4, P = M % 4;
-    const uint8_t* ql = t + kQl + 64 * (16 * H + 8 * (P & 1));
-    const uint8_t* qh = t + kQh + 64 * (8 * H);
+  // Quant line k of block p of the tile's half H, as unsigned 6-bit values (ql: the block's ql
+  // line, qh: its qh line).
+  template <int P>
+  static __m512i quants(__m512i ql, __m512i qh) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    // The block order jumps around the tile, which the hardware prefetchers follow poorly: each
-    // block asks for its seventh of the tile 16 ahead (a GEMV went from 7 to 10-12 GB/s).
-    for (int i = 0; i < 7; i++) _mm_prefetch(reinterpret_cast<const char*>(t + 16 * kTile + 64 * (7 * M + i)), _MM_HINT_T1);
-    __m512i sa[NC], sb[NC];
+    const __m512i lo = P < 2 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+    __m512i hb;
+    if constexpr (P == 0) hb = _mm512_slli_epi16(qh, 4);
+    else if constexpr (P == 1) hb = _mm512_slli_epi16(qh, 2);
+    else if constexpr (P == 2) hb = qh;
+    else hb = _mm512_srli_epi16(qh, 2);
+    return _mm512_ternarylogic_epi32(lo, hb, m30, 0xF8);  // lo | (hb & 0x30)
+  }
+  static const uint8_t* ql_line(const uint8_t* t, int h, int p, int k) {
+    return t + kQ + 64 * (24 * h + 3 * k + (p & 1));
+  }
+  static const uint8_t* qh_line(const uint8_t* t, int h, int k) { return t + kQ + 64 * (24 * h + 3 * k + 2); }
+
+  // The integer sums of block M's two 16-element halves, one block at a time.
+  template <int NC, int M>
+  static void sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i* sa, __m512i* sb) {
+    constexpr int H = M / 4, P = M % 4;
     for (int c = 0; c < NC; c++) {
       sa[c] = _mm512_set1_epi32(-32 * int32_t(x[c][M].sum16[0]));
       sb[c] = _mm512_set1_epi32(-32 * int32_t(x[c][M].sum16[1]));
     }
     for (int k = 0; k < 8; k++) {
-      const __m512i l = load512(ql + 64 * k), h = load512(qh + 64 * k);
-      const __m512i lo = P < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
-      __m512i hb;
-      if constexpr (P == 0) hb = _mm512_slli_epi16(h, 4);
-      else if constexpr (P == 1) hb = _mm512_slli_epi16(h, 2);
-      else if constexpr (P == 2) hb = h;
-      else hb = _mm512_srli_epi16(h, 2);
-      const __m512i u = _mm512_ternarylogic_epi32(lo, hb, m30, 0xF8);  // lo | (hb & 0x30)
+      const __m512i u = quants<P>(load512(ql_line(t, H, P, k)), load512(qh_line(t, H, k)));
       for (int c = 0; c < NC; c++) {
         __m512i& s = k < 4 ? sa[c] : sb[c];
         s = _mm512_dpbusd_epi32(s, u, bcast4(x[c][M].q + 4 * k));
       }
     }
+  }
+
+  // The same sums for the four blocks of half H at once, every line loaded once (few columns:
+  // 8 sums per column fit the registers). Integer sums are exact, so the bits are the same.
+  template <int NC, int H>
+  static void half_sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i (*sa)[NC], __m512i (*sb)[NC]) {
+    for (int p = 0; p < 4; p++)
+      for (int c = 0; c < NC; c++) {
+        sa[p][c] = _mm512_set1_epi32(-32 * int32_t(x[c][4 * H + p].sum16[0]));
+        sb[p][c] = _mm512_set1_epi32(-32 * int32_t(x[c][4 * H + p].sum16[1]));
+      }
+    for (int k = 0; k < 8; k++) {
+      const __m512i la = load512(ql_line(t, H, 0, k)), lb = load512(ql_line(t, H, 1, k));
+      const __m512i h = load512(qh_line(t, H, k));
+      const __m512i u[4] = {quants<0>(la, h), quants<1>(lb, h), quants<2>(la, h), quants<3>(lb, h)};
+      for (int p = 0; p < 4; p++)
+        for (int c = 0; c < NC; c++) {
+          __m512i& s = k < 4 ? sa[p][c] : sb[p][c];
+          s = _mm512_dpbusd_epi32(s, u[p], bcast4(x[c][4 * H + p].q + 4 * k));
+        }
+    }
+  }
+
+  // Block M's scales applied, halves in order.
+  template <int NC, int M>
+  static void apply(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, const __m512i* sa, const __m512i* sb,
+                    __m512* acc) {
     // Sub-block scales 2M and 2M + 1: bytes 2·(M % 2) and 2·(M % 2) + 1 of scale line M / 2.
     const __m512i sv = load512(t + kSc + 64 * (M / 2));
     const __m512 dsa = _mm512_mul_ps(d, byte_s<2 * (M % 2)>(sv)), dsb = _mm512_mul_ps(d, byte_s<2 * (M % 2) + 1>(sv));
@@ -398,6 +432,30 @@ struct PackedQ6K {
       const __m512 dx = _mm512_set1_ps(x[c][M].d);
       acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sa[c]), dx), dsa, acc[c]);
       acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sb[c]), dx), dsb, acc[c]);
+    }
+  }
+
+  template <int NC, int M>
+  static void block(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
+    __m512i sa[NC], sb[NC];
+    sums<NC, M>(t, x, sa, sb);
+    apply<NC, M>(t, d, x, sa, sb, acc);
+  }
+
+  template <int NC, int H>
+  static void half(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
+    if constexpr (NC <= 2) {
+      __m512i sa[4][NC], sb[4][NC];
+      half_sums<NC, H>(t, x, sa, sb);
+      apply<NC, 4 * H + 0>(t, d, x, sa[0], sb[0], acc);
+      apply<NC, 4 * H + 1>(t, d, x, sa[1], sb[1], acc);
+      apply<NC, 4 * H + 2>(t, d, x, sa[2], sb[2], acc);
+      apply<NC, 4 * H + 3>(t, d, x, sa[3], sb[3], acc);
+    } else {
+      block<NC, 4 * H + 0>(t, d, x, acc);
+      block<NC, 4 * H + 1>(t, d, x, acc);
+      block<NC, 4 * H + 2>(t, d, x, acc);
+      block<NC, 4 * H + 3>(t, d, x, acc);
     }
   }
 
@@ -410,14 +468,8 @@ struct PackedQ6K {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
       const ActQ8_32s* x[NC];
       for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
-      block<NC, 0>(t, d, x, acc);
-      block<NC, 1>(t, d, x, acc);
-      block<NC, 2>(t, d, x, acc);
-      block<NC, 3>(t, d, x, acc);
-      block<NC, 4>(t, d, x, acc);
-      block<NC, 5>(t, d, x, acc);
-      block<NC, 6>(t, d, x, acc);
-      block<NC, 7>(t, d, x, acc);
+      half<NC, 0>(t, d, x, acc);
+      half<NC, 1>(t, d, x, acc);
     }
     const __mmask16 keep = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
     for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(y + size_t(c) * ys, keep, acc[c]);

@@ -50,6 +50,7 @@ TileLayout layout(GgmlType t) {
 // the one exception (bit masks, handled apart). See packed.h for each type's order.
 struct Field {
   size_t blk, len, tile;
+  int order = 0;  // 1, 2: Q6_K's ql and qh lines, interleaved in the order the kernel first reads them
 };
 struct Fields {
   Field f[5];
@@ -63,14 +64,24 @@ Fields fields(GgmlType t) {
     case GgmlType::Q8_0: return {{{0, 2, 0}, {2, 32, 32}}, 2};
     case GgmlType::Q4_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 128, 256}}, 4};
     case GgmlType::Q5_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 32, 256}, {48, 128, 768}}, 5};
-    case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288}, {128, 64, 2336}}, 4};
+    case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288, 1}, {128, 64, 288, 2}}, 4};
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
   return {};
 }
 
-inline size_t line_pos(size_t j, int r) { return 64 * (j / 4) + 4 * size_t(r) + j % 4; }
+// Q6_K's 48 quant lines per tile, in the order its kernel reads them (see packed.h): per half h
+// and k = 0..7, ql lines 16h + k and 16h + 8 + k, then qh line 8h + k.
+inline size_t q6_line(int order, size_t li) {
+  if (order == 2) return 24 * (li / 8) + 3 * (li % 8) + 2;  // qh
+  const size_t h = li / 16, k = li % 16;
+  return 24 * h + 3 * (k % 8) + k / 8;  // ql
+}
+inline size_t line_pos(const Field& f, size_t j, int r) {
+  const size_t line = f.order ? q6_line(f.order, j / 4) : j / 4;
+  return f.tile + 64 * line + 4 * size_t(r) + j % 4;
+}
 
 // Tile ↔ block: row r (0..15) of a tile holds the GGUF block `blk` (nullptr: a zero padding row).
 void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
@@ -80,7 +91,7 @@ void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
     if (f.len == 2) std::memcpy(tile + f.tile + 2 * size_t(r), blk + f.blk, 2);
-    else for (size_t j = 0; j < f.len; j++) tile[f.tile + line_pos(j, r)] = blk[f.blk + j];
+    else for (size_t j = 0; j < f.len; j++) tile[line_pos(f, j, r)] = blk[f.blk + j];
   }
   if (t == GgmlType::Q5_0) {
     const size_t qh_at = layout(t).qh;
@@ -103,7 +114,7 @@ void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
     if (f.len == 2) std::memcpy(blk + f.blk, tile + f.tile + 2 * size_t(r), 2);
-    else for (size_t j = 0; j < f.len; j++) blk[f.blk + j] = tile[f.tile + line_pos(j, r)];
+    else for (size_t j = 0; j < f.len; j++) blk[f.blk + j] = tile[line_pos(f, j, r)];
   }
   if (t == GgmlType::Q5_0) {
     uint64_t mask[8];

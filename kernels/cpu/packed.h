@@ -18,7 +18,8 @@
 // byte arrays as 64-byte lines (byte j of row r at 64·(j / 4) + 4·r + j % 4):
 //   Q4_K  d[16] dmin[16] | 3 lines of the 12 packed 6-bit scale/min bytes | 32 lines of qs     2304 B
 //   Q5_K  d[16] dmin[16] | 3 scale lines | 8 lines of qh | 32 lines of qs                     2816 B
-//   Q6_K  d[16] | 4 lines of int8 scales | 32 lines of ql | 16 lines of qh                    3360 B
+//   Q6_K  d[16] | 4 lines of int8 scales | 48 lines: per half h and k = 0..7, ql line 16h + k,
+//         ql line 16h + 8 + k, qh line 8h + k (the order its kernel reads them)               3360 B
 // A 32-element block of the super-block then reads 8 quant lines (Q4_K: chunk c = lines 8c..8c+7,
 // low nibbles block 2c, high nibbles 2c + 1) and meets exactly one 32-element activation block.
 //
