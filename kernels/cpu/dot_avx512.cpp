@@ -358,9 +358,10 @@ struct PackedK4 {
 // k = 0..7 the triple ql line 16h + k, ql line 16h + 8 + k, qh line 8h + k. Block m (h = m / 4,
 // p = m % 4) takes ql lines 16h + 8·(p & 1) + k (low nibbles for p < 2, high otherwise) and qh
 // lines 8h + k (bits 2p, 2p + 1 as bits 4, 5). Per column and 16-element sub-block:
-// s = −32·Σq16 + Σ u·q in integers (the block's two halves are two chains), then
-// acc = fma(float(s)·dx, d·sc, acc), blocks in order; the portable kernel agrees. Memory order
-// matters here: read in any other order than the layout's, a GEMV fell from ~14 to ~7 GB/s.
+// s = −32·Σq16 + Σ u·q in integers, then acc = fma(float(s)·dx, d·sc, acc), sub-blocks in order;
+// the portable kernel agrees. Memory order matters here: read in any other order than the
+// layout's, a GEMV fell from ~14 to ~7 GB/s. Registers too: with 8 columns, the sums of both
+// halves of a block live at once spilled and halved the GEMM speed.
 struct PackedQ6K {
   static constexpr size_t kTile = 16 * sizeof(BlockQ6_K);
   static constexpr size_t kSc = 32, kQ = 288;
@@ -383,21 +384,14 @@ struct PackedQ6K {
   }
   static const uint8_t* qh_line(const uint8_t* t, int h, int k) { return t + kQ + 64 * (24 * h + 3 * k + 2); }
 
-  // The integer sums of block M's two 16-element halves, one block at a time.
-  template <int NC, int M>
-  static void sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i* sa, __m512i* sb) {
-    constexpr int H = M / 4, P = M % 4;
-    for (int c = 0; c < NC; c++) {
-      sa[c] = _mm512_set1_epi32(-32 * int32_t(x[c][M].sum16[0]));
-      sb[c] = _mm512_set1_epi32(-32 * int32_t(x[c][M].sum16[1]));
-    }
-    for (int k = 0; k < 8; k++) {
-      const __m512i u = quants<P>(load512(ql_line(t, H, P, k)), load512(qh_line(t, H, k)));
-      for (int c = 0; c < NC; c++) {
-        __m512i& s = k < 4 ? sa[c] : sb[c];
-        s = _mm512_dpbusd_epi32(s, u, bcast4(x[c][M].q + 4 * k));
-      }
-    }
+  // −32·Σq16 of both halves in every lane: the two int16 sums broadcast as one dword, and one
+  // vpmaddwd each (cheaper than two scalar-to-vector broadcasts).
+  static void offsets(const ActQ8_32s& x, __m512i& sa, __m512i& sb) {
+    int32_t both;
+    std::memcpy(&both, x.sum16, 4);
+    const __m512i v = _mm512_set1_epi32(both);
+    sa = _mm512_madd_epi16(v, _mm512_set1_epi32(0x0000FFE0));  // (−32, 0)
+    sb = _mm512_madd_epi16(v, _mm512_set1_epi32(int32_t(0xFFE00000u)));  // (0, −32)
   }
 
   // The same sums for the four blocks of half H at once, every line loaded once (few columns:
@@ -405,10 +399,7 @@ struct PackedQ6K {
   template <int NC, int H>
   static void half_sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i (*sa)[NC], __m512i (*sb)[NC]) {
     for (int p = 0; p < 4; p++)
-      for (int c = 0; c < NC; c++) {
-        sa[p][c] = _mm512_set1_epi32(-32 * int32_t(x[c][4 * H + p].sum16[0]));
-        sb[p][c] = _mm512_set1_epi32(-32 * int32_t(x[c][4 * H + p].sum16[1]));
-      }
+      for (int c = 0; c < NC; c++) offsets(x[c][4 * H + p], sa[p][c], sb[p][c]);
     for (int k = 0; k < 8; k++) {
       const __m512i la = load512(ql_line(t, H, 0, k)), lb = load512(ql_line(t, H, 1, k));
       const __m512i h = load512(qh_line(t, H, k));
@@ -435,11 +426,30 @@ struct PackedQ6K {
     }
   }
 
+  // Half S of block M, sums and scale: with many columns only one set of sums is live at a time
+  // (two sets spill at 8 columns). Same operations as sums + apply.
+  template <int NC, int M, int S>
+  static void block_half(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
+    constexpr int H = M / 4, P = M % 4;
+    __m512i s[NC];
+    for (int c = 0; c < NC; c++) {
+      int32_t both;
+      std::memcpy(&both, x[c][M].sum16, 4);
+      s[c] = _mm512_madd_epi16(_mm512_set1_epi32(both), _mm512_set1_epi32(S ? int32_t(0xFFE00000u) : 0x0000FFE0));
+    }
+    for (int k = 4 * S; k < 4 * S + 4; k++) {
+      const __m512i u = quants<P>(load512(ql_line(t, H, P, k)), load512(qh_line(t, H, k)));
+      for (int c = 0; c < NC; c++) s[c] = _mm512_dpbusd_epi32(s[c], u, bcast4(x[c][M].q + 4 * k));
+    }
+    const __m512 ds = _mm512_mul_ps(d, byte_s<2 * (M % 2) + S>(load512(t + kSc + 64 * (M / 2))));
+    for (int c = 0; c < NC; c++)
+      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), _mm512_set1_ps(x[c][M].d)), ds, acc[c]);
+  }
+
   template <int NC, int M>
   static void block(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
-    __m512i sa[NC], sb[NC];
-    sums<NC, M>(t, x, sa, sb);
-    apply<NC, M>(t, d, x, sa, sb, acc);
+    block_half<NC, M, 0>(t, d, x, acc);
+    block_half<NC, M, 1>(t, d, x, acc);
   }
 
   template <int NC, int H>
