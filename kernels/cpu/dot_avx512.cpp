@@ -289,32 +289,60 @@ struct PackedK4 {
   static constexpr size_t kTile = kFive ? 16 * sizeof(BlockQ5_K) : 16 * sizeof(BlockQ4_K);
   static constexpr size_t kQh = 256, kQs = kFive ? 768 : 256;
 
+  // Block B of the super-block (chunk B / 2, low nibbles for even B), unsigned 4- or 5-bit quants
+  // of line k.
+  template <int B>
+  static __m512i quants(const uint8_t* t, int k) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i raw = load512(t + kQs + 64 * (8 * (B / 2) + k));
+    __m512i u = B % 2 ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4);
+    if constexpr (kFive) {
+      const __m512i qh = load512(t + kQh + 64 * k);
+      u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, _mm512_set1_epi8(char(1 << B))), u, _mm512_set1_epi8(0x10));
+    }
+    return u;
+  }
+
+  template <int NC, int B>
+  static void finish(const ActQ8_32s* const* x, const __m512i* s, const __m512* dsc, const __m512* nmn, __m512* acc) {
+    for (int c = 0; c < NC; c++) {
+      const ActQ8_32s& xb = x[c][B];
+      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), _mm512_set1_ps(xb.d)), dsc[B], acc[c]);
+      acc[c] = _mm512_fmadd_ps(nmn[B], _mm512_set1_ps(xb.ds), acc[c]);
+    }
+  }
+
+  // Blocks 2C and 2C + 1. Up to 4 columns both blocks' sums run together (two chains); with more,
+  // one block at a time, since both sets of sums at once spill.
   template <int NC, int C>
   static void chunk(const uint8_t* t, const ActQ8_32s* const* x, const __m512* dsc, const __m512* nmn, __m512* acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i s0[NC], s1[NC];
-    for (int c = 0; c < NC; c++) s0[c] = s1[c] = _mm512_setzero_si512();
+    if constexpr (NC <= 4) {
+      __m512i s0[NC], s1[NC];
+      for (int c = 0; c < NC; c++) s0[c] = s1[c] = _mm512_setzero_si512();
+      for (int k = 0; k < 8; k++) {
+        const __m512i lo = quants<2 * C>(t, k), hi = quants<2 * C + 1>(t, k);
+        for (int c = 0; c < NC; c++) {
+          s0[c] = _mm512_dpbusd_epi32(s0[c], lo, bcast4(x[c][2 * C].q + 4 * k));
+          s1[c] = _mm512_dpbusd_epi32(s1[c], hi, bcast4(x[c][2 * C + 1].q + 4 * k));
+        }
+      }
+      finish<NC, 2 * C>(x, s0, dsc, nmn, acc);
+      finish<NC, 2 * C + 1>(x, s1, dsc, nmn, acc);
+    } else {
+      one<NC, 2 * C>(t, x, dsc, nmn, acc);
+      one<NC, 2 * C + 1>(t, x, dsc, nmn, acc);
+    }
+  }
+
+  template <int NC, int B>
+  static void one(const uint8_t* t, const ActQ8_32s* const* x, const __m512* dsc, const __m512* nmn, __m512* acc) {
+    __m512i s[NC];
+    for (int c = 0; c < NC; c++) s[c] = _mm512_setzero_si512();
     for (int k = 0; k < 8; k++) {
-      const __m512i raw = load512(t + kQs + 64 * (8 * C + k));
-      __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-      if constexpr (kFive) {
-        const __m512i qh = load512(t + kQh + 64 * k), b16 = _mm512_set1_epi8(0x10);
-        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8(char(1 << (2 * C)))), lo, b16);
-        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_set1_epi8(char(2 << (2 * C)))), hi, b16);
-      }
-      for (int c = 0; c < NC; c++) {
-        s0[c] = _mm512_dpbusd_epi32(s0[c], lo, bcast4(x[c][2 * C].q + 4 * k));
-        s1[c] = _mm512_dpbusd_epi32(s1[c], hi, bcast4(x[c][2 * C + 1].q + 4 * k));
-      }
+      const __m512i u = quants<B>(t, k);
+      for (int c = 0; c < NC; c++) s[c] = _mm512_dpbusd_epi32(s[c], u, bcast4(x[c][B].q + 4 * k));
     }
-    for (int c = 0; c < NC; c++) {
-      const ActQ8_32s& x0 = x[c][2 * C];
-      const ActQ8_32s& x1 = x[c][2 * C + 1];
-      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s0[c]), _mm512_set1_ps(x0.d)), dsc[2 * C], acc[c]);
-      acc[c] = _mm512_fmadd_ps(nmn[2 * C], _mm512_set1_ps(x0.ds), acc[c]);
-      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s1[c]), _mm512_set1_ps(x1.d)), dsc[2 * C + 1], acc[c]);
-      acc[c] = _mm512_fmadd_ps(nmn[2 * C + 1], _mm512_set1_ps(x1.ds), acc[c]);
-    }
+    finish<NC, B>(x, s, dsc, nmn, acc);
   }
 
   template <int NC>
