@@ -91,7 +91,7 @@ void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
     if (f.len == 2) std::memcpy(tile + f.tile + 2 * size_t(r), blk + f.blk, 2);
-    else for (size_t j = 0; j < f.len; j++) tile[line_pos(f, j, r)] = blk[f.blk + j];
+    else for (size_t j = 0; j < f.len; j += 4) std::memcpy(tile + line_pos(f, j, r), blk + f.blk + j, 4);  // 4 bytes a line
   }
   if (t == GgmlType::Q5_0) {
     const size_t qh_at = layout(t).qh;
@@ -114,7 +114,7 @@ void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
     if (f.len == 2) std::memcpy(blk + f.blk, tile + f.tile + 2 * size_t(r), 2);
-    else for (size_t j = 0; j < f.len; j++) blk[f.blk + j] = tile[line_pos(f, j, r)];
+    else for (size_t j = 0; j < f.len; j += 4) std::memcpy(blk + f.blk + j, tile + line_pos(f, j, r), 4);
   }
   if (t == GgmlType::Q5_0) {
     uint64_t mask[8];
