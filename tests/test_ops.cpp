@@ -155,6 +155,20 @@ TEST_CASE("attention over staged F16 rows matches a double reference on every IS
           double worst = 0;
           for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]));
           CHECK(worst < 2e-5);
+          // Each token alone (a decode step, which reads the F16 rows in place on AVX-512) gives
+          // the bits it got inside the batch (converted tiles shared by a block of queries).
+          std::vector<float> one(size_t(n_head) * dk);
+          int differ = 0;
+          for (int t = 0; t < n_tok; ++t) {
+            AttentionArgs b = a;
+            b.n_tokens = 1;
+            b.q = q.data() + size_t(t) * a.q_stride;
+            b.out = one.data();
+            b.pos = pos.data() + t, b.seq = seq.data() + t, b.first = first.data() + t, b.row0 = row0.data() + t;
+            attention(b, pool);
+            differ += std::memcmp(one.data(), out.data() + size_t(t) * a.out_stride, one.size() * 4) != 0;
+          }
+          CHECK(differ == 0);
         }
       }
     }

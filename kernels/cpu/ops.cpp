@@ -494,6 +494,48 @@ BATON_AVX512_FN void pv_avx512_nh(const float* p, const float* V, int n, int d, 
   for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out);
   for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out);
 }
+
+// One query token (decode) against F16 rows read in place: the same per-(head, key) FMA order and
+// reduction as scores_avx512_nh and the same per-lane order over keys as pv_avx512_slice, so the
+// result is bit-identical to converting the rows into float tiles first, which a block of several
+// queries still does (it shares each conversion between its queries).
+template <int NH>
+BATON_AVX512_FN void scores_f16_nh(const float* q, const uint16_t* const* K, int n, int d, float scale, float* s) {
+  for (int j = 0; j < n; ++j) {
+    __m512 acc[NH];
+    for (int h = 0; h < NH; ++h) acc[h] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+      const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(K[j] + i)));
+      for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
+    }
+    for (int h = 0; h < NH; ++h) s[size_t(h) * n + j] = _mm512_reduce_add_ps(acc[h]) * scale;
+  }
+}
+
+template <int NH, int W>
+BATON_AVX512_FN void pv_f16_slice(const float* p, const uint16_t* const* V, int n, int d, int i, float* out) {
+  __m512 acc[NH][W];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int j = 0; j < n; ++j) {
+    __m512 vv[W];
+    for (int c = 0; c < W; ++c)
+      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(V[j] + i + 16 * c)));
+    for (int h = 0; h < NH; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[size_t(h) * n + j]);
+      for (int c = 0; c < W; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < W; ++c) _mm512_storeu_ps(out + size_t(h) * d + i + 16 * c, acc[h][c]);
+}
+
+template <int NH>
+BATON_AVX512_FN void pv_f16_nh(const float* p, const uint16_t* const* V, int n, int d, float* out) {
+  int i = 0;
+  for (; i + 64 <= d; i += 64) pv_f16_slice<NH, 4>(p, V, n, d, i, out);
+  for (; i < d; i += 16) pv_f16_slice<NH, 1>(p, V, n, d, i, out);
+}
 #pragma GCC diagnostic pop
 
 void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
@@ -507,6 +549,18 @@ void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out)
   if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out);
   if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out);
   if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out);
+}
+void scores_f16(const float* q, int nh, const uint16_t* const* K, int n, int d, float scale, float* s) {
+  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_f16_nh<4>(q, K, n, d, scale, s);
+  if (nh == 3) scores_f16_nh<3>(q, K, n, d, scale, s);
+  if (nh == 2) scores_f16_nh<2>(q, K, n, d, scale, s);
+  if (nh == 1) scores_f16_nh<1>(q, K, n, d, scale, s);
+}
+void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) {
+  for (; nh >= 4; nh -= 4, p += 4 * size_t(n), out += 4 * size_t(d)) pv_f16_nh<4>(p, V, n, d, out);
+  if (nh == 3) pv_f16_nh<3>(p, V, n, d, out);
+  if (nh == 2) pv_f16_nh<2>(p, V, n, d, out);
+  if (nh == 1) pv_f16_nh<1>(p, V, n, d, out);
 }
 #endif
 
@@ -580,6 +634,26 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     auto key_at = [&](int j) { return j >= first ? a.k_new + size_t(row0 + j - first) * kv.k_row : kv.k_cell(s, j); };
     auto val_at = [&](int j) { return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row : kv.v_cell(s, j); };
 
+#if defined(__x86_64__) || defined(__i386__)
+    // One query over an F16 cache (decode): read the rows in place instead of converting them.
+    if (t1 - t0 == 1 && kv.type == GgmlType::F16 && kern.scores == scores_avx512) {
+      thread_local std::vector<const uint16_t*> rows;
+      thread_local std::vector<float> sc;
+      rows.resize(2 * size_t(nk));
+      sc.resize(size_t(nk) * heads_per_task);
+      for (int j = 0; j < nk; ++j) {
+        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(lo + j)) + size_t(g) * dk;
+        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j)) + size_t(g) * dv;
+      }
+      const int off = lo_of(t0) - lo, n = a.pos[t0] - lo_of(t0) + 1;
+      const float* q = a.q + size_t(t0) * a.q_stride + size_t(h0) * dk;
+      float* out = a.out + size_t(t0) * a.out_stride + size_t(h0) * dv;
+      scores_f16(q, heads_per_task, rows.data() + off, n, dk, a.scale, sc.data());
+      for (int r = 0; r < heads_per_task; ++r) softmax(sc.data() + size_t(r) * n, n);
+      pv_f16(sc.data(), heads_per_task, rows.data() + nk + off, n, dv, out);
+      return;
+    }
+#endif
     thread_local std::vector<float> buf;
     buf.resize(size_t(nk) * (dk + dv) + size_t(nk) * heads_per_task);
     float* ktile = buf.data();                   // [nk][dk]
