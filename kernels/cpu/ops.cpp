@@ -468,17 +468,32 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, const float* K, int n, int
   }
 }
 
+// Rows of V as P·V reads them: a float tile (row j at V + j·d) or F16 cache rows read in place.
+struct FloatRows {
+  const float* V;
+  int d;
+  const float* operator()(int j) const { return V + size_t(j) * d; }
+};
+struct F16Rows {
+  const uint16_t* const* V;
+  const uint16_t* operator()(int j) const { return V[j]; }
+};
+BATON_AVX512_FN inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+BATON_AVX512_FN inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // d % 16 == 0. Output slices of W vectors per head stay in registers over all n keys: W V loads
 // and NH broadcasts per W·NH FMAs.
-template <int NH, int W>
-BATON_AVX512_FN void pv_avx512_slice(const float* p, const float* V, int n, int d, int i, float* out) {
+template <int NH, int W, class Rows>
+BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i, float* out) {
   __m512 acc[NH][W];
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
   for (int j = 0; j < n; ++j) {
-    const float* v = V + size_t(j) * d + i;
+    const auto* v = V(j) + i;
     __m512 vv[W];
-    for (int c = 0; c < W; ++c) vv[c] = _mm512_loadu_ps(v + 16 * c);
+    for (int c = 0; c < W; ++c) vv[c] = load16(v + 16 * c);
     for (int h = 0; h < NH; ++h) {
       const __m512 ph = _mm512_set1_ps(p[size_t(h) * n + j]);
       for (int c = 0; c < W; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
@@ -488,15 +503,15 @@ BATON_AVX512_FN void pv_avx512_slice(const float* p, const float* V, int n, int 
     for (int c = 0; c < W; ++c) _mm512_storeu_ps(out + size_t(h) * d + i + 16 * c, acc[h][c]);
 }
 
-template <int NH>
-BATON_AVX512_FN void pv_avx512_nh(const float* p, const float* V, int n, int d, float* out) {
+template <int NH, class Rows>
+BATON_AVX512_FN void pv_avx512_nh(const float* p, Rows V, int n, int d, float* out) {
   int i = 0;
   for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out);
   for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out);
 }
 
 // One query token (decode) against F16 rows read in place: the same per-(head, key) FMA order and
-// reduction as scores_avx512_nh and the same per-lane order over keys as pv_avx512_slice, so the
+// reduction as scores_avx512_nh and P·V through the same pv_avx512_slice (rows converted as loaded), so the
 // result is bit-identical to converting the rows into float tiles first, which a block of several
 // queries still does (it shares each conversion between its queries).
 template <int NH>
@@ -512,30 +527,6 @@ BATON_AVX512_FN void scores_f16_nh(const float* q, const uint16_t* const* K, int
   }
 }
 
-template <int NH, int W>
-BATON_AVX512_FN void pv_f16_slice(const float* p, const uint16_t* const* V, int n, int d, int i, float* out) {
-  __m512 acc[NH][W];
-  for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
-  for (int j = 0; j < n; ++j) {
-    __m512 vv[W];
-    for (int c = 0; c < W; ++c)
-      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(V[j] + i + 16 * c)));
-    for (int h = 0; h < NH; ++h) {
-      const __m512 ph = _mm512_set1_ps(p[size_t(h) * n + j]);
-      for (int c = 0; c < W; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
-    }
-  }
-  for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c) _mm512_storeu_ps(out + size_t(h) * d + i + 16 * c, acc[h][c]);
-}
-
-template <int NH>
-BATON_AVX512_FN void pv_f16_nh(const float* p, const uint16_t* const* V, int n, int d, float* out) {
-  int i = 0;
-  for (; i + 64 <= d; i += 64) pv_f16_slice<NH, 4>(p, V, n, d, i, out);
-  for (; i < d; i += 16) pv_f16_slice<NH, 1>(p, V, n, d, i, out);
-}
 #pragma GCC diagnostic pop
 
 void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
@@ -544,24 +535,21 @@ void scores_avx512(const float* q, int nh, const float* K, int n, int d, float s
   if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s);
   if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s);
 }
-void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out) {
+template <class Rows>
+void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out) {
   for (; nh >= 4; nh -= 4, p += 4 * size_t(n), out += 4 * size_t(d)) pv_avx512_nh<4>(p, V, n, d, out);
   if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out);
   if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out);
   if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out);
 }
+void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out) { pv_rows(p, nh, FloatRows{V, d}, n, d, out); }
 void scores_f16(const float* q, int nh, const uint16_t* const* K, int n, int d, float scale, float* s) {
   for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_f16_nh<4>(q, K, n, d, scale, s);
   if (nh == 3) scores_f16_nh<3>(q, K, n, d, scale, s);
   if (nh == 2) scores_f16_nh<2>(q, K, n, d, scale, s);
   if (nh == 1) scores_f16_nh<1>(q, K, n, d, scale, s);
 }
-void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) {
-  for (; nh >= 4; nh -= 4, p += 4 * size_t(n), out += 4 * size_t(d)) pv_f16_nh<4>(p, V, n, d, out);
-  if (nh == 3) pv_f16_nh<3>(p, V, n, d, out);
-  if (nh == 2) pv_f16_nh<2>(p, V, n, d, out);
-  if (nh == 1) pv_f16_nh<1>(p, V, n, d, out);
-}
+void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) { pv_rows(p, nh, F16Rows{V}, n, d, out); }
 #endif
 
 AttnKernels attn_kernels(int dk, int dv) {
