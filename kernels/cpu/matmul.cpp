@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gguf/error.h"
+#include "kernels/cpu/matmul_multi.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/qkernels.h"
 
@@ -106,55 +107,14 @@ const uint8_t* quantize_columns(const KernelTable& kt, ActKind kind, const float
 
 }  // namespace
 
-namespace {
-
-// Packed weights: groups of 16 rows handed out in chunks; within a chunk, columns in tiles of up to
-// 8 pass over each group (the chunk's weights stay in L2 while the tiles go by).
-void matmul_packed(const KernelTable& kt, const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
-  const PackedFn kernel = kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type);
-  BATON_CHECK(kernel != nullptr);
-  const QuantFn quant = kt.quant[int(ActKind::Q8_32s)] ? kt.quant[int(ActKind::Q8_32s)] : quant_q8_32s_portable;
-  const int64_t rows = W.rows, cols = W.cols, nb = cols / 32;
-  const size_t a_stride = act_bytes(ActKind::Q8_32s, cols);
-  thread_local std::vector<uint8_t> scratch;
-  if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
-  uint8_t* A = scratch.data();
-  auto quant_task = [&](int j, int) { quant(X + int64_t(j) * cols, cols, A + size_t(j) * a_stride); };
-  if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
-  else for (int j = 0; j < n; j++) quant_task(j, 0);
-
-  const int64_t groups = (rows + kPackRows - 1) / kPackRows;
-  const size_t group_bytes = packed_group_bytes(W.type, cols);
-  int64_t chunk;
-  if (n <= kPackedMaxCols) {
-    chunk = std::max<int64_t>(1, groups / (int64_t(pool.size()) * 8));
-  } else {
-    chunk = std::clamp<int64_t>(int64_t(256 * 1024 / std::max<size_t>(group_bytes, 1)), 1, 16);
-    while (chunk > 1 && (groups + chunk - 1) / chunk < 4 * pool.size()) chunk /= 2;
-  }
-  const int n_tasks = int((groups + chunk - 1) / chunk);
-  const size_t y_stride = size_t(rows);
-  auto body = [&](int task, int) {
-    const int64_t g0 = task * chunk, g1 = std::min(groups, g0 + chunk);
-    for (int j = 0; j < n; j += kPackedMaxCols) {
-      const int nc = std::min(kPackedMaxCols, n - j);
-      for (int64_t g = g0; g < g1; g++) {
-        const int64_t r0 = g * kPackRows;
-        kernel(nb, W.packed + size_t(g) * group_bytes, A + size_t(j) * a_stride, a_stride, nc,
-               Y + size_t(j) * y_stride + size_t(r0), y_stride, int(std::min<int64_t>(kPackRows, rows - r0)));
-      }
-    }
-  };
-  pool.run(n_tasks, std::ref(body));
-}
-
-}  // namespace
-
 void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
   BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
   const KernelTable& kt = table_for(active_isa());
-  if (W.packed) return matmul_packed(kt, W, X, n, Y, pool);
+  if (W.packed) {
+    const MatmulTarget one{&W, Y};
+    return matmul_packed_targets(&one, 1, X, n, pool);
+  }
   BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);  // a compute type
   const int64_t rows = W.rows, cols = W.cols;
   const size_t y_stride = size_t(rows);

@@ -29,8 +29,74 @@ constexpr int kFusedMaxCols = 4;
 
 }  // namespace
 
+// Packed targets, any column count: the activations quantized once (shared by every target), then
+// one job over all targets' groups of 16 rows. Few columns: chunks sized for balance, each group
+// streamed once. Many columns: chunks that stay in L2 while the column tiles of 8 pass over them.
+void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool) {
+  BATON_CHECK(n >= 1 && n_targets >= 1 && n_targets <= kMaxTargets);
+  const KernelTable& kt = active_table();
+  const int64_t cols = targets[0].W->cols, nb = cols / 32;
+  const QuantFn quant = kt.quant[int(ActKind::Q8_32s)] ? kt.quant[int(ActKind::Q8_32s)] : quant_q8_32s_portable;
+  const size_t a_stride = act_bytes(ActKind::Q8_32s, cols);
+  thread_local std::vector<uint8_t> scratch;  // only grows
+  if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
+  uint8_t* A = scratch.data();
+  auto quant_task = [&](int j, int) { quant(X + int64_t(j) * cols, cols, A + size_t(j) * a_stride); };
+  if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
+  else for (int j = 0; j < n; j++) quant_task(j, 0);
+
+  struct Part {
+    PackedFn kernel;
+    int64_t groups, chunk;
+    size_t group_bytes;
+    int first_task;
+  };
+  Part parts[kMaxTargets];
+  int n_tasks = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    const QMatrix& W = *targets[i].W;
+    BATON_CHECK(W.packed && W.cols == cols && int(W.type) < kTypeSlots);
+    Part& p = parts[i];
+    p.kernel = kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type);
+    BATON_CHECK(p.kernel != nullptr);
+    p.groups = (W.rows + kPackRows - 1) / kPackRows;
+    p.group_bytes = packed_group_bytes(W.type, cols);
+    if (n <= kPackedMaxCols) {
+      p.chunk = std::max<int64_t>(1, p.groups / (int64_t(pool.size()) * 8));
+    } else {
+      p.chunk = std::clamp<int64_t>(int64_t(256 * 1024 / std::max<size_t>(p.group_bytes, 1)), 1, 16);
+      while (p.chunk > 1 && (p.groups + p.chunk - 1) / p.chunk < 4 * pool.size()) p.chunk /= 2;
+    }
+    p.first_task = n_tasks;
+    n_tasks += int((p.groups + p.chunk - 1) / p.chunk);
+  }
+
+  auto body = [&](int task, int) {
+    int i = n_targets - 1;
+    while (parts[i].first_task > task) --i;
+    const Part& p = parts[i];
+    const QMatrix& W = *targets[i].W;
+    const size_t y_stride = size_t(W.rows);
+    const int64_t g0 = int64_t(task - p.first_task) * p.chunk, g1 = std::min(p.groups, g0 + p.chunk);
+    for (int j = 0; j < n; j += kPackedMaxCols) {
+      const int nc = std::min(kPackedMaxCols, n - j);
+      for (int64_t g = g0; g < g1; g++) {
+        const int64_t r0 = g * kPackRows;
+        p.kernel(nb, W.packed + size_t(g) * p.group_bytes, A + size_t(j) * a_stride, a_stride, nc,
+                 targets[i].Y + size_t(j) * y_stride + size_t(r0), y_stride,
+                 int(std::min<int64_t>(kPackRows, W.rows - r0)));
+      }
+    }
+  };
+  pool.run(n_tasks, std::ref(body));
+}
+
 void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool) {
   BATON_CHECK(n >= 1 && n_targets >= 1);
+  bool all_packed = n_targets <= kMaxTargets;
+  for (int i = 0; i < n_targets && all_packed; ++i)
+    all_packed = targets[i].W->packed != nullptr && targets[i].W->cols == targets[0].W->cols;
+  if (all_packed) return matmul_packed_targets(targets, n_targets, X, n, pool);
   if (n > kFusedMaxCols || n_targets > kMaxTargets || n_targets == 1) {
     for (int i = 0; i < n_targets; ++i) matmul(*targets[i].W, X, n, targets[i].Y, pool);
     return;

@@ -10,9 +10,14 @@ struct MatmulTarget {
   float* Y = nullptr;  // n vectors of W->rows floats, as in matmul()
 };
 
-// Y_i = W_i·X for every target (all W_i share cols). Same results as calling matmul() per target;
-// for n <= 4 (decode) the rows of all targets are one job, above that each target is its own
-// matmul() (prefill: the GEMMs are long enough that a barrier does not matter).
+// Y_i = W_i·X for every target (all W_i share cols). Same results as calling matmul() per target.
+// When every target is packed, X is quantized once and all targets' rows are one job at any column
+// count; otherwise for n <= 4 (decode) the rows of all targets are one job, and above that each
+// target is its own matmul() (prefill: the GEMMs are long enough that a barrier does not matter).
 void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool);
+
+// The packed path of matmul_multi (and of matmul() for one packed matrix): every target packed,
+// 1..4 targets of equal cols.
+void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool);
 
 }  // namespace baton::cpu
