@@ -433,50 +433,25 @@ void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers, see above
 
-// d % 16 == 0. Keys four at a time: 4 K loads + NH q loads per 4·NH FMAs.
-template <int NH>
-BATON_AVX512_FN void scores_avx512_nh(const float* q, const float* K, int n, int d, float scale, float* s) {
-  int j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const float* k0 = K + size_t(j) * d;
-    __m512 acc[NH][4];
-    for (int h = 0; h < NH; ++h)
-      for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
-    for (int i = 0; i < d; i += 16) {
-      const __m512 kv0 = _mm512_loadu_ps(k0 + i), kv1 = _mm512_loadu_ps(k0 + d + i);
-      const __m512 kv2 = _mm512_loadu_ps(k0 + 2 * d + i), kv3 = _mm512_loadu_ps(k0 + 3 * d + i);
-      for (int h = 0; h < NH; ++h) {
-        const __m512 qv = _mm512_loadu_ps(q + size_t(h) * d + i);
-        acc[h][0] = _mm512_fmadd_ps(qv, kv0, acc[h][0]);
-        acc[h][1] = _mm512_fmadd_ps(qv, kv1, acc[h][1]);
-        acc[h][2] = _mm512_fmadd_ps(qv, kv2, acc[h][2]);
-        acc[h][3] = _mm512_fmadd_ps(qv, kv3, acc[h][3]);
-      }
-    }
-    for (int h = 0; h < NH; ++h)
-      for (int c = 0; c < 4; ++c) s[size_t(h) * n + j + c] = _mm512_reduce_add_ps(acc[h][c]) * scale;
-  }
-  for (; j < n; ++j) {
-    const float* k0 = K + size_t(j) * d;
-    __m512 acc[NH];
-    for (int h = 0; h < NH; ++h) acc[h] = _mm512_setzero_ps();
-    for (int i = 0; i < d; i += 16) {
-      const __m512 kv = _mm512_loadu_ps(k0 + i);
-      for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
-    }
-    for (int h = 0; h < NH; ++h) s[size_t(h) * n + j] = _mm512_reduce_add_ps(acc[h]) * scale;
-  }
-}
-
 // Rows of V as P·V reads them: a float tile (row j at V + j·d) or F16 cache rows read in place.
 struct FloatRows {
   const float* V;
   int d;
   const float* operator()(int j) const { return V + size_t(j) * d; }
+  void prefetch(int, int, int, int) const {}  // a tile the block just converted: in cache
 };
+// Cache rows are read in place from wherever the sequence's positions live: a decode step touches
+// every sequence's whole cache once, mostly from DRAM, so the rows a few keys ahead are prefetched.
+constexpr int kRowsAhead = 6;
+BATON_AVX512_FN inline void prefetch_row(const uint16_t* row, int d) {
+  for (int b = 0; b < d * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
 struct F16Rows {
   const uint16_t* const* V;
   const uint16_t* operator()(int j) const { return V[j]; }
+  void prefetch(int j, int n, int i, int w) const {
+    if (j + kRowsAhead < n) prefetch_row(V[j + kRowsAhead] + i, w);
+  }
 };
 BATON_AVX512_FN inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 BATON_AVX512_FN inline __m512 load16(const uint16_t* p) {
@@ -491,6 +466,7 @@ BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
   for (int j = 0; j < n; ++j) {
+    V.prefetch(j, n, i, 16 * W);
     const auto* v = V(j) + i;
     __m512 vv[W];
     for (int c = 0; c < W; ++c) vv[c] = load16(v + 16 * c);
@@ -510,17 +486,58 @@ BATON_AVX512_FN void pv_avx512_nh(const float* p, Rows V, int n, int d, float* o
   for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out);
 }
 
-// One query token (decode) against F16 rows read in place: the same per-(head, key) FMA order and
-// reduction as scores_avx512_nh and P·V through the same pv_avx512_slice (rows converted as loaded), so the
-// result is bit-identical to converting the rows into float tiles first, which a block of several
-// queries still does (it shares each conversion between its queries).
-template <int NH>
-BATON_AVX512_FN void scores_f16_nh(const float* q, const uint16_t* const* K, int n, int d, float scale, float* s) {
-  for (int j = 0; j < n; ++j) {
+// The sums of 16 vectors at once: lane k of the result is the sum of the lanes of v[k], added in
+// exactly the pairs _mm512_reduce_add_ps adds them (lanes i and i + 8, then i and i + 4, i and
+// i + 2, i and i + 1), so every sum has the bits of its own reduction; 15 adds and 30 shuffles for
+// 16 sums instead of 16 full reductions. The tree leaves lane 4q + m holding the sum of slot
+// 4m + q, so slot s is fed v[4·(s % 4) + s / 4] (a 4 × 4 transpose, its own inverse).
+BATON_AVX512_FN inline __m512 reduce16(const __m512* v) {
+  __m512 b[8], c[4], e[2];
+  for (int p = 0; p < 8; ++p) {  // lanes i and i + 8 of a pair of sources: one source per 256-bit half
+    const int s0 = 2 * p, s1 = 2 * p + 1;
+    const __m512 x = v[4 * (s0 % 4) + s0 / 4], y = v[4 * (s1 % 4) + s1 / 4];
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  for (int p = 0; p < 4; ++p)  // i and i + 4: one source per 128-bit quarter
+    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88), _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
+  for (int p = 0; p < 2; ++p)  // i and i + 2, within each quarter
+    e[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44), _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));  // i and i + 1
+}
+
+// Scores of NH query heads against the keys of one KV head, d % 16 == 0. Keys go in blocks of
+// KB (NH·KB <= 16 accumulators): each K vector loaded feeds NH heads, and a block's NH·KB dot
+// products are reduced together by reduce16. Per (head, key) the FMAs run along d in order and
+// end in the same reduction, so a score's bits do not depend on NH, on the block, or on whether
+// the rows are a float tile or F16 cache rows read in place (decode).
+template <int NH, class Rows>
+BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, float scale, float* s) {
+  constexpr int KB = NH == 1 ? 16 : NH == 2 ? 8 : NH == 3 ? 5 : 4;
+  static_assert(NH * KB <= 16);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  int j = 0;
+  for (; j + KB <= n; j += KB) {
+    for (int k = 0; k < KB; ++k) K.prefetch(j + k, n, 0, d);
+    __m512 acc[16];
+    for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+      __m512 qv[NH];
+      for (int h = 0; h < NH; ++h) qv[h] = _mm512_loadu_ps(q + size_t(h) * d + i);
+      for (int k = 0; k < KB; ++k) {
+        const __m512 kv = load16(K(j + k) + i);
+        for (int h = 0; h < NH; ++h) acc[h * KB + k] = _mm512_fmadd_ps(qv[h], kv, acc[h * KB + k]);
+      }
+    }
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, _mm512_mul_ps(reduce16(acc), vscale));
+    for (int h = 0; h < NH; ++h) std::memcpy(s + size_t(h) * n + j, sums + h * KB, KB * sizeof(float));
+  }
+  for (; j < n; ++j) {
+    K.prefetch(j, n, 0, d);
     __m512 acc[NH];
     for (int h = 0; h < NH; ++h) acc[h] = _mm512_setzero_ps();
     for (int i = 0; i < d; i += 16) {
-      const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(K[j] + i)));
+      const __m512 kv = load16(K(j) + i);
       for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
     }
     for (int h = 0; h < NH; ++h) s[size_t(h) * n + j] = _mm512_reduce_add_ps(acc[h]) * scale;
@@ -529,11 +546,15 @@ BATON_AVX512_FN void scores_f16_nh(const float* q, const uint16_t* const* K, int
 
 #pragma GCC diagnostic pop
 
-void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+template <class Rows>
+void scores_rows(const float* q, int nh, Rows K, int n, int d, float scale, float* s) {
   for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_avx512_nh<4>(q, K, n, d, scale, s);
   if (nh == 3) scores_avx512_nh<3>(q, K, n, d, scale, s);
   if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s);
   if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s);
+}
+void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+  scores_rows(q, nh, FloatRows{K, d}, n, d, scale, s);
 }
 template <class Rows>
 void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out) {
@@ -544,10 +565,7 @@ void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out) {
 }
 void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out) { pv_rows(p, nh, FloatRows{V, d}, n, d, out); }
 void scores_f16(const float* q, int nh, const uint16_t* const* K, int n, int d, float scale, float* s) {
-  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_f16_nh<4>(q, K, n, d, scale, s);
-  if (nh == 3) scores_f16_nh<3>(q, K, n, d, scale, s);
-  if (nh == 2) scores_f16_nh<2>(q, K, n, d, scale, s);
-  if (nh == 1) scores_f16_nh<1>(q, K, n, d, scale, s);
+  scores_rows(q, nh, F16Rows{K}, n, d, scale, s);
 }
 void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) { pv_rows(p, nh, F16Rows{V}, n, d, out); }
 #endif
@@ -560,6 +578,14 @@ AttnKernels attn_kernels(int dk, int dv) {
   (void)dk, (void)dv;
   return {cvt_f16_scalar, scores_scalar, pv_scalar};
 }
+
+}  // namespace
+
+void attention_scores(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+  attn_kernels(d, d).scores(q, nh, K, n, d, scale, s);
+}
+
+namespace {
 
 // dst[n] = one head of a cache row in `type`, starting at element `first` (a block boundary).
 inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* row, int first, int n, float* dst) {

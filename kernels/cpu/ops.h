@@ -71,4 +71,8 @@ struct AttentionArgs {
 };
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
+// The scores step of attention() on the active ISA, exposed for its tests: for nh query heads (rows
+// d apart) against n keys (rows d apart), s[h·n + j] = scale · q_h·K_j.
+void attention_scores(const float* q, int nh, const float* K, int n, int d, float scale, float* s);
+
 }  // namespace baton::cpu
