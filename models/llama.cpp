@@ -219,8 +219,13 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     cpu::attention(a, pool);
     for (int t = 0; t < n; ++t) {
       const int sq = batch.seq[size_t(t)], p = batch.pos[size_t(t)];
-      std::memcpy(cache.k_cell(sq, p), s.k_new + size_t(s.row[size_t(t)]) * k_row, k_row);
-      std::memcpy(cache.v_cell(sq, p), s.v_new + size_t(s.row[size_t(t)]) * v_row, v_row);
+      const uint8_t* kr = s.k_new + size_t(s.row[size_t(t)]) * k_row;
+      const uint8_t* vr = s.v_new + size_t(s.row[size_t(t)]) * v_row;
+      const size_t kh = cache.k_head_bytes(), vh = cache.v_head_bytes();
+      for (int g = 0; g < cache.n_head_kv; ++g) {
+        std::memcpy(cache.k_at(sq, g, p), kr + size_t(g) * kh, kh);
+        std::memcpy(cache.v_at(sq, g, p), vr + size_t(g) * vh, vh);
+      }
     }
 
     cpu::matmul(L.wo, s.xb2, n, s.xb, pool);

@@ -44,20 +44,6 @@ const float* fp16_table() {
   return t.data();
 }
 
-// n floats of one head from a cache row in `type`, starting at element `first` (a block boundary).
-inline void load_head(GgmlType type, const uint8_t* row, int first, int n, float* dst, const float* f16) {
-  if (type == GgmlType::F16) {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(row) + first;
-    for (int i = 0; i < n; ++i) dst[i] = f16[h[i]];
-  } else {  // Q8_0
-    const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(row) + first / QK;
-    for (int blk = 0; blk < n / QK; ++blk) {
-      const float d = f16[b[blk].d];
-      for (int i = 0; i < QK; ++i) dst[blk * QK + i] = d * float(b[blk].qs[i]);
-    }
-  }
-}
-
 }  // namespace
 
 void rms_norm(const float* x, const float* w, float* y, int rows, int n, float eps) {
@@ -587,13 +573,13 @@ void attention_scores(const float* q, int nh, const float* K, int n, int d, floa
 
 namespace {
 
-// dst[n] = one head of a cache row in `type`, starting at element `first` (a block boundary).
-inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* row, int first, int n, float* dst) {
+// dst[n] = one head of one position in the cache's `type`, as floats.
+inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* head, int n, float* dst) {
   if (type == GgmlType::F16) {
-    kern.cvt_f16(reinterpret_cast<const uint16_t*>(row) + first, dst, n);
+    kern.cvt_f16(reinterpret_cast<const uint16_t*>(head), dst, n);
   } else {  // Q8_0
     const float* f16 = fp16_table();
-    const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(row) + first / QK;
+    const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(head);
     for (int blk = 0; blk < n / QK; ++blk) {
       const float d = f16[b[blk].d];
       for (int i = 0; i < QK; ++i) dst[blk * QK + i] = d * float(b[blk].qs[i]);
@@ -645,8 +631,13 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     for (int t = t0 + 1; t < t1; ++t) lo = std::min(lo, lo_of(t)), hi = std::max(hi, a.pos[t]);
     const int nk = hi - lo + 1;
     BATON_CHECK(lo >= first - kv.n_cells);  // every older position is still in the ring
-    auto key_at = [&](int j) { return j >= first ? a.k_new + size_t(row0 + j - first) * kv.k_row : kv.k_cell(s, j); };
-    auto val_at = [&](int j) { return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row : kv.v_cell(s, j); };
+    // Head g of position j: a staged row of the batch, or the cache.
+    auto key_at = [&](int j) {
+      return j >= first ? a.k_new + size_t(row0 + j - first) * kv.k_row + size_t(g) * kv.k_head_bytes() : kv.k_at(s, g, j);
+    };
+    auto val_at = [&](int j) {
+      return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row + size_t(g) * kv.v_head_bytes() : kv.v_at(s, g, j);
+    };
 
 #if defined(__x86_64__) || defined(__i386__)
     // One query over an F16 cache (decode): read the rows in place instead of converting them.
@@ -656,8 +647,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       rows.resize(2 * size_t(nk));
       sc.resize(size_t(nk) * heads_per_task);
       for (int j = 0; j < nk; ++j) {
-        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(lo + j)) + size_t(g) * dk;
-        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j)) + size_t(g) * dv;
+        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(lo + j));
+        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j));
       }
       const int off = lo_of(t0) - lo, n = a.pos[t0] - lo_of(t0) + 1;
       const float* q = a.q + size_t(t0) * a.q_stride + size_t(h0) * dk;
@@ -674,8 +665,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     float* vtile = ktile + size_t(nk) * dk;      // [nk][dv]
     float* scores = vtile + size_t(nk) * dv;     // [heads_per_task][nk]
     for (int j = 0; j < nk; ++j) {
-      load_head(kern, kv.type, key_at(lo + j), g * dk, dk, ktile + size_t(j) * dk);
-      load_head(kern, kv.type, val_at(lo + j), g * dv, dv, vtile + size_t(j) * dv);
+      load_head(kern, kv.type, key_at(lo + j), dk, ktile + size_t(j) * dk);
+      load_head(kern, kv.type, val_at(lo + j), dv, vtile + size_t(j) * dv);
     }
 
     for (int t = t0; t < t1; ++t) {

@@ -27,18 +27,27 @@ void softcap(float* y, float cap, int n);                         // y = cap * t
 // out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);
 
-// One layer's KV cache: for each sequence slot, n_cells rows of K and of V (all KV heads of one
-// position per row) in `type` (F16 or Q8_0). Position p lives in cell p % n_cells, so a
-// sliding-window layer keeps a ring of just `window` cells.
+// One layer's KV cache: for each sequence slot, n_cells positions of K and of V (all KV heads of a
+// position: k_row / v_row bytes) in `type` (F16 or Q8_0). Position p lives in cell p % n_cells, so
+// a sliding-window layer keeps a ring of just `window` cells. Head-major: per slot and KV head,
+// the n_cells rows of that head are consecutive, so what one attention task reads (one head, all
+// positions) is one contiguous run that the hardware streams.
 struct KvLayerView {
   GgmlType type = GgmlType::F16;
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
-  size_t k_row = 0, v_row = 0;   // bytes per cell
+  size_t k_row = 0, v_row = 0;   // bytes per position (all KV heads)
   int n_cells = 0;
   int n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
-  uint8_t* k_cell(int seq, int pos) const { return k + (size_t(seq) * n_cells + size_t(pos % n_cells)) * k_row; }
-  uint8_t* v_cell(int seq, int pos) const { return v + (size_t(seq) * n_cells + size_t(pos % n_cells)) * v_row; }
+  size_t k_head_bytes() const { return k_row / size_t(n_head_kv); }
+  size_t v_head_bytes() const { return v_row / size_t(n_head_kv); }
+  // Head g of the position `pos` of sequence slot `seq`.
+  uint8_t* k_at(int seq, int g, int pos) const {
+    return k + ((size_t(seq) * size_t(n_head_kv) + size_t(g)) * size_t(n_cells) + size_t(pos % n_cells)) * k_head_bytes();
+  }
+  uint8_t* v_at(int seq, int g, int pos) const {
+    return v + ((size_t(seq) * size_t(n_head_kv) + size_t(g)) * size_t(n_cells) + size_t(pos % n_cells)) * v_head_bytes();
+  }
 };
 
 // Converts n floats into a KV row of `type` (F16 or Q8_0; n a multiple of 32 for Q8_0).
