@@ -178,7 +178,7 @@ struct Packed {
   static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
   static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
   static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
-  static constexpr int64_t kAhead = 4;  // tiles prefetched ahead
+  static constexpr int64_t kAhead = 8;  // tiles prefetched ahead (past the group's end too: the next group follows)
 
   static __m512i bcast(const int8_t* q) {
     int32_t v;
@@ -195,7 +195,7 @@ struct Packed {
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* t = tiles + size_t(b) * kTile;
       const uint8_t* qs = t + kQs;
-      if (NC >= 4 && b + kAhead < nb)  // several columns: a tile takes long enough for DRAM to lag the streamer
+      if (NC >= 4)  // several columns: a tile takes long enough for DRAM to lag the streamer
         for (size_t l = 0; l < kTile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + l), _MM_HINT_T0);
       const ActQ8_32s* x[NC];
       __m512i s0[NC], s1[NC];
