@@ -128,7 +128,14 @@ struct TestResult {
   int n_prompt = 0, n_gen = 0;
   std::vector<double> tps;
   double cpu_ms_per_token = 0;  // process CPU time over the timed repetitions, per token
+  std::vector<double> stage_busy;  // several stages: each one's time at work over the timed wall time
 };
+
+std::vector<double> busy_seconds(const Pipeline& p) {
+  std::vector<double> v;
+  for (const auto& st : p.stages()) v.push_back(st.busy_s);
+  return v;
+}
 
 TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
   TestResult r{fmt::format("pp{}", tokens.size()), int(tokens.size()), 0, {}};
@@ -196,10 +203,17 @@ TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, int 
   };
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up, not counted
   const double c0 = cpu_s();
+  const std::vector<double> busy0 = busy_seconds(p);
+  double wall = 0;
   for (int rep = 0; rep < reps; ++rep) {
     const double t0 = now_s();
     generate(tokens.size());
+    wall += now_s() - t0;
     r.tps.push_back(double(tokens.size()) * n_seq / (now_s() - t0));
+  }
+  if (busy0.size() > 1) {
+    const std::vector<double> busy1 = busy_seconds(p);
+    for (size_t k = 0; k < busy0.size(); ++k) r.stage_busy.push_back((busy1[k] - busy0[k]) / wall);
   }
   r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(n_seq) * size_t(reps));
   return r;
@@ -265,6 +279,7 @@ int run(const BenchOpts& o) {
                           {"n_gen", r.n_gen},              {"repetitions", o.reps},
                           {"samples_ts", r.tps},           {"avg_ts", s.mean},
                           {"stddev_ts", s.sd},            {"cpu_ms_per_token", r.cpu_ms_per_token}};
+      if (!r.stage_busy.empty()) j["stage_busy"] = r.stage_busy;
       if (r.n_gen > 0 && o.parallel == 1) {
         j["weight_bytes_per_token"] = info.bytes_per_token;
         j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;
@@ -300,6 +315,13 @@ int run(const BenchOpts& o) {
   std::printf("\nweights read per generated token: %s", size_str(info.bytes_per_token).c_str());
   if (bw > 0) std::printf("; measured read bandwidth (%d threads): %.2f GB/s", threads, bw);
   std::printf("\n");
+  for (const auto& r : results) {
+    if (r.stage_busy.empty()) continue;
+    std::string b;
+    for (double f : r.stage_busy) b += fmt::format("{}{:.0f}%", b.empty() ? "" : ", ", 100 * f);
+    std::printf("%s: stages busy %s of the time (an idle stage waits for another: move layers with --tensor-split)\n",
+                r.name.c_str(), b.c_str());
+  }
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -31,6 +33,9 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--threads-per-stage", f.threads_per_stage,
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
+  app.add_option("--tensor-split", f.tensor_split,
+                 "layer proportions per device entry, e.g. 3,1 (default: fill devices in order; several CPU "
+                 "entries or ranks: equal work per stage)");
   app.add_flag("--verbose", f.verbose, "print loading and placement details");
   add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
 }
@@ -54,6 +59,27 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   }
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+std::vector<double> parse_tensor_split(const std::string& s) {
+  std::vector<double> out;
+  if (s.empty()) return out;
+  for (const auto& x : split_commas(s)) {
+    char* end = nullptr;
+    const double v = std::strtod(x.c_str(), &end);
+    if (x.empty() || *end != '\0' || !(v >= 0) || !std::isfinite(v))
+      fail(ErrorKind::Usage, "--tensor-split '{}': '{}' is not a proportion (a number >= 0)", s, x);
+    out.push_back(v);
+  }
+  return out;
+}
+
 uint64_t resolve_seed(const std::optional<uint64_t>& s) { return s ? *s : random_seed(); }
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
@@ -70,6 +96,7 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
   lo.n_threads = f.threads;
   lo.devices = f.devices;
   lo.threads_per_stage = f.threads_per_stage;
+  lo.tensor_split = parse_tensor_split(f.tensor_split);
   lo.verbose = f.verbose;
   const bool bar = stderr_is_tty();
   if (bar) {

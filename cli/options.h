@@ -25,10 +25,14 @@ struct ModelFlags {
   std::string devices = "cpu";
   int threads_per_stage = 0;
   std::string kv_type = "f16";
+  std::string tensor_split;  // --tensor-split 3,1: layer proportions per stage ("" = the default cut)
   bool verbose = false;
   bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
 };
 void add_model_flags(CLI::App& app, ModelFlags& f);
+std::vector<std::string> split_commas(const std::string& s);
+// "3,1" → {3, 1}; a part that is not a number → Error(Usage) naming it.
+std::vector<double> parse_tensor_split(const std::string& s);
 
 struct SamplingFlags {
   SamplingParams params;

@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/distributed.h"
+#include "cli/options.h"
 #include "gguf/gguf.h"
 #include "runtime/devices.h"
 #include "runtime/model_files.h"
@@ -24,14 +25,6 @@ struct PlanArgs {
   int n_gpu_layers = -1;
   bool no_cpu_spill = false, spread = false, json = false, distributed = false;
 };
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
 
 ModelShape load_shape(const PlanArgs& a) {
   if (!a.model.empty() && !a.shape.empty()) fail(ErrorKind::Usage, "give either -m MODEL or --shape NAME, not both");
@@ -52,13 +45,7 @@ int run_plan(const PlanArgs& a) {
   if (a.kv_type == "f16" || a.kv_type == "F16") o.kv_type = GgmlType::F16;
   else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
   else fail(ErrorKind::Usage, "--kv-type '{}' is not supported (use f16 or q8_0)", a.kv_type);
-  if (!a.tensor_split.empty())
-    for (const auto& x : split_commas(a.tensor_split)) {
-      char* end = nullptr;
-      const double v = std::strtod(x.c_str(), &end);
-      if (x.empty() || *end != '\0') fail(ErrorKind::Usage, "--tensor-split '{}': '{}' is not a number", a.tensor_split, x);
-      o.tensor_split.push_back(v);
-    }
+  o.tensor_split = parse_tensor_split(a.tensor_split);
   if (!a.reserve.empty())
     for (const auto& x : split_commas(a.reserve)) o.reserve.push_back(parse_size(x, "--reserve"));
   o.n_gpu_layers = a.n_gpu_layers;

@@ -468,6 +468,7 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   po.n_parallel = uint32_t(opt.n_seq);
   po.n_batch = uint32_t(opt.n_batch);
   po.kv_type = opt.kv_type;
+  po.tensor_split = opt.tensor_split;
   const Plan p = plan_ranks(shape, all, po);
   if (opt.verbose) std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));

@@ -14,6 +14,8 @@
 #include "runtime/pipeline_base.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -64,17 +66,20 @@ class CpuPipeline final : public ModelPipeline {
     std::vector<StageInfo> out;
     for (const auto& s : stages_)
       out.push_back({s->plan().label, s->layer_begin(), s->layer_end(), s->n_threads(),
-                     s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes()});
+                     s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes(),
+                     double(busy_ns_[out.size()].load(std::memory_order_relaxed)) * 1e-9});
     return out;
   }
 
  private:
   void touch_pages(const LoadOptions& opt) const;
   void drive(size_t k);  // stage k's driver thread
+  void run_stage(size_t k, const Batch& b, float* x, float* logits);  // forward, timed
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
   int n_batch_ = 0;
   std::vector<std::unique_ptr<CpuStage>> stages_;
+  std::unique_ptr<std::atomic<uint64_t>[]> busy_ns_;  // per stage: nanoseconds in forward
   std::function<void(int, const Batch&)> on_stage_;
 
   // Between the caller and the drivers: one lock for the queues and the ticket table (a few
@@ -115,7 +120,8 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
   // layers are cut for equal work per stage (the output head counts) rather than filling the
   // first entry; the slowest stage sets the pace of a pipeline.
-  if (devices.size() > 1) po.tensor_split = balanced_split(shape, devices.size());
+  po.tensor_split = opt.tensor_split;
+  if (po.tensor_split.empty() && devices.size() > 1) po.tensor_split = balanced_split(shape, devices.size());
   const Plan p = plan(shape, devices, po);
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   BATON_CHECK(!p.stages.empty());
@@ -149,6 +155,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
     }
   }
 
+  busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
   queue_.resize(stages_.size());
   for (size_t k = 0; k < stages_.size(); ++k) drivers_.emplace_back([this, k] { drive(k); });
 }
@@ -180,10 +187,16 @@ void CpuPipeline::touch_pages(const LoadOptions& opt) const {
   if (opt.progress) opt.progress(total, total);
 }
 
+void CpuPipeline::run_stage(size_t k, const Batch& b, float* x, float* logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  stages_[k]->forward(b, x, logits);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  busy_ns_[k].fetch_add(uint64_t(ns), std::memory_order_relaxed);
+}
+
 // Stage k's driver: take the oldest piece, run the stage on it, pass it on. A piece of a ticket
 // that already failed is passed on without work, so the ticket still completes.
 void CpuPipeline::drive(size_t k) {
-  CpuStage& stage = *stages_[k];
   const bool last = k + 1 == stages_.size();
   for (;;) {
     std::unique_ptr<Piece> piece;
@@ -200,7 +213,7 @@ void CpuPipeline::drive(size_t k) {
     if (!skip) {
       try {
         if (on_stage_) on_stage_(int(k), piece->batch);
-        stage.forward(piece->batch, piece->x.data(), piece->logits);
+        run_stage(k, piece->batch, piece->x.data(), piece->logits);
       } catch (...) {
         error = std::current_exception();
       }
@@ -288,7 +301,7 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
     for (const auto& piece : prepare(b, logits))
       for (size_t k = 0; k < S; ++k) {
         if (on_stage_) on_stage_(int(k), piece->batch);
-        stages_[k]->forward(piece->batch, piece->x.data(), piece->logits);
+        run_stage(k, piece->batch, piece->x.data(), piece->logits);
       }
     return;
   }

@@ -24,6 +24,9 @@ struct LoadOptions {
   int n_threads = 0;        // CPU threads in total; 0: all cores
   std::string devices = "cpu";       // device list as for --devices
   int threads_per_stage = 0;         // CPU stages: worker threads each (0: n_threads / n_cpu_stages)
+  // Layer proportions per device entry (--tensor-split). Empty: several CPU entries (or ranks) get
+  // equal work each (balanced_split), otherwise the planner fills devices in order.
+  std::vector<double> tensor_split;
   bool verbose = false;
   // Progress while loading: bytes done of bytes total (called from the loading thread).
   std::function<void(uint64_t done, uint64_t total)> progress;
@@ -40,6 +43,7 @@ struct StageInfo {
   int n_threads = 0;
   uint64_t planned_bytes = 0;
   uint64_t measured_bytes = 0;
+  double busy_s = 0;  // time spent working on batches since load (a balanced pipeline keeps every stage busy)
 };
 
 class Pipeline {

@@ -181,6 +181,26 @@ TEST_CASE("the threads per stage do not change the logits", "[pipeline]") {
   same_bits(run_prompt(*a, ids), run_prompt(*b, ids));
 }
 
+TEST_CASE("a tensor split cuts the layers as asked, the logits stay the same, and stages report their work", "[pipeline]") {
+  const std::string path = test::peer("logits/tiny-q4_0.gguf");
+  const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
+  auto a = load(path, "cpu");
+  LoadOptions o;
+  o.n_ctx = 128;
+  o.n_batch = 64;
+  o.n_threads = 2;
+  o.devices = "cpu,cpu";
+  o.tensor_split = {1, 3};
+  auto b = Pipeline::load(path, o);
+  const auto st = b->stages();
+  REQUIRE(st.size() == 2);
+  const int L = st[1].layer_end;
+  CHECK(st[0].layer_end == (L + 2) / 4);  // a quarter of the layers, rounded as the planner rounds
+  for (const auto& s : st) CHECK(s.busy_s == 0);
+  same_bits(run_prompt(*a, ids), run_prompt(*b, ids));
+  for (const auto& s : b->stages()) CHECK(s.busy_s > 0);  // both worked, and their time was counted
+}
+
 TEST_CASE("a budget that is too small is refused before loading", "[pipeline]") {
   const std::string path = test::peer("logits/tiny-q4_0.gguf");
   try {

@@ -115,6 +115,9 @@ TEST_CASE("exit codes: usage 1, model 2") {
   CHECK(run_baton("run -m " + m + " -p hi --no-such-flag").code == 1);
   CHECK(run_baton("run -m " + m).code == 1);  // no prompt
   CHECK(run_baton("run -m " + m + " -p hi --top-p 3").code == 1);
+  Out split = run_baton("run -m " + m + " -p hi --devices cpu,cpu --tensor-split 2,x");
+  CHECK(split.code == 1);
+  CHECK(split.err.find("'x' is not a proportion") != std::string::npos);
   Out missing = run_baton("run -m /nonexistent/model.gguf -p hi");
   CHECK(missing.code == 2);
   CHECK(missing.err.find("does not exist") != std::string::npos);
