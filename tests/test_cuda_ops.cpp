@@ -348,12 +348,15 @@ TEST_CASE("KV conversion is byte-identical to the CPU's, commit writes the ring 
 
 namespace {
 
-// A layer's cache with random history for two sequences, plus staged rows for the batch.
+// A layer's cache with random history for two sequences, plus staged rows for the batch. The GPU
+// cache is position-major (cell rows of all KV heads), the CPU cache head-major (per sequence
+// and KV head, its cells' rows): the same values, laid out as each backend reads them.
 struct AttnCase {
   GgmlType type;
   int head_dim, n_head = 8, n_kv = 2, n_cells = 80, n_seq = 2;
   size_t k_row = 0;
   std::vector<uint8_t> k, v, k_new, v_new;
+  std::vector<uint8_t> k_hm, v_hm;  // the CPU's head-major copies of k and v
   cu::DeviceBuffer dk, dv, dkn, dvn;
 
   AttnCase(GgmlType t, int hd, int staged_rows, std::mt19937& rng) : type(t), head_dim(hd) {
@@ -369,10 +372,21 @@ struct AttnCase {
     fill(k_new, staged_rows);
     fill(v_new, staged_rows);
     dk = to_dev(k); dv = to_dev(v); dkn = to_dev(k_new); dvn = to_dev(v_new);
+    const size_t hb = k_row / size_t(n_kv);
+    auto head_major = [&](const std::vector<uint8_t>& pm, std::vector<uint8_t>& hm) {
+      hm.resize(pm.size());
+      for (int sq = 0; sq < n_seq; sq++)
+        for (int g = 0; g < n_kv; g++)
+          for (int c = 0; c < n_cells; c++)
+            std::memcpy(hm.data() + ((size_t(sq) * n_kv + g) * n_cells + c) * hb,
+                        pm.data() + (size_t(sq) * n_cells + c) * k_row + size_t(g) * hb, hb);
+    };
+    head_major(k, k_hm);
+    head_major(v, v_hm);
   }
   cpu::KvLayerView cpu_view() {
     cpu::KvLayerView kv;
-    kv.type = type; kv.k = k.data(); kv.v = v.data(); kv.k_row = kv.v_row = k_row; kv.n_cells = n_cells;
+    kv.type = type; kv.k = k_hm.data(); kv.v = v_hm.data(); kv.k_row = kv.v_row = k_row; kv.n_cells = n_cells;
     kv.n_head_kv = n_kv; kv.head_dim_k = kv.head_dim_v = head_dim;
     return kv;
   }

@@ -133,8 +133,10 @@ void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tan
 void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, float* out, float s);
 
 // ---------------------------------------------------------------------------------------------
-// Attention over an F16 or Q8_0 KV cache: the layout and the staged-batch rule of
-// cpu::KvLayerView / cpu::AttentionArgs (kernels/cpu/ops.h), with device pointers.
+// Attention over an F16 or Q8_0 KV cache: the staged-batch rule of cpu::AttentionArgs
+// (kernels/cpu/ops.h), with device pointers. The device cache is position-major: per sequence,
+// cell rows holding all KV heads of one position (a warp reads a head's slice coalesced either
+// way); the CPU cache is head-major, which its prefetchers need. KV never moves between the two.
 
 struct KvLayer {
   GgmlType type = GgmlType::F16;  // F16 or Q8_0
