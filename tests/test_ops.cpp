@@ -176,37 +176,59 @@ TEST_CASE("attention over staged F16 rows matches a double reference on every IS
   }
 }
 
+namespace {
+
+// Three quantized matrices of one width (row layout; packed copies made on request).
+struct MultiCase {
+  int64_t cols;
+  GgmlType types[3];
+  int64_t rows[3] = {96, 40, 300};
+  std::vector<uint8_t> data[3];
+  PackedBuffer packed[3];
+  QMatrix W[3];
+  MultiCase(int64_t c, GgmlType a, GgmlType b, GgmlType d, std::mt19937& rng) : cols(c), types{a, b, d} {
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> f = randoms(size_t(rows[i] * cols), -1.f, 1.f, rng);
+      const size_t rb = row_bytes(types[i], cols);
+      data[i].resize(rb * size_t(rows[i]));
+      for (int64_t r = 0; r < rows[i]; ++r) quantize_row(types[i], f.data() + r * cols, data[i].data() + r * rb, cols);
+      W[i] = QMatrix{types[i], data[i].data(), rows[i], cols, rb};
+    }
+  }
+  void pack(ThreadPool& pool) {
+    for (int i = 0; i < 3; ++i) {
+      packed[i] = alloc_packed(packed_bytes(types[i], rows[i], cols));
+      pack_matrix(W[i], packed[i].get(), &pool);
+    }
+  }
+  // matmul_multi over the three against one matmul per matrix, bit for bit, for n columns.
+  void check(int n, ThreadPool& pool, std::mt19937& rng) {
+    std::vector<float> X = randoms(size_t(n * cols), -1.f, 1.f, rng);
+    std::vector<std::vector<float>> single(3), fused(3);
+    MatmulTarget t[3];
+    for (int i = 0; i < 3; ++i) {
+      single[size_t(i)].assign(size_t(n * rows[i]), 0.f);
+      fused[size_t(i)].assign(size_t(n * rows[i]), -7.f);
+      matmul(W[i], X.data(), n, single[size_t(i)].data(), pool);
+      t[i] = {&W[i], fused[size_t(i)].data()};
+    }
+    matmul_multi(t, 3, X.data(), n, pool);
+    for (int i = 0; i < 3; ++i)
+      CHECK(std::memcmp(single[size_t(i)].data(), fused[size_t(i)].data(), single[size_t(i)].size() * 4) == 0);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("matmul_multi gives the same bits as one matmul per matrix") {
   std::mt19937 rng(3);
-  const int64_t cols = 256;
-  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K};
-  const int64_t rows[] = {96, 40, 300};
-  std::vector<std::vector<uint8_t>> data(3);
-  QMatrix W[3];
-  for (int i = 0; i < 3; ++i) {
-    std::vector<float> f = randoms(size_t(rows[i] * cols), -1.f, 1.f, rng);
-    const size_t rb = row_bytes(types[i], cols);
-    data[size_t(i)].resize(rb * size_t(rows[i]));
-    for (int64_t r = 0; r < rows[i]; ++r) quantize_row(types[i], f.data() + r * cols, data[size_t(i)].data() + r * rb, cols);
-    W[i] = QMatrix{types[i], data[size_t(i)].data(), rows[i], cols, rb};
-  }
+  ThreadPool pool(2);
+  MultiCase rows_only(256, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, rng);
   for (Isa isa : isas()) {
     IsaGuard guard(isa);
     for (int n : {1, 3, 4, 9}) {
       INFO("isa " << isa_name(isa) << " columns " << n);
-      ThreadPool pool(2);
-      std::vector<float> X = randoms(size_t(n * cols), -1.f, 1.f, rng);
-      std::vector<std::vector<float>> single(3), fused(3);
-      MatmulTarget t[3];
-      for (int i = 0; i < 3; ++i) {
-        single[size_t(i)].assign(size_t(n * rows[i]), 0.f);
-        fused[size_t(i)].assign(size_t(n * rows[i]), -7.f);
-        matmul(W[i], X.data(), n, single[size_t(i)].data(), pool);
-        t[i] = {&W[i], fused[size_t(i)].data()};
-      }
-      matmul_multi(t, 3, X.data(), n, pool);
-      for (int i = 0; i < 3; ++i)
-        CHECK(std::memcmp(single[size_t(i)].data(), fused[size_t(i)].data(), single[size_t(i)].size() * 4) == 0);
+      rows_only.check(n, pool, rng);
     }
   }
 }
@@ -215,41 +237,17 @@ TEST_CASE("matmul_multi on packed matrices gives the same bits as one matmul per
   // All packed: one quantization and one job at any column count (prefill-sized included). With
   // one matrix left unpacked the mixed path runs instead; both must match matmul() bit for bit.
   std::mt19937 rng(4);
-  const int64_t cols = 512;
-  const GgmlType types[] = {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K};
-  const int64_t rows[] = {96, 40, 300};
-  std::vector<std::vector<uint8_t>> data(3);
-  std::vector<PackedBuffer> packed(3);
-  QMatrix W[3];
   ThreadPool pool(2);
-  for (int i = 0; i < 3; ++i) {
-    std::vector<float> f = randoms(size_t(rows[i] * cols), -1.f, 1.f, rng);
-    const size_t rb = row_bytes(types[i], cols);
-    data[size_t(i)].resize(rb * size_t(rows[i]));
-    for (int64_t r = 0; r < rows[i]; ++r) quantize_row(types[i], f.data() + r * cols, data[size_t(i)].data() + r * rb, cols);
-    W[i] = QMatrix{types[i], data[size_t(i)].data(), rows[i], cols, rb};
-    packed[size_t(i)] = alloc_packed(packed_bytes(types[i], rows[i], cols));
-    pack_matrix(W[i], packed[size_t(i)].get(), &pool);
-  }
+  MultiCase c(512, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, rng);
+  c.pack(pool);
   for (Isa isa : isas()) {
     IsaGuard guard(isa);
     for (bool mixed : {false, true}) {
-      for (int i = 0; i < 3; ++i) W[i].packed = mixed && i == 1 ? nullptr : packed[size_t(i)].get();
+      for (int i = 0; i < 3; ++i) c.W[i].packed = mixed && i == 1 ? nullptr : c.packed[i].get();
       for (int n : {1, 3, 8, 9, 16, 37}) {
         if (mixed && n > 4) continue;  // the mixed path fuses decode only
         INFO("isa " << isa_name(isa) << " columns " << n << (mixed ? " mixed" : " packed"));
-        std::vector<float> X = randoms(size_t(n * cols), -1.f, 1.f, rng);
-        std::vector<std::vector<float>> single(3), fused(3);
-        MatmulTarget t[3];
-        for (int i = 0; i < 3; ++i) {
-          single[size_t(i)].assign(size_t(n * rows[i]), 0.f);
-          fused[size_t(i)].assign(size_t(n * rows[i]), -7.f);
-          matmul(W[i], X.data(), n, single[size_t(i)].data(), pool);
-          t[i] = {&W[i], fused[size_t(i)].data()};
-        }
-        matmul_multi(t, 3, X.data(), n, pool);
-        for (int i = 0; i < 3; ++i)
-          CHECK(std::memcmp(single[size_t(i)].data(), fused[size_t(i)].data(), single[size_t(i)].size() * 4) == 0);
+        c.check(n, pool, rng);
       }
     }
   }

@@ -21,14 +21,18 @@ using namespace baton;
 namespace {
 
 
-std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, int n_seq = 1) {
+LoadOptions options(const std::string& devices, int n_seq = 1) {
   LoadOptions o;
   o.n_ctx = 128;
   o.n_seq = n_seq;
   o.n_batch = 64;
   o.n_threads = 2;
   o.devices = devices;
-  return Pipeline::load(path, o);
+  return o;
+}
+
+std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, int n_seq = 1) {
+  return Pipeline::load(path, options(devices, n_seq));
 }
 
 // Logits of the prompt in one batch (every row), then of the prompt token by token.
@@ -170,10 +174,8 @@ TEST_CASE("the threads per stage do not change the logits", "[pipeline]") {
   const std::string path = test::peer("logits/tiny-q4_0.gguf");
   const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
   auto a = load(path, "cpu,cpu");
-  LoadOptions o;
-  o.n_ctx = 128;
-  o.n_batch = 64;
-  o.devices = "cpu,cpu";
+  LoadOptions o = options("cpu,cpu");
+  o.n_threads = 0;
   o.threads_per_stage = 3;
   auto b = Pipeline::load(path, o);
   for (const auto& s : b->stages()) CHECK(s.n_threads == 3);
@@ -185,11 +187,7 @@ TEST_CASE("a tensor split cuts the layers as asked, the logits stay the same, an
   const std::string path = test::peer("logits/tiny-q4_0.gguf");
   const auto ids = test::read_ids(test::peer("logits/tiny-q4_0.P1.tokens.txt"));
   auto a = load(path, "cpu");
-  LoadOptions o;
-  o.n_ctx = 128;
-  o.n_batch = 64;
-  o.n_threads = 2;
-  o.devices = "cpu,cpu";
+  LoadOptions o = options("cpu,cpu");
   o.tensor_split = {1, 3};
   auto b = Pipeline::load(path, o);
   const auto st = b->stages();

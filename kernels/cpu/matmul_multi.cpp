@@ -25,6 +25,14 @@ const KernelTable& active_table() {
 }
 
 constexpr int kMaxTargets = 4;
+
+// Which target a task of a fused job works on: the parts list their first tasks in order.
+template <class Part>
+int part_of(const Part* parts, int n_parts, int task) {
+  int i = n_parts - 1;
+  while (parts[i].first_task > task) --i;
+  return i;
+}
 constexpr int kFusedMaxCols = 4;
 
 }  // namespace
@@ -72,8 +80,7 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   }
 
   auto body = [&](int task, int) {
-    int i = n_targets - 1;
-    while (parts[i].first_task > task) --i;
+    const int i = part_of(parts, n_targets, task);
     const Part& p = parts[i];
     const QMatrix& W = *targets[i].W;
     const size_t y_stride = size_t(W.rows);
@@ -152,8 +159,7 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
   }
 
   auto body = [&](int task, int) {
-    int i = n_targets - 1;
-    while (parts[i].first_task > task) --i;
+    const int i = part_of(parts, n_targets, task);
     const Part& p = parts[i];
     const QMatrix& W = *targets[i].W;
     const size_t y_stride = size_t(W.rows);
