@@ -418,6 +418,7 @@ void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out) {
 // so a head's result is the same whatever NH is (a task's head count varies with the batch).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers, see above
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // Rows of V as P·V reads them: a float tile (row j at V + j·d) or F16 cache rows read in place.
 struct FloatRows {
