@@ -170,6 +170,8 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     }
   }
 
+  std::vector<float> angles;          // RoPE cos | sin per token, for the table `angles_of`
+  const float* angles_of = nullptr;
   for (int l = begin; l < end; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
     const cpu::KvLayerView cache = kv.layer(l);
@@ -191,10 +193,19 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     }
     const float* freqs = c.freqs(l).data();
     const bool neox = c.rope_style == RopeStyle::NeoX;
+    const int half = c.rope_dim / 2;
+    if (freqs != angles_of) {  // the angles of every token, once per distinct frequency table
+      angles.resize(size_t(n) * size_t(2 * half));
+      for (int t = 0; t < n; ++t)
+        cpu::rope_angles(batch.pos[size_t(t)], freqs, half, angles.data() + size_t(t) * 2 * half,
+                         angles.data() + size_t(t) * 2 * half + half);
+      angles_of = freqs;
+    }
     for (int t = 0; t < n; ++t) {
-      const int p = batch.pos[size_t(t)];
-      cpu::rope(s.q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, p, freqs, neox);
-      cpu::rope(s.k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, p, freqs, neox);
+      const float* cs = angles.data() + size_t(t) * 2 * half;
+      const float* sn = cs + half;
+      cpu::rope_rotate(s.q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
+      cpu::rope_rotate(s.k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
       cpu::kv_convert(kvt, s.k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
       cpu::kv_convert(kvt, s.v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
     }

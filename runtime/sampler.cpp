@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "gguf/error.h"
+#include "kernels/cpu/ops.h"
 
 namespace baton {
 
@@ -58,11 +59,15 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history) {
   BATON_CHECK(n_vocab > 0);
+  const bool penalize = p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0 && !history.empty();
+  // Greedy without a penalty reads the logits as they are (ties go to the lowest id, so greedy
+  // output is fully reproducible).
+  if (p_.greedy() && !penalize) return cpu::argmax(logits, n_vocab);
   work_.assign(logits, logits + n_vocab);
 
   // Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever
   // the sign of its logit.
-  if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0 && !history.empty()) {
+  if (penalize) {
     size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
     std::unordered_set<int32_t> seen;
     for (size_t i = history.size() - n; i < history.size(); i++) {
@@ -73,12 +78,7 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
     }
   }
 
-  if (p_.greedy()) {  // ties go to the lowest id, so greedy output is fully reproducible
-    int32_t best = 0;
-    for (int i = 1; i < n_vocab; i++)
-      if (work_[i] > work_[best]) best = i;
-    return best;
-  }
+  if (p_.greedy()) return cpu::argmax(work_.data(), n_vocab);
 
   cand_.resize(n_vocab);
   for (int i = 0; i < n_vocab; i++) cand_[i] = {work_[i], int32_t(i)};

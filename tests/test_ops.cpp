@@ -294,6 +294,34 @@ TEST_CASE("attention scores: every score has the bits of its own 16-lane reducti
     }
 }
 
+TEST_CASE("argmax: the largest value, ties to the lowest index, NaN never picked, on every ISA") {
+  std::mt19937 rng(11);
+  auto reference = [](const std::vector<float>& x) {
+    int best = -1;
+    for (int i = 0; i < int(x.size()); ++i)
+      if (!std::isnan(x[size_t(i)]) && (best < 0 || x[size_t(i)] > x[size_t(best)])) best = i;
+    return best < 0 ? 0 : best;
+  };
+  for (int n : {1, 2, 15, 16, 17, 33, 100, 49152}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      // Few distinct values so that the maximum is often tied, some NaNs and infinities.
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) {
+        const unsigned r = rng() % 20;
+        v = r == 0 ? NAN : r == 1 ? -INFINITY : float(int(rng() % 7) - 3);
+      }
+      if (trial == 1) std::fill(x.begin(), x.end(), NAN);
+      if (trial == 2) std::fill(x.begin(), x.end(), -INFINITY);
+      if (trial == 3 && n > 1) x[0] = NAN, std::fill(x.begin() + 1, x.end(), -INFINITY);
+      for (Isa isa : isas()) {
+        IsaGuard guard(isa);
+        INFO("isa " << isa_name(isa) << " n " << n << " trial " << trial);
+        CHECK(argmax(x.data(), n) == reference(x));
+      }
+    }
+  }
+}
+
 TEST_CASE("kv_convert to F16 gives the software rounding's bits on every ISA") {
   // Values across the half range: normals, subnormals, ties, overflow to infinity, signed zeros.
   std::mt19937 rng(5);

@@ -60,15 +60,16 @@ void rms_norm(const float* x, const float* w, float* y, int rows, int n, float e
   }
 }
 
-void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox) {
-  const int half = rope_dim / 2;
-  float cs[512], sn[512];  // rope_dim <= 1024 is checked by the caller's config (head dims are small)
-  BATON_CHECK(half <= 512);
+void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn) {
   for (int i = 0; i < half; ++i) {
     const double a = double(pos) * double(freqs[i]);
     cs[i] = float(std::cos(a));
     sn[i] = float(std::sin(a));
   }
+}
+
+void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* cs, const float* sn, bool neox) {
+  const int half = rope_dim / 2;
   for (int h = 0; h < n_head; ++h) {
     float* v = x + size_t(h) * head_dim;
     for (int i = 0; i < half; ++i) {
@@ -78,6 +79,14 @@ void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float
       v[i1] = a * sn[i] + b * cs[i];
     }
   }
+}
+
+void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox) {
+  const int half = rope_dim / 2;
+  float cs[512], sn[512];  // rope_dim <= 1024 is checked by the caller's config (head dims are small)
+  BATON_CHECK(half <= 512);
+  rope_angles(pos, freqs, half, cs, sn);
+  rope_rotate(x, n_head, head_dim, rope_dim, cs, sn, neox);
 }
 
 namespace {
@@ -273,6 +282,57 @@ void scale(float* y, float s, int n) {
 
 void softcap(float* y, float cap, int n) {
   for (int i = 0; i < n; ++i) y[i] = cap * std::tanh(y[i] / cap);
+}
+
+namespace {
+int argmax_scalar(const float* x, int n) {
+  int best = -1;
+  for (int i = 0; i < n; ++i)
+    if (!std::isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+  return best < 0 ? 0 : best;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// Per lane the first index of its largest value (strictly greater replaces), then the largest
+// value over the lanes and the lowest index holding it: the scalar loop's answer.
+BATON_AVX512_FN int argmax_avx512(const float* x, int n) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 m = ninf;
+  __m512i at = _mm512_set1_epi32(-1), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  int i = 0;
+  for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+    m = _mm512_mask_mov_ps(m, gt, v);
+    at = _mm512_mask_mov_epi32(at, gt, idx);
+  }
+  if (i < n) {
+    const __mmask16 tail = __mmask16((1u << (n - i)) - 1);
+    const __m512 v = _mm512_mask_loadu_ps(ninf, tail, x + i);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+    m = _mm512_mask_mov_ps(m, gt, v);
+    at = _mm512_mask_mov_epi32(at, gt, idx);
+  }
+  alignas(64) float mv[16];
+  alignas(64) int32_t av[16];
+  _mm512_store_ps(mv, m);
+  _mm512_store_epi32(av, at);
+  int best = -1;
+  for (int l = 0; l < 16; ++l)
+    if (av[l] >= 0 && (best < 0 || mv[l] > mv[best] || (mv[l] == mv[best] && av[l] < av[best]))) best = l;
+  // No lane moved: every value is NaN or -inf, where the first non-NaN index is the answer.
+  return best < 0 ? argmax_scalar(x, n) : av[best];
+}
+#endif
+}  // namespace
+
+int argmax(const float* x, int n) {
+  BATON_CHECK(n > 0);
+#if defined(__x86_64__) || defined(__i386__)
+  if (active_isa() >= Isa::Avx512) return argmax_avx512(x, n);
+#endif
+  return argmax_scalar(x, n);
 }
 
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s) {

@@ -16,6 +16,11 @@ void rms_norm(const float* x, const float* w, float* y, int rows, int n, float e
 // Rotates the first rope_dim dims of each of n_head heads (head_dim apart) of one token at `pos`.
 // freqs[i] is the angle per position of pair i. neox=false: pairs (2i, 2i+1); true: (i, i+rope_dim/2).
 void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox);
+// rope() in two steps, so that the angles of a position are computed once for q, k and every layer
+// sharing the frequencies: cs/sn[i] = cos/sin(pos · freqs[i]) (in double, rounded), i < half; then
+// the rotation with them.
+void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn);
+void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* cs, const float* sn, bool neox);
 
 void softmax(float* x, int n);                                    // in place, max-subtracted
 void silu_gate(const float* g, const float* u, float* y, int n);  // y = silu(g) * u
@@ -23,6 +28,8 @@ void gelu_tanh_gate(const float* g, const float* u, float* y, int n);  // y = ge
 void add(float* y, const float* x, int n);                        // y += x
 void scale(float* y, float s, int n);                             // y *= s
 void softcap(float* y, float cap, int n);                         // y = cap * tanh(y / cap)
+// Index of the largest of n > 0 values, ties to the lowest index; NaNs are never picked (all NaN: 0).
+int argmax(const float* x, int n);
 
 // out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);
