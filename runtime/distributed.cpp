@@ -415,6 +415,7 @@ class DistributedPipeline final : public ModelPipeline {
   void wait(uint64_t ticket) override;
   int max_in_flight() const override { return c_.size(); }
   void truncate_seq(int seq, int from) override;
+  int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
   std::vector<StageInfo> stages() const override { return infos_; }
 

@@ -117,6 +117,8 @@ bool Engine::admit(Active& a) {
   while (common < have.size() && common < a.req.prompt.size() && have[common] == a.req.prompt[common]) common++;
   // The last prompt token is always evaluated again: its logits start the reply.
   common = std::min(common, a.req.prompt.size() - 1);
+  // A cache that cannot be rewound that far (sliding-window rings) starts the slot over.
+  if (common > 0 && have.size() - common > size_t(pipe_.max_rewind())) common = 0;
   if (common < have.size()) {
     pipe_.truncate_seq(a.slot, int(common));
     have.resize(common);

@@ -61,6 +61,11 @@ class CpuPipeline final : public ModelPipeline {
   void wait(uint64_t ticket) override;
   int max_in_flight() const override { return int(stages_.size()); }
   void truncate_seq(int seq, int from) override;
+  int max_rewind() const override {
+    int rewind = std::numeric_limits<int>::max();
+    for (const auto& s : stages_) rewind = std::min(rewind, s->max_rewind());
+    return rewind;
+  }
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
   std::vector<StageInfo> stages() const override {
     std::vector<StageInfo> out;
@@ -344,8 +349,7 @@ void CpuPipeline::truncate_seq(int seq, int from) {
   const int len = len_[size_t(seq)];
   if (from < 0 || from > len)
     fail(ErrorKind::Usage, "sequence {}: cannot truncate at {} (it holds {} positions)", seq, from, len);
-  int rewind = stages_.front()->max_rewind();
-  for (const auto& s : stages_) rewind = std::min(rewind, s->max_rewind());
+  const int rewind = max_rewind();
   if (from > 0 && len - from > rewind)
     fail(ErrorKind::Usage, "sequence {}: sliding-window layers keep only their window; rewinding by {} "
          "positions is not possible (at most {}, or truncate to 0)", seq, len - from, rewind);

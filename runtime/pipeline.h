@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,6 +85,10 @@ class Pipeline {
   virtual int max_in_flight() const { return 1; }
   // Forget what sequence `seq` has cached from position `from` on (0: all of it).
   virtual void truncate_seq(int seq, int from = 0) = 0;
+  // How many positions truncate_seq can take off a sequence's end (other than truncating to 0):
+  // sliding-window layers keep a ring of their window only, so a model with them can drop just
+  // the last position; unlimited (INT_MAX) otherwise.
+  virtual int max_rewind() const { return std::numeric_limits<int>::max(); }
   virtual int seq_len(int seq) const = 0;
   // The stages in pipeline order (empty for pipelines that have no stages to show).
   virtual std::vector<StageInfo> stages() const { return {}; }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -28,7 +29,8 @@ uint64_t mix(uint64_t x) {
 
 class ToyPipeline : public Pipeline {
  public:
-  ToyPipeline(int n_ctx, int n_seq, float eog_bias = -2.0f) : n_ctx_(n_ctx), eog_bias_(eog_bias), cache_(n_seq) {}
+  ToyPipeline(int n_ctx, int n_seq, float eog_bias = -2.0f, int max_rewind = std::numeric_limits<int>::max())
+      : n_ctx_(n_ctx), eog_bias_(eog_bias), max_rewind_(max_rewind), cache_(n_seq) {}
 
   const gguf::File& file() const override { panic(__FILE__, __LINE__, "toy pipeline has no file"); }
   const ModelConfig& config() const override { panic(__FILE__, __LINE__, "toy pipeline has no config"); }
@@ -59,7 +61,13 @@ class ToyPipeline : public Pipeline {
     max_tokens = std::max(max_tokens, b.size());
     if (prompt_tokens > 0 && decoders > 0) mixed_steps++;
   }
-  void truncate_seq(int seq, int from) override { cache_.at(seq).resize(std::min<size_t>(from, cache_.at(seq).size())); }
+  void truncate_seq(int seq, int from) override {
+    const int len = int(cache_.at(seq).size());
+    if (from > 0 && len - from > max_rewind_)  // as a model with sliding-window layers refuses it
+      fail(ErrorKind::Usage, "seq {}: cannot rewind {} positions (at most {})", seq, len - from, max_rewind_);
+    cache_.at(seq).resize(std::min<size_t>(from, cache_.at(seq).size()));
+  }
+  int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
 
   int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0;
@@ -67,6 +75,7 @@ class ToyPipeline : public Pipeline {
  private:
   int n_ctx_;
   float eog_bias_;
+  int max_rewind_;
   std::vector<std::vector<int32_t>> cache_;
 };
 
@@ -298,6 +307,49 @@ TEST_CASE("a slot reuses the cached prefix; the result matches a fresh evaluatio
   e.forget(0);
   CHECK(e.cached(0).empty());
   CHECK(p.seq_len(0) == 0);
+}
+
+TEST_CASE("a slot that cannot be rewound far (sliding-window rings) starts over for a new prompt") {
+  ToyVocab vocab;
+  ToyPipeline p(512, 1, -2.0f, /*max_rewind=*/1);
+  Engine e(p, vocab);
+  Request r;
+  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  r.sampling.seed = 9;
+  r.max_tokens = 10;
+  Result first = e.generate(r);
+  REQUIRE(first.error.empty());
+
+  // The next turn continues the cache (a rewind of at most the reply's last token).
+  Request next = r;
+  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
+  next.prompt.insert(next.prompt.end(), {9, 10, 11});
+  Result second = e.generate(next);
+  REQUIRE(second.error.empty());
+  CHECK(second.prompt_evaluated == 3 + 1);
+
+  // A new request sharing only a prefix (as batch requests share the chat template's start): the
+  // slot is evaluated from 0 instead of failing, and the reply is that of a fresh engine.
+  Request other = r;
+  other.prompt[4] = 20;
+  Result third = e.generate(other);
+  REQUIRE(third.error.empty());
+  CHECK(third.prompt_evaluated == int(other.prompt.size()));
+  ToyPipeline fresh_p(512, 1, -2.0f, 1);
+  Engine fresh(fresh_p, vocab);
+  CHECK(fresh.generate(other).tokens == third.tokens);
+
+  // Several requests through one slot in a batch: every one is answered.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; i++) {
+    Request q = r;
+    q.prompt.push_back(10 + i);
+    q.tag = uint64_t(i);
+    reqs.push_back(q);
+  }
+  auto out = run_all(e, reqs, 1);
+  REQUIRE(out.size() == 6);
+  for (auto& [tag, res] : out) CHECK(res.error.empty());
 }
 
 TEST_CASE("bad requests are answered with an error, not a crash") {

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -384,6 +385,29 @@ TEST_CASE("the engine's outputs are the same with 1, 2 and 3 stages for 16 seque
       CHECK(r.error.empty());
       CHECK(got.at(tag).tokens == r.tokens);
       CHECK(got.at(tag).finish == r.finish);
+    }
+  }
+}
+
+TEST_CASE("a model with sliding-window layers rewinds one position; new prompts in a used slot start over") {
+  CHECK(load(test::peer("logits/tiny-q4_0.gguf"), "cpu")->max_rewind() == std::numeric_limits<int>::max());
+  for (const char* devices : {"cpu", "cpu,cpu"}) {
+    auto p = load(test::tiny_gemma3_model(), devices);
+    CHECK(p->max_rewind() == 1);
+    auto vocab = tokenizer_vocab(p->tokenizer());
+    Engine e(*p, *vocab);
+    // Requests sharing a prefix through one slot, as batch requests share the chat template's
+    // start: each is answered, and as a fresh pipeline answers it.
+    for (int i = 0; i < 3; ++i) {
+      Request r;
+      r.prompt = {5, 6, 7, 8, 9, int32_t(10 + i)};
+      r.max_tokens = 6;
+      r.sampling.temperature = 0;
+      const Result got = e.generate(r);
+      REQUIRE(got.error.empty());
+      auto fresh_p = load(test::tiny_gemma3_model(), devices);
+      Engine fresh(*fresh_p, *vocab);
+      CHECK(fresh.generate(r).tokens == got.tokens);
     }
   }
 }
