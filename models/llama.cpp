@@ -9,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "kernels/cpu/matmul_multi.h"
 #include "kernels/cpu/ops.h"
+#include "models/llama_forward.h"
 #include "runtime/kv_cache.h"
 
 namespace baton {
@@ -144,17 +145,52 @@ void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, floa
   cpu::embed_rows(w.tok_embd, batch.token.data(), batch.size(), x, c.embd_scale);
 }
 
-void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, const Batch& batch,
-                    int begin, int end, float* x, Scratch& s, cpu::ThreadPool& pool) {
-  const int n = batch.size();
-  BATON_CHECK(n >= 1 && n <= s.n_batch());
-  const int E = c.n_embd, F = c.n_ff, nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
-  const GgmlType kvt = kv.shape().type;
-  const size_t k_row = row_bytes(kvt, nk), v_row = row_bytes(kvt, nv);
+namespace {
+
+// The CPU backend of llama_layers / llama_head (models/llama_forward.h): host buffers of the
+// stage's Scratch, the bound (and packed) weights, the stage's KV cache and thread pool.
+struct CpuLayers {
+  const ModelConfig& c;
+  const ModelWeights& w;
+  KvCache* kv;  // null for the head
+  const Batch& batch;
+  Scratch& s;
+  cpu::ThreadPool& pool;
+  float* x;
+  float *xb = s.xb, *xb2 = s.xb2, *q = s.q, *k = s.k, *v = s.v, *hb = s.hb, *hb2 = s.hb2;
+  std::vector<float> angles;  // RoPE cos | sin per token, for the frequency table `angles_of`
+  const float* angles_of = nullptr;
+
+  const LayerWeights& layer(int l) const { return w.layers[size_t(l)]; }
+  const float* output_norm() const { return w.output_norm; }
+  const cpu::QMatrix& output() const { return w.output; }
+
+  void rms_norm(const float* in, const float* wt, float* out, int rows, int n) {
+    cpu::rms_norm(in, wt, out, rows, n, c.rms_eps);
+  }
+  void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) { cpu::matmul(W, X, n, Y, pool); }
+  void matmul_qkv(const LayerWeights& L, int n) {
+    const cpu::MatmulTarget t[] = {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}};
+    cpu::matmul_multi(t, 3, xb, n, pool);  // one job (one barrier) in decode
+  }
+  void matmul_gate_up(const LayerWeights& L, int n) {
+    const cpu::MatmulTarget t[] = {{&L.gate, hb}, {&L.up, hb2}};
+    cpu::matmul_multi(t, 2, xb, n, pool);
+  }
+  void add(float* y, const float* in, int n) { cpu::add(y, in, n); }
+  void add_rows(float* y, const float* bias, int rows, int n) {
+    for (int t = 0; t < rows; ++t) cpu::add(y + size_t(t) * n, bias, n);
+  }
+  void gate(Activation act, const float* g, const float* u, float* y, int n) {
+    if (act == Activation::SiLU) cpu::silu_gate(g, u, y, n);
+    else cpu::gelu_tanh_gate(g, u, y, n);
+  }
+  void softcap(float* y, float cap, int n) { cpu::softcap(y, cap, n); }
 
   // Staging rows: each sequence's new tokens get consecutive rows in position order.
-  {
-    std::vector<int32_t> seq_first(size_t(kv.shape().n_seq), -1), seq_row0(size_t(kv.shape().n_seq), 0);
+  void stage_rows() {
+    const int n = batch.size();
+    std::vector<int32_t> seq_first(size_t(kv->shape().n_seq), -1), seq_row0(size_t(kv->shape().n_seq), 0);
     int next = 0;
     for (int t = 0; t < n; ++t) {
       const int sq = batch.seq[size_t(t)];
@@ -170,27 +206,10 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     }
   }
 
-  std::vector<float> angles;          // RoPE cos | sin per token, for the table `angles_of`
-  const float* angles_of = nullptr;
-  for (int l = begin; l < end; ++l) {
-    const LayerWeights& L = w.layers[size_t(l)];
-    const cpu::KvLayerView cache = kv.layer(l);
-
-    // Attention block: norm, projections, q/k norm, RoPE.
-    cpu::rms_norm(x, L.attn_norm, s.xb, n, E, c.rms_eps);
-    const cpu::MatmulTarget qkv[] = {{&L.wq, s.q}, {&L.wk, s.k}, {&L.wv, s.v}};
-    cpu::matmul_multi(qkv, 3, s.xb, n, pool);  // one job (one barrier) in decode
-    if (L.bq) {
-      for (int t = 0; t < n; ++t) {
-        cpu::add(s.q + size_t(t) * nq, L.bq, nq);
-        cpu::add(s.k + size_t(t) * nk, L.bk, nk);
-        cpu::add(s.v + size_t(t) * nv, L.bv, nv);
-      }
-    }
-    if (L.q_norm) {
-      cpu::rms_norm(s.q, L.q_norm, s.q, n * c.n_head, c.head_dim_k, c.rms_eps);
-      cpu::rms_norm(s.k, L.k_norm, s.k, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
-    }
+  void rope_and_stage(int l, int n) {
+    const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
+    const GgmlType kvt = kv->shape().type;
+    const size_t k_row = row_bytes(kvt, nk), v_row = row_bytes(kvt, nv);
     const float* freqs = c.freqs(l).data();
     const bool neox = c.rope_style == RopeStyle::NeoX;
     const int half = c.rope_dim / 2;
@@ -204,18 +223,21 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     for (int t = 0; t < n; ++t) {
       const float* cs = angles.data() + size_t(t) * 2 * half;
       const float* sn = cs + half;
-      cpu::rope_rotate(s.q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
-      cpu::rope_rotate(s.k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
-      cpu::kv_convert(kvt, s.k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
-      cpu::kv_convert(kvt, s.v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
+      cpu::rope_rotate(q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
+      cpu::rope_rotate(k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
+      cpu::kv_convert(kvt, k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
+      cpu::kv_convert(kvt, v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
     }
+  }
 
-    // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
+  // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
+  void attention(int l, int n) {
+    const cpu::KvLayerView cache = kv->layer(l);
     cpu::AttentionArgs a;
     a.n_tokens = n;
-    a.q = s.q;
-    a.q_stride = size_t(nq);
-    a.out = s.xb2;
+    a.q = q;
+    a.q_stride = size_t(c.n_embd_q());
+    a.out = xb2;
     a.out_stride = size_t(c.n_embd_attn());
     a.pos = batch.pos.data();
     a.seq = batch.seq.data();
@@ -228,43 +250,43 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
     a.window = c.layer_window[size_t(l)];
     a.kv = cache;
     cpu::attention(a, pool);
+    const size_t k_row = cache.k_row, v_row = cache.v_row;
+    const size_t kh = cache.k_head_bytes(), vh = cache.v_head_bytes();
     for (int t = 0; t < n; ++t) {
       const int sq = batch.seq[size_t(t)], p = batch.pos[size_t(t)];
       const uint8_t* kr = s.k_new + size_t(s.row[size_t(t)]) * k_row;
       const uint8_t* vr = s.v_new + size_t(s.row[size_t(t)]) * v_row;
-      const size_t kh = cache.k_head_bytes(), vh = cache.v_head_bytes();
       for (int g = 0; g < cache.n_head_kv; ++g) {
         std::memcpy(cache.k_at(sq, g, p), kr + size_t(g) * kh, kh);
         std::memcpy(cache.v_at(sq, g, p), vr + size_t(g) * vh, vh);
       }
     }
-
-    cpu::matmul(L.wo, s.xb2, n, s.xb, pool);
-    if (L.post_attn_norm) cpu::rms_norm(s.xb, L.post_attn_norm, s.xb, n, E, c.rms_eps);
-    cpu::add(x, s.xb, n * E);
-
-    // FFN block: norm, gate and up, activation, down.
-    cpu::rms_norm(x, L.ffn_norm, s.xb, n, E, c.rms_eps);
-    const cpu::MatmulTarget gate_up[] = {{&L.gate, s.hb}, {&L.up, s.hb2}};
-    cpu::matmul_multi(gate_up, 2, s.xb, n, pool);
-    if (c.act == Activation::SiLU) cpu::silu_gate(s.hb, s.hb2, s.hb, n * F);
-    else cpu::gelu_tanh_gate(s.hb, s.hb2, s.hb, n * F);
-    cpu::matmul(L.down, s.hb, n, s.xb, pool);
-    if (L.post_ffn_norm) cpu::rms_norm(s.xb, L.post_ffn_norm, s.xb, n, E, c.rms_eps);
-    cpu::add(x, s.xb, n * E);
   }
+
+  int gather_logit_rows() {
+    int m = 0;  // rows that want logits, gathered so the output matmul sees only them
+    for (int t = 0; t < batch.size(); ++t)
+      if (batch.logits[size_t(t)])
+        std::memcpy(xb + size_t(m++) * c.n_embd, x + size_t(t) * c.n_embd, size_t(c.n_embd) * sizeof(float));
+    return m;
+  }
+};
+
+}  // namespace
+
+void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, const Batch& batch,
+                    int begin, int end, float* x, Scratch& s, cpu::ThreadPool& pool) {
+  const int n = batch.size();
+  BATON_CHECK(n >= 1 && n <= s.n_batch());
+  CpuLayers b{c, w, &kv, batch, s, pool, x};
+  b.stage_rows();
+  llama_layers(c, b, n, begin, end);
 }
 
 void head(const ModelConfig& c, const ModelWeights& w, const Batch& batch, const float* x,
           float* logits, Scratch& s, cpu::ThreadPool& pool) {
-  const int E = c.n_embd;
-  int m = 0;  // rows that want logits, gathered so the output matmul sees only them
-  for (int t = 0; t < batch.size(); ++t)
-    if (batch.logits[size_t(t)]) std::memcpy(s.xb + size_t(m++) * E, x + size_t(t) * E, size_t(E) * sizeof(float));
-  if (m == 0) return;
-  cpu::rms_norm(s.xb, w.output_norm, s.xb, m, E, c.rms_eps);
-  cpu::matmul(w.output, s.xb, m, logits, pool);
-  if (c.final_softcap > 0) cpu::softcap(logits, c.final_softcap, m * c.n_vocab);
+  CpuLayers b{c, w, nullptr, batch, s, pool, const_cast<float*>(x)};  // the head only reads x
+  llama_head(c, b, logits);
 }
 
 }  // namespace baton

@@ -1,0 +1,68 @@
+// The llama-family forward written once for every backend: the layer loop and the head as a
+// sequence of ops, read top to bottom with the ModelConfig flags (q/k bias, q/k norm, post-norms,
+// gate activation, final softcap). A backend B supplies the buffers and the ops:
+//   members  x, xb, xb2, q, k, v, hb, hb2     activation buffers (host memory for the CPU,
+//                                             device memory for CUDA), one token per row
+//   layer(l)                                  the layer's weights: wq wk wv wo gate up down
+//                                             (matrices) and attn_norm ffn_norm q_norm k_norm
+//                                             post_attn_norm post_ffn_norm bq bk bv (vectors or null)
+//   rms_norm(x, w, y, rows, n)                y = x / rms(x) * w per row
+//   matmul(W, X, n, Y)  matmul_qkv(L, n)  matmul_gate_up(L, n)
+//   add(y, x, n)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
+//   rope_and_stage(l, n)   RoPE on q and k, and k/v converted into the KV type's staging rows
+//   attention(l, n)        attention over cache + staged rows into xb2, then the commit
+//   gather_logit_rows()    copies the rows of x that want logits to xb, returns their count
+//   output_norm(), output()
+// The CPU backend is in models/llama.cpp, the CUDA one in runtime/gpu_stage.cpp. Each backend's
+// ops are tested against the other's twins (tests/test_cuda_ops.cpp), so one loop serves both.
+#pragma once
+#include "runtime/config.h"
+
+namespace baton {
+
+template <class B>
+void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
+  const int E = c.n_embd, F = c.n_ff;
+  for (int l = begin; l < end; ++l) {
+    const auto& L = b.layer(l);
+
+    // Attention block: norm, projections, q/k bias, q/k norm, RoPE, attention, output projection.
+    b.rms_norm(b.x, L.attn_norm, b.xb, n, E);
+    b.matmul_qkv(L, n);  // xb -> q, k, v
+    if (L.bq) {
+      b.add_rows(b.q, L.bq, n, c.n_embd_q());
+      b.add_rows(b.k, L.bk, n, c.n_embd_k());
+      b.add_rows(b.v, L.bv, n, c.n_embd_v());
+    }
+    if (L.q_norm) {
+      b.rms_norm(b.q, L.q_norm, b.q, n * c.n_head, c.head_dim_k);
+      b.rms_norm(b.k, L.k_norm, b.k, n * c.n_head_kv, c.head_dim_k);
+    }
+    b.rope_and_stage(l, n);
+    b.attention(l, n);  // q + cache + staged rows -> xb2
+    b.matmul(L.wo, b.xb2, n, b.xb);
+    if (L.post_attn_norm) b.rms_norm(b.xb, L.post_attn_norm, b.xb, n, E);
+    b.add(b.x, b.xb, n * E);
+
+    // FFN block: norm, gate and up, activation, down.
+    b.rms_norm(b.x, L.ffn_norm, b.xb, n, E);
+    b.matmul_gate_up(L, n);  // xb -> hb, hb2
+    b.gate(c.act, b.hb, b.hb2, b.hb, n * F);
+    b.matmul(L.down, b.hb, n, b.xb);
+    if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
+    b.add(b.x, b.xb, n * E);
+  }
+}
+
+// Final norm and output matmul for the rows that want logits, in batch order, into `logits`
+// (n_logits rows of n_vocab floats). Overwrites xb.
+template <class B>
+void llama_head(const ModelConfig& c, B& b, float* logits) {
+  const int m = b.gather_logit_rows();
+  if (m == 0) return;
+  b.rms_norm(b.xb, b.output_norm(), b.xb, m, c.n_embd);
+  b.matmul(b.output(), b.xb, m, logits);
+  if (c.final_softcap > 0) b.softcap(logits, c.final_softcap, m * c.n_vocab);
+}
+
+}  // namespace baton
