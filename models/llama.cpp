@@ -145,6 +145,24 @@ void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, floa
   cpu::embed_rows(w.tok_embd, batch.token.data(), batch.size(), x, c.embd_scale);
 }
 
+void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, int32_t* row) {
+  const int n = batch.size();
+  std::vector<int32_t> seq_first(size_t(n_seq), -1), seq_row0(size_t(n_seq), 0);
+  int next = 0;
+  for (int t = 0; t < n; ++t) {
+    const int sq = batch.seq[size_t(t)];
+    if (seq_first[size_t(sq)] < 0) {
+      seq_first[size_t(sq)] = batch.pos[size_t(t)];
+      seq_row0[size_t(sq)] = next;
+      for (int u = t; u < n; ++u) next += batch.seq[size_t(u)] == sq;
+    }
+    first[t] = seq_first[size_t(sq)];
+    row0[t] = seq_row0[size_t(sq)];
+    row[t] = row0[t] + batch.pos[size_t(t)] - first[t];
+    BATON_CHECK(row[t] < next);  // positions of a sequence are consecutive in the batch
+  }
+}
+
 namespace {
 
 // The CPU backend of llama_layers / llama_head (models/llama_forward.h): host buffers of the
@@ -187,24 +205,7 @@ struct CpuLayers {
   }
   void softcap(float* y, float cap, int n) { cpu::softcap(y, cap, n); }
 
-  // Staging rows: each sequence's new tokens get consecutive rows in position order.
-  void stage_rows() {
-    const int n = batch.size();
-    std::vector<int32_t> seq_first(size_t(kv->shape().n_seq), -1), seq_row0(size_t(kv->shape().n_seq), 0);
-    int next = 0;
-    for (int t = 0; t < n; ++t) {
-      const int sq = batch.seq[size_t(t)];
-      if (seq_first[size_t(sq)] < 0) {
-        seq_first[size_t(sq)] = batch.pos[size_t(t)];
-        seq_row0[size_t(sq)] = next;
-        for (int u = t; u < n; ++u) next += batch.seq[size_t(u)] == sq;
-      }
-      s.first[size_t(t)] = seq_first[size_t(sq)];
-      s.row0[size_t(t)] = seq_row0[size_t(sq)];
-      s.row[size_t(t)] = s.row0[size_t(t)] + batch.pos[size_t(t)] - s.first[size_t(t)];
-      BATON_CHECK(s.row[size_t(t)] < next);  // positions of a sequence are consecutive in the batch
-    }
-  }
+  void stage_rows() { baton::stage_rows(batch, kv->shape().n_seq, s.first.data(), s.row0.data(), s.row.data()); }
 
   void rope_and_stage(int l, int n) {
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();

@@ -74,6 +74,12 @@ class Scratch {
   std::vector<uint8_t> mem_;
 };
 
+// Staging rows of a batch for attention (cpu::AttentionArgs): each sequence's new tokens get
+// consecutive rows in position order; per token its sequence's first position in the batch, the
+// sequence's first row and its own row. Within the batch, every sequence's tokens must have
+// consecutive positions in batch order (an Error otherwise).
+void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, int32_t* row);
+
 // x[i] = embedding of batch.token[i] (scaled as the family says); x is batch.size() × n_embd.
 void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x);
 

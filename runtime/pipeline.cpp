@@ -1,9 +1,11 @@
-// Pipeline::load places the model with the planner and builds one CpuStage (runtime/stage.h) per
-// planned block of layers. Each stage has a driver thread, created at load and kept until the
-// pipeline is destroyed, that takes pieces of work from its input queue, runs the stage on them
-// (driving the stage's own thread pool) and hands them to the next stage's queue. A piece carries
-// its own hidden-state buffer, so passing it on is the link between CPU stages: no copy, and a
-// stage never waits for the next one to free a buffer.
+// Pipeline::load places the model with the planner and builds one stage per planned block of
+// layers: a CpuStage (runtime/stage.h) or a GpuStage (runtime/gpu_stage.h). Each stage has a driver
+// thread, created at load and kept until the pipeline is destroyed, that takes pieces of work from
+// its input queue, runs the stage on them (driving the stage's own thread pool, or its GPU stream)
+// and hands them to the next stage's queue. A piece carries its own hidden-state buffer in host
+// memory, so passing it on is the link between stages: no copy between CPU stages, and a stage
+// never waits for the next one to free a buffer; a GPU stage copies the state in and out at its
+// ends (the host-staged link).
 // submit() checks a batch, cuts it into pieces of at most n_batch tokens and queues them at stage
 // 0; several submitted batches flow through the stages together (stage 0 on batch B while stage 1
 // finishes A). Every stage takes pieces in submission order, so the KV cache of each stage sees
@@ -12,6 +14,7 @@
 // a batch is cut or grouped changes no bit of the logits.
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_base.h"
+#include "runtime/gpu_stage.h"
 
 #include <algorithm>
 #include <atomic>
@@ -83,7 +86,7 @@ class CpuPipeline final : public ModelPipeline {
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
   int n_batch_ = 0;
-  std::vector<std::unique_ptr<CpuStage>> stages_;
+  std::vector<std::unique_ptr<ModelStage>> stages_;
   std::unique_ptr<std::atomic<uint64_t>[]> busy_ns_;  // per stage: nanoseconds in forward
   std::function<void(int, const Batch&)> on_stage_;
 
@@ -108,9 +111,9 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   const auto devices = parse_devices(opt.devices.empty() ? "cpu" : opt.devices, probe_devices(),
                                      /*allow_hypothetical=*/false);
   for (const auto& d : devices)
-    if (d.is_gpu())
-      fail(ErrorKind::Usage, "device '{}': CUDA stages are not available in the pipeline of this version "
-           "(use CPU devices, e.g. --devices cpu or cpu,cpu)", d.label);
+    if (d.is_gpu() && !have_cuda_backend())
+      fail(ErrorKind::Usage, "device '{}': this build of baton has no CUDA backend (rebuild with -DBATON_CUDA=ON, "
+           "or use CPU devices, e.g. --devices cpu)", d.label);
 
   open_model(path, opt);
   n_batch_ = opt.n_batch;
@@ -133,9 +136,10 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   // The planner may clamp n_batch (to n_ctx × n_seq); buffers follow the plan.
   n_batch_ = int(p.options.n_batch);
 
-  const int n_stages = int(p.stages.size());
+  int n_cpu_stages = 0;  // the CPU threads are shared by the CPU stages; a GPU stage drives its stream
+  for (const Stage& st : p.stages) n_cpu_stages += !p.devices[st.device].is_gpu();
   const int total = opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  const int per_stage = opt.threads_per_stage > 0 ? opt.threads_per_stage : std::max(1, total / n_stages);
+  const int per_stage = opt.threads_per_stage > 0 ? opt.threads_per_stage : std::max(1, total / std::max(1, n_cpu_stages));
 
   touch_pages(opt);
   StageOptions so;
@@ -144,7 +148,11 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_batch = n_batch_;
   so.kv_type = opt.kv_type;
   so.n_threads = per_stage;
-  for (const Stage& st : p.stages) stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+  for (const Stage& st : p.stages) {
+    const DeviceSpec& d = p.devices[st.device];
+    if (d.is_gpu()) stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index));
+    else stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+  }
   on_stage_ = opt.on_stage;
 
   if (opt.verbose) {

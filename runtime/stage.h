@@ -4,6 +4,7 @@
 // over its own block. forward() is the whole of the stage's work on one batch.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,27 +26,38 @@ struct StageOptions {
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
 };
 
-class CpuStage {
+// What a pipeline drives: one stage on whatever device, host memory on both sides of forward().
+class ModelStage {
+ public:
+  virtual ~ModelStage() = default;
+  // The stage's work on `batch` (at most n_batch tokens). x (host) holds batch.size() × n_embd
+  // hidden states: written from the token ids when the stage holds the embedding, otherwise read
+  // from the previous stage; updated in place by the stage's layers. When the stage holds the
+  // head, batch.n_logits() rows of n_vocab floats go to `logits` (host) in batch order.
+  virtual void forward(const Batch& batch, float* x, float* logits) = 0;
+  virtual const Stage& plan() const = 0;
+  int layer_begin() const { return int(plan().layer_begin); }
+  int layer_end() const { return int(plan().layer_end); }
+  bool first() const { return plan().has_embedding; }
+  bool last() const { return plan().has_output; }
+  virtual int n_threads() const = 0;
+  virtual int max_rewind() const = 0;
+  // Weights + KV cache + scratch + buffers as allocated: what the planner sized.
+  virtual uint64_t measured_bytes() const = 0;
+};
+
+class CpuStage : public ModelStage {
  public:
   // Binds the planned block of `f` (which must outlive the stage) and allocates its KV cache,
   // scratch and pool.
   CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt);
 
-  // The stage's work on `batch` (at most n_batch tokens). x holds batch.size() × n_embd hidden
-  // states: written from the token ids when the stage holds the embedding, otherwise read from
-  // the previous stage; updated in place by the stage's layers. When the stage holds the head,
-  // batch.n_logits() rows of n_vocab floats go to `logits` in batch order.
-  void forward(const Batch& batch, float* x, float* logits);
-
-  const Stage& plan() const { return plan_; }
-  int layer_begin() const { return begin_; }
-  int layer_end() const { return end_; }
-  bool first() const { return plan_.has_embedding; }
-  bool last() const { return plan_.has_output; }
-  int n_threads() const { return pool_->size(); }
-  int max_rewind() const { return kv_->max_rewind(); }
+  void forward(const Batch& batch, float* x, float* logits) override;
+  const Stage& plan() const override { return plan_; }
+  int n_threads() const override { return pool_->size(); }
+  int max_rewind() const override { return kv_->max_rewind(); }
   // Weights bound + KV cache + scratch + the head's logits buffer: what the planner sized.
-  uint64_t measured_bytes() const;
+  uint64_t measured_bytes() const override;
 
  private:
   uint64_t bound_bytes(const gguf::File& f) const;

@@ -87,10 +87,15 @@ if has_cmd bench; then
     if has_cmd bench --p2p; then
       run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p 512 -n 128
       run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p 512 -n 128
-    else
-      skip "bench-2stage-$t" "no --p2p option yet"
+    else  # one link type so far: host-staged (device -> host -> device at the stage boundary)
+      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --tensor-split 1,1 -p 512 -n 128
     fi
   done
+  # GPU -> CPU spill: 2 GiB of layers on the GPU, the rest on the CPU (short runs: the CPU part is slow).
+  f=$models/llama3-8b-Q4_0.gguf
+  if [[ -s $f ]]; then
+    run bench-spill-Q4_0 300 "$bin" bench -m "$f" --devices cuda:0=2GiB,cpu -p 64 -n 16 -r 1 --verbose
+  fi
 else
   skip bench "no 'baton bench' yet"
 fi

@@ -2,15 +2,19 @@
 // per prompt max |Δ| <= 0.35, mean |Δ| <= 0.06, the same argmax wherever the reference top-1/top-2
 // gap exceeds 0.1, and a tolerance-aware greedy comparison of 32 steps. The prompt is evaluated in
 // one batch and token by token through the KV cache; both must pass.
+// BATON_TEST_DEVICES (default "cpu") runs the same checks on other devices: ctest's
+// test_peer_logits_cuda sets cuda:0 (label gpu; skipped, exit code 77, where no GPU is visible).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "helpers.h"
 #include "gguf/error.h"
 #include "model_helpers.h"
+#include "runtime/devices.h"
 #include "runtime/pipeline.h"
 
 using namespace baton;
@@ -18,6 +22,24 @@ using namespace baton;
 namespace {
 
 const int kVocab = 32000;
+
+std::string test_devices() {
+  const char* d = std::getenv("BATON_TEST_DEVICES");
+  return d && *d ? d : "cpu";
+}
+
+// Runs before Catch2's main: devices named but not present mean nothing to test here.
+[[maybe_unused]] const bool kDevicesPresent = [] {
+  if (test_devices().find("cuda") == std::string::npos) return true;
+  int gpus = 0;
+  for (const auto& d : probe_devices()) gpus += d.kind == DeviceKind::Cuda;
+  if (gpus == 0) {
+    std::printf("BATON_TEST_DEVICES=%s but no CUDA device: skipping (exit code 77)\n", test_devices().c_str());
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return true;
+}();
 
 
 std::vector<float> read_f32(const std::string& path) {
@@ -60,6 +82,7 @@ std::unique_ptr<Pipeline> load_tiny(GgmlType kv = GgmlType::F16) {
   o.n_threads = 2;
   o.n_batch = 64;
   o.kv_type = kv;
+  o.devices = test_devices();
   return Pipeline::load(test::peer("logits/tiny-q4_0.gguf"), o);
 }
 

@@ -306,14 +306,21 @@ int split_chunk(const Context& c, int n_tokens, int n_head, int max_len) {
 
 }  // namespace
 
+size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len) {
+  if (n_tokens <= 0 || max_len <= 0) return 0;
+  const int chunk = split_chunk(c, n_tokens, n_head, max_len);
+  const int n_split = (max_len + chunk - 1) / chunk;
+  return size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
+}
+
 void attention(Context& c, const AttentionArgs& a, int max_len) {
   check_args(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(cat("CUDA attention: max_len ", max_len, " must be positive"));
+  const int D = a.kv.head_dim;
   const int chunk = split_chunk(c, a.n_tokens, a.n_head, max_len);
   const int n_split = (max_len + chunk - 1) / chunk;
-  const int D = a.kv.head_dim;
-  float* part = static_cast<float*>(c.scratch(size_t(a.n_tokens) * a.n_head * n_split * (D + 2) * sizeof(float)));
+  float* part = static_cast<float*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, D, max_len)));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;

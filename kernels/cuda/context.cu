@@ -68,6 +68,16 @@ DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int6
   return buf;
 }
 
+void copy_to_device(Context& c, void* dst, const void* host, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(c.stream())));
+}
+void copy_to_host(Context& c, void* host, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(c.stream())));
+}
+void copy_on_device(Context& c, void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(c.stream())));
+}
+
 // ---- Context ----
 
 Context::Context(int device, void* stream) : device_(device) {
@@ -96,6 +106,8 @@ Context::~Context() {
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (own_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
+
+void Context::make_current() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
 void Context::synchronize() const {
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));

@@ -50,6 +50,9 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   int device() const { return device_; }
+  // Makes the context's device current for the calling thread (the CUDA current device is per
+  // thread: a pipeline's driver threads call this before their stage's ops).
+  void make_current() const;
   void* stream() const { return stream_; }  // cudaStream_t
   void* cublas() const { return cublas_; }  // cublasHandle_t
   int sm_count() const { return sm_count_; }
@@ -77,6 +80,13 @@ class Context {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 };
+
+// Stream-ordered copies on the Context's stream (cudaMemcpyAsync): they return at once, and the
+// bytes move when the stream gets there. Host memory must stay valid until the stream is
+// synchronized, and overlaps with compute only when pinned.
+void copy_to_device(Context& c, void* dst, const void* host, size_t bytes);
+void copy_to_host(Context& c, void* host, const void* src, size_t bytes);
+void copy_on_device(Context& c, void* dst, const void* src, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
 // Weights and matrix products
@@ -179,6 +189,9 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
 // merged. max_len (host): an upper bound of pos[t] + 1 over the batch (pass n_ctx when capturing a
 // graph); it fixes the number of splits.
 void attention(Context& c, const AttentionArgs& a, int max_len);
+// Scratch attention() takes for n_tokens queries of n_head heads over at most max_len keys (the
+// split partials), so that a stage can reserve it before its first step.
+size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len);
 
 // A prefill run: the n_tokens tokens are one sequence `seq` at positions pos0, pos0+1, ..., staged
 // in rows row0, row0+1, ... (host values; the device arrays of `a` are not read). Query tiles

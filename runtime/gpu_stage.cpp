@@ -1,0 +1,346 @@
+// A CUDA stage: upload the planned block once, allocate what the planner sized, run the family's
+// forward (models/llama_forward.h) with the CUDA ops. Everything a step does is stream-ordered on
+// the stage's one stream; forward() waits for the stream once, at the end, when the hidden state
+// or the logits are on the host.
+#include "runtime/gpu_stage.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <vector>
+
+#include "gguf/error.h"
+#include "gguf/gguf.h"
+#include "models/llama.h"
+#include "models/llama_forward.h"
+#include "runtime/kv_cache.h"
+
+#if BATON_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#endif
+
+namespace baton {
+
+#if BATON_HAVE_CUDA
+
+namespace {
+
+// A layer's weights on the device (the field names llama_layers reads).
+struct GpuLayer {
+  cuda::Weight wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* post_attn_norm = nullptr;
+  const float* post_ffn_norm = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+}  // namespace
+
+struct GpuStage::Impl {
+  const ModelConfig& c;
+  cuda::Context ctx;
+  int begin = 0, end = 0, n_batch = 0, n_seq = 0;
+  GgmlType kv_type = GgmlType::F16;
+  size_t k_row = 0, v_row = 0;
+  std::vector<cuda::DeviceBuffer> owned;
+  uint64_t bytes = 0;  // everything in `owned`
+
+  std::vector<GpuLayer> layers;  // n_layer entries; [begin, end) are set
+  cuda::Weight tok_embd, output;
+  const float* output_norm = nullptr;
+  std::vector<cuda::KvLayer> kv;  // [begin, end)
+  std::map<const float*, const float*> freqs;  // host frequency table -> its device copy
+
+  // Activations (device), one token per row, and the batch's int arrays.
+  float *x = nullptr, *xb = nullptr, *xb2 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *hb = nullptr,
+        *hb2 = nullptr, *logits = nullptr;
+  uint8_t *k_new = nullptr, *v_new = nullptr;
+  int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr, *row = nullptr;
+  std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0 / row
+
+  Impl(const ModelConfig& cfg, int device) : c(cfg), ctx(device) {}
+
+  void* alloc(size_t n) {
+    owned.emplace_back(std::max<size_t>(n, 16));
+    bytes += owned.back().size();
+    return owned.back().get();
+  }
+  template <class T>
+  T* alloc_n(size_t n) { return static_cast<T*>(alloc(n * sizeof(T))); }
+  const float* upload_floats(const float* host, size_t n) {
+    if (!host) return nullptr;
+    float* d = alloc_n<float>(n);
+    owned.back().upload(host, n * sizeof(float));
+    return d;
+  }
+  cuda::Weight upload_matrix(const cpu::QMatrix& m, const char* what, uint64_t& done,
+                             const std::function<void(uint64_t)>& progress) {
+    if (!cuda::cuda_supports(m.type))
+      fail(ErrorKind::Usage, "{}: tensor type {} is not supported by the CUDA backend (device {})", what,
+           type_name(m.type), ctx.device());
+    cuda::Weight w;
+    owned.push_back(cuda::upload_weight(m.type, m.data, m.rows, m.cols, w));
+    bytes += owned.back().size();
+    done += m.row_bytes * uint64_t(m.rows);
+    if (progress) progress(done);
+    return w;
+  }
+};
+
+namespace {
+
+// The CUDA backend of llama_layers / llama_head: device buffers of the stage, its stream.
+struct CudaLayers {
+  GpuStage::Impl& g;
+  const Batch& batch;
+  int max_len;  // an upper bound of pos + 1 over the batch
+  float *x = g.x, *xb = g.xb, *xb2 = g.xb2, *q = g.q, *k = g.k, *v = g.v, *hb = g.hb, *hb2 = g.hb2;
+
+  const GpuLayer& layer(int l) const { return g.layers[size_t(l)]; }
+  const float* output_norm() const { return g.output_norm; }
+  const cuda::Weight& output() const { return g.output; }
+
+  void rms_norm(const float* in, const float* w, float* out, int rows, int n) {
+    cuda::rms_norm(g.ctx, in, w, out, rows, n, g.c.rms_eps);
+  }
+  void matmul(const cuda::Weight& W, const float* X, int n, float* Y) { cuda::matmul(g.ctx, W, X, n, Y); }
+  void matmul_qkv(const GpuLayer& L, int n) {
+    matmul(L.wq, xb, n, q);
+    matmul(L.wk, xb, n, k);
+    matmul(L.wv, xb, n, v);
+  }
+  void matmul_gate_up(const GpuLayer& L, int n) {
+    matmul(L.gate, xb, n, hb);
+    matmul(L.up, xb, n, hb2);
+  }
+  void add(float* y, const float* in, int n) { cuda::add(g.ctx, y, in, n); }
+  void add_rows(float* y, const float* bias, int rows, int n) {
+    for (int t = 0; t < rows; ++t) cuda::add(g.ctx, y + size_t(t) * n, bias, n);
+  }
+  void gate(Activation act, const float* gt, const float* u, float* y, int n) {
+    if (act == Activation::SiLU) cuda::silu_gate(g.ctx, gt, u, y, n);
+    else cuda::gelu_tanh_gate(g.ctx, gt, u, y, n);
+  }
+  void softcap(float* y, float cap, int n) { cuda::softcap(g.ctx, y, cap, n); }
+
+  void rope_and_stage(int l, int n) {
+    const ModelConfig& c = g.c;
+    const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
+    const float* fr = g.freqs.at(c.freqs(l).data());
+    const bool neox = c.rope_style == RopeStyle::NeoX;
+    cuda::rope(g.ctx, q, n, size_t(nq), c.n_head, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
+    cuda::rope(g.ctx, k, n, size_t(nk), c.n_head_kv, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
+    cuda::kv_convert(g.ctx, g.kv_type, k, size_t(nk), g.k_new, g.k_row, nk, n);
+    cuda::kv_convert(g.ctx, g.kv_type, v, size_t(nv), g.v_new, g.v_row, nv, n);
+  }
+
+  void attention(int l, int n) {
+    const ModelConfig& c = g.c;
+    cuda::AttentionArgs a;
+    a.n_tokens = n;
+    a.q = q;
+    a.q_stride = size_t(c.n_embd_q());
+    a.out = xb2;
+    a.out_stride = size_t(c.n_embd_attn());
+    a.pos = g.pos;
+    a.seq = g.seq;
+    a.first = g.first;
+    a.row0 = g.row0;
+    a.k_new = g.k_new;
+    a.v_new = g.v_new;
+    a.n_head = c.n_head;
+    a.scale = c.attn_scale;
+    a.window = c.layer_window[size_t(l)];
+    a.kv = g.kv[size_t(l - g.begin)];
+    cuda::attention(g.ctx, a, max_len);
+    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, g.row, g.seq, g.pos, n);
+  }
+
+  int gather_logit_rows() {
+    const size_t E = size_t(g.c.n_embd);
+    int m = 0;
+    for (int t = 0; t < batch.size(); ++t)
+      if (batch.logits[size_t(t)]) cuda::copy_on_device(g.ctx, xb + size_t(m++) * E, x + size_t(t) * E, E * sizeof(float));
+    return m;
+  }
+};
+
+}  // namespace
+
+GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt,
+                   int device, const std::function<void(uint64_t)>& progress)
+    : plan_(plan) {
+  BATON_CHECK(opt.n_batch > 0 && opt.n_seq > 0 && opt.n_ctx > 0);
+  check_kv_type(cfg, opt.kv_type);
+  if (cfg.head_dim_k != cfg.head_dim_v)
+    fail(ErrorKind::Usage, "the CUDA attention needs equal K and V head sizes (this model: {} and {})",
+         cfg.head_dim_k, cfg.head_dim_v);
+  impl_ = std::make_unique<Impl>(cfg, device);
+  Impl& g = *impl_;
+  g.begin = int(plan.layer_begin);
+  g.end = int(plan.layer_end);
+  g.n_batch = opt.n_batch;
+  g.n_seq = opt.n_seq;
+  g.kv_type = opt.kv_type;
+  g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
+  g.v_row = row_bytes(opt.kv_type, cfg.n_embd_v());
+
+  // Weights: host views of the block (no CPU packing), uploaded in the device layout.
+  const ModelWeights w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output);
+  uint64_t done = 0;
+  g.layers.resize(size_t(cfg.n_layer));
+  for (int l = g.begin; l < g.end; ++l) {
+    const LayerWeights& H = w.layers[size_t(l)];
+    GpuLayer& L = g.layers[size_t(l)];
+    const std::string name = "layer " + std::to_string(l);
+    L.wq = g.upload_matrix(H.wq, name.c_str(), done, progress);
+    L.wk = g.upload_matrix(H.wk, name.c_str(), done, progress);
+    L.wv = g.upload_matrix(H.wv, name.c_str(), done, progress);
+    L.wo = g.upload_matrix(H.wo, name.c_str(), done, progress);
+    L.gate = g.upload_matrix(H.gate, name.c_str(), done, progress);
+    L.up = g.upload_matrix(H.up, name.c_str(), done, progress);
+    L.down = g.upload_matrix(H.down, name.c_str(), done, progress);
+    const size_t E = size_t(cfg.n_embd), hd = size_t(cfg.head_dim_k);
+    L.attn_norm = g.upload_floats(H.attn_norm, E);
+    L.ffn_norm = g.upload_floats(H.ffn_norm, E);
+    L.q_norm = g.upload_floats(H.q_norm, hd);
+    L.k_norm = g.upload_floats(H.k_norm, hd);
+    L.post_attn_norm = g.upload_floats(H.post_attn_norm, E);
+    L.post_ffn_norm = g.upload_floats(H.post_ffn_norm, E);
+    L.bq = g.upload_floats(H.bq, size_t(cfg.n_embd_q()));
+    L.bk = g.upload_floats(H.bk, size_t(cfg.n_embd_k()));
+    L.bv = g.upload_floats(H.bv, size_t(cfg.n_embd_v()));
+    const std::vector<float>& fr = cfg.freqs(l);
+    if (!g.freqs.count(fr.data())) g.freqs[fr.data()] = g.upload_floats(fr.data(), fr.size());
+  }
+  if (plan.has_embedding) g.tok_embd = g.upload_matrix(w.tok_embd, "token_embd", done, progress);
+  if (plan.has_output) {
+    const bool shared = cfg.tied_output && plan.has_embedding;  // one copy serves both
+    g.output = shared ? g.tok_embd : g.upload_matrix(w.output, "output", done, progress);
+    g.output_norm = g.upload_floats(w.output_norm, size_t(cfg.n_embd));
+  }
+
+  // KV cache: the cells of each layer as the CPU cache has them (rings for sliding-window layers),
+  // position-major on the device (kernels/cuda/ops.h).
+  KvCacheShape ks;
+  ks.layer_begin = g.begin;
+  ks.layer_end = g.end;
+  ks.n_seq = opt.n_seq;
+  ks.n_ctx = opt.n_ctx;
+  ks.type = opt.kv_type;
+  max_rewind_ = INT_MAX;
+  for (int l = g.begin; l < g.end; ++l) {
+    cuda::KvLayer L;
+    L.type = opt.kv_type;
+    L.n_cells = KvCache::cells(cfg, ks, l);
+    L.k_row = g.k_row;
+    L.v_row = g.v_row;
+    L.n_head_kv = cfg.n_head_kv;
+    L.head_dim = cfg.head_dim_k;
+    L.k = g.alloc_n<uint8_t>(g.k_row * size_t(L.n_cells) * size_t(opt.n_seq));
+    L.v = g.alloc_n<uint8_t>(g.v_row * size_t(L.n_cells) * size_t(opt.n_seq));
+    g.kv.push_back(L);
+    if (L.n_cells < opt.n_ctx) max_rewind_ = std::min(max_rewind_, L.n_cells - cfg.layer_window[size_t(l)] + 1);
+  }
+
+  // Scratch, sized for n_batch tokens once.
+  const size_t B = size_t(opt.n_batch);
+  g.x = g.alloc_n<float>(B * size_t(cfg.n_embd));
+  g.xb = g.alloc_n<float>(B * size_t(cfg.n_embd));
+  g.xb2 = g.alloc_n<float>(B * size_t(cfg.n_embd_attn()));
+  g.q = g.alloc_n<float>(B * size_t(cfg.n_embd_q()));
+  g.k = g.alloc_n<float>(B * size_t(cfg.n_embd_k()));
+  g.v = g.alloc_n<float>(B * size_t(cfg.n_embd_v()));
+  g.hb = g.alloc_n<float>(B * size_t(cfg.n_ff));
+  g.hb2 = g.alloc_n<float>(B * size_t(cfg.n_ff));
+  g.k_new = g.alloc_n<uint8_t>(B * g.k_row);
+  g.v_new = g.alloc_n<uint8_t>(B * g.v_row);
+  if (plan.has_output) g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
+  for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0, &g.row}) *a = g.alloc_n<int32_t>(B);
+  g.h_first.resize(B);
+  g.h_row0.resize(B);
+  g.h_row.resize(B);
+
+  // The ops' shared scratch (activation quants, FP16 slabs, attention split partials), reserved
+  // now for the widest step so that no op grows it (which would synchronize) during a step.
+  size_t scratch = 0;
+  for (int l = g.begin; l < g.end; ++l) {
+    const GpuLayer& L = g.layers[size_t(l)];
+    for (const cuda::Weight* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
+      scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
+  }
+  if (plan.has_output) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, g.output, opt.n_batch));
+  if (g.end > g.begin)
+    for (int n = 1; n <= opt.n_batch; ++n)  // the split count depends on the token count
+      scratch = std::max(scratch, cuda::attention_scratch_bytes(g.ctx, n, cfg.n_head, cfg.head_dim_k, opt.n_ctx));
+  g.ctx.reserve(scratch);
+  g.ctx.synchronize();
+}
+
+GpuStage::~GpuStage() = default;
+
+void GpuStage::forward(const Batch& batch, float* x, float* logits) {
+  Impl& g = *impl_;
+  const ModelConfig& c = g.c;
+  const int n = batch.size();
+  BATON_CHECK(n >= 1 && n <= g.n_batch);
+  g.ctx.make_current();
+
+  // Staging rows are the batch rows: the attention and commit kernels read a sequence's staged
+  // keys from row0 on, so each sequence's tokens must be contiguous in the batch (as the engine
+  // and the pipeline build them).
+  stage_rows(batch, g.n_seq, g.h_first.data(), g.h_row0.data(), g.h_row.data());
+  int max_len = 1;
+  for (int t = 0; t < n; ++t) {
+    if (g.h_row[size_t(t)] != t)
+      fail(ErrorKind::Usage, "CUDA stage: the tokens of sequence {} are not contiguous in the batch", batch.seq[size_t(t)]);
+    max_len = std::max(max_len, batch.pos[size_t(t)] + 1);
+  }
+  const size_t ib = size_t(n) * sizeof(int32_t);
+  cuda::copy_to_device(g.ctx, g.tok, batch.token.data(), ib);
+  cuda::copy_to_device(g.ctx, g.pos, batch.pos.data(), ib);
+  cuda::copy_to_device(g.ctx, g.seq, batch.seq.data(), ib);
+  cuda::copy_to_device(g.ctx, g.first, g.h_first.data(), ib);
+  cuda::copy_to_device(g.ctx, g.row0, g.h_row0.data(), ib);
+  cuda::copy_to_device(g.ctx, g.row, g.h_row.data(), ib);
+
+  const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
+  if (plan_.has_embedding) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, c.embd_scale);
+  else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
+
+  CudaLayers b{g, batch, max_len};
+  llama_layers(c, b, n, g.begin, g.end);
+  if (plan_.has_output) {
+    llama_head(c, b, g.logits);
+    const size_t m = size_t(batch.n_logits());
+    if (m > 0) cuda::copy_to_host(g.ctx, logits, g.logits, m * size_t(c.n_vocab) * sizeof(float));
+  } else {
+    cuda::copy_to_host(g.ctx, x, g.x, xbytes);
+  }
+  g.ctx.synchronize();
+}
+
+uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }
+
+#else  // no CUDA in this build
+
+struct GpuStage::Impl {};
+
+GpuStage::GpuStage(const gguf::File&, const ModelConfig&, const Stage& plan, const StageOptions&, int device,
+                   const std::function<void(uint64_t)>&)
+    : plan_(plan) {
+  fail(ErrorKind::Usage, "device cuda:{}: this build of baton has no CUDA backend (rebuild with -DBATON_CUDA=ON)",
+       device);
+}
+GpuStage::~GpuStage() = default;
+void GpuStage::forward(const Batch&, float*, float*) { BATON_CHECK(false); }
+uint64_t GpuStage::measured_bytes() const { return 0; }
+
+#endif
+
+}  // namespace baton

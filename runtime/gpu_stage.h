@@ -1,0 +1,36 @@
+// One pipeline stage on a CUDA GPU: the planned block of layers (and the embedding / head when the
+// plan gives it them) with its weights uploaded once in the device layout (kernels/cuda/layout.h),
+// its KV cache and scratch allocated once, and one stream. forward() runs the same llama-family
+// loop as the CPU stage (models/llama_forward.h) with the CUDA ops (kernels/cuda/ops.h); the hidden
+// state and the logits cross to the host at the stage's ends (the host-staged link).
+// In a build without CUDA the constructor throws a usage error.
+#pragma once
+#include <memory>
+
+#include "runtime/stage.h"
+
+namespace baton {
+
+class GpuStage : public ModelStage {
+ public:
+  // device: the CUDA ordinal. Weights are read from `f` (which must outlive the constructor only);
+  // progress(bytes uploaded) is called while they upload.
+  GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt, int device,
+           const std::function<void(uint64_t)>& progress = nullptr);
+  ~GpuStage() override;
+
+  void forward(const Batch& batch, float* x, float* logits) override;
+  const Stage& plan() const override { return plan_; }
+  int n_threads() const override { return 1; }
+  int max_rewind() const override { return max_rewind_; }
+  uint64_t measured_bytes() const override;
+
+  struct Impl;  // the device state (gpu_stage.cpp)
+
+ private:
+  Stage plan_;
+  int max_rewind_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace baton

@@ -1,0 +1,126 @@
+// A model stage on a GPU against the CPU stage, through the pipeline: the peer tiny model (llama)
+// and a generated Gemma 3-shaped model (sliding-window rings, q/k norms, post-norms, GELU, tied
+// head); two stages on one GPU; a GPU stage spilling to a CPU stage. Prompts of two sequences in
+// one batch, then decode steps of both, so the staging rows, the ring cells and the logits rows
+// are all exercised. Exits with 77 (ctest: skipped) without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "helpers.h"
+#include "model_helpers.h"
+#include "runtime/devices.h"
+#include "runtime/pipeline.h"
+
+using namespace baton;
+
+namespace {
+
+// Runs before Catch2's main: with no GPU there is nothing to test.
+[[maybe_unused]] const bool kHaveGpu = [] {
+  int gpus = 0;
+  for (const auto& d : probe_devices()) gpus += d.kind == DeviceKind::Cuda;
+  if (gpus == 0) {
+    std::printf("no CUDA device: skipping the GPU stage tests (exit code 77)\n");
+    std::fflush(stdout);
+    std::exit(77);
+  }
+  return true;
+}();
+
+std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices) {
+  LoadOptions o;
+  o.n_ctx = 128;
+  o.n_seq = 2;
+  o.n_batch = 64;
+  o.n_threads = 2;
+  o.devices = devices;
+  if (devices.find(',') != std::string::npos) o.tensor_split = {1, 1};
+  return Pipeline::load(path, o);
+}
+
+// Every logits row of: two prompts in one batch (sequence 0: 40 tokens, sequence 1: 9), then 12
+// greedy decode steps of both sequences together (each continuing with its own argmax).
+std::vector<float> run(Pipeline& p) {
+  const int V = p.n_vocab();
+  std::vector<float> all;
+  Batch b;
+  for (int i = 0; i < 40; ++i) b.add((3 + 7 * i) % V, i, 0, true);
+  for (int i = 0; i < 9; ++i) b.add((11 + 5 * i) % V, i, 1, true);
+  std::vector<float> out(size_t(b.n_logits()) * size_t(V));
+  p.decode(b, out.data());
+  all.insert(all.end(), out.begin(), out.end());
+  int next[2] = {int(std::max_element(out.begin() + 39 * V, out.begin() + 40 * V) - out.begin() - 39 * V),
+                 int(std::max_element(out.end() - V, out.end()) - out.end() + V)};
+  int len[2] = {40, 9};
+  for (int step = 0; step < 12; ++step) {
+    Batch d;
+    for (int s = 0; s < 2; ++s) d.add(next[s], len[s]++, s, true);
+    std::vector<float> rows(2 * size_t(V));
+    p.decode(d, rows.data());
+    all.insert(all.end(), rows.begin(), rows.end());
+    for (int s = 0; s < 2; ++s)
+      next[s] = int(std::max_element(rows.begin() + s * V, rows.begin() + (s + 1) * V) - rows.begin() - s * V);
+  }
+  return all;
+}
+
+// The peer criteria (../shared/peer/README.md): max |d| <= 0.35, mean |d| <= 0.06, the same argmax
+// wherever the reference's top-1/top-2 gap exceeds 0.1.
+void close_to(const std::vector<float>& ref, const std::vector<float>& got, int V, const char* what) {
+  REQUIRE(ref.size() == got.size());
+  double max_d = 0, sum = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(double(ref[i]) - double(got[i]));
+    max_d = std::max(max_d, d);
+    sum += d;
+  }
+  std::printf("%s: max|d| %.4f mean|d| %.5f\n", what, max_d, sum / double(ref.size()));
+  CHECK(max_d <= 0.35);
+  CHECK(sum / double(ref.size()) <= 0.06);
+  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
+    const float* a = ref.data() + r * size_t(V);
+    const float* b = got.data() + r * size_t(V);
+    std::vector<float> top(a, a + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] <= 0.1f) continue;
+    INFO(what << ", row " << r);
+    CHECK(std::max_element(a, a + V) - a == std::max_element(b, b + V) - b);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama and Gemma 3 shapes)") {
+  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    auto cpu = load(path, "cpu");
+    auto gpu = load(path, "cuda:0");
+    REQUIRE(gpu->stages().size() == 1);
+    CHECK(gpu->stages()[0].device == "cuda:0");
+    CHECK(gpu->stages()[0].planned_bytes >= gpu->stages()[0].measured_bytes);
+    close_to(run(*cpu), run(*gpu), cpu->n_vocab(), path.c_str());
+  }
+}
+
+TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the one-stage logits") {
+  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    auto one = load(path, "cuda:0");
+    const auto ref = run(*one);
+    one.reset();
+    auto two = load(path, "cuda:0,cuda:0");
+    REQUIRE(two->stages().size() == 2);
+    const auto got = run(*two);
+    // The same kernels on the same rows: a split changes nothing but where the layers run.
+    double max_d = 0;
+    for (size_t i = 0; i < ref.size(); ++i) max_d = std::max(max_d, double(std::fabs(ref[i] - got[i])));
+    std::printf("%s: 1 vs 2 GPU stages max|d| %.3g\n", path.c_str(), max_d);
+    CHECK(max_d <= 1e-4);
+    two.reset();
+
+    auto spill = load(path, "cuda:0,cpu");
+    REQUIRE(spill->stages().size() == 2);
+    CHECK(spill->stages()[1].device == "cpu");
+    close_to(ref, run(*spill), spill->n_vocab(), "GPU + CPU spill");
+  }
+}
