@@ -15,13 +15,14 @@
 #include "models/llama_forward.h"
 #include "runtime/kv_cache.h"
 
-#if BATON_HAVE_CUDA
+#if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
 #include "kernels/cuda/ops.h"
 #endif
 
 namespace baton {
 
-#if BATON_HAVE_CUDA
+// With BATON_CUDA_HOST_EMULATION the ops run on the host (kernels/cuda_host/ops_host.cpp): for tests.
+#if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
 
 namespace {
 
@@ -327,7 +328,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits) {
 
 uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }
 
-#else  // no CUDA in this build
+#else  // no CUDA in this build, and no emulation
 
 struct GpuStage::Impl {};
 

@@ -3,7 +3,8 @@
 // its KV cache and scratch allocated once, and one stream. forward() runs the same llama-family
 // loop as the CPU stage (models/llama_forward.h) with the CUDA ops (kernels/cuda/ops.h); the hidden
 // state and the logits cross to the host at the stage's ends (the host-staged link).
-// In a build without CUDA the constructor throws a usage error.
+// In a build without CUDA the ops are the host emulation (kernels/cuda_host/ops_host.cpp), which
+// shows a device only with BATON_CUDA_EMULATE=1 (tests); otherwise the constructor throws a usage error.
 #pragma once
 #include <memory>
 

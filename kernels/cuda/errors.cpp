@@ -1,6 +1,8 @@
 // The CUDA backend's error path, in plain C++ because nvcc cannot compile fmt: every failing
 // CUDA or cuBLAS call becomes a baton::Error naming the call, the device and CUDA's message.
+#if !BATON_CUDA_HOST_EMULATION  // also built, without CUDA, for the host emulation (kernels/cuda_host)
 #include <cuda_runtime.h>
+#endif
 
 #include "gguf/error.h"
 #include "kernels/cuda/errors.h"
@@ -11,6 +13,7 @@ void input_error(const std::string& msg) { throw Error(ErrorKind::Model, msg); }
 void usage_error(const std::string& msg) { throw Error(ErrorKind::Usage, msg); }
 void oom_error(const std::string& msg) { throw Error(ErrorKind::OutOfMemory, msg); }
 
+#if !BATON_CUDA_HOST_EMULATION
 void cuda_fail(const char* call, const char* file, int line, int code, const char* what) {
   int dev = -1;
   cudaGetDevice(&dev);
@@ -34,5 +37,6 @@ const char* cublas_status_name(cublasStatus_t s) {
     default: return "unknown cuBLAS status";
   }
 }
+#endif
 
 }  // namespace baton::cuda

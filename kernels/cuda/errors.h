@@ -2,7 +2,9 @@
 #pragma once
 #include <string>
 
+#if !BATON_CUDA_HOST_EMULATION  // the host emulation (kernels/cuda_host) has no CUDA headers
 #include <cublas_api.h>
+#endif
 
 namespace baton::cuda {
 
@@ -13,7 +15,9 @@ namespace baton::cuda {
 [[noreturn]] void input_error(const std::string& msg);
 [[noreturn]] void usage_error(const std::string& msg);
 [[noreturn]] void oom_error(const std::string& msg);
+#if !BATON_CUDA_HOST_EMULATION
 [[noreturn]] void cuda_fail(const char* call, const char* file, int line, int code, const char* what);
 const char* cublas_status_name(cublasStatus_t s);
+#endif
 
 }  // namespace baton::cuda
