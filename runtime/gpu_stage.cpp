@@ -61,8 +61,19 @@ struct GpuStage::Impl {
   float *x = nullptr, *xb = nullptr, *xb2 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *hb = nullptr,
         *hb2 = nullptr, *logits = nullptr;
   uint8_t *k_new = nullptr, *v_new = nullptr;
-  int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr, *row = nullptr;
-  std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0 / row
+  int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr;
+  std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0, and the staging rows
+
+  // The tokens a layer with n_cells cells per sequence commits: those whose cell no later token
+  // of their sequence in the batch takes. kv_commit copies its tokens in parallel, so two tokens
+  // of one cell (a prompt longer than a ring) would leave either; the CPU's in-order commit keeps
+  // the later one.
+  struct Commit {
+    int32_t *row = nullptr, *seq = nullptr, *pos = nullptr;  // device, n entries
+    std::vector<int32_t> h_row, h_seq, h_pos;
+    int n = 0;
+  };
+  std::map<int, Commit> commits;  // by n_cells
 
   Impl(const ModelConfig& cfg, int device) : c(cfg), ctx(device) {}
 
@@ -159,7 +170,8 @@ struct CudaLayers {
     a.window = c.layer_window[size_t(l)];
     a.kv = g.kv[size_t(l - g.begin)];
     cuda::attention(g.ctx, a, max_len);
-    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, g.row, g.seq, g.pos, n);
+    const GpuStage::Impl::Commit& cm = g.commits.at(a.kv.n_cells);
+    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, cm.row, cm.seq, cm.pos, cm.n);
   }
 
   int gather_logit_rows() {
@@ -181,6 +193,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (cfg.head_dim_k != cfg.head_dim_v)
     fail(ErrorKind::Usage, "the CUDA attention needs equal K and V head sizes (this model: {} and {})",
          cfg.head_dim_k, cfg.head_dim_v);
+  if (cfg.head_dim_k != 64 && cfg.head_dim_k != 96 && cfg.head_dim_k != 128 && cfg.head_dim_k != 256)
+    fail(ErrorKind::Usage, "the CUDA attention takes head sizes 64, 96, 128 and 256 (this model: {})", cfg.head_dim_k);
   impl_ = std::make_unique<Impl>(cfg, device);
   Impl& g = *impl_;
   g.begin = int(plan.layer_begin);
@@ -262,10 +276,16 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.k_new = g.alloc_n<uint8_t>(B * g.k_row);
   g.v_new = g.alloc_n<uint8_t>(B * g.v_row);
   if (plan.has_output) g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
-  for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0, &g.row}) *a = g.alloc_n<int32_t>(B);
+  for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0}) *a = g.alloc_n<int32_t>(B);
   g.h_first.resize(B);
   g.h_row0.resize(B);
   g.h_row.resize(B);
+  for (const cuda::KvLayer& L : g.kv) {
+    if (g.commits.count(L.n_cells)) continue;
+    Impl::Commit& cm = g.commits[L.n_cells];
+    for (int32_t** a : {&cm.row, &cm.seq, &cm.pos}) *a = g.alloc_n<int32_t>(B);
+    for (std::vector<int32_t>* h : {&cm.h_row, &cm.h_seq, &cm.h_pos}) h->reserve(B);
+  }
 
   // The ops' shared scratch (activation quants, FP16 slabs, attention split partials), reserved
   // now for the widest step so that no op grows it (which would synchronize) during a step.
@@ -308,7 +328,24 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits) {
   cuda::copy_to_device(g.ctx, g.seq, batch.seq.data(), ib);
   cuda::copy_to_device(g.ctx, g.first, g.h_first.data(), ib);
   cuda::copy_to_device(g.ctx, g.row0, g.h_row0.data(), ib);
-  cuda::copy_to_device(g.ctx, g.row, g.h_row.data(), ib);
+  std::vector<int> last(size_t(g.n_seq), -1);  // per sequence, its last position in the batch
+  for (int t = 0; t < n; ++t) last[size_t(batch.seq[size_t(t)])] = std::max(last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+  for (auto& [n_cells, cm] : g.commits) {
+    cm.h_row.clear();
+    cm.h_seq.clear();
+    cm.h_pos.clear();
+    for (int t = 0; t < n; ++t) {
+      if (batch.pos[size_t(t)] <= last[size_t(batch.seq[size_t(t)])] - n_cells) continue;  // a later token takes its cell
+      cm.h_row.push_back(g.h_row[size_t(t)]);
+      cm.h_seq.push_back(batch.seq[size_t(t)]);
+      cm.h_pos.push_back(batch.pos[size_t(t)]);
+    }
+    cm.n = int(cm.h_row.size());
+    const size_t cb = size_t(cm.n) * sizeof(int32_t);
+    cuda::copy_to_device(g.ctx, cm.row, cm.h_row.data(), cb);
+    cuda::copy_to_device(g.ctx, cm.seq, cm.h_seq.data(), cb);
+    cuda::copy_to_device(g.ctx, cm.pos, cm.h_pos.data(), cb);
+  }
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
   if (plan_.has_embedding) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, c.embd_scale);
