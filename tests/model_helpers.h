@@ -1,7 +1,11 @@
-// Test helpers that run a loaded model: greedy decoding through the Pipeline, peer id files.
+// Test helpers that run a loaded model: greedy decoding through the Pipeline, peer id files, the
+// peer criteria for two runs' logits.
 #pragma once
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +47,32 @@ inline std::string greedy(Pipeline& p, const std::vector<int32_t>& ids, int max_
     p.decode(d, logits.data());
   }
   return tok.decode(out);
+}
+
+// The peer criteria (../shared/peer/README.md) between two runs' logits rows of V floats: max |d|
+// <= 0.35, mean |d| <= 0.06, the same argmax wherever the reference's top-1/top-2 gap exceeds 0.1.
+// Prints both differences after `what`.
+inline void check_peer_close(const std::vector<float>& ref, const std::vector<float>& got, int V, const std::string& what) {
+  REQUIRE(ref.size() == got.size());
+  double max_d = 0, sum = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(double(ref[i]) - double(got[i]));
+    max_d = std::isnan(d) ? INFINITY : std::max(max_d, d);
+    sum += d;
+  }
+  std::printf("%s: max|d| %.4f mean|d| %.5f\n", what.c_str(), max_d, sum / double(ref.size()));
+  INFO(what);
+  CHECK(max_d <= 0.35);
+  CHECK(sum / double(ref.size()) <= 0.06);
+  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
+    const float* a = ref.data() + r * size_t(V);
+    const float* b = got.data() + r * size_t(V);
+    std::vector<float> top(a, a + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] <= 0.1f) continue;
+    INFO("row " << r);
+    CHECK(std::max_element(a, a + V) - a == std::max_element(b, b + V) - b);
+  }
 }
 
 // A generated Gemma 3-shaped model (tied head, sliding-window layers with a ring KV cache) with 7

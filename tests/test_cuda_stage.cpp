@@ -66,30 +66,6 @@ std::vector<float> run(Pipeline& p) {
   return all;
 }
 
-// The peer criteria (../shared/peer/README.md): max |d| <= 0.35, mean |d| <= 0.06, the same argmax
-// wherever the reference's top-1/top-2 gap exceeds 0.1.
-void close_to(const std::vector<float>& ref, const std::vector<float>& got, int V, const char* what) {
-  REQUIRE(ref.size() == got.size());
-  double max_d = 0, sum = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::fabs(double(ref[i]) - double(got[i]));
-    max_d = std::max(max_d, d);
-    sum += d;
-  }
-  std::printf("%s: max|d| %.4f mean|d| %.5f\n", what, max_d, sum / double(ref.size()));
-  CHECK(max_d <= 0.35);
-  CHECK(sum / double(ref.size()) <= 0.06);
-  for (size_t r = 0; r < ref.size() / size_t(V); ++r) {
-    const float* a = ref.data() + r * size_t(V);
-    const float* b = got.data() + r * size_t(V);
-    std::vector<float> top(a, a + V);
-    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
-    if (top[0] - top[1] <= 0.1f) continue;
-    INFO(what << ", row " << r);
-    CHECK(std::max_element(a, a + V) - a == std::max_element(b, b + V) - b);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a GPU stage gives the CPU stage's logits (llama and Gemma 3 shapes)") {
@@ -99,7 +75,7 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama and Gemma 3 shapes)")
     REQUIRE(gpu->stages().size() == 1);
     CHECK(gpu->stages()[0].device == "cuda:0");
     CHECK(gpu->stages()[0].planned_bytes >= gpu->stages()[0].measured_bytes);
-    close_to(run(*cpu), run(*gpu), cpu->n_vocab(), path.c_str());
+    test::check_peer_close(run(*cpu), run(*gpu), cpu->n_vocab(), path);
   }
 }
 
@@ -121,6 +97,6 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
     auto spill = load(path, "cuda:0,cpu");
     REQUIRE(spill->stages().size() == 2);
     CHECK(spill->stages()[1].device == "cpu");
-    close_to(ref, run(*spill), spill->n_vocab(), "GPU + CPU spill");
+    test::check_peer_close(ref, run(*spill), spill->n_vocab(), "GPU + CPU spill");
   }
 }
