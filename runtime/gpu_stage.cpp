@@ -193,8 +193,9 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (cfg.head_dim_k != cfg.head_dim_v)
     fail(ErrorKind::Usage, "the CUDA attention needs equal K and V head sizes (this model: {} and {})",
          cfg.head_dim_k, cfg.head_dim_v);
-  if (cfg.head_dim_k != 64 && cfg.head_dim_k != 96 && cfg.head_dim_k != 128 && cfg.head_dim_k != 256)
-    fail(ErrorKind::Usage, "the CUDA attention takes head sizes 64, 96, 128 and 256 (this model: {})", cfg.head_dim_k);
+  const int hd = cfg.head_dim_k;
+  if (hd != 32 && hd != 64 && hd != 96 && hd != 128 && hd != 256)
+    fail(ErrorKind::Usage, "the CUDA attention takes head sizes 32, 64, 96, 128 and 256 (this model: {})", hd);
   impl_ = std::make_unique<Impl>(cfg, device);
   Impl& g = *impl_;
   g.begin = int(plan.layer_begin);

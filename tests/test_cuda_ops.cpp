@@ -415,7 +415,7 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
 TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed batches") {
   std::mt19937 rng(8);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
-    for (int hd : {64, 96, 128, 256}) {
+    for (int hd : {32, 64, 96, 128, 256}) {
       for (int window : {0, 9}) {
         // Sequence 0 decodes one token at position 75; sequence 1 runs positions 3..9 (staged).
         std::vector<int32_t> pos = {75, 3, 4, 5, 6, 7, 8, 9}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
@@ -452,7 +452,7 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
 TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
   std::mt19937 rng(9);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
-    for (int hd : {64, 128, 256}) {
+    for (int hd : {32, 64, 128, 256}) {
       for (int window : {0, 13}) {
         const int n = 37, pos0 = 20, row0 = 2, s = 1;  // 20 cached positions, 37 staged rows
         std::vector<int32_t> pos(n), seq(n, s), first(n, pos0), rows(n, row0);

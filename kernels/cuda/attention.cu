@@ -275,8 +275,8 @@ void check_args(const AttentionArgs& a) {
   if (kv.n_head_kv <= 0 || a.n_head % kv.n_head_kv != 0)
     input_error(cat("CUDA attention: ", a.n_head, " query heads do not group over ", kv.n_head_kv, " KV heads"));
   const int d = kv.head_dim;
-  if (d != 64 && d != 96 && d != 128 && d != 256)
-    input_error(cat("CUDA attention: head dim ", d, " is not supported (64, 96, 128, 256)"));
+  if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
+    input_error(cat("CUDA attention: head dim ", d, " is not supported (32, 64, 96, 128, 256)"));
 }
 
 // Calls f(std::integral_constant<int, D>{}, std::bool_constant<Q8>{}).
@@ -288,6 +288,7 @@ void with_head(const KvLayer& kv, F&& f) {
     else f(dim, std::false_type{});
   };
   switch (kv.head_dim) {
+    case 32: go(std::integral_constant<int, 32>{}); break;  // small models (the peer tiny model)
     case 64: go(std::integral_constant<int, 64>{}); break;
     case 96: go(std::integral_constant<int, 96>{}); break;
     case 128: go(std::integral_constant<int, 128>{}); break;

@@ -154,7 +154,7 @@ struct KvLayer {
   uint8_t* v = nullptr;
   size_t k_row = 0, v_row = 0;  // bytes per cell (all KV heads of one position)
   int n_cells = 0;              // per sequence; position p lives in cell p % n_cells
-  int n_head_kv = 0, head_dim = 0;  // head_dim of K and V: 64, 96, 128 or 256
+  int n_head_kv = 0, head_dim = 0;  // head_dim of K and V: 32, 64, 96, 128 or 256
 };
 
 // Converts n rows of `width` floats (src rows `src_stride` floats apart) into KV rows of `type`

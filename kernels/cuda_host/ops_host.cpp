@@ -91,8 +91,8 @@ void check_attention(const AttentionArgs& a) {
   if (kv.n_head_kv <= 0 || a.n_head % kv.n_head_kv != 0)
     input_error(fmt::format("CUDA attention: {} query heads do not group over {} KV heads", a.n_head, kv.n_head_kv));
   const int d = kv.head_dim;
-  if (d != 64 && d != 96 && d != 128 && d != 256)
-    input_error(fmt::format("CUDA attention: head dim {} is not supported (64, 96, 128, 256)", d));
+  if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
+    input_error(fmt::format("CUDA attention: head dim {} is not supported (32, 64, 96, 128, 256)", d));
 }
 
 // One query token of attention(): the staged-batch rule of cpu::AttentionArgs over the
