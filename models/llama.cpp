@@ -234,21 +234,8 @@ struct CpuLayers {
   // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
   void attention(int l, int n) {
     const cpu::KvLayerView cache = kv->layer(l);
-    cpu::AttentionArgs a;
-    a.n_tokens = n;
-    a.q = q;
-    a.q_stride = size_t(c.n_embd_q());
-    a.out = xb2;
-    a.out_stride = size_t(c.n_embd_attn());
-    a.pos = batch.pos.data();
-    a.seq = batch.seq.data();
-    a.first = s.first.data();
-    a.row0 = s.row0.data();
-    a.k_new = s.k_new;
-    a.v_new = s.v_new;
-    a.n_head = c.n_head;
-    a.scale = c.attn_scale;
-    a.window = c.layer_window[size_t(l)];
+    cpu::AttentionArgs a = attention_args<cpu::AttentionArgs>(c, l, n, q, xb2, batch.pos.data(), batch.seq.data(),
+                                                              s.first.data(), s.row0.data(), s.k_new, s.v_new);
     a.kv = cache;
     cpu::attention(a, pool);
     const size_t k_row = cache.k_row, v_row = cache.v_row;

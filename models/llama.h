@@ -10,6 +10,7 @@
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/batch.h"
+#include "models/llama_forward.h"
 #include "runtime/config.h"
 
 namespace baton {
@@ -17,18 +18,7 @@ namespace baton {
 namespace gguf { class File; }
 class KvCache;
 
-struct LayerWeights {
-  cpu::QMatrix wq, wk, wv, wo, gate, up, down;
-  const float* attn_norm = nullptr;
-  const float* ffn_norm = nullptr;
-  const float* q_norm = nullptr;          // qk_norm
-  const float* k_norm = nullptr;
-  const float* post_attn_norm = nullptr;  // post_norms
-  const float* post_ffn_norm = nullptr;
-  const float* bq = nullptr;              // attn_bias
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-};
+using LayerWeights = LayerT<cpu::QMatrix>;
 
 // Views into the mapped file except norm weights that need the +1 folded in, and the packed
 // (row-interleaved) copies of the matrices whose type this process packs (kernels/cpu/packed.h).

@@ -16,9 +16,53 @@
 // The CPU backend is in models/llama.cpp, the CUDA one in runtime/gpu_stage.cpp. Each backend's
 // ops are tested against the other's twins (tests/test_cuda_ops.cpp), so one loop serves both.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
 #include "runtime/config.h"
 
 namespace baton {
+
+// One layer's weights as a backend holds them: matrices of the backend's type M, vectors (in the
+// backend's memory) or null when the family has none.
+template <class M>
+struct LayerT {
+  M wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* q_norm = nullptr;          // qk_norm
+  const float* k_norm = nullptr;
+  const float* post_attn_norm = nullptr;  // post_norms
+  const float* post_ffn_norm = nullptr;
+  const float* bq = nullptr;              // attn_bias
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+// The attention arguments of layer l for n tokens, filled the same way by every backend
+// (cpu::AttentionArgs, cuda::AttentionArgs: same fields, host or device pointers). The caller
+// sets the cache view `kv`.
+template <class Args>
+Args attention_args(const ModelConfig& c, int l, int n, const float* q, float* out, const int32_t* pos,
+                    const int32_t* seq, const int32_t* first, const int32_t* row0, const uint8_t* k_new,
+                    const uint8_t* v_new) {
+  Args a;
+  a.n_tokens = n;
+  a.q = q;
+  a.q_stride = size_t(c.n_embd_q());
+  a.out = out;
+  a.out_stride = size_t(c.n_embd_attn());
+  a.pos = pos;
+  a.seq = seq;
+  a.first = first;
+  a.row0 = row0;
+  a.k_new = k_new;
+  a.v_new = v_new;
+  a.n_head = c.n_head;
+  a.scale = c.attn_scale;
+  a.window = c.layer_window[size_t(l)];
+  return a;
+}
 
 template <class B>
 void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {

@@ -24,23 +24,7 @@ namespace baton {
 // With BATON_CUDA_HOST_EMULATION the ops run on the host (kernels/cuda_host/ops_host.cpp): for tests.
 #if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
 
-namespace {
-
-// A layer's weights on the device (the field names llama_layers reads).
-struct GpuLayer {
-  cuda::Weight wq, wk, wv, wo, gate, up, down;
-  const float* attn_norm = nullptr;
-  const float* ffn_norm = nullptr;
-  const float* q_norm = nullptr;
-  const float* k_norm = nullptr;
-  const float* post_attn_norm = nullptr;
-  const float* post_ffn_norm = nullptr;
-  const float* bq = nullptr;
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-};
-
-}  // namespace
+using GpuLayer = LayerT<cuda::Weight>;  // a layer's weights on the device
 
 struct GpuStage::Impl {
   const ModelConfig& c;
@@ -152,22 +136,8 @@ struct CudaLayers {
   }
 
   void attention(int l, int n) {
-    const ModelConfig& c = g.c;
-    cuda::AttentionArgs a;
-    a.n_tokens = n;
-    a.q = q;
-    a.q_stride = size_t(c.n_embd_q());
-    a.out = xb2;
-    a.out_stride = size_t(c.n_embd_attn());
-    a.pos = g.pos;
-    a.seq = g.seq;
-    a.first = g.first;
-    a.row0 = g.row0;
-    a.k_new = g.k_new;
-    a.v_new = g.v_new;
-    a.n_head = c.n_head;
-    a.scale = c.attn_scale;
-    a.window = c.layer_window[size_t(l)];
+    cuda::AttentionArgs a = attention_args<cuda::AttentionArgs>(g.c, l, n, q, xb2, g.pos, g.seq, g.first, g.row0,
+                                                                g.k_new, g.v_new);
     a.kv = g.kv[size_t(l - g.begin)];
     cuda::attention(g.ctx, a, max_len);
     const GpuStage::Impl::Commit& cm = g.commits.at(a.kv.n_cells);

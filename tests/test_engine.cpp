@@ -125,6 +125,21 @@ std::map<uint64_t, Result> run_all(Engine& e, std::vector<Request> reqs, int par
   return out;
 }
 
+// A short first turn, and the next turn: the old prompt, the reply, and something new.
+Request first_turn() {
+  Request r;
+  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  r.sampling.seed = 9;
+  r.max_tokens = 10;
+  return r;
+}
+Request next_turn(const Request& r, const Result& reply) {
+  Request next = r;
+  next.prompt.insert(next.prompt.end(), reply.tokens.begin(), reply.tokens.end());
+  next.prompt.insert(next.prompt.end(), {9, 10, 11});
+  return next;
+}
+
 }  // namespace
 
 TEST_CASE("continuous batching: each request's output is the same with 1 and 8 in parallel") {
@@ -278,17 +293,12 @@ TEST_CASE("a slot reuses the cached prefix; the result matches a fresh evaluatio
   ToyVocab vocab;
   ToyPipeline p(512, 1);
   Engine e(p, vocab);
-  Request r;
-  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  r.sampling.seed = 9;
-  r.max_tokens = 10;
+  const Request r = first_turn();
   Result first = e.generate(r);
   REQUIRE(first.prompt_evaluated == 8);
 
   // The next turn: the old prompt, the reply, and something new.
-  Request next = r;
-  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
-  next.prompt.insert(next.prompt.end(), {9, 10, 11});
+  const Request next = next_turn(r, first);
   Result second = e.generate(next);
   // Everything cached is reused: the reply's last token was sampled but never evaluated.
   CHECK(second.prompt_evaluated == 3 + 1);
@@ -313,17 +323,12 @@ TEST_CASE("a slot that cannot be rewound far (sliding-window rings) starts over 
   ToyVocab vocab;
   ToyPipeline p(512, 1, -2.0f, /*max_rewind=*/1);
   Engine e(p, vocab);
-  Request r;
-  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  r.sampling.seed = 9;
-  r.max_tokens = 10;
+  const Request r = first_turn();
   Result first = e.generate(r);
   REQUIRE(first.error.empty());
 
   // The next turn continues the cache (a rewind of at most the reply's last token).
-  Request next = r;
-  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
-  next.prompt.insert(next.prompt.end(), {9, 10, 11});
+  const Request next = next_turn(r, first);
   Result second = e.generate(next);
   REQUIRE(second.error.empty());
   CHECK(second.prompt_evaluated == 3 + 1);
