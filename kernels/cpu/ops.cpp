@@ -712,6 +712,14 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
         rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j));
       }
       const int off = lo_of(t0) - lo, n = a.pos[t0] - lo_of(t0) + 1;
+      // The task's rows into L2 up front: the run of one head is short enough that the hardware
+      // streamers only ramp up as it ends, and every row is read from DRAM once per step.
+      for (int j = 0; j < n; ++j) {
+        const char* kr = reinterpret_cast<const char*>(rows[size_t(off + j)]);
+        const char* vr = reinterpret_cast<const char*>(rows[size_t(nk + off + j)]);
+        for (int b = 0; b < dk * 2; b += 64) _mm_prefetch(kr + b, _MM_HINT_T1);
+        for (int b = 0; b < dv * 2; b += 64) _mm_prefetch(vr + b, _MM_HINT_T1);
+      }
       const float* q = a.q + size_t(t0) * a.q_stride + size_t(h0) * dk;
       float* out = a.out + size_t(t0) * a.out_stride + size_t(h0) * dv;
       scores_f16(q, heads_per_task, rows.data() + off, n, dk, a.scale, sc.data());
