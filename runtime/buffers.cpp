@@ -60,4 +60,19 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_c
   return L;
 }
 
+uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage) {
+  const uint64_t B = n_batch, attn_width = uint64_t(s.n_head) * s.head_dim_v;
+  const uint64_t cols = std::max<uint64_t>({s.n_embd, attn_width, s.n_ff});  // widest matmul input
+  uint64_t rows = std::max<uint64_t>({uint64_t(s.n_head) * s.head_dim_k, s.n_embd, s.n_ff});
+  if (on_last_stage) rows = std::max<uint64_t>(rows, s.n_vocab);
+  const uint64_t slab_limit = uint64_t(64) << 20;  // cuda::Context::gemm_slab_bytes
+  const uint64_t slab = std::min(rows * cols * 2, std::max(slab_limit, 128 * cols * 2));  // slabs of >= 128 rows
+  const uint64_t gemm = (B * cols * 2 + 255) / 256 * 256 + slab;
+  const uint64_t gemv = 8 * (cols + (cols + 31) / 32 * 8 + 64);  // 8-bit activations of 8 columns
+  const uint64_t d = std::max(s.head_dim_k, s.head_dim_v);
+  const uint64_t attention = (4 * kPlanMaxSms + B * s.n_head) * (d + 2) * 4;  // tokens x heads x splits
+  const uint64_t mib = uint64_t(1) << 20;
+  return (std::max({gemm, gemv, attention}) + mib - 1) / mib * mib;
+}
+
 }  // namespace baton

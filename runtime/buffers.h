@@ -66,4 +66,12 @@ inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_
   return scratch_layout(s, n_batch, n_ctx, on_last_stage, kv_type, n_outputs).total();
 }
 
+// A CUDA stage's shared op scratch (kernels/cuda/ops.h: the GEMM's FP16 activations and weight
+// slab, the GEMV's 8-bit activations, the attention's split partials: one buffer, so the largest),
+// bounded for any step of up to n_batch tokens on a GPU of up to kPlanMaxSms multiprocessors and
+// rounded up to whole MiB as the stage's Context reserves it. The planner charges it to every GPU
+// stage and the GPU stage reserves this much at load.
+constexpr uint64_t kPlanMaxSms = 256;
+uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage);
+
 }  // namespace baton

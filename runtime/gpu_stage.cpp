@@ -13,7 +13,9 @@
 #include "gguf/gguf.h"
 #include "models/llama.h"
 #include "models/llama_forward.h"
+#include "runtime/buffers.h"
 #include "runtime/kv_cache.h"
+#include "runtime/shape.h"
 
 #if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
 #include "kernels/cuda/ops.h"
@@ -270,6 +272,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (g.end > g.begin)
     for (int n = 1; n <= opt.n_batch; ++n)  // the split count depends on the token count
       scratch = std::max(scratch, cuda::attention_scratch_bytes(g.ctx, n, cfg.n_head, cfg.head_dim_k, opt.n_ctx));
+  // What the planner charged (a bound for any GPU), unless this GPU needs more.
+  scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output));
   g.ctx.reserve(scratch);
   g.ctx.synchronize();
 }

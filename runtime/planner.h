@@ -44,7 +44,8 @@ struct Stage {
   uint64_t output_bytes = 0;        // output_norm + head (0 for a tied head on the embedding's stage)
   uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
   uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs)
+  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs),
+                                    // + gpu_ops_scratch_bytes(shape, n_batch, has_output) on a GPU
   uint64_t reserve_bytes = 0;       // device runtime reserve + user margin
   uint64_t budget = 0;
 

@@ -59,7 +59,8 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   if (emb) c += s.embedding_bytes;
   if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
-  return c + scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
+  c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
+  return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
 }
 
 // Structural checks every plan must pass.
@@ -122,7 +123,10 @@ TEST_CASE("a model that fits on the first device stays there, with exact bytes")
   CHECK(st.weight_bytes() == s.total_weight_bytes());
   // KV: 30 layers × 2048 cells × 3 KV heads × (64 + 64) × 2 bytes.
   CHECK(st.kv_bytes == 30ull * 2048 * 3 * 128 * 2);
-  CHECK(st.scratch_bytes == scratch_bytes(s, 512, 2048, true));
+  // The forward's buffers and logits, and on a GPU the CUDA ops' shared scratch: a 64 MiB FP16
+  // weight slab (the head is larger) + 512 FP16 columns of the widest input (1536), in whole MiB.
+  CHECK(st.scratch_bytes == scratch_bytes(s, 512, 2048, true) + gpu_ops_scratch_bytes(s, 512, true));
+  CHECK(gpu_ops_scratch_bytes(s, 512, true) == 66 * MiB);
   CHECK(st.reserve_bytes == 512 * MiB);
   CHECK(st.free_bytes() == int64_t(24 * GiB) - int64_t(st.total_bytes()));
 
@@ -321,7 +325,8 @@ TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like
   CHECK(p.stages[1].n_layers() == 0);
   CHECK(p.stages[1].output_bytes == s.embedding_bytes + s.output_norm_bytes);
   CHECK(p.stages[1].scratch_bytes > p.stages[0].scratch_bytes);  // logits: 512 × 262144 floats
-  CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes == 512ull * 262144 * 4);
+  CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes ==
+        512ull * 262144 * 4 + gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, false));
 }
 
 TEST_CASE("sliding-window layers keep only the window in the KV cache") {
