@@ -221,7 +221,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   ks.n_seq = opt.n_seq;
   ks.n_ctx = opt.n_ctx;
   ks.type = opt.kv_type;
-  max_rewind_ = INT_MAX;
+  max_rewind_ = KvCache::max_rewind(cfg, ks);
   for (int l = g.begin; l < g.end; ++l) {
     cuda::KvLayer L;
     L.type = opt.kv_type;
@@ -233,7 +233,6 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     L.k = g.alloc_n<uint8_t>(g.k_row * size_t(L.n_cells) * size_t(opt.n_seq));
     L.v = g.alloc_n<uint8_t>(g.v_row * size_t(L.n_cells) * size_t(opt.n_seq));
     g.kv.push_back(L);
-    if (L.n_cells < opt.n_ctx) max_rewind_ = std::min(max_rewind_, L.n_cells - cfg.layer_window[size_t(l)] + 1);
   }
 
   // Scratch, sized for n_batch tokens once.

@@ -52,8 +52,8 @@ KvCache::KvCache(const ModelConfig& c, const KvCacheShape& s) : shape_(s) {
     v.k = L.k.get();
     v.v = L.v.get();
     total_ += kb + vb;
-    if (v.n_cells < s.n_ctx) rewind_.push_back(v.n_cells - c.layer_window[size_t(l)] + 1);
   }
+  max_rewind_ = max_rewind(c, s);
 }
 
 cpu::KvLayerView KvCache::layer(int layer) const {
@@ -61,9 +61,10 @@ cpu::KvLayerView KvCache::layer(int layer) const {
   return layers_[size_t(layer - shape_.layer_begin)].view;
 }
 
-int KvCache::max_rewind() const {
-  int r = INT_MAX;
-  for (int w : rewind_) r = std::min(r, w);
+int KvCache::max_rewind(const ModelConfig& c, const KvCacheShape& s) {
+  int r = INT_MAX;  // a ring layer keeps positions it can be rewound by: its cells beyond the window
+  for (int l = s.layer_begin; l < s.layer_end; ++l)
+    if (cells(c, s, l) < s.n_ctx) r = std::min(r, cells(c, s, l) - c.layer_window[size_t(l)] + 1);
   return r;
 }
 

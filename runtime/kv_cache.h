@@ -37,7 +37,8 @@ class KvCache {
   size_t bytes() const { return total_; }
   // How many positions a sequence can be rewound (truncated from its end, not to 0) without
   // losing cells a later query needs: 1 when a ring layer is present, unlimited (INT_MAX) otherwise.
-  int max_rewind() const;
+  int max_rewind() const { return max_rewind_; }
+  static int max_rewind(const ModelConfig& c, const KvCacheShape& shape);  // the same, from the shape
 
  private:
   struct Layer {
@@ -49,7 +50,7 @@ class KvCache {
   };
   KvCacheShape shape_;
   std::vector<Layer> layers_;
-  std::vector<int> rewind_;  // per ring layer: positions it can be rewound
+  int max_rewind_ = 0;
   size_t total_ = 0;
 };
 
