@@ -1,6 +1,7 @@
 // A CPU stage: bind the planned block, allocate what the planner sized, run embed / layers / head.
 #include "runtime/stage.h"
 
+#include <cstdint>
 #include <cstring>
 #include <unordered_map>
 
@@ -33,8 +34,14 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   if (!plan_.has_output) return;
   const size_t rows = size_t(batch.n_logits());
   if (rows == 0) return;
+  // Straight into the caller's rows when it gives an aligned buffer (a message buffer of the
+  // distributed pipeline may not be), else through our own.
+  if (logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0) {
+    head(cfg_, weights_, batch, x, logits, *scratch_, *pool_);
+    return;
+  }
   head(cfg_, weights_, batch, x, logits_.data(), *scratch_, *pool_);
-  std::memcpy(logits, logits_.data(), rows * size_t(cfg_.n_vocab) * sizeof(float));
+  if (logits) std::memcpy(logits, logits_.data(), rows * size_t(cfg_.n_vocab) * sizeof(float));
 }
 
 uint64_t CpuStage::measured_bytes() const {

@@ -707,7 +707,18 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       thread_local std::vector<float> sc;
       rows.resize(2 * size_t(nk));
       sc.resize(size_t(nk) * heads_per_task);
-      for (int j = 0; j < nk; ++j) {
+      // The cached positions of (s, g) are consecutive rows of one run (a ring wraps once at most):
+      // walk the cells instead of dividing per key; staged rows (j >= first) come from the batch.
+      const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
+      const uint8_t* kbase = kv.k_at(s, g, 0);
+      const uint8_t* vbase = kv.v_at(s, g, 0);
+      const int cached = std::max(0, std::min(nk, first - lo));
+      for (int j = 0, cell = lo % kv.n_cells; j < cached; ++j) {
+        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(kbase + size_t(cell) * kh);
+        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(vbase + size_t(cell) * vh);
+        if (++cell == kv.n_cells) cell = 0;
+      }
+      for (int j = cached; j < nk; ++j) {
         rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(lo + j));
         rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j));
       }
