@@ -179,6 +179,7 @@ struct Packed {
   static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
   static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
   static constexpr int64_t kAhead = 8;  // tiles prefetched ahead (past the group's end too: the next group follows)
+  static constexpr int64_t kAheadL2 = 24, kAheadL1 = 2;  // Q8_0
 
   static __m512i bcast(const int8_t* q) {
     int32_t v;
@@ -195,8 +196,18 @@ struct Packed {
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* t = tiles + size_t(b) * kTile;
       const uint8_t* qs = t + kQs;
-      if (NC >= 4)  // several columns: a tile takes long enough for DRAM to lag the streamer
-        for (size_t l = 0; l < kTile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + l), _MM_HINT_T0);
+      if (NC >= 4) {  // several columns: a tile takes long enough for DRAM to lag the streamer
+        if constexpr (T == GgmlType::Q8_0) {
+          // Q8_0 needs 1.7x the bytes of Q4_1 per multiply: far ahead into L2, then just ahead
+          // into L1 (8 columns, 1 thread, 32 MiB from DRAM: 168 -> 217 GFLOP/s, median of 5).
+          for (size_t l = 0; l < kTile; l += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(t + kAheadL2 * kTile + l), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(t + kAheadL1 * kTile + l), _MM_HINT_T0);
+          }
+        } else {
+          for (size_t l = 0; l < kTile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + l), _MM_HINT_T0);
+        }
+      }
       const ActQ8_32s* x[NC];
       __m512i s0[NC], s1[NC];
       for (int c = 0; c < NC; c++) {
