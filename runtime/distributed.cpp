@@ -446,6 +446,7 @@ class DistributedPipeline final : public ModelPipeline {
   std::map<uint64_t, Job> jobs_;
   uint64_t next_ticket_ = 0;
   bool stopping_ = false;
+  bool stage_busy_ = false;  // rank 0's stage is computing a micro-batch
   bool broken_ = false;
   std::string broken_what_;
   std::thread stage_thread_;
@@ -568,6 +569,7 @@ void DistributedPipeline::stage_loop() {
       item = queue_.front();
       queue_.pop_front();
       mb = &jobs_.at(item.first).mbs[item.second];  // std::map nodes do not move
+      stage_busy_ = true;
     }
     const uint64_t id = (item.first << 20) | item.second;
     try {
@@ -575,8 +577,12 @@ void DistributedPipeline::stage_loop() {
       Writer w;
       put_work(w, id, mb->batch, stage_->x.data(), E);
       c_.send(1, mpi::kWork, std::move(w.bytes));
+      std::lock_guard<std::mutex> lock(mu_);
+      stage_busy_ = false;
+      cv_.notify_all();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
+      stage_busy_ = false;
       Job& j = jobs_.at(item.first);
       if (!j.error) j.error = std::current_exception();
       j.left = 0;  // its other micro-batches may never come back; the pipeline is broken now
@@ -638,6 +644,13 @@ void DistributedPipeline::wait(uint64_t ticket) {
         jobs_.erase(ticket);
         check_alive();
       }
+    }
+    // While rank 0's stage computes, sleep instead of polling MPI: a polling thread takes CPU time
+    // from the stages when the ranks have a core each, and the logits waited for belong to a
+    // micro-batch that left before the one being computed.
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return broken_ || stopping_ || (!stage_busy_ && queue_.empty()); });
     }
     // Also stop waiting when rank 0's own stage fails this job (no logits will come for it).
     auto m = c_.recv_until([&] {
