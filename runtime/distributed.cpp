@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -42,7 +44,7 @@ using mpi::Writer;
 
 namespace {
 
-constexpr uint32_t kProtocol = 1;  // bump when a message layout changes
+constexpr uint32_t kProtocol = 2;  // bump when a message layout changes
 
 // ---- setup: what each rank tells rank 0 ----
 
@@ -200,6 +202,7 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
 struct LocalStage {
   std::unique_ptr<CpuStage> s;
   std::vector<float> x;
+  std::atomic<uint64_t> busy_ns{0};  // time in forward since load
 
   uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float); }
 };
@@ -255,7 +258,11 @@ std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& c
 
 // The stage's work on the hidden states in s.x (the embedding first when it holds it); the last
 // stage writes batch.n_logits() rows to `logits`.
-void run_stage(LocalStage& s, const Batch& b, float* logits) { s.s->forward(b, s.x.data(), logits); }
+void run_stage(LocalStage& s, const Batch& b, float* logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  s.s->forward(b, s.x.data(), logits);
+  s.busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
 
 int stage_threads(int n_threads, int threads_per_stage) {
   if (threads_per_stage > 0) return threads_per_stage;
@@ -285,9 +292,11 @@ StageSetup get_stage(Reader& r, uint64_t* planned) {
   return su;
 }
 
-// A micro-batch on the wire: id, batch arrays, then `rows` hidden-state rows.
-void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd) {
-  w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(x, size_t(b.size()) * n_embd);
+// A micro-batch on the wire: id, batch arrays, `rows` hidden-state rows, then the busy time of
+// every stage it went through (cumulative ns per rank, for `baton bench`'s balance line).
+void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd, const std::vector<uint64_t>& busy) {
+  w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(x, size_t(b.size()) * n_embd)
+      .put_vec(busy);
 }
 
 // ---- the worker ----
@@ -298,6 +307,7 @@ struct Worker {
   std::unique_ptr<gguf::File> file;
   ModelConfig cfg;
   std::unique_ptr<LocalStage> stage;
+  std::vector<float> out;  // the last stage's rows when some are sent as argmax ids only
   bool broken = false;  // an error was reported; only a shutdown is expected now
 
   void report(const std::exception& e) {
@@ -331,17 +341,38 @@ struct Worker {
     BATON_CHECK(b.pos.size() == n && b.seq.size() == n && b.logits.size() == n);
     BATON_CHECK(n <= stage->x.size() / E);
     std::memcpy(stage->x.data(), r.get_view<float>(n * E), n * E * sizeof(float));
+    std::vector<uint64_t> busy = r.get_vec<uint64_t>();
     Writer w;
-    if (stage->s->last()) {  // the same layout as put_raw: id, row count × n_vocab, the rows
+    if (stage->s->last()) {
+      // id, then as put_raw: the output rows in batch order, n_vocab floats for a kLogitsRow token
+      // and one 4-byte word (the token id) for a kArgmaxOnly one; then busy.
       const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
-      w.put(id).put(uint64_t(rows * V));
+      size_t words = 0;
+      for (uint8_t mode : b.logits) words += mode == kLogitsRow ? V : mode == kArgmaxOnly ? 1 : 0;
+      w.put(id).put(uint64_t(words));
       const size_t at = w.bytes.size();
-      w.bytes.resize(at + rows * V * sizeof(float));
-      run_stage(*stage, b, reinterpret_cast<float*>(w.bytes.data() + at));
+      w.bytes.resize(at + words * sizeof(float));
+      float* dst = reinterpret_cast<float*>(w.bytes.data() + at);
+      if (words == rows * V) {
+        run_stage(*stage, b, dst);  // full rows only: straight into the message
+      } else {
+        out.resize(rows * V);
+        run_stage(*stage, b, out.data());
+        size_t r = 0;
+        for (uint8_t mode : b.logits) {
+          if (mode == kNoLogits) continue;
+          const size_t len = mode == kLogitsRow ? V : 1;
+          std::memcpy(dst, out.data() + r++ * V, len * sizeof(float));
+          dst += len;
+        }
+      }
+      busy.push_back(stage->busy_ns.load());
+      w.put_vec(busy);
       c.send(0, mpi::kLogits, std::move(w.bytes));
     } else {
       run_stage(*stage, b, nullptr);
-      put_work(w, id, b, stage->x.data(), E);
+      busy.push_back(stage->busy_ns.load());
+      put_work(w, id, b, stage->x.data(), E, busy);
       c.send(c.rank() + 1, mpi::kWork, std::move(w.bytes));
     }
   }
@@ -395,7 +426,7 @@ std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_
     if (g % per_group == 0 && (cur == nullptr || cur->batch.size() > 0)) cur = fresh();
     for (int i : tokens[size_t(order[g])]) {
       if (cur->batch.size() == n_batch) cur = fresh();
-      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
       cur->index.push_back(i);
     }
   }
@@ -417,7 +448,12 @@ class DistributedPipeline final : public ModelPipeline {
   void truncate_seq(int seq, int from) override;
   int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
-  std::vector<StageInfo> stages() const override { return infos_; }
+  std::vector<StageInfo> stages() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<StageInfo> v = infos_;
+    if (stage_ && !v.empty()) v[0].busy_s = double(stage_->busy_ns.load()) * 1e-9;
+    return v;
+  }
 
  private:
   struct Job {
@@ -440,7 +476,7 @@ class DistributedPipeline final : public ModelPipeline {
   std::unique_ptr<LocalStage> stage_;
   std::vector<StageInfo> infos_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<uint64_t, size_t>> queue_;  // (ticket, micro-batch) for stage 0
   std::map<uint64_t, Job> jobs_;
@@ -575,7 +611,7 @@ void DistributedPipeline::stage_loop() {
     try {
       run_stage(*stage_, mb->batch, nullptr);  // rank 0 is never the last stage
       Writer w;
-      put_work(w, id, mb->batch, stage_->x.data(), E);
+      put_work(w, id, mb->batch, stage_->x.data(), E, {stage_->busy_ns.load()});
       c_.send(1, mpi::kWork, std::move(w.bytes));
       std::lock_guard<std::mutex> lock(mu_);
       stage_busy_ = false;
@@ -614,14 +650,20 @@ void DistributedPipeline::take(const Message& m) {
   BATON_CHECK(it != jobs_.end() && index < it->second.mbs.size());
   Job& j = it->second;
   const MicroBatch& mb = j.mbs[index];
-  const size_t V = size_t(cfg_.n_vocab), rows = size_t(mb.batch.n_logits());
-  const float* src = r.get_view<float>(rows * V);
-  size_t row = 0;
+  const size_t V = size_t(cfg_.n_vocab);
+  size_t words = 0;
+  for (uint8_t mode : mb.batch.logits) words += mode == kLogitsRow ? V : mode == kArgmaxOnly ? 1 : 0;
+  const float* src = r.get_view<float>(words);
   for (size_t t = 0; t < size_t(mb.batch.size()); ++t) {
-    if (!mb.batch.logits[t]) continue;
-    std::memcpy(j.logits + size_t(j.out_row[size_t(mb.index[t])]) * V, src + row * V, V * sizeof(float));
-    ++row;
+    const uint8_t mode = mb.batch.logits[t];
+    if (mode == kNoLogits) continue;
+    float* dst = j.logits + size_t(j.out_row[size_t(mb.index[t])]) * V;
+    const size_t len = mode == kLogitsRow ? V : 1;  // an argmax id: its 4 bytes, as they came
+    std::memcpy(dst, src, len * sizeof(float));
+    src += len;
   }
+  const std::vector<uint64_t> busy = r.get_vec<uint64_t>();  // stage k = rank k; rank 0's is ours
+  for (size_t k = 1; k < busy.size() && k < infos_.size(); ++k) infos_[k].busy_s = double(busy[k]) * 1e-9;
   --j.left;
 }
 

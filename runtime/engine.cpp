@@ -42,6 +42,8 @@ struct Engine::Active {
   Active(Request&& r, std::unique_ptr<TokenStream> ts)
       : req(std::move(r)), sampler(req.sampling), stop(req.stop), text(std::move(ts)) {}
   bool prefilling() const { return next_prompt < req.prompt.size(); }
+  // What its output rows hold: a greedy request takes only the argmax from the pipeline.
+  uint8_t out_mode() const { return sampler.argmax_only() ? kArgmaxOnly : kLogitsRow; }
   void emit(const std::string& s) {
     if (s.empty()) return;
     res.text += s;
@@ -180,7 +182,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   size_t decoders = 0;
   for (auto& a : active) {
     if (a->pending < 0 || a->waiting || decoders == cap) continue;
-    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, true);
+    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, a->out_mode());
     cached_[a->slot].push_back(a->pending);
     st.rows.push_back(a.get());
     a->pending = -1;
@@ -195,7 +197,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     for (size_t i = 0; i < take; i++) {
       size_t k = a->next_prompt + i;
       bool last = k + 1 == a->req.prompt.size();
-      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last);
+      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last ? a->out_mode() : uint8_t(kNoLogits));
       cached_[a->slot].push_back(a->req.prompt[k]);
       if (last) {
         st.rows.push_back(a.get());
@@ -317,7 +319,8 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
     for (size_t r = 0; r < st.rows.size(); r++) {
       Active& a = *st.rows[r];
       a.waiting = false;
-      int32_t t = a.sampler.sample(st.logits.data() + r * size_t(n_vocab_), n_vocab_, a.history);
+      const float* row = st.logits.data() + r * size_t(n_vocab_);
+      const int32_t t = a.out_mode() == kArgmaxOnly ? argmax_token(row) : a.sampler.sample(row, n_vocab_, a.history);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
       accept(a, t);
     }

@@ -48,6 +48,8 @@ struct GpuStage::Impl {
         *hb2 = nullptr, *logits = nullptr;
   uint8_t *k_new = nullptr, *v_new = nullptr;
   int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr;
+  int32_t* ids = nullptr;          // argmax of each output row (kArgmaxOnly)
+  std::vector<int32_t> h_ids;
   std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0, and the staging rows
 
   // The tokens a layer with n_cells cells per sequence commits: those whose cell no later token
@@ -247,7 +249,11 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.hb2 = g.alloc_n<float>(B * size_t(cfg.n_ff));
   g.k_new = g.alloc_n<uint8_t>(B * g.k_row);
   g.v_new = g.alloc_n<uint8_t>(B * g.v_row);
-  if (plan.has_output) g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
+  if (plan.has_output) {
+    g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
+    g.ids = g.alloc_n<int32_t>(B);
+    g.h_ids.reserve(B);
+  }
   for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0}) *a = g.alloc_n<int32_t>(B);
   g.h_first.resize(B);
   g.h_row0.resize(B);
@@ -329,8 +335,25 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits) {
   llama_layers(c, b, n, g.begin, g.end);
   if (plan_.has_output) {
     llama_head(c, b, g.logits);
-    const size_t m = size_t(batch.n_logits());
-    if (m > 0) cuda::copy_to_host(g.ctx, logits, g.logits, m * size_t(c.n_vocab) * sizeof(float));
+    const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
+    // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
+    // not copy vocabulary rows to the host); full rows only when some token asks for them.
+    bool any_row = false, any_argmax = false;
+    for (uint8_t mode : batch.logits) any_row |= mode == kLogitsRow, any_argmax |= mode == kArgmaxOnly;
+    if (any_argmax) {
+      cuda::argmax(g.ctx, g.logits, int(V), int(m), g.ids);
+      g.h_ids.resize(m);
+      cuda::copy_to_host(g.ctx, g.h_ids.data(), g.ids, m * sizeof(int32_t));
+    }
+    if (any_row && m > 0) cuda::copy_to_host(g.ctx, logits, g.logits, m * V * sizeof(float));
+    if (any_argmax) {
+      g.ctx.synchronize();
+      for (size_t t = 0, r = 0; t < size_t(n); ++t) {
+        if (batch.logits[t] == kNoLogits) continue;
+        if (batch.logits[t] == kArgmaxOnly) set_argmax_token(logits + r * V, g.h_ids[r]);
+        ++r;
+      }
+    }
   } else {
     cuda::copy_to_host(g.ctx, x, g.x, xbytes);
   }

@@ -255,7 +255,7 @@ std::vector<std::unique_ptr<Piece>> CpuPipeline::prepare(const Batch& b, float* 
     auto piece = std::make_unique<Piece>();
     const int i1 = std::min(n, i0 + n_batch_);
     for (int i = i0; i < i1; ++i)
-      piece->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+      piece->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
     piece->logits = logits + out_rows * size_t(cfg_.n_vocab);
     out_rows += size_t(piece->batch.n_logits());
     piece->x.resize(size_t(i1 - i0) * size_t(cfg_.n_embd));
@@ -329,7 +329,7 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
   size_t row = 0;
   for (int i = 0; i < b.size(); ++i) {
     const size_t g = size_t(group_of[size_t(b.seq[size_t(i)])]);
-    groups[g].add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)] != 0);
+    groups[g].add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
     if (b.logits[size_t(i)]) rows_of[g].push_back(row++);
   }
   std::vector<std::vector<float>> out(n_groups);

@@ -45,6 +45,9 @@ class Sampler {
   // tokens); only its last repeat_last_n entries matter. `logits` is not modified.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
   const SamplingParams& params() const { return p_; }
+  // sample() is the argmax of the raw logits (greedy, no repetition penalty): the pipeline may
+  // hand back just the argmax of the row (kArgmaxOnly in runtime/batch.h).
+  bool argmax_only() const { return p_.greedy() && !(p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0); }
 
  private:
   SamplingParams p_;

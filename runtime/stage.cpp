@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "gguf/gguf.h"
+#include "kernels/cpu/ops.h"
 
 namespace baton {
 
@@ -36,12 +37,16 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   if (rows == 0) return;
   // Straight into the caller's rows when it gives an aligned buffer (a message buffer of the
   // distributed pipeline may not be), else through our own.
-  if (logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0) {
-    head(cfg_, weights_, batch, x, logits, *scratch_, *pool_);
-    return;
+  const bool direct = logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0;
+  float* out = direct ? logits : logits_.data();
+  head(cfg_, weights_, batch, x, out, *scratch_, *pool_);
+  const size_t V = size_t(cfg_.n_vocab);
+  for (size_t t = 0, r = 0; t < size_t(batch.size()); ++t) {
+    if (batch.logits[t] == kNoLogits) continue;
+    if (batch.logits[t] == kArgmaxOnly) set_argmax_token(out + r * V, cpu::argmax(out + r * V, int(V)));
+    ++r;
   }
-  head(cfg_, weights_, batch, x, logits_.data(), *scratch_, *pool_);
-  if (logits) std::memcpy(logits, logits_.data(), rows * size_t(cfg_.n_vocab) * sizeof(float));
+  if (!direct && logits) std::memcpy(logits, logits_.data(), rows * V * sizeof(float));
 }
 
 uint64_t CpuStage::measured_bytes() const {

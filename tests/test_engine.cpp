@@ -9,6 +9,7 @@
 #include <random>
 
 #include "gguf/error.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/engine.h"
 #include "runtime/pipeline.h"
 
@@ -53,8 +54,13 @@ class ToyPipeline : public Pipeline {
       if (!b.logits[i]) continue;
       uint64_t h = 1469598103934665603ull;
       for (size_t p = 0; p < c.size(); p++) h = mix(h ^ (uint64_t(c[p]) + 131 * p));
+      float* row = logits;
       for (int v = 0; v < kVocab; v++) {
         *logits++ = float(mix(h + uint64_t(v)) >> 40) / float(1 << 24) * 6.0f + (v == 0 ? eog_bias_ : 0.0f);
+      }
+      if (b.logits[i] == kArgmaxOnly) {  // the pipeline contract (runtime/batch.h)
+        set_argmax_token(row, cpu::argmax(row, kVocab));
+        argmax_rows++;
       }
     }
     max_seqs = std::max(max_seqs, int(per_seq.size()));
@@ -70,7 +76,7 @@ class ToyPipeline : public Pipeline {
   int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
 
-  int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0;
+  int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0, argmax_rows = 0;
 
  private:
   int n_ctx_;
@@ -201,6 +207,45 @@ TEST_CASE("a newcomer's prompt is chunked so decoders keep moving") {
   // Parallel requests with identical prompts and greedy sampling agree.
   CHECK(res[0].tokens == res[1].tokens);
   CHECK(res[1].tokens == res[2].tokens);
+}
+
+TEST_CASE("greedy requests take only the argmax from the pipeline, with the same tokens as full rows") {
+  // The reference samples from full rows with top_k = 1: whatever the temperature, that is the
+  // argmax too, but the engine must ask for the rows.
+  auto make = [](bool greedy) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < 6; i++) {
+      Request r;
+      r.prompt = {int32_t(1 + i), 7, int32_t(3 + 2 * i)};
+      r.sampling.temperature = greedy ? 0.0f : 0.7f;
+      r.sampling.top_k = 1;
+      r.sampling.seed = 5;
+      r.max_tokens = 12;
+      r.tag = uint64_t(i);
+      reqs.push_back(std::move(r));
+    }
+    return reqs;
+  };
+  ToyVocab vocab;
+  ToyPipeline pa(256, 3, -100.0f), pf(256, 3, -100.0f);
+  Engine ea(pa, vocab, {}), ef(pf, vocab, {});
+  auto ra = run_all(ea, make(true), 3);
+  auto rf = run_all(ef, make(false), 3);
+  CHECK(pa.argmax_rows == 6 * 12);  // every sampled token came back as an id only
+  CHECK(pf.argmax_rows == 0);
+  REQUIRE(ra.size() == 6);
+  for (auto& [tag, r] : ra) {
+    CHECK(r.completion_tokens() == 12);
+    CHECK(r.tokens == rf[tag].tokens);
+  }
+  // A repetition penalty needs the rows even when greedy.
+  SamplingParams sp;
+  sp.temperature = 0;
+  CHECK(Sampler(sp).argmax_only());
+  sp.repeat_penalty = 1.1f;
+  CHECK_FALSE(Sampler(sp).argmax_only());
+  sp.repeat_last_n = 0;
+  CHECK(Sampler(sp).argmax_only());
 }
 
 TEST_CASE("stop strings end the reply and never leak a partial match into the stream") {

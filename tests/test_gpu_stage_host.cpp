@@ -6,6 +6,7 @@
 // the emulation show one device); builds with real CUDA have no emulation and skip.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -233,6 +234,31 @@ TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a C
     Chain spill = chain(m, GgmlType::F16, cut, "gpu", "cpu");
     test::check_peer_close(ref.logits, run(spill, m.cfg, &ref.fed).logits, m.cfg.n_vocab, name_of(path) + " GPU + CPU vs CPU");
   }
+}
+
+TEST_CASE("a GPU stage answers argmax-only rows with the argmax of its full rows") {
+  const Model m(tiny_llama());
+  const int V = m.cfg.n_vocab;
+  Chain one = chain(m, GgmlType::F16, 0, "gpu");
+  Batch full, mixed;
+  for (int i = 0; i < 12; ++i) {
+    const bool out = i % 3 == 2;
+    full.add((5 + 9 * i) % V, i, 0, out);
+    mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : i % 2 ? kArgmaxOnly : kLogitsRow));
+  }
+  const std::vector<float> a = forward(one, m.cfg, full), b = forward(one, m.cfg, mixed);
+  int n_argmax = 0;
+  for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
+    if (mixed.logits[t] == kNoLogits) continue;
+    if (mixed.logits[t] == kArgmaxOnly) {
+      CHECK(argmax_token(b.data() + r * size_t(V)) == argmax_row(a.data() + r * size_t(V), V));
+      n_argmax++;
+    } else {
+      CHECK(std::memcmp(a.data() + r * size_t(V), b.data() + r * size_t(V), size_t(V) * sizeof(float)) == 0);
+    }
+    ++r;
+  }
+  CHECK(n_argmax == 2);
 }
 
 #else  // a build with the real CUDA backend: no emulation to run on

@@ -102,11 +102,12 @@ std::map<std::string, nlohmann::json> batch_results(const std::string& path) {
 std::string write_prompts(int n) {
   const std::string p = test::temp_dir() + "/prompts.jsonl";
   std::ofstream f(p);
-  for (int i = 0; i < n; ++i)
-    f << nlohmann::json{{"id", i}, {"prompt", "Once upon a time number " + std::to_string(i) + ", there lived"},
-                        {"seed", 100 + i}}
-             .dump()
-      << "\n";
+  for (int i = 0; i < n; ++i) {
+    nlohmann::json j{{"id", i}, {"prompt", "Once upon a time number " + std::to_string(i) + ", there lived"},
+                     {"seed", 100 + i}};
+    if (i % 3 == 0) j["temperature"] = 0;  // greedy: its rows come back as argmax ids, mixed with full rows
+    f << j.dump() << "\n";
+  }
   return p;
 }
 

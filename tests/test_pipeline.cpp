@@ -14,6 +14,7 @@
 #include "gguf/error.h"
 #include "model_helpers.h"
 #include "runtime/engine.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 
@@ -127,6 +128,47 @@ TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline
       same_bits(ref, run_multi(*p, 6, p->n_vocab()));
       for (int s = 0; s < 6; ++s) CHECK(p->seq_len(s) == 4 + s);
     }
+  }
+}
+
+TEST_CASE("argmax-only rows hold the argmax of the full rows, in 1, 2 and 3 stages", "[pipeline]") {
+  const std::string path = test::tiny_gemma3_model();
+  for (const char* devices : {"cpu", "cpu,cpu", "cpu,cpu,cpu"}) {
+    INFO("devices " << devices);
+    auto p = load(path, devices, 4);
+    const int V = p->n_vocab();
+    // The same four prompts twice: full rows, then (caches emptied) every other row argmax-only.
+    auto make = [&](bool argmax) {
+      Batch b;
+      for (int s = 0; s < 4; ++s)
+        for (int i = 0; i < 5; ++i) {
+          const bool out = i == 4 || i == 1;
+          b.add((11 + 29 * s + 7 * i) % V, i, s,
+                uint8_t(!out ? kNoLogits : argmax && (s + i) % 2 == 0 ? kArgmaxOnly : kLogitsRow));
+        }
+      return b;
+    };
+    const Batch full = make(false), mixed = make(true);
+    REQUIRE(full.n_logits() == 8);
+    REQUIRE(mixed.n_logits() == 8);
+    std::vector<float> a(size_t(8) * size_t(V)), b(a.size());
+    p->decode(full, a.data());
+    for (int s = 0; s < 4; ++s) p->truncate_seq(s, 0);
+    p->decode(mixed, b.data());
+    int n_argmax = 0;
+    for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
+      if (mixed.logits[t] == kNoLogits) continue;
+      const float* fa = a.data() + r * size_t(V);
+      const float* fb = b.data() + r * size_t(V);
+      if (mixed.logits[t] == kArgmaxOnly) {
+        CHECK(argmax_token(fb) == cpu::argmax(fa, V));
+        n_argmax++;
+      } else {
+        CHECK(std::memcmp(fa, fb, size_t(V) * sizeof(float)) == 0);
+      }
+      ++r;
+    }
+    CHECK(n_argmax == 4);
   }
 }
 
