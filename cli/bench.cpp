@@ -129,12 +129,22 @@ struct TestResult {
   std::vector<double> tps;
   double cpu_ms_per_token = 0;  // process CPU time over the timed repetitions, per token
   std::vector<double> stage_busy;  // several stages: each one's time at work over the timed wall time
+  // Distributed, one stream: µs per token in the process links (beyond the ranks' compute). With
+  // several micro-batches in flight that time would include waiting for a busy rank: not measured.
+  double link_us = -1;
 };
 
 std::vector<double> busy_seconds(const Pipeline& p) {
   std::vector<double> v;
   for (const auto& st : p.stages()) v.push_back(st.busy_s);
   return v;
+}
+
+// The process links' time per micro-batch since `before` (distributed pipelines only).
+void link_cost(TestResult& r, const Pipeline& p, const Pipeline::LinkStats& before) {
+  const Pipeline::LinkStats now = p.link_stats();
+  if (now.micro_batches > before.micro_batches)
+    r.link_us = (now.seconds - before.seconds) * 1e6 / double(now.micro_batches - before.micro_batches);
 }
 
 TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
@@ -166,12 +176,14 @@ TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
   };
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up: a few steps (as llama-bench does), not counted
   const double c0 = cpu_s();
+  const Pipeline::LinkStats links0 = p.link_stats();
   for (int rep = 0; rep < reps; ++rep) {
     const double t0 = now_s();
     generate(tokens.size());
     r.tps.push_back(double(tokens.size()) / (now_s() - t0));
   }
   r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(reps));
+  link_cost(r, p, links0);
   return r;
 }
 
@@ -280,6 +292,7 @@ int run(const BenchOpts& o) {
                           {"samples_ts", r.tps},           {"avg_ts", s.mean},
                           {"stddev_ts", s.sd},            {"cpu_ms_per_token", r.cpu_ms_per_token}};
       if (!r.stage_busy.empty()) j["stage_busy"] = r.stage_busy;
+      if (r.link_us >= 0) j["link_us_per_micro_batch"] = r.link_us;
       if (r.n_gen > 0 && o.parallel == 1) {
         j["weight_bytes_per_token"] = info.bytes_per_token;
         j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;
@@ -322,6 +335,10 @@ int run(const BenchOpts& o) {
     std::printf("%s: stages busy %s of the time (an idle stage waits for another: move layers with --tensor-split)\n",
                 r.name.c_str(), b.c_str());
   }
+  for (const auto& r : results)
+    if (r.link_us >= 0)
+      std::printf("%s: process links %.0f us per micro-batch (handed on by rank 0 until its logits are back, less "
+                  "the other ranks' compute)\n", r.name.c_str(), r.link_us);
   return 0;
 }
 

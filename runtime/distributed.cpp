@@ -258,10 +258,13 @@ std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& c
 
 // The stage's work on the hidden states in s.x (the embedding first when it holds it); the last
 // stage writes batch.n_logits() rows to `logits`.
-void run_stage(LocalStage& s, const Batch& b, float* logits) {
+// Returns the nanoseconds it took.
+uint64_t run_stage(LocalStage& s, const Batch& b, float* logits) {
   const auto t0 = std::chrono::steady_clock::now();
   s.s->forward(b, s.x.data(), logits);
-  s.busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  const auto ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  s.busy_ns += ns;
+  return ns;
 }
 
 int stage_threads(int n_threads, int threads_per_stage) {
@@ -292,11 +295,13 @@ StageSetup get_stage(Reader& r, uint64_t* planned) {
   return su;
 }
 
-// A micro-batch on the wire: id, batch arrays, `rows` hidden-state rows, then the busy time of
-// every stage it went through (cumulative ns per rank, for `baton bench`'s balance line).
-void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd, const std::vector<uint64_t>& busy) {
+// A micro-batch on the wire: id, batch arrays, `rows` hidden-state rows, then per rank it went
+// through: its busy time so far (cumulative ns, for `baton bench`'s balance line) and its compute
+// of this micro-batch (ns; rank 0's entry is 0, for link_stats()).
+void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd, const std::vector<uint64_t>& busy,
+              const std::vector<uint64_t>& step) {
   w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(x, size_t(b.size()) * n_embd)
-      .put_vec(busy);
+      .put_vec(busy).put_vec(step);
 }
 
 // ---- the worker ----
@@ -341,7 +346,7 @@ struct Worker {
     BATON_CHECK(b.pos.size() == n && b.seq.size() == n && b.logits.size() == n);
     BATON_CHECK(n <= stage->x.size() / E);
     std::memcpy(stage->x.data(), r.get_view<float>(n * E), n * E * sizeof(float));
-    std::vector<uint64_t> busy = r.get_vec<uint64_t>();
+    std::vector<uint64_t> busy = r.get_vec<uint64_t>(), step = r.get_vec<uint64_t>();
     Writer w;
     if (stage->s->last()) {
       // id, then as put_raw: the output rows in batch order, n_vocab floats for a kLogitsRow token
@@ -353,11 +358,12 @@ struct Worker {
       const size_t at = w.bytes.size();
       w.bytes.resize(at + words * sizeof(float));
       float* dst = reinterpret_cast<float*>(w.bytes.data() + at);
+      uint64_t ns = 0;
       if (words == rows * V) {
-        run_stage(*stage, b, dst);  // full rows only: straight into the message
+        ns = run_stage(*stage, b, dst);  // full rows only: straight into the message
       } else {
         out.resize(rows * V);
-        run_stage(*stage, b, out.data());
+        ns = run_stage(*stage, b, out.data());
         size_t r = 0;
         for (uint8_t mode : b.logits) {
           if (mode == kNoLogits) continue;
@@ -367,12 +373,13 @@ struct Worker {
         }
       }
       busy.push_back(stage->busy_ns.load());
-      w.put_vec(busy);
+      step.push_back(ns);
+      w.put_vec(busy).put_vec(step);
       c.send(0, mpi::kLogits, std::move(w.bytes));
     } else {
-      run_stage(*stage, b, nullptr);
+      step.push_back(run_stage(*stage, b, nullptr));
       busy.push_back(stage->busy_ns.load());
-      put_work(w, id, b, stage->x.data(), E, busy);
+      put_work(w, id, b, stage->x.data(), E, busy, step);
       c.send(c.rank() + 1, mpi::kWork, std::move(w.bytes));
     }
   }
@@ -448,6 +455,10 @@ class DistributedPipeline final : public ModelPipeline {
   void truncate_seq(int seq, int from) override;
   int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
+  LinkStats link_stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return links_;
+  }
   std::vector<StageInfo> stages() const override {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<StageInfo> v = infos_;
@@ -462,6 +473,7 @@ class DistributedPipeline final : public ModelPipeline {
     std::vector<int> out_row;
     size_t left = 0;  // micro-batches whose logits have not come back
     std::exception_ptr error;
+    std::vector<std::chrono::steady_clock::time_point> sent;  // when rank 0 handed each one on
   };
 
   void check_alive() const {
@@ -469,12 +481,13 @@ class DistributedPipeline final : public ModelPipeline {
   }
   uint64_t start(const Batch& b, float* logits, size_t groups);
   void stage_loop();
-  void take(const Message& m);  // a kLogits or kError message
+  void take(const Message& m, std::chrono::steady_clock::time_point got);  // a kLogits or kError message
 
   Comm& c_;
   int n_batch_ = 0, max_rewind_ = 0;
   std::unique_ptr<LocalStage> stage_;
   std::vector<StageInfo> infos_;
+  LinkStats links_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -583,6 +596,7 @@ uint64_t DistributedPipeline::start(const Batch& b, float* logits, size_t groups
   job.mbs = split(b, groups, n_batch_, int(len_.size()));
   if (n == 0) job.mbs.clear();
   job.left = job.mbs.size();
+  job.sent.resize(job.mbs.size());
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t ticket = ++next_ticket_;
   const size_t count = job.mbs.size();
@@ -611,9 +625,10 @@ void DistributedPipeline::stage_loop() {
     try {
       run_stage(*stage_, mb->batch, nullptr);  // rank 0 is never the last stage
       Writer w;
-      put_work(w, id, mb->batch, stage_->x.data(), E, {stage_->busy_ns.load()});
+      put_work(w, id, mb->batch, stage_->x.data(), E, {stage_->busy_ns.load()}, {0});
       c_.send(1, mpi::kWork, std::move(w.bytes));
       std::lock_guard<std::mutex> lock(mu_);
+      jobs_.at(item.first).sent[item.second] = std::chrono::steady_clock::now();
       stage_busy_ = false;
       cv_.notify_all();
     } catch (...) {
@@ -629,7 +644,7 @@ void DistributedPipeline::stage_loop() {
   }
 }
 
-void DistributedPipeline::take(const Message& m) {
+void DistributedPipeline::take(const Message& m, std::chrono::steady_clock::time_point got) {
   if (m.tag == mpi::kError) {
     try {
       throw_remote(m);
@@ -664,6 +679,11 @@ void DistributedPipeline::take(const Message& m) {
   }
   const std::vector<uint64_t> busy = r.get_vec<uint64_t>();  // stage k = rank k; rank 0's is ours
   for (size_t k = 1; k < busy.size() && k < infos_.size(); ++k) infos_[k].busy_s = double(busy[k]) * 1e-9;
+  const std::vector<uint64_t> step = r.get_vec<uint64_t>();
+  double remote_s = 0;
+  for (size_t k = 1; k < step.size(); ++k) remote_s += double(step[k]) * 1e-9;
+  links_.seconds += std::chrono::duration<double>(got - j.sent[index]).count() - remote_s;
+  links_.micro_batches++;
   --j.left;
 }
 
@@ -699,7 +719,7 @@ void DistributedPipeline::wait(uint64_t ticket) {
       std::lock_guard<std::mutex> lock(mu_);
       return jobs_.at(ticket).left == 0 || broken_;
     });
-    if (m) take(*m);
+    if (m) take(*m, std::chrono::steady_clock::now());
   }
 }
 

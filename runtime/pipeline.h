@@ -93,6 +93,15 @@ class Pipeline {
   // The stages in pipeline order (empty for pipelines that have no stages to show).
   virtual std::vector<StageInfo> stages() const { return {}; }
 
+  // Process links (the distributed pipeline; nothing elsewhere): for each micro-batch, the time
+  // from rank 0 handing it on to its logits being in rank 0's hands, less what the other ranks
+  // spent computing it. With one stream that is what the process boundaries cost per token.
+  struct LinkStats {
+    uint64_t micro_batches = 0;
+    double seconds = 0;
+  };
+  virtual LinkStats link_stats() const { return {}; }
+
  private:
   uint64_t sync_tickets_ = 0;
 };
