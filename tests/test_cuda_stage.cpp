@@ -100,3 +100,27 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
     test::check_peer_close(ref, run(*spill), spill->n_vocab(), "GPU + CPU spill");
   }
 }
+
+TEST_CASE("greedy rows come back from the GPU as argmax ids, equal to the argmax of the full rows") {
+  for (const char* devices : {"cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"}) {
+    INFO(devices);
+    auto p = load(test::tiny_gemma3_model(), devices);
+    const int V = p->n_vocab();
+    Batch full, mixed;  // the same tokens in two sequences: every third one an output row
+    for (int i = 0; i < 12; ++i) {
+      const bool out = i % 3 == 2;
+      full.add((5 + 9 * i) % V, i, 0, out);
+      mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : i % 2 ? kArgmaxOnly : kLogitsRow));
+    }
+    std::vector<float> a(size_t(full.n_logits()) * size_t(V)), b(a.size());
+    p->decode(full, a.data());
+    p->decode(mixed, b.data());
+    for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
+      if (mixed.logits[t] == kNoLogits) continue;
+      const float* fa = a.data() + r * size_t(V);
+      if (mixed.logits[t] == kArgmaxOnly)
+        CHECK(argmax_token(b.data() + r * size_t(V)) == int32_t(std::max_element(fa, fa + V) - fa));
+      ++r;
+    }
+  }
+}
