@@ -21,7 +21,9 @@ int run_devices(bool json, bool links) {
     for (const auto& d : devs)
       j["devices"].push_back({{"kind", d.kind == DeviceKind::Cuda ? "cuda" : "cpu"}, {"index", d.index}, {"name", d.name},
                    {"total_bytes", d.total_bytes}, {"free_bytes", d.free_bytes},
-                   {"compute_capability", d.kind == DeviceKind::Cuda ? fmt::format("{}.{}", d.cc_major, d.cc_minor) : std::string()}});
+                   {"compute_capability", d.kind == DeviceKind::Cuda ? fmt::format("{}.{}", d.cc_major, d.cc_minor) : std::string()},
+                   {"runtime_bytes_measured", d.runtime_bytes},
+                   {"runtime_reserve_bytes", d.kind == DeviceKind::Cuda ? cuda_runtime_reserve(d) : 0}});
     j["links"] = nlohmann::json::array();
     for (const auto& l : pairs)
       j["links"].push_back({{"from", l.from}, {"to", l.to}, {"peer_access", l.peer_access}, {"p2p_gb_per_s", l.p2p_gbs},

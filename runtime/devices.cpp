@@ -50,6 +50,12 @@ ProbedDevice probe_cpu() {
   return d;
 }
 
+uint64_t cuda_runtime_reserve(const ProbedDevice& gpu) {
+  if (gpu.runtime_bytes == 0) return kCudaWorkspaceReserve;
+  const uint64_t mib = 1ull << 20;
+  return (gpu.runtime_bytes + mib - 1) / mib * mib + kCudaReserveMargin;
+}
+
 std::vector<ProbedDevice> probe_devices() {
   std::vector<ProbedDevice> out{probe_cpu()};
 #if defined(BATON_HAVE_CUDA)
@@ -62,6 +68,7 @@ std::vector<ProbedDevice> probe_devices() {
     d.free_bytes = g.free_bytes;
     d.cc_major = g.cc_major;
     d.cc_minor = g.cc_minor;
+    d.runtime_bytes = g.runtime_bytes;
     out.push_back(d);
   }
 #endif
@@ -81,14 +88,19 @@ std::vector<DeviceLink> probe_links(size_t bytes) {
 
 std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,
                            bool cuda_backend) {
-  std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {}\n", "device", "name", "total", "free", "compute");
+  std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {}\n", "device", "name", "total", "free", "compute",
+                                "runtime reserve");
   size_t gpus = 0;
   for (const auto& d : devices) {
     const bool gpu = d.kind == DeviceKind::Cuda;
     gpus += gpu;
-    out += fmt::format("{:<8} {:<32} {:>11} {:>11}  {}\n", gpu ? fmt::format("cuda:{}", d.index) : "cpu", d.name,
+    const std::string reserve = !gpu ? "-"
+                                : d.runtime_bytes ? fmt::format("{} (measured {})", format_bytes(cuda_runtime_reserve(d)),
+                                                                format_bytes(d.runtime_bytes))
+                                                  : fmt::format("{} (estimate)", format_bytes(cuda_runtime_reserve(d)));
+    out += fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {}\n", gpu ? fmt::format("cuda:{}", d.index) : "cpu", d.name,
                        format_bytes(d.total_bytes), format_bytes(d.free_bytes),
-                       gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-");
+                       gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-", reserve);
   }
   if (!cuda_backend) out += "no CUDA devices: this build has no CUDA backend (build with -DBATON_CUDA=ON)\n";
   else if (gpus == 0) out += "no CUDA devices: none visible (no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)\n";
@@ -298,7 +310,7 @@ std::vector<DeviceSpec> parse_devices(std::string_view spec_in, const std::vecto
       const uint64_t rest = p->free_bytes > budgeted[key] ? p->free_bytes - budgeted[key] : 0;
       d.budget = rest / uint64_t(unbudgeted[key]);
     }
-    d.runtime_reserve = e.kind == DeviceKind::Cuda ? kCudaWorkspaceReserve : 0;
+    d.runtime_reserve = e.kind == DeviceKind::Cuda ? cuda_runtime_reserve(*p) : 0;
     out.push_back(d);
   }
   return out;

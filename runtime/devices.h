@@ -24,6 +24,7 @@ struct ProbedDevice {
   uint64_t total_bytes = 0;
   uint64_t free_bytes = 0;   // CPU: MemAvailable; CUDA: cudaMemGetInfo after our context exists
   int cc_major = 0, cc_minor = 0;
+  uint64_t runtime_bytes = 0;  // CUDA: a stage's stream + cuBLAS handle + workspace, measured (0: unknown)
 };
 
 // The CPU (always first in the list), then every visible GPU when built with CUDA.
@@ -52,11 +53,15 @@ std::string format_devices(const std::vector<ProbedDevice>& devices, const std::
                            bool cuda_backend);
 
 // Memory the CUDA runtime itself holds on a GPU, outside our tensors. For a present GPU the
-// context already exists when free memory is measured, so only the cuBLAS workspace and stream
-// bookkeeping are left to reserve. A hypothetical GPU has nothing to measure: it also reserves an
-// estimate of the context (driver, kernel images) out of the budget the user gave.
+// context already exists when free memory is measured, and probing measures what a stage's
+// stream, cuBLAS handle and cuBLAS workspace take on top (ProbedDevice::runtime_bytes): that,
+// rounded up to whole MiB plus 16 MiB for what the driver grows later (kernel images loaded on
+// first launch), is the reserve. When the measurement failed, and for a hypothetical GPU, these
+// estimates stand in (a hypothetical GPU also reserves one for the context out of its budget).
 inline constexpr uint64_t kCudaWorkspaceReserve = 64ull << 20;
 inline constexpr uint64_t kCudaContextEstimate = 512ull << 20;
+inline constexpr uint64_t kCudaReserveMargin = 16ull << 20;
+uint64_t cuda_runtime_reserve(const ProbedDevice& gpu);
 
 // One entry of the device list: one pipeline stage candidate.
 struct DeviceSpec {

@@ -48,6 +48,17 @@ TEST_CASE("sizes") {
   CHECK(format_bytes(512 * MiB) == "512 MiB");
 }
 
+TEST_CASE("a GPU's runtime reserve: measured at probing (whole MiB + margin), else the estimate") {
+  std::vector<ProbedDevice> m = machine();
+  m[2].runtime_bytes = 100 * MiB + 5;  // cuda:1 measured, cuda:0 not
+  const auto d = parse_devices("cuda:0,cuda:1", m, false);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].runtime_reserve == kCudaWorkspaceReserve);
+  CHECK(d[1].runtime_reserve == 101 * MiB + kCudaReserveMargin);
+  CHECK(format_devices(m, {}, true).find("117 MiB (measured 100 MiB)") != std::string::npos);
+  CHECK(format_devices(m, {}, true).find("64.0 MiB (estimate)") != std::string::npos);
+}
+
 TEST_CASE("auto: GPUs by free memory, then the CPU; budgets are free memory") {
   const auto d = parse_devices("auto", machine(), false);
   REQUIRE(d.size() == 3);

@@ -1,9 +1,50 @@
 // CUDA device discovery. Compiled whenever the CUDA backend is on, so toolchain breakage shows early.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_info.h"
 
 namespace baton::cuda {
+
+namespace {
+
+// Free bytes on the current device, 0 on failure.
+uint64_t free_now() {
+  size_t free_b = 0, total_b = 0;
+  return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? uint64_t(free_b) : 0;
+}
+
+// The memory a stream, a cuBLAS handle and its first GEMM take on the current device (the
+// objects are released again). 0 when something failed (the estimate is used then).
+uint64_t measure_runtime_bytes() {
+  const uint64_t before = free_now();
+  if (before == 0) return 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t h = nullptr;
+  __half* buf = nullptr;
+  uint64_t used = 0;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess && cublasCreate(&h) == CUBLAS_STATUS_SUCCESS &&
+      cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS && cudaMalloc(&buf, 3 * 64 * 64 * sizeof(__half)) == cudaSuccess &&
+      cudaMemsetAsync(buf, 0, 3 * 64 * 64 * sizeof(__half), stream) == cudaSuccess) {
+    const float alpha = 1.0f, beta = 0.0f;
+    float* c = reinterpret_cast<float*>(buf + 2 * 64 * 64);  // 64 x 32 floats in the last third
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 64, 32, 64, &alpha, buf, CUDA_R_16F, 64, buf + 64 * 64, CUDA_R_16F,
+                     64, &beta, c, CUDA_R_32F, 64, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+        cudaStreamSynchronize(stream) == cudaSuccess) {
+      const uint64_t after = free_now();
+      const uint64_t mine = 3 * 64 * 64 * sizeof(__half);
+      if (after > 0 && after <= before) used = before - after > mine ? before - after - mine : 0;
+    }
+  }
+  if (buf) cudaFree(buf);
+  if (h) cublasDestroy(h);
+  if (stream) cudaStreamDestroy(stream);
+  cudaGetLastError();  // a failed measurement leaves no sticky error behind
+  return used;
+}
+
+}  // namespace
 
 std::vector<DeviceInfo> list_devices() {
   std::vector<DeviceInfo> out;
@@ -21,9 +62,10 @@ std::vector<DeviceInfo> list_devices() {
     d.cc_major = p.major;
     d.cc_minor = p.minor;
     d.total_bytes = p.totalGlobalMem;
-    size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-      d.free_bytes = free_b;
+    if (cudaSetDevice(i) == cudaSuccess && cudaFree(nullptr) == cudaSuccess) {  // the context, then measure
+      d.runtime_bytes = measure_runtime_bytes();
+      d.free_bytes = free_now();
+    }
     out.push_back(d);
   }
   return out;

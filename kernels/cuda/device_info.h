@@ -11,7 +11,11 @@ struct DeviceInfo {
   std::string name;
   int cc_major = 0, cc_minor = 0;
   uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;
+  uint64_t free_bytes = 0;      // after our context exists (cudaMemGetInfo needs one)
+  // What a stage's runtime objects take beyond the context, measured: free memory before and
+  // after creating a stream and a cuBLAS handle and running one FP16 GEMM through it (cuBLAS
+  // allocates its workspace on first use). 0 when the measurement failed.
+  uint64_t runtime_bytes = 0;
 };
 
 // Empty when the build has no CUDA, no driver is loaded or no GPU is visible.
