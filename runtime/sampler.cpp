@@ -63,11 +63,12 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
   // Greedy without a penalty reads the logits as they are (ties go to the lowest id, so greedy
   // output is fully reproducible).
   if (p_.greedy() && !penalize) return cpu::argmax(logits, n_vocab);
-  work_.assign(logits, logits + n_vocab);
 
   // Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever
-  // the sign of its logit.
+  // the sign of its logit (on a copy; without a penalty the logits are read as they are).
+  const float* src = logits;
   if (penalize) {
+    work_.assign(logits, logits + n_vocab);
     size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
     std::unordered_set<int32_t> seen;
     for (size_t i = history.size() - n; i < history.size(); i++) {
@@ -76,21 +77,26 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
       float& l = work_[t];
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
     }
+    src = work_.data();
   }
 
-  if (p_.greedy()) return cpu::argmax(work_.data(), n_vocab);
+  if (p_.greedy()) return cpu::argmax(src, n_vocab);
 
-  cand_.resize(n_vocab);
-  for (int i = 0; i < n_vocab; i++) cand_[i] = {work_[i], int32_t(i)};
-  // Sorted by logit, highest first; equal logits by id so the order never depends on the sort.
-  auto higher = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  size_t k = cand_.size();
-  if (p_.top_k > 0 && size_t(p_.top_k) < k) {
-    k = size_t(p_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), higher);
+  // Candidates sorted by logit, highest first; equal logits by id so the order never depends on
+  // how they were found. Top-k in one pass over the row (cpu::top_k), else a full sort.
+  size_t k = size_t(n_vocab);
+  if (p_.top_k > 0 && p_.top_k < n_vocab) {
+    top_idx_.resize(size_t(p_.top_k));
+    top_val_.resize(size_t(p_.top_k));
+    k = size_t(cpu::top_k(src, n_vocab, p_.top_k, top_idx_.data(), top_val_.data()));
+    if (k == 0) return cpu::argmax(src, n_vocab);  // every logit NaN
     cand_.resize(k);
+    for (size_t i = 0; i < k; i++) cand_[i] = {top_val_[i], top_idx_[i]};
   } else {
-    std::sort(cand_.begin(), cand_.end(), higher);
+    cand_.resize(size_t(n_vocab));
+    for (int i = 0; i < n_vocab; i++) cand_[size_t(i)] = {src[i], int32_t(i)};
+    std::sort(cand_.begin(), cand_.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   }
 
   // Softmax with temperature, in double for a stable sum.

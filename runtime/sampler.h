@@ -54,6 +54,8 @@ class Sampler {
   Rng rng_;
   std::vector<float> work_;               // penalised logits
   std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
+  std::vector<int32_t> top_idx_;                 // cpu::top_k's output
+  std::vector<float> top_val_;
 };
 
 }  // namespace baton

@@ -322,6 +322,40 @@ TEST_CASE("argmax: the largest value, ties to the lowest index, NaN never picked
   }
 }
 
+TEST_CASE("top_k: the k largest, by value then lowest index, NaN skipped, on every ISA") {
+  std::mt19937 rng(12);
+  for (int n : {1, 5, 16, 17, 40, 100, 1000, 49152}) {
+    for (int k : {1, 3, 40, 64}) {
+      for (int trial = 0; trial < 6; ++trial) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& v : x) {
+          const unsigned r = rng() % 25;
+          // Trials 0-2: few distinct values (many ties at the cut), then spread values.
+          v = r == 0 ? NAN : r == 1 ? -INFINITY : trial < 3 ? float(int(rng() % 9) - 4) : float(rng() % 100000) * 0.01f;
+        }
+        if (trial == 1) std::fill(x.begin(), x.end(), NAN);
+        // The reference: every non-NaN value with its index, fully sorted.
+        std::vector<std::pair<float, int32_t>> ref;
+        for (int i = 0; i < n; ++i)
+          if (!std::isnan(x[size_t(i)])) ref.push_back({x[size_t(i)], i});
+        std::sort(ref.begin(), ref.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        const size_t want = std::min(ref.size(), size_t(k));
+        for (Isa isa : isas()) {
+          IsaGuard guard(isa);
+          INFO("isa " << isa_name(isa) << " n " << n << " k " << k << " trial " << trial);
+          std::vector<int32_t> idx(static_cast<size_t>(k), -1);
+          std::vector<float> val(static_cast<size_t>(k));
+          REQUIRE(top_k(x.data(), n, k, idx.data(), val.data()) == int(want));
+          for (size_t j = 0; j < want; ++j) {
+            CHECK(idx[j] == ref[j].second);
+            CHECK(val[j] == ref[j].first);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("kv_convert to F16 gives the software rounding's bits on every ISA") {
   // Values across the half range: normals, subnormals, ties, overflow to infinity, signed zeros.
   std::mt19937 rng(5);

@@ -335,6 +335,75 @@ int argmax(const float* x, int n) {
   return argmax_scalar(x, n);
 }
 
+namespace {
+
+// The kept candidates as a heap whose top is the worst: (value, index) pairs, a better one has
+// the larger value, or the same value and the smaller index.
+struct TopK {
+  struct Item {
+    float v;
+    int32_t i;
+  };
+  static bool better(const Item& a, const Item& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+  std::vector<Item>& heap;
+  size_t k;
+  // The scan visits indices in increasing order, so once k are kept a value must be strictly
+  // greater than the worst kept one to enter (an equal value has the larger index).
+  float threshold() const { return heap.size() < k ? -INFINITY : heap.front().v; }
+  bool full() const { return heap.size() == k; }
+  void offer(float v, int32_t i) {
+    if (std::isnan(v)) return;
+    if (heap.size() < k) {
+      heap.push_back({v, i});
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (v > heap.front().v) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = {v, i};
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+};
+
+#if defined(__x86_64__) || defined(__i386__)
+// 16 values per compare against the threshold; only the lanes above it go to the heap (after the
+// first k, few do).
+BATON_AVX512_FN void top_k_scan_avx512(const float* x, int n, TopK& t) {
+  int i = 0;
+  while (i < n && !t.full()) t.offer(x[i], i), ++i;
+  for (; i + 16 <= n; i += 16) {
+    __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(t.threshold()), _CMP_GT_OQ);
+    while (m) {
+      const int l = __builtin_ctz(m);
+      m &= __mmask16(m - 1);
+      t.offer(x[i + l], i + l);
+    }
+  }
+  for (; i < n; ++i) t.offer(x[i], i);
+}
+#endif
+
+}  // namespace
+
+int top_k(const float* x, int n, int k, int32_t* idx, float* val) {
+  BATON_CHECK(n > 0 && k > 0);
+  thread_local std::vector<TopK::Item> heap;
+  heap.clear();
+  heap.reserve(size_t(k));
+  TopK t{heap, size_t(std::min(k, n))};
+#if defined(__x86_64__) || defined(__i386__)
+  if (active_isa() >= Isa::Avx512) {
+    top_k_scan_avx512(x, n, t);
+  } else
+#endif
+  {
+    for (int i = 0; i < n; ++i)
+      if (!t.full() || x[i] > t.threshold()) t.offer(x[i], i);
+  }
+  std::sort_heap(heap.begin(), heap.end(), TopK::better);  // best first
+  for (size_t j = 0; j < heap.size(); ++j) idx[j] = heap[j].i, val[j] = heap[j].v;
+  return int(heap.size());
+}
+
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s) {
   for (int i = 0; i < n; ++i) {
     float* o = out + size_t(i) * emb.cols;

@@ -30,6 +30,11 @@ void scale(float* y, float s, int n);                             // y *= s
 void softcap(float* y, float cap, int n);                         // y = cap * tanh(y / cap)
 // Index of the largest of n > 0 values, ties to the lowest index; NaNs are never picked (all NaN: 0).
 int argmax(const float* x, int n);
+// The k largest values of x[0, n) (NaN skipped), sorted by value descending then index ascending
+// (the order of the CUDA top_k): their indices and values. Returns how many it found, which is
+// less than k only when fewer than k values are not NaN. One pass: a value enters only when it
+// beats the worst of the k kept so far.
+int top_k(const float* x, int n, int k, int32_t* idx, float* val);
 
 // out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);
