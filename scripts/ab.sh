@@ -19,14 +19,9 @@ parallel=${PARALLEL:-16} threads=${THREADS:-2} max_tokens=${MAX_TOKENS:-64}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-subjects=("how bread is baked" "the water cycle" "how to plant a vegetable garden" "the history of bicycles"
-  "why people keep cats as pets" "how a train station works" "planning a birthday party" "the life of honey bees"
-  "how to learn to swim" "the seasons of the year" "cooking a simple pasta dinner" "how libraries work"
-  "a day at the beach" "how rain forms" "taking care of a dog" "the planets of the solar system")
-for i in "${!subjects[@]}"; do
-  printf '{"id": %d, "prompt": "Write a long, detailed explanation of %s.", "max_tokens": %d, "temperature": 0}\n' \
-    "$i" "${subjects[$i]}" "$max_tokens"
-done > "$dir/prompts.jsonl"
+# shellcheck source=scripts/prompts.sh
+source scripts/prompts.sh
+long_prompts "$dir/prompts.jsonl" "$max_tokens"
 
 # Generated tokens per second of one run (the batch summary line).
 run() {

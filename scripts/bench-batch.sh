@@ -31,23 +31,10 @@ if [ -f "$MODEL" ]; then gguf=$MODEL; else gguf=$(bash scripts/fetch-model.sh "$
 [ -f "$gguf" ] || { echo "bench-batch: cannot find the model file for $MODEL (got '$gguf')" >&2; exit 2; }
 
 # 64 prompts: 16 everyday subjects x 4 ways of asking for a long answer. Same file every time.
-subjects=("how bread is baked" "the water cycle" "how to plant a vegetable garden" "the history of bicycles"
-  "why people keep cats as pets" "how a train station works" "planning a birthday party" "the life of honey bees"
-  "how to learn to swim" "the seasons of the year" "cooking a simple pasta dinner" "how libraries work"
-  "a day at the beach" "how rain forms" "taking care of a dog" "the planets of the solar system")
-asks=("Write a long, detailed explanation of %s." "Tell me a long story about %s."
-  "Describe %s step by step, in as much detail as you can." "Write an essay of several paragraphs about %s.")
+# shellcheck source=scripts/prompts.sh
+source scripts/prompts.sh
 in="$dir/prompts.jsonl"
-: > "$in"
-n=0
-for a in "${asks[@]}"; do
-  for s in "${subjects[@]}"; do
-    # shellcheck disable=SC2059
-    p=$(printf "$a" "$s")
-    printf '{"id": %d, "prompt": "%s", "max_tokens": %d, "temperature": 0}\n' "$n" "$p" "$MAX_TOKENS" >> "$in"
-    n=$((n + 1))
-  done
-done
+long_prompts "$in" "$MAX_TOKENS" 4
 
 # The batch summary line, e.g. "64 ok, 0 failed | 2710 prompt + 8192 generated tokens | 93.1 s | 88.0 generated tok/s".
 summary_tps() { sed -n 's/.* | \([0-9.]*\) generated tok\/s.*/\1/p' "$1" | tail -n 1; }

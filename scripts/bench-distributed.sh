@@ -23,14 +23,9 @@ launch=(mpirun --bind-to none -np 2)
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-subjects=("how bread is baked" "the water cycle" "how to plant a vegetable garden" "the history of bicycles"
-  "why people keep cats as pets" "how a train station works" "planning a birthday party" "the life of honey bees"
-  "how to learn to swim" "the seasons of the year" "cooking a simple pasta dinner" "how libraries work"
-  "a day at the beach" "how rain forms" "taking care of a dog" "the planets of the solar system")
-for i in "${!subjects[@]}"; do
-  printf '{"id": %d, "prompt": "Write a long, detailed explanation of %s.", "max_tokens": 128, "temperature": 0}\n' \
-    "$i" "${subjects[$i]}"
-done > "$dir/prompts.jsonl"
+# shellcheck source=scripts/prompts.sh
+source scripts/prompts.sh
+long_prompts "$dir/prompts.jsonl" 128
 
 # a field of the tg row of `baton bench --json`
 field() { python3 -c 'import json, sys; print([json.loads(l).get(sys.argv[1], -1) for l in sys.stdin if l.startswith("{")][-1])' "$1"; }
