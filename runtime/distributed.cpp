@@ -44,7 +44,7 @@ using mpi::Writer;
 
 namespace {
 
-constexpr uint32_t kProtocol = 2;  // bump when a message layout changes
+constexpr uint32_t kProtocol = 3;  // bump when a message layout changes
 
 // ---- setup: what each rank tells rank 0 ----
 
@@ -304,6 +304,13 @@ void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_e
       .put_vec(busy).put_vec(step);
 }
 
+// The 4-byte words of a micro-batch's output: n_vocab per kLogitsRow token, 1 per kArgmaxOnly one.
+size_t output_words(const Batch& b, size_t n_vocab) {
+  size_t words = 0;
+  for (uint8_t mode : b.logits) words += mode == kLogitsRow ? n_vocab : mode == kArgmaxOnly ? 1 : 0;
+  return words;
+}
+
 // ---- the worker ----
 
 struct Worker {
@@ -349,15 +356,13 @@ struct Worker {
     std::vector<uint64_t> busy = r.get_vec<uint64_t>(), step = r.get_vec<uint64_t>();
     Writer w;
     if (stage->s->last()) {
-      // id, then as put_raw: the output rows in batch order, n_vocab floats for a kLogitsRow token
-      // and one 4-byte word (the token id) for a kArgmaxOnly one; then busy.
+      // kLogits: id, the word count, busy, step; then kLogitsRows: the output rows in batch order,
+      // n_vocab floats for a kLogitsRow token and one 4-byte word (the token id) for a
+      // kArgmaxOnly one. Rank 0 receives the rows straight into its logits buffer.
       const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
-      size_t words = 0;
-      for (uint8_t mode : b.logits) words += mode == kLogitsRow ? V : mode == kArgmaxOnly ? 1 : 0;
-      w.put(id).put(uint64_t(words));
-      const size_t at = w.bytes.size();
-      w.bytes.resize(at + words * sizeof(float));
-      float* dst = reinterpret_cast<float*>(w.bytes.data() + at);
+      const size_t words = output_words(b, V);
+      std::vector<uint8_t> bytes(words * sizeof(float));
+      float* dst = reinterpret_cast<float*>(bytes.data());
       uint64_t ns = 0;
       if (words == rows * V) {
         ns = run_stage(*stage, b, dst);  // full rows only: straight into the message
@@ -374,8 +379,9 @@ struct Worker {
       }
       busy.push_back(stage->busy_ns.load());
       step.push_back(ns);
-      w.put_vec(busy).put_vec(step);
+      w.put(id).put(uint64_t(words)).put_vec(busy).put_vec(step);
       c.send(0, mpi::kLogits, std::move(w.bytes));
+      if (words) c.send(0, mpi::kLogitsRows, std::move(bytes));
     } else {
       step.push_back(run_stage(*stage, b, nullptr));
       busy.push_back(stage->busy_ns.load());
@@ -481,13 +487,14 @@ class DistributedPipeline final : public ModelPipeline {
   }
   uint64_t start(const Batch& b, float* logits, size_t groups);
   void stage_loop();
-  void take(const Message& m, std::chrono::steady_clock::time_point got);  // a kLogits or kError message
+  void take(const Message& m);  // a kLogits (then its kLogitsRows) or kError message
 
   Comm& c_;
   int n_batch_ = 0, max_rewind_ = 0;
   std::unique_ptr<LocalStage> stage_;
   std::vector<StageInfo> infos_;
   LinkStats links_;
+  std::vector<float> rows_;  // output words that cannot go straight to their rows
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -644,7 +651,7 @@ void DistributedPipeline::stage_loop() {
   }
 }
 
-void DistributedPipeline::take(const Message& m, std::chrono::steady_clock::time_point got) {
+void DistributedPipeline::take(const Message& m) {
   if (m.tag == mpi::kError) {
     try {
       throw_remote(m);
@@ -660,31 +667,59 @@ void DistributedPipeline::take(const Message& m, std::chrono::steady_clock::time
   const uint64_t id = r.get<uint64_t>();
   const uint64_t ticket = id >> 20;
   const size_t index = size_t(id & ((1u << 20) - 1));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(ticket);
-  BATON_CHECK(it != jobs_.end() && index < it->second.mbs.size());
-  Job& j = it->second;
-  const MicroBatch& mb = j.mbs[index];
-  const size_t V = size_t(cfg_.n_vocab);
-  size_t words = 0;
-  for (uint8_t mode : mb.batch.logits) words += mode == kLogitsRow ? V : mode == kArgmaxOnly ? 1 : 0;
-  const float* src = r.get_view<float>(words);
-  for (size_t t = 0; t < size_t(mb.batch.size()); ++t) {
-    const uint8_t mode = mb.batch.logits[t];
-    if (mode == kNoLogits) continue;
-    float* dst = j.logits + size_t(j.out_row[size_t(mb.index[t])]) * V;
-    const size_t len = mode == kLogitsRow ? V : 1;  // an argmax id: its 4 bytes, as they came
-    std::memcpy(dst, src, len * sizeof(float));
-    src += len;
-  }
+  const uint64_t words = r.get<uint64_t>();
   const std::vector<uint64_t> busy = r.get_vec<uint64_t>();  // stage k = rank k; rank 0's is ours
-  for (size_t k = 1; k < busy.size() && k < infos_.size(); ++k) infos_[k].busy_s = double(busy[k]) * 1e-9;
   const std::vector<uint64_t> step = r.get_vec<uint64_t>();
+  const size_t V = size_t(cfg_.n_vocab);
+  Job* job = nullptr;
+  float* direct = nullptr;  // the rows' place in the caller's buffer when they are consecutive full rows
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(ticket);
+    BATON_CHECK(it != jobs_.end() && index < it->second.mbs.size());
+    job = &it->second;  // std::map nodes do not move, and only this thread finishes a job
+    const MicroBatch& mb = job->mbs[index];
+    if (words != output_words(mb.batch, V))
+      fail(ErrorKind::Model, "rank {} sent {} output words for a micro-batch of {} (different baton versions?)",
+           m.source, words, output_words(mb.batch, V));
+    int first = -1, next = -1;
+    bool consecutive = true;
+    for (size_t t = 0; t < size_t(mb.batch.size()) && consecutive; ++t) {
+      const uint8_t mode = mb.batch.logits[t];
+      if (mode == kNoLogits) continue;
+      const int row = job->out_row[size_t(mb.index[t])];
+      consecutive = mode == kLogitsRow && (first < 0 || row == next);
+      if (first < 0) first = row;
+      next = row + 1;
+    }
+    if (consecutive && first >= 0) direct = job->logits + size_t(first) * V;
+  }
+  if (words > 0) {
+    if (direct) {
+      c_.recv_into(m.source, mpi::kLogitsRows, direct, words * sizeof(float));
+    } else {  // argmax ids among them, or rows out of order: through our buffer, then in place
+      rows_.resize(words);
+      c_.recv_into(m.source, mpi::kLogitsRows, rows_.data(), words * sizeof(float));
+      const MicroBatch& mb = job->mbs[index];
+      const float* src = rows_.data();
+      for (size_t t = 0; t < size_t(mb.batch.size()); ++t) {
+        const uint8_t mode = mb.batch.logits[t];
+        if (mode == kNoLogits) continue;
+        float* dst = job->logits + size_t(job->out_row[size_t(mb.index[t])]) * V;
+        const size_t len = mode == kLogitsRow ? V : 1;  // an argmax id: its 4 bytes, as they came
+        std::memcpy(dst, src, len * sizeof(float));
+        src += len;
+      }
+    }
+  }
+  const auto got = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t k = 1; k < busy.size() && k < infos_.size(); ++k) infos_[k].busy_s = double(busy[k]) * 1e-9;
   double remote_s = 0;
   for (size_t k = 1; k < step.size(); ++k) remote_s += double(step[k]) * 1e-9;
-  links_.seconds += std::chrono::duration<double>(got - j.sent[index]).count() - remote_s;
+  links_.seconds += std::chrono::duration<double>(got - job->sent[index]).count() - remote_s;
   links_.micro_batches++;
-  --j.left;
+  --job->left;
 }
 
 void DistributedPipeline::wait(uint64_t ticket) {
@@ -719,7 +754,7 @@ void DistributedPipeline::wait(uint64_t ticket) {
       std::lock_guard<std::mutex> lock(mu_);
       return jobs_.at(ticket).left == 0 || broken_;
     });
-    if (m) take(*m, std::chrono::steady_clock::now());
+    if (m) take(*m);
   }
 }
 

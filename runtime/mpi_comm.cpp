@@ -240,6 +240,32 @@ std::optional<Message> Comm::recv_until(const std::function<bool()>& done, int s
   }
 }
 
+void Comm::recv_into(int source, int tag, void* dst, size_t bytes) {
+  if (bytes > size_t(INT32_MAX))
+    fail(ErrorKind::Usage, "a message of {} bytes from rank {} is larger than MPI's 2 GiB limit", bytes, source);
+  std::lock_guard<std::mutex> lock(impl_->recv_mu);
+  const auto t0 = Clock::now();
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    int rc = MPI_Iprobe(source, tag, impl_->data, &flag, &st);
+    if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "waiting for rank {} failed: {}", source, mpi_error_text(rc));
+    if (flag) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      if (size_t(count) != bytes)
+        fail(ErrorKind::Model, "rank {} sent {} bytes where {} were expected (different baton versions on the ranks?)",
+             source, count, bytes);
+      rc = MPI_Recv(dst, count, MPI_BYTE, source, tag, impl_->data, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "receiving from rank {} failed: {}", source, mpi_error_text(rc));
+      return;
+    }
+    throw_if_failed();
+    poll_sends();
+    backoff(t0);
+  }
+}
+
 void Comm::finalize() {
   if (finalized_) return;
   impl_->stop = true;

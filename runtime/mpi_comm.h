@@ -25,9 +25,10 @@ enum Tag : int {
   kPlan,        // 0 -> worker: load options and the worker's stage
   kReady,       // worker -> 0: stage loaded (measured bytes, rewind limit)
   kWork,        // rank k -> k+1: a micro-batch's metadata and hidden-state rows
-  kLogits,      // last rank -> 0: a micro-batch's logits rows
+  kLogits,      // last rank -> 0: a micro-batch's id, output size and stage timings; kLogitsRows follows
   kError,       // worker -> 0: text of an error on that rank
   kShutdown,    // 0 -> worker: end the job (payload: 1 byte, 1 when rank 0 failed)
+  kLogitsRows,  // last rank -> 0: right after its kLogits, the output words alone (received in place)
 };
 
 struct Message {
@@ -54,6 +55,9 @@ class Comm {
   Message recv(int source = -1);
   // The same, but gives up (nullopt) as soon as `done` returns true (checked between polls).
   std::optional<Message> recv_until(const std::function<bool()>& done, int source = -1);
+  // The next message from `source` with `tag`, received straight into dst, which must be exactly
+  // `bytes` long (a malformed message otherwise). Same liveness rule as recv.
+  void recv_into(int source, int tag, void* dst, size_t bytes);
   // Waits until every queued send has completed (same liveness rule as recv).
   void flush();
   // Progress on queued sends without waiting (frees completed ones).
