@@ -76,23 +76,31 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bv = opt(l, LayerTensor::Bv);
   }
   if (pack_pool) {
-    auto pack = [&](cpu::QMatrix& m) {
-      if (!m.data || !cpu::packing_enabled(m.type)) return;
-      const size_t bytes = cpu::packed_bytes(m.type, m.rows, m.cols);
-      cpu::PackedBuffer buf = cpu::alloc_packed(bytes);
-      cpu::pack_matrix(m, buf.get(), pack_pool);
-      m.packed = buf.get();
-      w.packed_bytes += bytes;
-      w.packed.push_back(std::move(buf));
-    };
+    // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at
+    // a 64-byte boundary, in the order the forward reads them.
+    std::vector<cpu::QMatrix*> todo;
     for (int l = begin; l < end; ++l) {
       LayerWeights& L = w.layers[size_t(l)];
-      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) pack(*m);
+      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) todo.push_back(m);
     }
-    if (with_head) {
-      pack(w.output);
-      if (c.tied_output) w.tok_embd.packed = w.output.packed;
+    if (with_head) todo.push_back(&w.output);
+    std::erase_if(todo, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
+    auto rounded = [](size_t b) { return (b + 63) / 64 * 64; };
+    size_t total = 0;
+    for (const cpu::QMatrix* m : todo) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
+    if (total > 0) {
+      cpu::PackedBuffer buf = cpu::alloc_packed(total);
+      size_t at = 0;
+      for (cpu::QMatrix* m : todo) {
+        const size_t bytes = cpu::packed_bytes(m->type, m->rows, m->cols);
+        cpu::pack_matrix(*m, buf.get() + at, pack_pool);
+        m->packed = buf.get() + at;
+        w.packed_bytes += bytes;
+        at += rounded(bytes);
+      }
+      w.packed.push_back(std::move(buf));
     }
+    if (with_head && c.tied_output) w.tok_embd.packed = w.output.packed;
   }
   return w;
 }

@@ -10,6 +10,10 @@
 #include <new>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "gguf/error.h"
 #include "kernels/cpu/qkernels.h"
 #include "quant/blocks.h"
@@ -287,9 +291,18 @@ void unpack_row(const QMatrix& W, int64_t r, float* out) {
 
 void FreeDeleter::operator()(uint8_t* p) const noexcept { std::free(p); }
 
+// Packed weights stream through the cores once per step: a buffer of 2 MiB or more is placed on
+// 2 MiB boundaries and offered to the kernel as huge pages (Linux THP in `madvise` mode), so the
+// stream takes one TLB entry per 2 MiB instead of one per 4 KiB.
 PackedBuffer alloc_packed(size_t bytes) {
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  constexpr size_t kHuge = size_t(2) << 20;
+  const bool huge = bytes >= kHuge;
+  const size_t align = huge ? kHuge : 64;
+  void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
   if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);  // a hint: failure is harmless
+#endif
   return PackedBuffer(static_cast<uint8_t*>(p));
 }
 
