@@ -23,6 +23,7 @@
 #include "gguf/error.h"
 #include "gguf/file_type.h"
 #include "gguf/gguf.h"
+#include "kernels/cpu/packed.h"
 #include "runtime/config.h"
 
 namespace baton::cli {
@@ -97,7 +98,10 @@ ModelInfo describe(const Pipeline& p) {
 // larger than the last-level cache; best of a few passes (the least disturbed one).
 double read_bandwidth_gbs(int threads) {
   const size_t n = (size_t(256) << 20) / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n);
+  // Allocated as packed weights are (huge pages where the OS gives them), so the bandwidth is the
+  // one the weight stream can reach.
+  const cpu::PackedBuffer mem = cpu::alloc_packed(n * sizeof(uint64_t));
+  uint64_t* buf = reinterpret_cast<uint64_t*>(mem.get());
   for (size_t i = 0; i < n; ++i) buf[i] = i;
   std::vector<uint64_t> sink(size_t(threads) * 8, 0);
   double best = 1e300;
