@@ -78,20 +78,20 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
   if (pack_pool) {
     // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at
     // a 64-byte boundary, in the order the forward reads them.
-    std::vector<cpu::QMatrix*> todo;
+    std::vector<cpu::QMatrix*> to_pack;
     for (int l = begin; l < end; ++l) {
       LayerWeights& L = w.layers[size_t(l)];
-      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) todo.push_back(m);
+      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) to_pack.push_back(m);
     }
-    if (with_head) todo.push_back(&w.output);
-    std::erase_if(todo, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
+    if (with_head) to_pack.push_back(&w.output);
+    std::erase_if(to_pack, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
     auto rounded = [](size_t b) { return (b + 63) / 64 * 64; };
     size_t total = 0;
-    for (const cpu::QMatrix* m : todo) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
+    for (const cpu::QMatrix* m : to_pack) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
     if (total > 0) {
       cpu::PackedBuffer buf = cpu::alloc_packed(total);
       size_t at = 0;
-      for (cpu::QMatrix* m : todo) {
+      for (cpu::QMatrix* m : to_pack) {
         const size_t bytes = cpu::packed_bytes(m->type, m->rows, m->cols);
         cpu::pack_matrix(*m, buf.get() + at, pack_pool);
         m->packed = buf.get() + at;

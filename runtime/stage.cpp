@@ -25,7 +25,10 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   kv_ = std::make_unique<KvCache>(cfg_, ks);
   scratch_ = std::make_unique<Scratch>(cfg_, n_batch_, opt.kv_type);
   scratch_bytes_ = Scratch::bytes(cfg_, n_batch_, opt.kv_type);
-  if (plan_.has_output) logits_.resize(size_t(n_batch_) * size_t(cfg_.n_vocab));
+  if (plan_.has_output) {
+    logits_size_ = size_t(n_batch_) * size_t(cfg_.n_vocab);
+    logits_.reset(new float[logits_size_]);
+  }
 }
 
 void CpuStage::forward(const Batch& batch, float* x, float* logits) {
@@ -35,10 +38,10 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   if (!plan_.has_output) return;
   const size_t rows = size_t(batch.n_logits());
   if (rows == 0) return;
-  // Straight into the caller's rows when it gives an aligned buffer (a message buffer of the
-  // distributed pipeline may not be), else through our own.
+  // Straight into the caller's rows (every caller in the project gives an aligned buffer); an
+  // unaligned one gets them through our own.
   const bool direct = logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0;
-  float* out = direct ? logits : logits_.data();
+  float* out = direct ? logits : logits_.get();
   head(cfg_, weights_, batch, x, out, *scratch_, *pool_);
   const size_t V = size_t(cfg_.n_vocab);
   for (size_t t = 0, r = 0; t < size_t(batch.size()); ++t) {
@@ -46,11 +49,11 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
     if (batch.logits[t] == kArgmaxOnly) set_argmax_token(out + r * V, cpu::argmax(out + r * V, int(V)));
     ++r;
   }
-  if (!direct && logits) std::memcpy(logits, logits_.data(), rows * V * sizeof(float));
+  if (!direct && logits) std::memcpy(logits, logits_.get(), rows * V * sizeof(float));
 }
 
 uint64_t CpuStage::measured_bytes() const {
-  return weight_bytes_ + kv_->bytes() + scratch_bytes_ + logits_.capacity() * sizeof(float);
+  return weight_bytes_ + kv_->bytes() + scratch_bytes_ + logits_size_ * sizeof(float);
 }
 
 // Bytes of what the stage bound: each distinct mapped tensor its views point into (unless it reads

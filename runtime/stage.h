@@ -69,7 +69,10 @@ class CpuStage : public ModelStage {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Scratch> scratch_;
   std::unique_ptr<cpu::ThreadPool> pool_;
-  std::vector<float> logits_;   // last stage: n_batch × n_vocab rows, copied out per batch
+  // Last stage: n_batch × n_vocab rows for a caller whose buffer is not float-aligned. Not zeroed:
+  // the head writes before anything reads, and pages never used are never touched.
+  std::unique_ptr<float[]> logits_;
+  size_t logits_size_ = 0;
   uint64_t weight_bytes_ = 0;
   uint64_t scratch_bytes_ = 0;
 };

@@ -297,11 +297,11 @@ void FreeDeleter::operator()(uint8_t* p) const noexcept { std::free(p); }
 PackedBuffer alloc_packed(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
   const bool huge = bytes >= kHuge;
-  const size_t align = huge ? kHuge : 64;
-  void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+  const size_t align = huge ? kHuge : 64, size = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size);
   if (!p) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (huge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);  // a hint: failure is harmless
+  if (huge) madvise(p, size, MADV_HUGEPAGE);  // a hint: failure is harmless
 #endif
   return PackedBuffer(static_cast<uint8_t*>(p));
 }
