@@ -33,6 +33,11 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--threads-per-stage", f.threads_per_stage,
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
+  app.add_option("--p2p", f.p2p,
+                 "GPU stage to GPU stage: auto (peer-to-peer where possible), on (peer-to-peer or an error), "
+                 "off (through host memory; also BATON_P2P=0)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--tensor-split", f.tensor_split,
                  "layer proportions per device entry, e.g. 3,1 (default: fill devices in order; several CPU "
                  "entries or ranks: equal work per stage)");
@@ -97,6 +102,7 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
   lo.devices = f.devices;
   lo.threads_per_stage = f.threads_per_stage;
   lo.tensor_split = parse_tensor_split(f.tensor_split);
+  lo.p2p = f.p2p;
   lo.verbose = f.verbose;
   const bool bar = stderr_is_tty();
   if (bar) {

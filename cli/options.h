@@ -26,6 +26,7 @@ struct ModelFlags {
   int threads_per_stage = 0;
   std::string kv_type = "f16";
   std::string tensor_split;  // --tensor-split 3,1: layer proportions per stage ("" = the default cut)
+  std::string p2p = "auto";  // --p2p: how consecutive GPU stages hand over (auto, on, off)
   bool verbose = false;
   bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
 };

@@ -17,6 +17,8 @@
 #include "gguf/error.h"
 #if defined(BATON_HAVE_CUDA)
 #include "kernels/cuda/device_info.h"
+#else
+#include "kernels/cuda/ops.h"  // the host emulation's device_count()
 #endif
 
 namespace baton {
@@ -26,6 +28,14 @@ bool have_cuda_backend() {
   return true;
 #else
   return false;
+#endif
+}
+
+bool cuda_emulated() {
+#if defined(BATON_HAVE_CUDA)
+  return false;
+#else
+  return cuda::device_count() > 0;
 #endif
 }
 
@@ -69,6 +79,15 @@ std::vector<ProbedDevice> probe_devices() {
     d.cc_major = g.cc_major;
     d.cc_minor = g.cc_minor;
     d.runtime_bytes = g.runtime_bytes;
+    out.push_back(d);
+  }
+#else
+  for (int i = 0; i < cuda::device_count(); ++i) {  // emulated (tests): 8 GiB each
+    ProbedDevice d;
+    d.kind = DeviceKind::Cuda;
+    d.index = i;
+    d.name = "host emulation (BATON_CUDA_EMULATE)";
+    d.total_bytes = d.free_bytes = uint64_t(8) << 30;
     out.push_back(d);
   }
 #endif

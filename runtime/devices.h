@@ -32,6 +32,10 @@ std::vector<ProbedDevice> probe_devices();
 // Total and available memory from /proc/meminfo (falls back to sysconf when it is unreadable).
 ProbedDevice probe_cpu();
 bool have_cuda_backend();  // compiled with CUDA
+// Tests of a build without CUDA: BATON_CUDA_EMULATE=N shows N GPUs whose ops run on the host
+// (kernels/cuda_host), so pipelines with GPU stages and links run in the CPU tests. Always false
+// in a CUDA build.
+bool cuda_emulated();
 
 // A copy path between two GPUs (from -> to): whether peer access is possible and the measured
 // bandwidth of a direct peer copy and of a copy staged through pinned host memory (GB/s, 0 when

@@ -15,6 +15,7 @@
 #include "models/llama_forward.h"
 #include "runtime/buffers.h"
 #include "runtime/kv_cache.h"
+#include "runtime/link.h"
 #include "runtime/shape.h"
 
 #if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
@@ -62,6 +63,9 @@ struct GpuStage::Impl {
     int n = 0;
   };
   std::map<int, Commit> commits;  // by n_cells
+
+  GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
+  GpuLink* out = nullptr;  // device link to the next stage
 
   Impl(const ModelConfig& cfg, int device) : c(cfg), ctx(device) {}
 
@@ -286,7 +290,32 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
 GpuStage::~GpuStage() = default;
 
 void GpuStage::forward(const Batch& batch, float* x, float* logits) {
+  Handoff h;
+  forward(batch, x, logits, h);
+}
+
+void GpuStage::connect(GpuLink* in, GpuLink* out) {
+  BATON_CHECK(!(in && plan_.has_embedding) && !(out && plan_.has_output));
+  impl_->in = in;
+  impl_->out = out;
+}
+
+cuda::Context& GpuStage::context() { return impl_->ctx; }
+
+void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) {
   Impl& g = *impl_;
+  BATON_CHECK(h.in_slot < 0 || g.in);
+  // The input slot goes back to the previous stage once this stage's stream has read it: at the
+  // end of the step, or now if the step fails.
+  struct SlotGuard {
+    GpuLink* link;
+    int slot;
+    ~SlotGuard() {
+      if (link && slot >= 0) link->release(slot);
+    }
+  } in_guard{g.in, h.in_slot};
+  h.in_slot = -1;
+  h.out_slot = -1;
   const ModelConfig& c = g.c;
   const int n = batch.size();
   BATON_CHECK(n >= 1 && n <= g.n_batch);
@@ -329,6 +358,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits) {
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
   if (plan_.has_embedding) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, c.embd_scale);
+  else if (in_guard.slot >= 0) g.in->receive(in_guard.slot, g.x, xbytes);
   else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
 
   CudaLayers b{g, batch, max_len};
@@ -354,6 +384,9 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits) {
         ++r;
       }
     }
+  } else if (g.out) {
+    h.out_slot = g.out->send(g.x, xbytes);  // waits for its copy, so the stream is past the input too
+    return;
   } else {
     cuda::copy_to_host(g.ctx, x, g.x, xbytes);
   }
@@ -374,6 +407,9 @@ GpuStage::GpuStage(const gguf::File&, const ModelConfig&, const Stage& plan, con
 }
 GpuStage::~GpuStage() = default;
 void GpuStage::forward(const Batch&, float*, float*) { BATON_CHECK(false); }
+void GpuStage::forward(const Batch&, float*, float*, Handoff&) { BATON_CHECK(false); }
+void GpuStage::connect(GpuLink*, GpuLink*) { BATON_CHECK(false); }
+cuda::Context& GpuStage::context() { BATON_CHECK(false); std::abort(); }
 uint64_t GpuStage::measured_bytes() const { return 0; }
 
 #endif

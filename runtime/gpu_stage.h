@@ -12,6 +12,9 @@
 
 namespace baton {
 
+class GpuLink;
+namespace cuda { class Context; }
+
 class GpuStage : public ModelStage {
  public:
   // device: the CUDA ordinal. Weights are read from `f` (which must outlive the constructor only);
@@ -21,6 +24,12 @@ class GpuStage : public ModelStage {
   ~GpuStage() override;
 
   void forward(const Batch& batch, float* x, float* logits) override;
+  // With links: the input comes from slot h.in_slot of `in` when set, the output goes into a slot
+  // of `out` (h.out_slot) instead of x.
+  void forward(const Batch& batch, float* x, float* logits, Handoff& h) override;
+  // The device links into and out of this stage (nullptr: host memory); set before any forward.
+  void connect(GpuLink* in, GpuLink* out);
+  cuda::Context& context();
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return 1; }
   int max_rewind() const override { return max_rewind_; }

@@ -15,6 +15,7 @@
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_base.h"
 #include "runtime/gpu_stage.h"
+#include "runtime/link.h"
 
 #include <algorithm>
 #include <atomic>
@@ -45,7 +46,8 @@ struct Piece {
   uint64_t ticket = 0;
   Batch batch;
   float* logits = nullptr;  // where this piece's logits rows go (the caller's buffer)
-  std::vector<float> x;     // hidden states, batch.size() × n_embd: what the links move
+  std::vector<float> x;     // hidden states, batch.size() × n_embd: what the host links move
+  int slot = -1;            // between two GPU stages: the device link's slot holding the hidden states
 };
 
 struct TicketState {
@@ -72,21 +74,27 @@ class CpuPipeline final : public ModelPipeline {
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
   std::vector<StageInfo> stages() const override {
     std::vector<StageInfo> out;
-    for (const auto& s : stages_)
+    for (const auto& s : stages_) {
+      const size_t k = out.size();
       out.push_back({s->plan().label, s->layer_begin(), s->layer_end(), s->n_threads(),
                      s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes(),
-                     double(busy_ns_[out.size()].load(std::memory_order_relaxed)) * 1e-9});
+                     double(busy_ns_[k].load(std::memory_order_relaxed)) * 1e-9,
+                     k + 1 == stages_.size() ? "" : links_[k] ? links_[k]->describe() : "host memory"});
+    }
     return out;
   }
 
  private:
   void touch_pages(const LoadOptions& opt) const;
   void drive(size_t k);  // stage k's driver thread
-  void run_stage(size_t k, const Batch& b, float* x, float* logits);  // forward, timed
+  void connect_gpu_stages(const Plan& p, P2pMode mode);
+  void run_stage(size_t k, Piece& piece);  // forward, timed
+  void drop(size_t k, Piece& piece);       // a piece that goes no further gives back its link slot
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
   int n_batch_ = 0;
   std::vector<std::unique_ptr<ModelStage>> stages_;
+  std::vector<std::unique_ptr<GpuLink>> links_;  // links_[k]: stage k -> k + 1 (nullptr: host memory)
   std::unique_ptr<std::atomic<uint64_t>[]> busy_ns_;  // per stage: nanoseconds in forward
   std::function<void(int, const Batch&)> on_stage_;
 
@@ -104,6 +112,7 @@ class CpuPipeline final : public ModelPipeline {
 
 CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   check_options(opt);
+  const P2pMode p2p = p2p_from_env(parse_p2p(opt.p2p));
   if (opt.n_threads < 0) fail(ErrorKind::Usage, "thread count {} must be >= 0", opt.n_threads);
   if (opt.threads_per_stage < 0) fail(ErrorKind::Usage, "threads per stage {} must be >= 0", opt.threads_per_stage);
 
@@ -111,7 +120,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   const auto devices = parse_devices(opt.devices.empty() ? "cpu" : opt.devices, probe_devices(),
                                      /*allow_hypothetical=*/false);
   for (const auto& d : devices)
-    if (d.is_gpu() && !have_cuda_backend())
+    if (d.is_gpu() && !have_cuda_backend() && !cuda_emulated())
       fail(ErrorKind::Usage, "device '{}': this build of baton has no CUDA backend (rebuild with -DBATON_CUDA=ON, "
            "or use CPU devices, e.g. --devices cpu)", d.label);
 
@@ -153,7 +162,9 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
     if (d.is_gpu()) stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index));
     else stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
   }
+  connect_gpu_stages(p, p2p);
   on_stage_ = opt.on_stage;
+  busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
 
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
@@ -165,10 +176,10 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
                    s.device.c_str(), s.layer_begin, s.layer_end, format_bytes(s.planned_bytes).c_str(),
                    (unsigned long long)s.planned_bytes, format_bytes(s.measured_bytes).c_str(),
                    (unsigned long long)s.measured_bytes);
+      if (links_[k]) std::fprintf(stderr, "link %zu -> %zu: %s (self-test passed)\n", k, k + 1, s.link.c_str());
     }
   }
 
-  busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
   queue_.resize(stages_.size());
   for (size_t k = 0; k < stages_.size(); ++k) drivers_.emplace_back([this, k] { drive(k); });
 }
@@ -200,11 +211,45 @@ void CpuPipeline::touch_pages(const LoadOptions& opt) const {
   if (opt.progress) opt.progress(total, total);
 }
 
-void CpuPipeline::run_stage(size_t k, const Batch& b, float* x, float* logits) {
+// Consecutive GPU stages hand over on the device (peer-to-peer) or through pinned host memory
+// (runtime/link.h); each link checks itself before anything flows. Everything else (CPU stages,
+// GPU <-> CPU spill) goes through the pieces' host buffers.
+void CpuPipeline::connect_gpu_stages(const Plan& p, P2pMode mode) {
+  links_.resize(stages_.size());
+  const size_t slot_bytes = size_t(n_batch_) * size_t(cfg_.n_embd) * sizeof(float);
+  for (size_t k = 0; k + 1 < stages_.size(); ++k) {
+    const DeviceSpec& a = p.devices[p.stages[k].device];
+    const DeviceSpec& b = p.devices[p.stages[k + 1].device];
+    if (!a.is_gpu() || !b.is_gpu()) continue;
+    auto& from = static_cast<GpuStage&>(*stages_[k]);
+    auto& to = static_cast<GpuStage&>(*stages_[k + 1]);
+    links_[k] = std::make_unique<GpuLink>(choose_link(mode, a.index, b.index), from.context(), to.context(), slot_bytes);
+    links_[k]->self_test();
+  }
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    GpuLink* in = k > 0 ? links_[k - 1].get() : nullptr;
+    GpuLink* out = links_[k].get();
+    if (in || out) static_cast<GpuStage&>(*stages_[k]).connect(in, out);
+  }
+}
+
+void CpuPipeline::run_stage(size_t k, Piece& piece) {
   const auto t0 = std::chrono::steady_clock::now();
-  stages_[k]->forward(b, x, logits);
+  Handoff h;
+  h.in_slot = piece.slot;
+  piece.slot = -1;  // forward gives it back, whatever happens
+  stages_[k]->forward(piece.batch, piece.x.data(), piece.logits, h);
+  piece.slot = h.out_slot;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   busy_ns_[k].fetch_add(uint64_t(ns), std::memory_order_relaxed);
+}
+
+// piece is at stage k's door (its slot, if any, belongs to link k - 1) or just came out of stage k
+// (link k): whichever link holds its slot gets it back.
+void CpuPipeline::drop(size_t k, Piece& piece) {
+  if (piece.slot < 0) return;
+  links_[k]->release(piece.slot);
+  piece.slot = -1;
 }
 
 // Stage k's driver: take the oldest piece, run the stage on it, pass it on. A piece of a ticket
@@ -223,12 +268,15 @@ void CpuPipeline::drive(size_t k) {
       skip = tickets_.at(piece->ticket).error != nullptr;
     }
     std::exception_ptr error;
-    if (!skip) {
+    if (skip) {
+      if (piece->slot >= 0) drop(k - 1, *piece);
+    } else {
       try {
         if (on_stage_) on_stage_(int(k), piece->batch);
-        run_stage(k, piece->batch, piece->x.data(), piece->logits);
+        run_stage(k, *piece);
       } catch (...) {
         error = std::current_exception();
+        if (piece->slot >= 0) drop(k - 1, *piece);  // on_stage threw before the stage took it
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -237,8 +285,9 @@ void CpuPipeline::drive(size_t k) {
     if (!last && !t.error) {
       queue_[k + 1].push_back(std::move(piece));
       work_.notify_all();
-    } else if (--t.pieces_left == 0) {
-      done_.notify_all();
+    } else {
+      if (piece->slot >= 0) drop(k, *piece);  // its ticket failed meanwhile: the output goes nowhere
+      if (--t.pieces_left == 0) done_.notify_all();
     }
   }
 }
@@ -311,11 +360,20 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
     if (!idle) return wait(submit(b, logits));
     // Nothing in flight, so every driver is waiting on an empty queue: run the stages on this
     // thread and spare the hand-offs (one stream decoding token by token pays them per token).
-    for (const auto& piece : prepare(b, logits))
-      for (size_t k = 0; k < S; ++k) {
-        if (on_stage_) on_stage_(int(k), piece->batch);
-        run_stage(k, piece->batch, piece->x.data(), piece->logits);
+    for (const auto& piece : prepare(b, logits)) {
+      size_t k = 0;
+      try {
+        for (; k < S; ++k) {
+          if (on_stage_) on_stage_(int(k), piece->batch);
+          run_stage(k, *piece);
+        }
+      } catch (...) {
+        // run_stage leaves no slot taken when it throws; the hook may throw with the piece's
+        // input in link k - 1.
+        if (piece->slot >= 0) drop(k - 1, *piece);
+        throw;
       }
+    }
     return;
   }
 

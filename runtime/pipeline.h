@@ -28,6 +28,10 @@ struct LoadOptions {
   // Layer proportions per device entry (--tensor-split). Empty: several CPU entries (or ranks) get
   // equal work each (balanced_split), otherwise the planner fills devices in order.
   std::vector<double> tensor_split;
+  // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
+  // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
+  // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".
+  std::string p2p = "auto";
   bool verbose = false;
   // Progress while loading: bytes done of bytes total (called from the loading thread).
   std::function<void(uint64_t done, uint64_t total)> progress;
@@ -45,6 +49,7 @@ struct StageInfo {
   uint64_t planned_bytes = 0;
   uint64_t measured_bytes = 0;
   double busy_s = 0;  // time spent working on batches since load (a balanced pipeline keeps every stage busy)
+  std::string link;   // how its output reaches the next stage: "host memory", "cuda:0 -> cuda:1, peer-to-peer", … ("" for the last)
 };
 
 class Pipeline {

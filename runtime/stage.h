@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "gguf/error.h"
 #include "kernels/cpu/threadpool.h"
 #include "models/llama.h"
 #include "runtime/config.h"
@@ -26,6 +27,13 @@ struct StageOptions {
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
 };
 
+// Where a piece's hidden state is when it does not travel in host memory: a slot of the device link
+// into or out of a GPU stage (runtime/link.h); -1 for host memory.
+struct Handoff {
+  int in_slot = -1;   // the slot of the link into this stage that holds the input
+  int out_slot = -1;  // set by forward: the slot of the link out of this stage that holds the output
+};
+
 // What a pipeline drives: one stage on whatever device, host memory on both sides of forward().
 class ModelStage {
  public:
@@ -35,6 +43,11 @@ class ModelStage {
   // from the previous stage; updated in place by the stage's layers. When the stage holds the
   // head, batch.n_logits() rows of n_vocab floats go to `logits` (host) in batch order.
   virtual void forward(const Batch& batch, float* x, float* logits) = 0;
+  // The same, for a stage joined to its neighbours by device links (only GPU stages have them).
+  virtual void forward(const Batch& batch, float* x, float* logits, Handoff& h) {
+    BATON_CHECK(h.in_slot < 0);
+    forward(batch, x, logits);
+  }
   virtual const Stage& plan() const = 0;
   int layer_begin() const { return int(plan().layer_begin); }
   int layer_end() const { return int(plan().layer_end); }
@@ -52,6 +65,7 @@ class CpuStage : public ModelStage {
   // scratch and pool.
   CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt);
 
+  using ModelStage::forward;
   void forward(const Batch& batch, float* x, float* logits) override;
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return pool_->size(); }

@@ -108,6 +108,32 @@ else
   skip batch16-2stage "no 'baton batch' or no model"
 fi
 
+# 6. The same greedy tokens with 1, 2 and 3 stages, peer-to-peer and host-staged (issue 7): the peer
+# tiny model (in the tree's shared/ when present) and the 8B shape.
+same_tokens() {  # NAME MODEL: every split must print the 1-stage text
+  local name=$1 model=$2 ref out cfg ok=1 t0=$SECONDS
+  local args=(run -m "$model" --raw -p "Once upon a time" -n 32 --temp 0)
+  echo "== $name" >"$logs/$name.log"
+  ref=$(timeout 120 "$bin" "${args[@]}" --devices cuda:0 2>>"$logs/$name.log") || ok=0
+  echo "1 stage: $ref" >>"$logs/$name.log"
+  for cfg in "cuda:0,cuda:0 --p2p on" "cuda:0,cuda:0 --p2p off" "cuda:0,cuda:0,cuda:0 --p2p on" "cuda:0,cuda:0,cuda:0 --p2p off"; do
+    # shellcheck disable=SC2086
+    out=$(timeout 120 "$bin" "${args[@]}" --devices $cfg --verbose 2>>"$logs/$name.log") || ok=0
+    echo "$cfg: $out" >>"$logs/$name.log"
+    [[ $out == "$ref" ]] || ok=0
+  done
+  if [[ $ok == 1 && -n $ref ]]; then row "$name" ok $((SECONDS - t0)) "1/2/3 stages, p2p on/off: same text"
+  else row "$name" FAIL $((SECONDS - t0)) "texts differ or a run failed, see $name.log"; failed=1; fi
+}
+if has_cmd run --p2p; then
+  for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do
+    [[ -s $tiny ]] && { same_tokens same-tokens-tiny "$tiny"; break; }
+  done
+  [[ -s $models/llama3-8b-Q4_0.gguf ]] && same_tokens same-tokens-8b "$models/llama3-8b-Q4_0.gguf"
+else
+  skip same-tokens "no 'baton run --p2p' yet"
+fi
+
 # Short table last.
 {
   echo

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "helpers.h"
 #include "model_helpers.h"
@@ -29,14 +30,16 @@ namespace {
   return true;
 }();
 
-std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices) {
+std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, const std::string& p2p = "auto") {
   LoadOptions o;
   o.n_ctx = 128;
   o.n_seq = 2;
   o.n_batch = 64;
   o.n_threads = 2;
   o.devices = devices;
-  if (devices.find(',') != std::string::npos) o.tensor_split = {1, 1};
+  o.p2p = p2p;
+  const auto n_stages = std::count(devices.begin(), devices.end(), ',') + 1;
+  if (n_stages > 1) o.tensor_split.assign(size_t(n_stages), 1.0);
   return Pipeline::load(path, o);
 }
 
@@ -84,15 +87,23 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
     auto one = load(path, "cuda:0");
     const auto ref = run(*one);
     one.reset();
-    auto two = load(path, "cuda:0,cuda:0");
-    REQUIRE(two->stages().size() == 2);
-    const auto got = run(*two);
-    // The same kernels on the same rows: a split changes nothing but where the layers run.
-    double max_d = 0;
-    for (size_t i = 0; i < ref.size(); ++i) max_d = std::max(max_d, double(std::fabs(ref[i] - got[i])));
-    std::printf("%s: 1 vs 2 GPU stages max|d| %.3g\n", path.c_str(), max_d);
-    CHECK(max_d <= 1e-4);
-    two.reset();
+    // Both link kinds on one GPU (docs/GPU.md, "Links"), 2 and 3 stages.
+    for (const char* devices : {"cuda:0,cuda:0", "cuda:0,cuda:0,cuda:0"}) {
+      for (const char* p2p : {"on", "off"}) {
+        INFO(devices << " --p2p " << p2p);
+        auto split = load(path, devices, p2p);
+        const auto st = split->stages();
+        REQUIRE(st.size() == size_t(std::count(devices, devices + std::strlen(devices), ',') + 1));
+        for (size_t k = 0; k + 1 < st.size(); ++k)
+          CHECK(st[k].link == std::string("cuda:0 -> cuda:0, ") + (std::string(p2p) == "on" ? "peer-to-peer" : "host-staged"));
+        const auto got = run(*split);
+        // The same kernels on the same rows: a split changes nothing but where the layers run.
+        double max_d = 0;
+        for (size_t i = 0; i < ref.size(); ++i) max_d = std::max(max_d, double(std::fabs(ref[i] - got[i])));
+        std::printf("%s: 1 stage vs %s --p2p %s max|d| %.3g\n", path.c_str(), devices, p2p, max_d);
+        CHECK(max_d <= 1e-4);
+      }
+    }
 
     auto spill = load(path, "cuda:0,cpu");
     REQUIRE(spill->stages().size() == 2);

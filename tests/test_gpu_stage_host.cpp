@@ -21,6 +21,7 @@
 #include "gguf/gguf.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/gpu_stage.h"
+#include "runtime/link.h"
 #include "runtime/pipeline.h"
 #include "runtime/shape.h"
 #include "runtime/stage.h"
@@ -172,11 +173,65 @@ TEST_CASE("the emulation shows a device only with BATON_CUDA_EMULATE=1") {
   CHECK_NOTHROW(cuda::Context(0));
 }
 
-TEST_CASE("the pipeline still refuses cuda devices in this build, emulated or not") {
-  REQUIRE(cuda::device_count() == 1);
+namespace {
+
+// BATON_CUDA_EMULATE=2 (two emulated GPUs) and optionally no peer access, for one test.
+struct TwoGpus {
+  explicit TwoGpus(bool peer = true) {
+    setenv("BATON_CUDA_EMULATE", "2", 1);
+    if (!peer) setenv("BATON_CUDA_EMULATE_PEER", "0", 1);
+  }
+  ~TwoGpus() {
+    setenv("BATON_CUDA_EMULATE", "1", 1);
+    unsetenv("BATON_CUDA_EMULATE_PEER");
+    unsetenv("BATON_P2P");
+  }
+};
+
+LoadOptions gpu_options(const std::string& devices, const std::string& p2p = "auto") {
   LoadOptions o;
   o.n_ctx = 64;
-  o.devices = "cuda:0";
+  o.n_seq = 4;
+  o.n_batch = 16;  // prompts of 4 sequences cross the links in several pieces
+  o.n_threads = 2;
+  o.devices = devices;
+  o.p2p = p2p;
+  return o;
+}
+
+// Prompts of 4 sequences (31 tokens: two pieces of 16), submitted together with three decode
+// steps so that several pieces are in the links at once, then waited: every logits row.
+std::vector<float> run_links(Pipeline& p) {
+  const int V = p.n_vocab();
+  std::vector<Batch> batches(4);
+  for (int s = 0; s < 4; ++s)
+    for (int i = 0; i < 6 + s; ++i) batches[0].add((7 + 31 * s + 13 * i) % V, i, s, i == 5 + s || i % 4 == 0);
+  for (int step = 1; step < 4; ++step)
+    for (int s = 0; s < 4; ++s) batches[size_t(step)].add((5 + 17 * s + step) % V, 5 + s + step, s, true);
+  size_t rows = 0;
+  for (const Batch& b : batches) rows += size_t(b.n_logits());
+  std::vector<float> out(rows * size_t(V));
+  std::vector<uint64_t> tickets;
+  size_t at = 0;
+  for (const Batch& b : batches) {
+    tickets.push_back(p.submit(b, out.data() + at * size_t(V)));
+    at += size_t(b.n_logits());
+  }
+  for (uint64_t t : tickets) p.wait(t);
+  return out;
+}
+
+std::vector<std::string> links_of(const Pipeline& p) {
+  std::vector<std::string> out;
+  for (const StageInfo& s : p.stages()) out.push_back(s.link);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the pipeline runs emulated GPU stages only when the emulation shows GPUs") {
+  unsetenv("BATON_CUDA_EMULATE");
+  LoadOptions o = gpu_options("cuda:0");
   int kind = 0;
   try {
     Pipeline::load(test::tiny_gemma3_model(), o);
@@ -184,6 +239,121 @@ TEST_CASE("the pipeline still refuses cuda devices in this build, emulated or no
     kind = int(e.kind());
   }
   CHECK(kind == int(ErrorKind::Usage));
+  setenv("BATON_CUDA_EMULATE", "1", 1);
+  CHECK_NOTHROW(Pipeline::load(test::tiny_gemma3_model(), o));
+}
+
+TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with the one-stage logits") {
+  TwoGpus gpus;
+  for (const std::string& path : {tiny_llama(), test::tiny_gemma3_model()}) {
+    INFO(name_of(path));
+    auto one = Pipeline::load(path, gpu_options("cuda:0"));
+    const std::vector<float> ref = run_links(*one);
+    struct Case {
+      const char* devices;
+      const char* p2p;
+      std::vector<std::string> links;
+    };
+    const std::vector<Case> cases = {
+        {"cuda:0,cuda:0", "on", {"cuda:0 -> cuda:0, peer-to-peer", ""}},
+        {"cuda:0,cuda:0", "off", {"cuda:0 -> cuda:0, host-staged", ""}},
+        {"cuda:0,cuda:1", "auto", {"cuda:0 -> cuda:1, peer-to-peer", ""}},
+        {"cuda:0,cuda:1", "off", {"cuda:0 -> cuda:1, host-staged", ""}},
+        {"cuda:0,cuda:1,cuda:0", "auto", {"cuda:0 -> cuda:1, peer-to-peer", "cuda:1 -> cuda:0, peer-to-peer", ""}},
+        {"cuda:0,cuda:1,cpu", "auto", {"cuda:0 -> cuda:1, peer-to-peer", "host memory", ""}},
+        {"cpu,cuda:0,cuda:1", "off", {"host memory", "cuda:0 -> cuda:1, host-staged", ""}},
+    };
+    for (const Case& c : cases) {
+      INFO(c.devices << " --p2p " << c.p2p);
+      auto p = Pipeline::load(path, gpu_options(c.devices, c.p2p));
+      CHECK(links_of(*p) == c.links);
+      const std::vector<float> got = run_links(*p);
+      REQUIRE(got.size() == ref.size());
+      if (std::string(c.devices).find("cpu") == std::string::npos) {
+        // The same ops on the same rows, whichever way the rows travel.
+        CHECK(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+      } else {
+        test::check_peer_close(ref, got, p->n_vocab(), std::string(c.devices) + ": GPU and CPU stages vs one GPU stage");
+      }
+    }
+  }
+}
+
+TEST_CASE("without peer access --p2p auto stages through host memory, --p2p on is refused, BATON_P2P=0 means off") {
+  const std::string path = tiny_llama();
+  {
+    TwoGpus gpus(/*peer=*/false);
+    auto p = Pipeline::load(path, gpu_options("cuda:0,cuda:1"));
+    CHECK(links_of(*p) == std::vector<std::string>{"cuda:0 -> cuda:1, host-staged", ""});
+    // Two stages on one GPU can always copy on the device.
+    CHECK(links_of(*Pipeline::load(path, gpu_options("cuda:1,cuda:1")))[0] == "cuda:1 -> cuda:1, peer-to-peer");
+    try {
+      Pipeline::load(path, gpu_options("cuda:0,cuda:1", "on"));
+      FAIL("--p2p on loaded without peer access");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::Usage);
+      CHECK(std::string(e.what()).find("cuda:0 and cuda:1") != std::string::npos);
+    }
+  }
+  {
+    TwoGpus gpus;
+    setenv("BATON_P2P", "0", 1);
+    CHECK(links_of(*Pipeline::load(path, gpu_options("cuda:0,cuda:1")))[0] == "cuda:0 -> cuda:1, host-staged");
+    // An explicit --p2p on wins over the environment.
+    CHECK(links_of(*Pipeline::load(path, gpu_options("cuda:0,cuda:1", "on")))[0] == "cuda:0 -> cuda:1, peer-to-peer");
+  }
+  CHECK_THROWS_AS(Pipeline::load(path, gpu_options("cuda:0", "sometimes")), Error);
+}
+
+TEST_CASE("a link's self-test catches a path that corrupts the hidden state") {
+  TwoGpus gpus;
+  cuda::Context a(0), b(1);
+  for (LinkKind kind : {LinkKind::Peer, LinkKind::Staged}) {
+    GpuLink ok(kind, a, b, 4096);
+    CHECK_NOTHROW(ok.self_test());
+  }
+  GpuLink bad(LinkKind::Staged, a, b, 4096);
+  bad.tamper = [](void* slot, size_t bytes) { static_cast<uint8_t*>(slot)[bytes / 2] ^= 0x10; };
+  try {
+    bad.self_test();
+    FAIL("a corrupting link passed its self-test");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("cuda:0 -> cuda:1, host-staged failed its self-test: word 512 of 1024") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("pieces that fail between GPU stages give their link slots back") {
+  TwoGpus gpus;
+  const std::string path = tiny_llama();
+  for (int bad_stage : {1, 2}) {
+    INFO("failing stage " << bad_stage);
+    LoadOptions o = gpu_options("cuda:0,cuda:1,cuda:0");
+    o.on_stage = [bad_stage](int stage, const Batch& piece) {
+      if (stage == bad_stage && piece.seq[0] == 1) fail(ErrorKind::Model, "injected failure in stage {}", stage);
+    };
+    auto p = Pipeline::load(path, o);
+    const size_t V = size_t(p->n_vocab());
+    std::vector<float> l(V);
+    // Many more failures than a link has slots: a slot that is not given back would hang here.
+    for (int i = 0; i < 12; ++i) {
+      Batch b;
+      b.add(3 + i, 0, 1, true);
+      CHECK_THROWS_AS(p->decode(b, l.data()), Error);
+      p->truncate_seq(1, 0);
+      std::vector<uint64_t> t;
+      std::vector<float> many(3 * V);
+      for (int s : {0, 1, 2}) {
+        Batch c;
+        c.add(5 + i, 0, s, true);
+        t.push_back(p->submit(c, many.data() + size_t(s) * V));
+      }
+      p->wait(t[0]);
+      CHECK_THROWS_AS(p->wait(t[1]), Error);
+      p->wait(t[2]);
+      for (int s : {0, 1, 2}) p->truncate_seq(s, 0);
+    }
+  }
 }
 
 TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {

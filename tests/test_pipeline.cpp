@@ -242,6 +242,17 @@ TEST_CASE("a tensor split cuts the layers as asked, the logits stay the same, an
   for (const auto& s : b->stages()) CHECK(s.busy_s > 0);  // both worked, and their time was counted
 }
 
+TEST_CASE("a verbose load prints the plan and what each stage holds", "[pipeline]") {
+  // --verbose once dereferenced the per-stage timers before they existed (a crash at load).
+  LoadOptions o = options("cpu,cpu");
+  o.verbose = true;
+  auto p = Pipeline::load(test::peer("logits/tiny-q4_0.gguf"), o);
+  const auto st = p->stages();
+  REQUIRE(st.size() == 2);
+  CHECK(st[0].link == "host memory");
+  CHECK(st[1].link.empty());
+}
+
 TEST_CASE("a budget that is too small is refused before loading", "[pipeline]") {
   const std::string path = test::peer("logits/tiny-q4_0.gguf");
   try {

@@ -1,4 +1,5 @@
 // Context (device, stream, cuBLAS handle, scratch), device buffers and the error path.
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -76,6 +77,73 @@ void copy_to_host(Context& c, void* host, const void* src, size_t bytes) {
 }
 void copy_on_device(Context& c, void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(c.stream())));
+}
+
+// ---- between devices ----
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMallocHost(&p_, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    p_ = nullptr;
+    oom_error(cat("cannot pin ", bytes, " bytes of host memory (", cudaGetErrorString(e), ")"));
+  }
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+  o.p_ = nullptr;
+  o.n_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFreeHost(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+bool peer_possible(int a, int b) {
+  if (a == b) return true;
+  int ab = 0, ba = 0;
+  if (cudaDeviceCanAccessPeer(&ab, a, b) != cudaSuccess || cudaDeviceCanAccessPeer(&ba, b, a) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return ab && ba;
+}
+
+void enable_peer(int a, int b) {
+  if (a == b) return;
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  for (const auto& [from, to] : {std::pair<int, int>{a, b}, std::pair<int, int>{b, a}}) {
+    CUDA_CHECK(cudaSetDevice(from));
+    const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+    } else if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaSetDevice(current);
+      usage_error(cat("CUDA devices ", from, " and ", to, ": peer access refused (", cudaGetErrorString(e),
+                      "); use --p2p off to copy through host memory"));
+    }
+  }
+  CUDA_CHECK(cudaSetDevice(current));
+}
+
+void copy_peer(Context& src, void* dst, int dst_device, const void* src_ptr, size_t bytes) {
+  cudaStream_t s = static_cast<cudaStream_t>(src.stream());
+  if (dst_device == src.device()) CUDA_CHECK(cudaMemcpyAsync(dst, src_ptr, bytes, cudaMemcpyDeviceToDevice, s));
+  else CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src_ptr, src.device(), bytes, s));
 }
 
 // ---- Context ----

@@ -89,6 +89,39 @@ void copy_to_host(Context& c, void* host, const void* src, size_t bytes);
 void copy_on_device(Context& c, void* dst, const void* src, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
+// Between devices (the links of a pipeline, runtime/link.h)
+
+// Page-locked host memory (cudaMallocHost, RAII): copies to and from it are truly asynchronous
+// and run at the bus's full speed. Pinning is slow and limited: allocate once, at load.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Whether device a can read and write device b's memory directly and b a's (cudaDeviceCanAccessPeer
+// both ways). A device and itself: true.
+bool peer_possible(int a, int b);
+// Enables peer access a -> b and b -> a; already enabled is fine. Throws (naming both devices) when
+// the driver refuses.
+void enable_peer(int a, int b);
+// Stream-ordered copy on src's stream from src's device to `dst` on device dst_device
+// (cudaMemcpyPeerAsync; within one device a plain device-to-device copy). Peer access between the
+// two devices must be enabled.
+void copy_peer(Context& src, void* dst, int dst_device, const void* src_ptr, size_t bytes);
+
+// ---------------------------------------------------------------------------------------------
 // Weights and matrix products
 
 // A weight matrix on the device in the packed layout (layout.h): rows × cols, row_stride bytes

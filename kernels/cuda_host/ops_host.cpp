@@ -2,9 +2,9 @@
 // is host memory, the stream is the calling thread (every op has finished when it returns), and
 // the ops compute with their CPU twins or with a scalar version of what the kernel computes. It
 // lets runtime/gpu_stage.cpp run, and be tested, on machines without a GPU
-// (tests/test_gpu_stage_host.cpp). device_count() is 0 unless BATON_CUDA_EMULATE=1, so nothing
-// but a test that asks for it ever sees a GPU; the pipeline still refuses cuda devices in this
-// build (have_cuda_backend() is false).
+// (tests/test_gpu_stage_host.cpp). device_count() is 0 unless BATON_CUDA_EMULATE=N, so nothing
+// but a test that asks for it ever sees a GPU; with it, the pipeline builds GPU stages and links on
+// the emulation (runtime/devices.h, cuda_emulated()).
 //
 // The emulation keeps the kernels' contract, not just their arithmetic: the same input checks
 // (weight types and strides, head sizes, KV types), new allocations filled with 0xFF bytes (NaN
@@ -136,9 +136,11 @@ void attend(const AttentionArgs& a, int t, int pos, int seq, int first, int row0
 
 }  // namespace
 
+// BATON_CUDA_EMULATE=N (1..8) shows N emulated devices. Distinct devices can access each other's
+// memory unless BATON_CUDA_EMULATE_PEER=0 (a machine whose GPUs cannot peer: the host-staged link).
 int device_count() {
   const char* e = std::getenv("BATON_CUDA_EMULATE");
-  return e && std::string(e) == "1" ? 1 : 0;
+  return e && e[0] >= '1' && e[0] <= '8' && e[1] == 0 ? e[0] - '0' : 0;
 }
 
 // ---- DeviceBuffer ----
@@ -183,6 +185,52 @@ DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int6
 void copy_to_device(Context&, void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
 void copy_to_host(Context&, void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
 void copy_on_device(Context&, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// ---- between devices ----
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+  p_ = poisoned_alloc(bytes);
+  if (!p_) oom_error(fmt::format("cannot pin {} bytes of host memory (host emulation)", bytes));
+}
+PinnedBuffer::~PinnedBuffer() { std::free(p_); }
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+  o.p_ = nullptr;
+  o.n_ = 0;
+}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+
+namespace {
+void check_device(int d) {
+  if (d < 0 || d >= device_count()) usage_error(fmt::format("CUDA device {} does not exist ({} visible)", d, device_count()));
+}
+}  // namespace
+
+bool peer_possible(int a, int b) {
+  if (a == b) return true;
+  if (a < 0 || b < 0 || a >= device_count() || b >= device_count()) return false;
+  const char* e = std::getenv("BATON_CUDA_EMULATE_PEER");
+  return !(e && std::string(e) == "0");
+}
+
+void enable_peer(int a, int b) {
+  check_device(a);
+  check_device(b);
+  if (!peer_possible(a, b))
+    usage_error(fmt::format("CUDA devices {} and {}: peer access refused (host emulation without peer access); "
+                            "use --p2p off to copy through host memory", a, b));
+}
+
+void copy_peer(Context& src, void* dst, int dst_device, const void* src_ptr, size_t bytes) {
+  check_device(dst_device);
+  if (!peer_possible(src.device(), dst_device))
+    input_error(fmt::format("CUDA copy from device {} to {}: peer access is not possible", src.device(), dst_device));
+  std::memcpy(dst, src_ptr, bytes);
+}
 
 // ---- Context ----
 
