@@ -82,13 +82,13 @@ struct GpuStage::Impl {
     owned.back().upload(host, n * sizeof(float));
     return d;
   }
-  cuda::Weight upload_matrix(const cpu::QMatrix& m, const char* what, uint64_t& done,
+  cuda::Weight upload_matrix(cuda::WeightUploader& up, const cpu::QMatrix& m, const char* what, uint64_t& done,
                              const std::function<void(uint64_t)>& progress) {
     if (!cuda::cuda_supports(m.type))
       fail(ErrorKind::Usage, "{}: tensor type {} is not supported by the CUDA backend (device {})", what,
            type_name(m.type), ctx.device());
     cuda::Weight w;
-    owned.push_back(cuda::upload_weight(m.type, m.data, m.rows, m.cols, w));
+    owned.push_back(up.upload(m.type, m.data, m.rows, m.cols, w));
     bytes += owned.back().size();
     done += m.row_bytes * uint64_t(m.rows);
     if (progress) progress(done);
@@ -184,21 +184,23 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
   g.v_row = row_bytes(opt.kv_type, cfg.n_embd_v());
 
-  // Weights: host views of the block (no CPU packing), uploaded in the device layout.
+  // Weights: host views of the block (no CPU packing), packed into the device layout through two
+  // pinned staging buffers (packing one while the other is copied).
   const ModelWeights w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output);
   uint64_t done = 0;
+  cuda::WeightUploader up(g.ctx);
   g.layers.resize(size_t(cfg.n_layer));
   for (int l = g.begin; l < g.end; ++l) {
     const LayerWeights& H = w.layers[size_t(l)];
     GpuLayer& L = g.layers[size_t(l)];
     const std::string name = "layer " + std::to_string(l);
-    L.wq = g.upload_matrix(H.wq, name.c_str(), done, progress);
-    L.wk = g.upload_matrix(H.wk, name.c_str(), done, progress);
-    L.wv = g.upload_matrix(H.wv, name.c_str(), done, progress);
-    L.wo = g.upload_matrix(H.wo, name.c_str(), done, progress);
-    L.gate = g.upload_matrix(H.gate, name.c_str(), done, progress);
-    L.up = g.upload_matrix(H.up, name.c_str(), done, progress);
-    L.down = g.upload_matrix(H.down, name.c_str(), done, progress);
+    L.wq = g.upload_matrix(up, H.wq, name.c_str(), done, progress);
+    L.wk = g.upload_matrix(up, H.wk, name.c_str(), done, progress);
+    L.wv = g.upload_matrix(up, H.wv, name.c_str(), done, progress);
+    L.wo = g.upload_matrix(up, H.wo, name.c_str(), done, progress);
+    L.gate = g.upload_matrix(up, H.gate, name.c_str(), done, progress);
+    L.up = g.upload_matrix(up, H.up, name.c_str(), done, progress);
+    L.down = g.upload_matrix(up, H.down, name.c_str(), done, progress);
     const size_t E = size_t(cfg.n_embd), hd = size_t(cfg.head_dim_k);
     L.attn_norm = g.upload_floats(H.attn_norm, E);
     L.ffn_norm = g.upload_floats(H.ffn_norm, E);
@@ -212,12 +214,14 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     const std::vector<float>& fr = cfg.freqs(l);
     if (!g.freqs.count(fr.data())) g.freqs[fr.data()] = g.upload_floats(fr.data(), fr.size());
   }
-  if (plan.has_embedding) g.tok_embd = g.upload_matrix(w.tok_embd, "token_embd", done, progress);
+  if (plan.has_embedding) g.tok_embd = g.upload_matrix(up, w.tok_embd, "token_embd", done, progress);
   if (plan.has_output) {
     const bool shared = cfg.tied_output && plan.has_embedding;  // one copy serves both
-    g.output = shared ? g.tok_embd : g.upload_matrix(w.output, "output", done, progress);
+    g.output = shared ? g.tok_embd : g.upload_matrix(up, w.output, "output", done, progress);
     g.output_norm = g.upload_floats(w.output_norm, size_t(cfg.n_embd));
   }
+
+  up.finish();
 
   // KV cache: the cells of each layer as the CPU cache has them (rings for sliding-window layers),
   // position-major on the device (kernels/cuda/ops.h).

@@ -85,7 +85,7 @@ class CpuPipeline final : public ModelPipeline {
   }
 
  private:
-  void touch_pages(const LoadOptions& opt) const;
+  void touch_pages(const LoadOptions& opt, uint64_t bar_total) const;  // reports bytes read of bar_total
   void drive(size_t k);  // stage k's driver thread
   void connect_gpu_stages(const Plan& p, P2pMode mode);
   void run_stage(size_t k, Piece& piece);  // forward, timed
@@ -150,7 +150,12 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   const int total = opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const int per_stage = opt.threads_per_stage > 0 ? opt.threads_per_stage : std::max(1, total / std::max(1, n_cpu_stages));
 
-  touch_pages(opt);
+  // Progress in one bar: the file's pages read, then the GPU stages' weights uploaded.
+  uint64_t gpu_bytes = 0;
+  for (const Stage& st : p.stages) gpu_bytes += p.devices[st.device].is_gpu() ? st.weight_bytes() : 0;
+  const uint64_t file_bytes = file_->file_size() - file_->data_offset(), all_bytes = file_bytes + gpu_bytes;
+  touch_pages(opt, all_bytes);
+  uint64_t uploaded = 0;  // by the GPU stages before this one
   StageOptions so;
   so.n_seq = opt.n_seq;
   so.n_ctx = n_ctx_;
@@ -159,10 +164,18 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_threads = per_stage;
   for (const Stage& st : p.stages) {
     const DeviceSpec& d = p.devices[st.device];
-    if (d.is_gpu()) stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index));
-    else stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+    if (d.is_gpu()) {
+      std::function<void(uint64_t)> progress;
+      if (opt.progress)
+        progress = [&](uint64_t done) { opt.progress(std::min(all_bytes, file_bytes + uploaded + done), all_bytes); };
+      stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index, progress));
+      uploaded += st.weight_bytes();
+    } else {
+      stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+    }
   }
   connect_gpu_stages(p, p2p);
+  if (opt.progress && gpu_bytes) opt.progress(all_bytes, all_bytes);
   on_stage_ = opt.on_stage;
   busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
 
@@ -194,8 +207,8 @@ CpuPipeline::~CpuPipeline() {
 }
 
 // Reads one byte per page of tensor data so the first forward does not pay the page faults,
-// reporting progress in bytes.
-void CpuPipeline::touch_pages(const LoadOptions& opt) const {
+// reporting progress in bytes (of bar_total: the file, plus what GPU stages upload afterwards).
+void CpuPipeline::touch_pages(const LoadOptions& opt, uint64_t bar_total) const {
   const uint64_t begin = file_->data_offset(), total = file_->file_size() - begin;
   const uint8_t* base = file_->base() + begin;
   const uint64_t step = 4096, report_every = uint64_t(32) << 20;
@@ -204,11 +217,11 @@ void CpuPipeline::touch_pages(const LoadOptions& opt) const {
   for (uint64_t off = 0; off < total; off += step) {
     sink = sink + base[off];
     if (opt.progress && off >= next_report) {
-      opt.progress(off, total);
+      opt.progress(off, bar_total);
       next_report = off + report_every;
     }
   }
-  if (opt.progress) opt.progress(total, total);
+  if (opt.progress) opt.progress(total, bar_total);
 }
 
 // Consecutive GPU stages hand over on the device (peer-to-peer) or through pinned host memory

@@ -228,6 +228,28 @@ TEST_CASE("matmul: GEMV and GEMM paths for every weight type and awkward shapes"
   }
 }
 
+TEST_CASE("weights uploaded through small pinned staging buffers equal upload_weight's") {
+  std::mt19937 rng(8);
+  for (GgmlType t : kTypes) {
+    const int64_t rows = 301, cols = 512;
+    const auto w = random_weights(t, rows, cols, rng);
+    cu::Weight A, B, C;
+    cu::DeviceBuffer a = cu::upload_weight(t, w.data(), rows, cols, A);
+    std::vector<cu::DeviceBuffer> keep;
+    {
+      // 7 rows per slab: 43 slabs alternating between the two buffers, and a second matrix after.
+      cu::WeightUploader up(ctx(), 7 * cu::packed_row_bytes(t, cols));
+      keep.push_back(up.upload(t, w.data(), rows, cols, B));
+      keep.push_back(up.upload(t, w.data(), 5, cols, C));
+      up.finish();
+    }
+    REQUIRE(B.row_stride == A.row_stride);
+    const size_t bytes = A.row_stride * size_t(rows);
+    CHECK(to_host<uint8_t>(a, bytes) == to_host<uint8_t>(keep[0], bytes));
+    CHECK(to_host<uint8_t>(a, A.row_stride * 5) == to_host<uint8_t>(keep[1], A.row_stride * 5));
+  }
+}
+
 TEST_CASE("dequantize to FP16 and embedding rows match the scalar dequantizer") {
   std::mt19937 rng(4);
   for (GgmlType t : kTypes) {

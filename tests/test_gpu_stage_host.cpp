@@ -305,6 +305,34 @@ TEST_CASE("without peer access --p2p auto stages through host memory, --p2p on i
   CHECK_THROWS_AS(Pipeline::load(path, gpu_options("cuda:0", "sometimes")), Error);
 }
 
+TEST_CASE("loading GPU stages reports the file read, then their weights uploaded, in one bar") {
+  TwoGpus gpus;
+  const std::string path = tiny_llama();
+  for (const char* devices : {"cpu", "cuda:0,cuda:1"}) {
+    INFO(devices);
+    LoadOptions o = gpu_options(devices);
+    std::vector<std::pair<uint64_t, uint64_t>> calls;
+    o.progress = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+    auto p = Pipeline::load(path, o);
+    REQUIRE(calls.size() >= 2);
+    const uint64_t total = calls.front().second, file = p->file().file_size() - p->file().data_offset();
+    bool monotonic = true;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      monotonic &= calls[i].second == total && calls[i].first <= total && (i == 0 || calls[i].first >= calls[i - 1].first);
+    }
+    CHECK(monotonic);
+    CHECK(calls.back().first == total);
+    if (std::string(devices) == "cpu") {
+      CHECK(total == file);
+    } else {
+      CHECK(total > file);  // the uploads come after the file's pages
+      size_t during_upload = 0;
+      for (const auto& c : calls) during_upload += c.first > file && c.first < total;
+      CHECK(during_upload >= 10);  // a report per matrix
+    }
+  }
+}
+
 TEST_CASE("a link's self-test catches a path that corrupts the hidden state") {
   TwoGpus gpus;
   cuda::Context a(0), b(1);

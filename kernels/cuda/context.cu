@@ -1,4 +1,5 @@
 // Context (device, stream, cuBLAS handle, scratch), device buffers and the error path.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,52 @@ DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int6
   out = Weight{t, buf.get(), rows, cols, stride};
   return buf;
 }
+
+struct WeightUploader::Impl {
+  Context& c;
+  PinnedBuffer buf[2];
+  cudaEvent_t done[2] = {nullptr, nullptr};  // recorded after the last copy out of buf[i]
+  int next = 0;
+  Impl(Context& ctx, size_t bytes) : c(ctx) {
+    for (int i = 0; i < 2; ++i) {
+      buf[i] = PinnedBuffer(bytes);
+      CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+    }
+  }
+  ~Impl() {
+    for (cudaEvent_t e : done)
+      if (e) cudaEventDestroy(e);
+  }
+};
+
+WeightUploader::WeightUploader(Context& c, size_t staging_bytes) : impl_(new Impl(c, staging_bytes)) {}
+WeightUploader::~WeightUploader() {
+  cudaStreamSynchronize(static_cast<cudaStream_t>(impl_->c.stream()));  // no copy may outlive its buffer
+  delete impl_;
+}
+
+DeviceBuffer WeightUploader::upload(GgmlType t, const void* host_rows, int64_t rows, int64_t cols, Weight& out) {
+  Impl& u = *impl_;
+  const size_t stride = packed_row_bytes(t, cols), in_stride = row_bytes(t, cols);
+  const int64_t slab = std::max<int64_t>(1, int64_t(u.buf[0].size() / stride));
+  CUDA_ASSERT(stride <= u.buf[0].size());
+  DeviceBuffer dev(stride * size_t(rows));
+  cudaStream_t s = static_cast<cudaStream_t>(u.c.stream());
+  for (int64_t r0 = 0; r0 < rows; r0 += slab) {
+    const int64_t n = std::min(slab, rows - r0);
+    const int i = u.next;
+    u.next ^= 1;
+    CUDA_CHECK(cudaEventSynchronize(u.done[i]));  // buf[i]'s previous copy has left
+    pack_rows(t, static_cast<const uint8_t*>(host_rows) + size_t(r0) * in_stride, u.buf[i].get(), n, cols);
+    CUDA_CHECK(cudaMemcpyAsync(dev.as<uint8_t>() + size_t(r0) * stride, u.buf[i].get(), stride * size_t(n),
+                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaEventRecord(u.done[i], s));
+  }
+  out = Weight{t, dev.get(), rows, cols, stride};
+  return dev;
+}
+
+void WeightUploader::finish() { impl_->c.synchronize(); }
 
 void copy_to_device(Context& c, void* dst, const void* host, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(c.stream())));

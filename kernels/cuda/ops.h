@@ -137,6 +137,25 @@ struct Weight {
 // tests and simple loaders; the stage loader streams rows through pinned memory instead).
 DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int64_t cols, Weight& out);
 
+// Streams weights to the device through two pinned staging buffers on c's stream: the rows of
+// one matrix are packed (layout.h) into one buffer while the other buffer's copy runs, so the host
+// packing overlaps the bus. A matrix larger than a buffer goes in row slabs. Each upload returns
+// the new device buffer at once; finish() waits for every copy (the staging buffers are reused
+// only after their last copy is done, by event).
+class WeightUploader {
+ public:
+  explicit WeightUploader(Context& c, size_t staging_bytes = size_t(32) << 20);
+  ~WeightUploader();
+  WeightUploader(const WeightUploader&) = delete;
+  WeightUploader& operator=(const WeightUploader&) = delete;
+  DeviceBuffer upload(GgmlType t, const void* host_rows, int64_t rows, int64_t cols, Weight& out);
+  void finish();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
 // The activation format of the integer paths: per column, `cols` int8 quants (16-byte aligned
 // runs) and per 32 values a (d, d * sum of quants) float pair, d = max|x| / 127.
 size_t q8_act_bytes(int64_t cols, int n);

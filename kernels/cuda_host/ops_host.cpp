@@ -186,6 +186,21 @@ void copy_to_device(Context&, void* dst, const void* host, size_t bytes) { std::
 void copy_to_host(Context&, void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
 void copy_on_device(Context&, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
+// ---- weights through staging buffers (here: packed straight into the new buffer) ----
+
+struct WeightUploader::Impl {
+  size_t staging = 0;
+};
+WeightUploader::WeightUploader(Context&, size_t staging_bytes) : impl_(new Impl{staging_bytes}) {}
+WeightUploader::~WeightUploader() { delete impl_; }
+DeviceBuffer WeightUploader::upload(GgmlType t, const void* host_rows, int64_t rows, int64_t cols, Weight& out) {
+  if (packed_row_bytes(t, cols) > impl_->staging)
+    input_error(fmt::format("CUDA upload: a row of {} bytes does not fit the {}-byte staging buffer",
+                            packed_row_bytes(t, cols), impl_->staging));
+  return upload_weight(t, host_rows, rows, cols, out);
+}
+void WeightUploader::finish() {}
+
 // ---- between devices ----
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
