@@ -27,7 +27,8 @@ int run_devices(bool json, bool links) {
     j["links"] = nlohmann::json::array();
     for (const auto& l : pairs)
       j["links"].push_back({{"from", l.from}, {"to", l.to}, {"peer_access", l.peer_access}, {"p2p_gb_per_s", l.p2p_gbs},
-                            {"host_staged_gb_per_s", l.staged_gbs}, {"error", l.error}});
+                            {"host_staged_gb_per_s", l.staged_gbs}, {"p2p_latency_us", l.p2p_us},
+                            {"host_staged_latency_us", l.staged_us}, {"error", l.error}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

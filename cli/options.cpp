@@ -38,6 +38,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
                  "off (through host memory; also BATON_P2P=0)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_flag("--no-cuda-graphs", f.no_cuda_graphs,
+               "GPU stages: launch every op every step instead of replaying decode steps captured in CUDA graphs");
   app.add_option("--tensor-split", f.tensor_split,
                  "layer proportions per device entry, e.g. 3,1 (default: fill devices in order; several CPU "
                  "entries or ranks: equal work per stage)");
@@ -103,6 +105,7 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
   lo.threads_per_stage = f.threads_per_stage;
   lo.tensor_split = parse_tensor_split(f.tensor_split);
   lo.p2p = f.p2p;
+  lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;
   const bool bar = stderr_is_tty();
   if (bar) {

@@ -27,6 +27,7 @@ struct ModelFlags {
   std::string kv_type = "f16";
   std::string tensor_split;  // --tensor-split 3,1: layer proportions per stage ("" = the default cut)
   std::string p2p = "auto";  // --p2p: how consecutive GPU stages hand over (auto, on, off)
+  bool no_cuda_graphs = false;
   bool verbose = false;
   bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
 };

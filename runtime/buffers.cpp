@@ -75,4 +75,8 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   return (std::max({gemm, gemv, attention}) + mib - 1) / mib * mib;
 }
 
+uint64_t gpu_link_bytes(const ModelShape& s, uint32_t n_batch) {
+  return uint64_t(kGpuLinkSlots) * n_batch * s.n_embd * sizeof(float);
+}
+
 }  // namespace baton

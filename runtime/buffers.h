@@ -74,4 +74,10 @@ inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_
 constexpr uint64_t kPlanMaxSms = 256;
 uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage);
 
+// The slots a peer-to-peer link (runtime/link.h) keeps on the receiving GPU: kGpuLinkSlots pieces of
+// n_batch hidden states. The planner charges them to every GPU stage that does not start at layer 0
+// (its input may come from a GPU stage); a host-staged link pins host memory instead.
+constexpr int kGpuLinkSlots = 4;
+uint64_t gpu_link_bytes(const ModelShape& s, uint32_t n_batch);
+
 }  // namespace baton

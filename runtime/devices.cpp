@@ -98,7 +98,7 @@ std::vector<DeviceLink> probe_links(size_t bytes) {
   std::vector<DeviceLink> out;
 #if defined(BATON_HAVE_CUDA)
   for (const auto& l : cuda::measure_links(bytes))
-    out.push_back({l.from, l.to, l.peer_access, l.p2p_gbs, l.staged_gbs, l.error});
+    out.push_back({l.from, l.to, l.peer_access, l.p2p_gbs, l.staged_gbs, l.p2p_us, l.staged_us, l.error});
 #else
   (void)bytes;
 #endif
@@ -124,15 +124,16 @@ std::string format_devices(const std::vector<ProbedDevice>& devices, const std::
   if (!cuda_backend) out += "no CUDA devices: this build has no CUDA backend (build with -DBATON_CUDA=ON)\n";
   else if (gpus == 0) out += "no CUDA devices: none visible (no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)\n";
   if (!links.empty()) {
-    out += fmt::format("\n{:<16} {:>11} {:>14} {:>16}\n", "copy", "peer access", "P2P GB/s", "host-staged GB/s");
+    // The link a pipeline builds between stages on these GPUs with --p2p auto, and both paths.
+    out += fmt::format("\n{:<16} {:<13} {:>9} {:>8} {:>17} {:>15}\n", "stage link", "--p2p auto", "P2P GB/s",
+                       "P2P us", "host-staged GB/s", "host-staged us");
     for (const auto& l : links) {
-      const std::string p2p = l.peer_access ? fmt::format("{:.1f}", l.p2p_gbs) : "-";
-      out += fmt::format("{:<16} {:>11} {:>14} {:>16.1f}{}\n", fmt::format("cuda:{} -> cuda:{}", l.from, l.to),
-                         l.peer_access ? "yes" : "no", p2p, l.staged_gbs,
+      const std::string gbs = l.peer_access ? fmt::format("{:.1f}", l.p2p_gbs) : "-";
+      const std::string us = l.peer_access ? fmt::format("{:.1f}", l.p2p_us) : "-";
+      out += fmt::format("{:<16} {:<13} {:>9} {:>8} {:>17.1f} {:>15.1f}{}\n", fmt::format("cuda:{} -> cuda:{}", l.from, l.to),
+                         l.peer_access ? "peer-to-peer" : "host-staged", gbs, us, l.staged_gbs, l.staged_us,
                          l.error.empty() ? "" : "  (" + l.error + ")");
     }
-  } else if (gpus == 1) {
-    out += "one GPU: no GPU pairs to measure copies between\n";
   }
   return out;
 }

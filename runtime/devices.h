@@ -45,10 +45,11 @@ struct DeviceLink {
   bool peer_access = false;
   double p2p_gbs = 0;
   double staged_gbs = 0;
+  double p2p_us = 0, staged_us = 0;  // latency of a 16 KiB copy
   std::string error;
 };
-// Every ordered pair of visible GPUs, measured now (copies of `bytes`); empty without CUDA or
-// with fewer than two GPUs.
+// Every ordered pair of visible GPUs, each GPU with itself included (two stages on one GPU),
+// measured now (copies of `bytes`); empty without CUDA or GPUs.
 std::vector<DeviceLink> probe_links(size_t bytes = size_t(64) << 20);
 
 // The `baton devices` listing: one line per device (total / free memory, compute capability),

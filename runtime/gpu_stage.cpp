@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "gguf/error.h"
@@ -28,6 +29,17 @@ namespace baton {
 #if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
 
 using GpuLayer = LayerT<cuda::Weight>;  // a layer's weights on the device
+
+// What a captured step depends on besides device memory: its shape.
+struct GraphKey {
+  int n = 0;
+  std::vector<uint8_t> logits;
+  std::vector<int> commit_n;
+  bool operator<(const GraphKey& o) const {
+    return std::tie(n, logits, commit_n) < std::tie(o.n, o.logits, o.commit_n);
+  }
+};
+constexpr size_t kMaxGraphs = 64;
 
 struct GpuStage::Impl {
   const ModelConfig& c;
@@ -64,6 +76,12 @@ struct GpuStage::Impl {
   };
   std::map<int, Commit> commits;  // by n_cells
 
+  // Captured steps by shape (GpuStage::forward): token count, LogitsMode per token, commit counts.
+  bool use_graphs = true;
+  int n_ctx = 0;
+  std::map<GraphKey, cuda::Graph> graphs;
+  GpuStage::GraphStats graph_stats;
+
   GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
   GpuLink* out = nullptr;  // device link to the next stage
 
@@ -99,10 +117,13 @@ struct GpuStage::Impl {
 namespace {
 
 // The CUDA backend of llama_layers / llama_head: device buffers of the stage, its stream.
+// Everything a step's ops take from the host is in here by value, so the same object records a
+// graph that stays valid for later steps of the same shape (GraphKey).
 struct CudaLayers {
   GpuStage::Impl& g;
-  const Batch& batch;
-  int max_len;  // an upper bound of pos + 1 over the batch
+  std::vector<uint8_t> logits;  // the batch's LogitsMode per token
+  std::vector<int> commit_n;    // tokens each layer's commit writes, per entry of g.commits (in map order)
+  int max_len;                  // an upper bound of pos + 1 over the batch (n_ctx in a graph)
   float *x = g.x, *xb = g.xb, *xb2 = g.xb2, *q = g.q, *k = g.k, *v = g.v, *hb = g.hb, *hb2 = g.hb2;
 
   const GpuLayer& layer(int l) const { return g.layers[size_t(l)]; }
@@ -148,15 +169,16 @@ struct CudaLayers {
                                                                 g.k_new, g.v_new);
     a.kv = g.kv[size_t(l - g.begin)];
     cuda::attention(g.ctx, a, max_len);
-    const GpuStage::Impl::Commit& cm = g.commits.at(a.kv.n_cells);
-    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, cm.row, cm.seq, cm.pos, cm.n);
+    const auto it = g.commits.find(a.kv.n_cells);
+    const int n_commit = commit_n[size_t(std::distance(g.commits.begin(), it))];
+    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, it->second.row, it->second.seq, it->second.pos, n_commit);
   }
 
   int gather_logit_rows() {
     const size_t E = size_t(g.c.n_embd);
     int m = 0;
-    for (int t = 0; t < batch.size(); ++t)
-      if (batch.logits[size_t(t)]) cuda::copy_on_device(g.ctx, xb + size_t(m++) * E, x + size_t(t) * E, E * sizeof(float));
+    for (size_t t = 0; t < logits.size(); ++t)
+      if (logits[t]) cuda::copy_on_device(g.ctx, xb + size_t(m++) * E, x + t * E, E * sizeof(float));
     return m;
   }
 };
@@ -181,6 +203,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.n_batch = opt.n_batch;
   g.n_seq = opt.n_seq;
   g.kv_type = opt.kv_type;
+  g.use_graphs = opt.cuda_graphs;
+  g.n_ctx = opt.n_ctx;
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
   g.v_row = row_bytes(opt.kv_type, cfg.n_embd_v());
 
@@ -361,21 +385,48 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   }
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
-  if (plan_.has_embedding) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, c.embd_scale);
-  else if (in_guard.slot >= 0) g.in->receive(in_guard.slot, g.x, xbytes);
-  else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
+  if (!plan_.has_embedding) {
+    if (in_guard.slot >= 0) g.in->receive(in_guard.slot, g.x, xbytes);
+    else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
+  }
+  const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
+  // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
+  // not copy vocabulary rows to the host); full rows only when some token asks for them.
+  bool any_row = false, any_argmax = false;
+  for (uint8_t mode : batch.logits) any_row |= mode == kLogitsRow, any_argmax |= mode == kArgmaxOnly;
 
-  CudaLayers b{g, batch, max_len};
-  llama_layers(c, b, n, g.begin, g.end);
+  // The step's ops: embedding lookup, the family's layers, the head and the argmax. Steps of at
+  // most gemv_max_cols tokens (decode: no cuBLAS) are captured once per shape and replayed; the
+  // attention then takes n_ctx as its bound, so one graph serves every position.
+  const bool graph = g.use_graphs && n <= g.ctx.gemv_max_cols;
+  CudaLayers b{g, batch.logits, {}, graph ? g.n_ctx : max_len};
+  for (const auto& [n_cells, cm] : g.commits) b.commit_n.push_back(cm.n);
+  const bool embed = plan_.has_embedding, head = plan_.has_output;
+  auto record = [&g, b, n, embed, head, any_argmax, m]() mutable {
+    const ModelConfig& cfg = g.c;
+    if (embed) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, cfg.embd_scale);
+    llama_layers(cfg, b, n, g.begin, g.end);
+    if (head) {
+      llama_head(cfg, b, g.logits);
+      if (any_argmax) cuda::argmax(g.ctx, g.logits, cfg.n_vocab, int(m), g.ids);
+    }
+  };
+  if (graph) {
+    GraphKey key{n, b.logits, b.commit_n};
+    auto it = g.graphs.find(key);
+    if (it == g.graphs.end()) {
+      if (g.graphs.size() >= kMaxGraphs) g.graphs.clear();  // shapes keep changing: start over
+      it = g.graphs.emplace(std::move(key), cuda::capture(g.ctx, std::function<void()>(record))).first;
+      ++g.graph_stats.captured;
+    }
+    cuda::launch(g.ctx, it->second);
+    ++g.graph_stats.launched;
+  } else {
+    record();
+  }
+
   if (plan_.has_output) {
-    llama_head(c, b, g.logits);
-    const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
-    // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
-    // not copy vocabulary rows to the host); full rows only when some token asks for them.
-    bool any_row = false, any_argmax = false;
-    for (uint8_t mode : batch.logits) any_row |= mode == kLogitsRow, any_argmax |= mode == kArgmaxOnly;
     if (any_argmax) {
-      cuda::argmax(g.ctx, g.logits, int(V), int(m), g.ids);
       g.h_ids.resize(m);
       cuda::copy_to_host(g.ctx, g.h_ids.data(), g.ids, m * sizeof(int32_t));
     }
@@ -398,6 +449,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
 }
 
 uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }
+GpuStage::GraphStats GpuStage::graph_stats() const { return impl_->graph_stats; }
 
 #else  // no CUDA in this build, and no emulation
 
@@ -414,6 +466,7 @@ void GpuStage::forward(const Batch&, float*, float*) { BATON_CHECK(false); }
 void GpuStage::forward(const Batch&, float*, float*, Handoff&) { BATON_CHECK(false); }
 void GpuStage::connect(GpuLink*, GpuLink*) { BATON_CHECK(false); }
 cuda::Context& GpuStage::context() { BATON_CHECK(false); std::abort(); }
+GpuStage::GraphStats GpuStage::graph_stats() const { return {}; }
 uint64_t GpuStage::measured_bytes() const { return 0; }
 
 #endif

@@ -30,6 +30,12 @@ class GpuStage : public ModelStage {
   // The device links into and out of this stage (nullptr: host memory); set before any forward.
   void connect(GpuLink* in, GpuLink* out);
   cuda::Context& context();
+  // Steps of at most gemv_max_cols tokens are captured in a CUDA graph once per shape and
+  // replayed (StageOptions::cuda_graphs; --no-cuda-graphs turns it off).
+  struct GraphStats {
+    uint64_t captured = 0, launched = 0;
+  };
+  GraphStats graph_stats() const;
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return 1; }
   int max_rewind() const override { return max_rewind_; }

@@ -54,6 +54,12 @@ GpuLink::GpuLink(LinkKind kind, cuda::Context& src, cuda::Context& dst, size_t s
 
 GpuLink::~GpuLink() = default;
 
+uint64_t GpuLink::device_bytes() const {
+  uint64_t n = 0;
+  for (const auto& b : slots_->device) n += b.size();
+  return n;
+}
+
 std::string GpuLink::describe() const {
   return fmt::format("cuda:{} -> cuda:{}, {}", src_.device(), dst_.device(), link_kind_name(kind_));
 }

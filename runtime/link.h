@@ -47,6 +47,8 @@ class GpuLink {
   GpuLink& operator=(const GpuLink&) = delete;
 
   LinkKind kind() const { return kind_; }
+  // Bytes of the slots on the receiving GPU (peer-to-peer; a host-staged link pins host memory).
+  uint64_t device_bytes() const;
   std::string describe() const;  // "cuda:0 -> cuda:1, peer-to-peer"
 
   // Sender (on src's stream, src's device current): takes a free slot (waiting for one if all are

@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "gguf/gguf.h"
+#include "runtime/buffers.h"
 #include "runtime/config.h"
 #include "runtime/devices.h"
 #include "runtime/planner.h"
@@ -76,8 +77,10 @@ class CpuPipeline final : public ModelPipeline {
     std::vector<StageInfo> out;
     for (const auto& s : stages_) {
       const size_t k = out.size();
+      // A peer-to-peer link's slots live on the receiving stage's GPU: counted there, as planned.
+      const uint64_t link_in = k > 0 && links_[k - 1] ? links_[k - 1]->device_bytes() : 0;
       out.push_back({s->plan().label, s->layer_begin(), s->layer_end(), s->n_threads(),
-                     s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes(),
+                     s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes() + link_in,
                      double(busy_ns_[k].load(std::memory_order_relaxed)) * 1e-9,
                      k + 1 == stages_.size() ? "" : links_[k] ? links_[k]->describe() : "host memory"});
     }
@@ -162,6 +165,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_batch = n_batch_;
   so.kv_type = opt.kv_type;
   so.n_threads = per_stage;
+  so.cuda_graphs = opt.cuda_graphs;
   for (const Stage& st : p.stages) {
     const DeviceSpec& d = p.devices[st.device];
     if (d.is_gpu()) {
@@ -236,7 +240,8 @@ void CpuPipeline::connect_gpu_stages(const Plan& p, P2pMode mode) {
     if (!a.is_gpu() || !b.is_gpu()) continue;
     auto& from = static_cast<GpuStage&>(*stages_[k]);
     auto& to = static_cast<GpuStage&>(*stages_[k + 1]);
-    links_[k] = std::make_unique<GpuLink>(choose_link(mode, a.index, b.index), from.context(), to.context(), slot_bytes);
+    links_[k] = std::make_unique<GpuLink>(choose_link(mode, a.index, b.index), from.context(), to.context(), slot_bytes,
+                                          kGpuLinkSlots);
     links_[k]->self_test();
   }
   for (size_t k = 0; k < stages_.size(); ++k) {

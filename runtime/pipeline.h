@@ -32,6 +32,9 @@ struct LoadOptions {
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
   // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".
   std::string p2p = "auto";
+  // GPU stages capture steps of up to 8 tokens (decode) in CUDA graphs once per shape and replay
+  // them (--no-cuda-graphs: launch every op every step).
+  bool cuda_graphs = true;
   bool verbose = false;
   // Progress while loading: bytes done of bytes total (called from the loading thread).
   std::function<void(uint64_t done, uint64_t total)> progress;

@@ -28,6 +28,7 @@ struct Pricing {
   std::vector<uint64_t> kv;      // KV per layer
   uint64_t scratch_mid, scratch_last;
   uint64_t gpu_ops_mid, gpu_ops_last;  // GPU stages also hold the CUDA ops' shared scratch
+  uint64_t gpu_link;                   // and, past layer 0, the slots of a link from a GPU stage
   std::vector<uint64_t> reserve;  // per device entry
 
   Pricing(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& o)
@@ -42,6 +43,7 @@ struct Pricing {
     scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs);
     gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
     gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true);
+    gpu_link = gpu_link_bytes(s, o.n_batch);
     for (size_t d = 0; d < dev.size(); d++) {
       const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[d];
       reserve.push_back(dev[d].runtime_reserve + user);
@@ -56,7 +58,7 @@ struct Pricing {
     uint64_t c = reserve[d] + s.shared_bytes + prefix[le] - prefix[std::min(begin, le)];
     if (emb) c += s.embedding_bytes;
     if (head) c += s.output_norm_bytes + (s.tied_output && emb ? 0 : s.output_bytes);
-    return c + scratch(d, head);
+    return c + scratch(d, head) + (dev[d].is_gpu() && !emb ? gpu_link : 0);
   }
   uint64_t scratch(size_t d, bool head) const {
     return (head ? scratch_last : scratch_mid) + (dev[d].is_gpu() ? (head ? gpu_ops_last : gpu_ops_mid) : 0);
@@ -284,7 +286,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     st.embedding_bytes = st.has_embedding ? shape.embedding_bytes : 0;
     st.output_bytes = st.has_output ? shape.output_norm_bytes + (shape.tied_output && st.has_embedding ? 0 : shape.output_bytes) : 0;
     st.shared_bytes = shape.shared_bytes;
-    st.scratch_bytes = P.scratch(b.device, st.has_output);
+    st.scratch_bytes = P.scratch(b.device, st.has_output) + (dev.is_gpu() && !st.has_embedding ? P.gpu_link : 0);
     st.reserve_bytes = P.reserve[b.device];
     st.budget = dev.budget;
     BATON_CHECK(st.total_bytes() == P.cost(b.device, b.begin, b.end));

@@ -45,7 +45,8 @@ struct Stage {
   uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
   uint64_t kv_bytes = 0;
   uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs),
-                                    // + gpu_ops_scratch_bytes(shape, n_batch, has_output) on a GPU
+                                    // + gpu_ops_scratch_bytes(shape, n_batch, has_output) on a GPU,
+                                    // + gpu_link_bytes(shape, n_batch) on a GPU past layer 0
   uint64_t reserve_bytes = 0;       // device runtime reserve + user margin
   uint64_t budget = 0;
 

@@ -25,6 +25,7 @@ struct StageOptions {
   int n_batch = 0;   // most tokens in one forward (sizes scratch and the logits buffer)
   GgmlType kv_type = GgmlType::F16;
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
+  bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
 };
 
 // Where a piece's hidden state is when it does not travel in host memory: a slot of the device link

@@ -159,14 +159,16 @@ TEST_CASE("baton devices: without a GPU the listing says so and has no links") {
     CHECK(text.find("no CUDA devices") != std::string::npos);
     CHECK(text.find(have_cuda_backend() ? "none visible" : "no CUDA backend") != std::string::npos);
   }
-  if (gpus < 2) CHECK(links.empty());
+  CHECK(links.size() == size_t(gpus) * size_t(gpus));  // every ordered pair, each GPU with itself too
 }
 
 TEST_CASE("baton devices: GPUs with compute capability, and each pair's copy paths") {
   ProbedDevice cpu = probe_cpu();
   ProbedDevice g0{DeviceKind::Cuda, 0, "NVIDIA H100 80GB HBM3", 80ull << 30, 79ull << 30, 9, 0};
   ProbedDevice g1{DeviceKind::Cuda, 1, "NVIDIA A100-SXM4-40GB", 40ull << 30, 39ull << 30, 8, 0};
-  std::vector<DeviceLink> links{{0, 1, true, 180.25, 21.5, ""}, {1, 0, false, 0, 19.75, ""}};
+  std::vector<DeviceLink> links{{0, 0, true, 1500.0, 22.0, 4.5, 23.0, ""},
+                                {0, 1, true, 180.25, 21.5, 6.5, 24.25, ""},
+                                {1, 0, false, 0, 19.75, 0, 23.5, ""}};
   const std::string text = format_devices({cpu, g0, g1}, links, true);
   CHECK(text.find("cuda:0") != std::string::npos);
   CHECK(text.find("sm 9.0") != std::string::npos);
@@ -179,11 +181,15 @@ TEST_CASE("baton devices: GPUs with compute capability, and each pair's copy pat
     return text.substr(at, text.find('\n', at) - at);
   };
   const std::string fwd = line("cuda:0 -> cuda:1"), back = line("cuda:1 -> cuda:0");
-  CHECK(fwd.find("yes") != std::string::npos);
+  CHECK(fwd.find("peer-to-peer") != std::string::npos);
   CHECK(fwd.find("180.2") != std::string::npos);
   CHECK(fwd.find("21.5") != std::string::npos);
-  CHECK(back.find("no") != std::string::npos);
+  CHECK(fwd.find("6.5") != std::string::npos);
+  CHECK(fwd.find("24.2") != std::string::npos);
+  CHECK(back.find("host-staged") != std::string::npos);
   CHECK(back.find("19.8") != std::string::npos);
-  // One GPU: said plainly that there is no pair.
-  CHECK(format_devices({cpu, g0}, {}, true).find("no GPU pairs") != std::string::npos);
+  CHECK(back.find("23.5") != std::string::npos);
+  // Two stages on one GPU: the device-to-device copy is its peer-to-peer path.
+  CHECK(line("cuda:0 -> cuda:0").find("peer-to-peer") != std::string::npos);
+  CHECK(line("cuda:0 -> cuda:0").find("1500.0") != std::string::npos);
 }

@@ -63,13 +63,14 @@ const std::string& tiny_qwen2() {
 
 constexpr int kCtx = 128, kSteps = 20;
 
-StageOptions options(GgmlType kv) {
+StageOptions options(GgmlType kv, bool graphs = true) {
   StageOptions o;
   o.n_seq = 2;
   o.n_ctx = kCtx;
   o.n_batch = 64;
   o.kv_type = kv;
   o.n_threads = 2;
+  o.cuda_graphs = graphs;
   return o;
 }
 
@@ -267,6 +268,11 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
       INFO(c.devices << " --p2p " << c.p2p);
       auto p = Pipeline::load(path, gpu_options(c.devices, c.p2p));
       CHECK(links_of(*p) == c.links);
+      for (const StageInfo& st : p->stages()) {  // the links' slots included, where they live
+        INFO(st.device << " layers [" << st.layer_begin << ", " << st.layer_end << ")");
+        CHECK(st.planned_bytes >= st.measured_bytes);
+        CHECK(st.planned_bytes - st.measured_bytes <= std::max<uint64_t>(st.planned_bytes * 3 / 100, uint64_t(64) << 20));
+      }
       const std::vector<float> got = run_links(*p);
       REQUIRE(got.size() == ref.size());
       if (std::string(c.devices).find("cpu") == std::string::npos) {
@@ -431,6 +437,37 @@ TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a C
     CHECK(d <= 1e-4);
     Chain spill = chain(m, GgmlType::F16, cut, "gpu", "cpu");
     test::check_peer_close(ref.logits, run(spill, m.cfg, &ref.fed).logits, m.cfg.n_vocab, name_of(path) + " GPU + CPU vs CPU");
+  }
+}
+
+TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launched op by op") {
+  for (const std::string& path : {tiny_llama(), test::tiny_gemma3_model()}) {
+    INFO(name_of(path));
+    const Model m(path);
+    const int L = m.cfg.n_layer, cut = L / 2;
+    auto make = [&](bool graphs) {
+      Chain c;
+      c.push_back(std::make_unique<GpuStage>(*m.file, m.cfg, block(m.cfg, 0, cut, "gpu"), options(GgmlType::F16, graphs), 0));
+      c.push_back(std::make_unique<GpuStage>(*m.file, m.cfg, block(m.cfg, cut, L, "gpu"), options(GgmlType::F16, graphs), 0));
+      return c;
+    };
+    Chain plain = make(false), graphed = make(true);
+    const Run ref = run(plain, m.cfg);
+    const Run got = run(graphed, m.cfg, &ref.fed);
+    // The prompt (49 tokens) is launched op by op, every decode step (2 tokens: past Gemma's
+    // window, at new positions each time) replays one graph per stage, captured at the first.
+    CHECK(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * sizeof(float)) == 0);
+    for (const auto& st : graphed) {
+      const auto gs = static_cast<const GpuStage&>(*st).graph_stats();
+      CHECK(gs.captured == 1);
+      CHECK(gs.launched == uint64_t(kSteps));
+    }
+    for (const auto& st : plain) CHECK(static_cast<const GpuStage&>(*st).graph_stats().launched == 0);
+    // A new shape (one token, argmax only) is a second graph; the first stays.
+    Batch one;
+    one.add(5, 40 + kSteps, 0, kArgmaxOnly);
+    forward(graphed, m.cfg, one);
+    CHECK(static_cast<const GpuStage&>(*graphed[1]).graph_stats().captured == 2);
   }
 }
 

@@ -60,6 +60,7 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
   c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
+  if (d.is_gpu() && !emb) c += gpu_link_bytes(s, nb);  // a P2P link's slots may arrive here
   return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
 }
 
@@ -325,8 +326,10 @@ TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like
   CHECK(p.stages[1].n_layers() == 0);
   CHECK(p.stages[1].output_bytes == s.embedding_bytes + s.output_norm_bytes);
   CHECK(p.stages[1].scratch_bytes > p.stages[0].scratch_bytes);  // logits: 512 × 262144 floats
+  // Stage 1 also keeps the slots of the peer-to-peer link from stage 0's GPU.
   CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes ==
-        512ull * 262144 * 4 + gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, false));
+        512ull * 262144 * 4 + gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, false) +
+            gpu_link_bytes(s, 512));
 }
 
 TEST_CASE("sliding-window layers keep only the window in the KV cache") {

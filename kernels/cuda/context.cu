@@ -126,6 +126,44 @@ void copy_on_device(Context& c, void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(c.stream())));
 }
 
+// ---- graphs ----
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+Graph::Graph(Graph&& o) noexcept : exec_(o.exec_), replay_(std::move(o.replay_)) { o.exec_ = nullptr; }
+Graph& Graph::operator=(Graph&& o) noexcept {
+  std::swap(exec_, o.exec_);
+  std::swap(replay_, o.replay_);
+  return *this;
+}
+
+Graph capture(Context& c, const std::function<void()>& record) {
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    record();
+  } catch (...) {
+    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(e);
+  Graph g;
+  g.exec_ = exec;
+  return g;
+}
+
+void launch(Context& c, const Graph& g) {
+  CUDA_ASSERT(g.exec_ != nullptr);
+  CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec_), static_cast<cudaStream_t>(c.stream())));
+}
+
 // ---- between devices ----
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {

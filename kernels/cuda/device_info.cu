@@ -1,4 +1,5 @@
 // CUDA device discovery. Compiled whenever the CUDA backend is on, so toolchain breakage shows early.
+#include <algorithm>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -77,8 +78,9 @@ namespace baton::cuda {
 namespace {
 
 // Best of a few timed runs of `copy` on `stream` (one untimed warm-up), in GB/s.
+// The best of 3 timed runs (after one warm-up) of copy(), in milliseconds; 0 when it failed.
 template <class F>
-double best_gbs(size_t bytes, cudaStream_t stream, F copy, std::string& error) {
+double best_ms(cudaStream_t stream, F copy, std::string& error) {
   cudaEvent_t a = nullptr, b = nullptr;
   if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) {
     error = cudaGetErrorString(cudaGetLastError());
@@ -101,7 +103,15 @@ double best_gbs(size_t bytes, cudaStream_t stream, F copy, std::string& error) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return best_ms > 0 ? double(bytes) / (double(best_ms) * 1e-3) / 1e9 : 0;
+  return best_ms;
+}
+
+// Bandwidth (GB/s) of a copy of `bytes` and latency (µs) of a copy of `small` bytes.
+template <class F>
+void time_path(size_t bytes, size_t small, cudaStream_t stream, F copy, double& gbs, double& us, std::string& error) {
+  const double ms = best_ms(stream, [&] { return copy(bytes); }, error);
+  gbs = ms > 0 ? double(bytes) / (ms * 1e-3) / 1e9 : 0;
+  us = best_ms(stream, [&] { return copy(small); }, error) * 1e3;
 }
 
 LinkInfo measure(int from, int to, size_t bytes) {
@@ -109,8 +119,10 @@ LinkInfo measure(int from, int to, size_t bytes) {
   l.from = from;
   l.to = to;
   int can = 0;
-  if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess) l.peer_access = can != 0;
+  if (from == to) l.peer_access = true;  // two stages on one GPU: a device-to-device copy
+  else if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess) l.peer_access = can != 0;
   cudaGetLastError();
+  const size_t small = std::min<size_t>(bytes, 16 << 10);  // one token's hidden state of a large model
   void *src = nullptr, *dst = nullptr, *host = nullptr;
   cudaStream_t stream = nullptr;
   auto check = [&](cudaError_t e) {
@@ -121,16 +133,19 @@ LinkInfo measure(int from, int to, size_t bytes) {
       check(cudaSetDevice(to)) && check(cudaMalloc(&dst, bytes)) && check(cudaStreamCreate(&stream)) &&
       check(cudaMallocHost(&host, bytes))) {
     if (l.peer_access) {
-      const cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);  // lets `to` read `from`'s memory
-      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-      else check(e);
-      l.p2p_gbs = best_gbs(bytes, stream, [&] { return cudaMemcpyPeerAsync(dst, to, src, from, bytes, stream); }, l.error);
+      if (from != to) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);  // lets `to` read `from`'s memory
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else check(e);
+      }
+      time_path(bytes, small, stream, [&](size_t n) { return cudaMemcpyPeerAsync(dst, to, src, from, n, stream); },
+                l.p2p_gbs, l.p2p_us, l.error);
     }
     // Host-staged: both halves on one stream, as a link without peer access moves a hidden state.
-    l.staged_gbs = best_gbs(bytes, stream, [&] {
-      const cudaError_t e = cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream);
-      return e != cudaSuccess ? e : cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream);
-    }, l.error);
+    time_path(bytes, small, stream, [&](size_t n) {
+      const cudaError_t e = cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, stream);
+      return e != cudaSuccess ? e : cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, stream);
+    }, l.staged_gbs, l.staged_us, l.error);
   }
   if (host) cudaFreeHost(host);
   if (stream) cudaStreamDestroy(stream);
@@ -150,8 +165,7 @@ std::vector<LinkInfo> measure_links(size_t bytes) {
     return out;
   }
   for (int i = 0; i < n; i++)
-    for (int j = 0; j < n; j++)
-      if (i != j) out.push_back(measure(i, j, bytes));
+    for (int j = 0; j < n; j++) out.push_back(measure(i, j, bytes));  // i == j: two stages on one GPU
   return out;
 }
 

@@ -30,9 +30,11 @@ struct LinkInfo {
   bool peer_access = false;
   double p2p_gbs = 0;
   double staged_gbs = 0;
+  double p2p_us = 0, staged_us = 0;  // latency: a 16 KiB copy (one token's hidden state)
   std::string error;
 };
-// Every ordered pair of the visible GPUs; empty with fewer than two.
+// Every ordered pair of the visible GPUs, each GPU with itself too (two stages on one GPU: a
+// device-to-device copy as its "P2P"); empty without GPUs.
 std::vector<LinkInfo> measure_links(size_t bytes = size_t(64) << 20);
 
 }  // namespace baton::cuda

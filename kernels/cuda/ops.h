@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "kernels/cuda/layout.h"
 #include "quant/types.h"
@@ -87,6 +88,34 @@ class Context {
 void copy_to_device(Context& c, void* dst, const void* host, size_t bytes);
 void copy_to_host(Context& c, void* host, const void* src, size_t bytes);
 void copy_on_device(Context& c, void* dst, const void* src, size_t bytes);
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs: what a step enqueues, recorded once and replayed with one launch.
+
+// A captured sequence of ops (RAII). The ops it holds keep the arguments they had when captured:
+// every value that changes from step to step must reach them through device memory, and copies
+// from pageable host memory or anything that waits for the device cannot be captured.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  bool empty() const { return exec_ == nullptr && !replay_; }
+
+ private:
+  friend Graph capture(Context& c, const std::function<void()>& record);
+  friend void launch(Context& c, const Graph& g);
+  void* exec_ = nullptr;          // cudaGraphExec_t
+  std::function<void()> replay_;  // the host emulation replays the recording function itself
+};
+// Captures the ops `record` enqueues on c's stream (thread-local capture mode: other threads'
+// streams are unaffected). Nothing runs until launch(). Throws, ending the capture, when record or
+// an op in it does.
+Graph capture(Context& c, const std::function<void()>& record);
+void launch(Context& c, const Graph& g);
 
 // ---------------------------------------------------------------------------------------------
 // Between devices (the links of a pipeline, runtime/link.h)

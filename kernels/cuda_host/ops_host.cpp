@@ -186,6 +186,25 @@ void copy_to_device(Context&, void* dst, const void* host, size_t bytes) { std::
 void copy_to_host(Context&, void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
 void copy_on_device(Context&, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
+// ---- graphs: the recording function is the graph (ops run at launch, never at capture) ----
+
+Graph::~Graph() = default;
+Graph::Graph(Graph&& o) noexcept : exec_(o.exec_), replay_(std::move(o.replay_)) { o.exec_ = nullptr; }
+Graph& Graph::operator=(Graph&& o) noexcept {
+  std::swap(exec_, o.exec_);
+  std::swap(replay_, o.replay_);
+  return *this;
+}
+Graph capture(Context&, const std::function<void()>& record) {
+  Graph g;
+  g.replay_ = record;
+  return g;
+}
+void launch(Context&, const Graph& g) {
+  BATON_CHECK(g.replay_);
+  g.replay_();
+}
+
 // ---- weights through staging buffers (here: packed straight into the new buffer) ----
 
 struct WeightUploader::Impl {
