@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/distributed.h"
+#include "cli/options.h"
 #include "gguf/error.h"
 #include "gguf/gguf.h"
 #include "runtime/model_files.h"
@@ -18,10 +19,9 @@ namespace baton {
 namespace {
 
 struct Opts {
-  std::string model, prompt, out, tokens_out, tokens;
-  int threads = 0, ctx = 0;
-  std::string kv_type = "f16";
-  bool distributed = false;
+  cli::ModelFlags f;  // the model and device flags of run/bench (--devices, --tensor-split, --p2p, ...)
+  std::string prompt, out, tokens_out, tokens;
+  bool batch_given = false;  // --batch-size given: pieces of that size instead of the whole prompt
 };
 
 void write_file(const std::string& path, const void* data, size_t bytes) {
@@ -46,13 +46,8 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 int run(const Opts& o) {
-  LoadOptions lo;
-  lo.n_threads = o.threads;
-  lo.n_ctx = o.ctx;
-  if (o.kv_type == "f16") lo.kv_type = GgmlType::F16;
-  else if (o.kv_type == "q8_0") lo.kv_type = GgmlType::Q8_0;
-  else fail(ErrorKind::Usage, "--kv-type {}: expected f16 or q8_0", o.kv_type);
-  const std::string path = resolve_model(o.model);
+  LoadOptions lo = cli::load_options(o.f, 1);
+  const std::string path = resolve_model(o.f.model);
   std::vector<int32_t> ids;
   if (!o.tokens.empty()) {
     ids = parse_ids(o.tokens);
@@ -60,8 +55,8 @@ int run(const Opts& o) {
     auto file = gguf::File::open(path);
     ids = Tokenizer::from_gguf(*file).encode(o.prompt, /*add_special=*/true, /*parse_special=*/true);
   }
-  lo.n_batch = std::max<int>(1, int(ids.size()));
-  std::unique_ptr<Pipeline> p = o.distributed ? load_distributed(path, lo) : Pipeline::load(path, lo);
+  if (!o.batch_given) lo.n_batch = std::max<int>(1, int(ids.size()));
+  std::unique_ptr<Pipeline> p = o.f.distributed ? load_distributed(path, lo) : Pipeline::load(path, lo);
   if (ids.empty()) fail(ErrorKind::Usage, "the prompt has no tokens");
   if (int(ids.size()) > p->n_ctx())
     fail(ErrorKind::Usage, "the prompt has {} tokens but the context is {} (--ctx)", ids.size(), p->n_ctx());
@@ -84,17 +79,16 @@ int run(const Opts& o) {
 cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 logits [n_tokens x n_vocab]",
   [](CLI::App& app) {
     auto o = std::make_shared<Opts>();
-    app.add_option("-m,--model", o->model, "Model file or known name")->required();
+    cli::add_model_flags(app, o->f);
+    CLI::Option* batch = app.get_option("--batch-size");
+    batch->description("tokens per forward (default: the whole prompt in one)");
     app.add_option("-p,--prompt", o->prompt, "Prompt text (BOS added as the model says)");
     app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
     app.add_option("--out", o->out, "Output file for the logits")->required();
     app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line)");
-    app.add_option("-t,--threads", o->threads, "CPU threads (0: all)");
-    app.add_option("--ctx", o->ctx, "Context length (0: model's, capped at 4096)");
-    app.add_option("--kv-type", o->kv_type, "KV cache type: f16 or q8_0");
-    cli::add_distributed_flag(app, o->distributed, [o] { return WorkerArgs{o->model, "cpu", o->threads, 0}; });
-    return [o] {
+    return [o, batch] {
       if (o->prompt.empty() && o->tokens.empty()) fail(ErrorKind::Usage, "give -p PROMPT or --tokens IDS");
+      o->batch_given = batch->count() > 0;
       return run(*o);
     };
   }}};

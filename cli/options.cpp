@@ -92,9 +92,7 @@ uint64_t resolve_seed(const std::optional<uint64_t>& s) { return s ? *s : random
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
 bool stdin_is_tty() { return isatty(STDIN_FILENO) == 1; }
 
-Loaded load_model(const ModelFlags& f, int n_seq) {
-  Loaded out;
-  out.path = resolve_model(f.model);
+LoadOptions load_options(const ModelFlags& f, int n_seq) {
   LoadOptions lo;
   lo.n_ctx = f.ctx;
   lo.n_seq = n_seq;
@@ -107,6 +105,13 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
   lo.p2p = f.p2p;
   lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;
+  return lo;
+}
+
+Loaded load_model(const ModelFlags& f, int n_seq) {
+  Loaded out;
+  out.path = resolve_model(f.model);
+  LoadOptions lo = load_options(f, n_seq);
   const bool bar = stderr_is_tty();
   if (bar) {
     lo.progress = [](uint64_t done, uint64_t total) {

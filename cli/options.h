@@ -57,6 +57,8 @@ struct Loaded {
 };
 // Resolves -m, loads with n_seq slots. A progress bar goes to stderr only when it is a terminal.
 Loaded load_model(const ModelFlags& f, int n_seq);
+// The LoadOptions the model flags ask for (no progress bar), for commands that load on their own.
+LoadOptions load_options(const ModelFlags& f, int n_seq);
 
 struct Message {
   std::string role, content;

@@ -27,6 +27,7 @@
 #include "gguf/gguf.h"
 #include "runtime/config.h"
 #include "runtime/devices.h"
+#include "runtime/gpu_stage.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model_files.h"
 #include "runtime/mpi_comm.h"
@@ -200,7 +201,7 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
 // The stage (runtime/stage.h) and the hidden states of the micro-batch in hand. The last rank's
 // logits rows go straight into the outgoing message.
 struct LocalStage {
-  std::unique_ptr<CpuStage> s;
+  std::unique_ptr<ModelStage> s;  // a CpuStage, or a GpuStage whose hidden state crosses host memory
   std::vector<float> x;
   std::atomic<uint64_t> busy_ns{0};  // time in forward since load
 
@@ -241,7 +242,8 @@ void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(u
   }
 }
 
-std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& cfg, const StageSetup& su, int threads,
+std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& cfg, const StageSetup& su,
+                                       const DeviceSpec& device, int threads,
                                        const std::function<void(uint64_t, uint64_t)>& progress) {
   touch_stage(f, su.stage, progress);
   StageOptions so;
@@ -251,7 +253,8 @@ std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& c
   so.kv_type = su.kv_type;
   so.n_threads = threads;
   auto s = std::make_unique<LocalStage>();
-  s->s = std::make_unique<CpuStage>(f, cfg, su.stage, so);
+  if (device.is_gpu()) s->s = std::make_unique<GpuStage>(f, cfg, su.stage, so, device.index);
+  else s->s = std::make_unique<CpuStage>(f, cfg, su.stage, so);
   s->x.resize(size_t(su.n_batch) * size_t(cfg.n_embd));
   return s;
 }
@@ -334,7 +337,9 @@ struct Worker {
     const StageSetup su = get_stage(r, &planned);
     file = gguf::File::open(resolve_model(args.model));
     cfg = ModelConfig::from_gguf(*file);
-    stage = load_stage(*file, cfg, su, stage_threads(args.n_threads, args.threads_per_stage), {});
+    // This rank's own device, as it reported it in its hello.
+    const auto mine = parse_devices(args.devices.empty() ? "cpu" : args.devices, probe_devices(), false);
+    stage = load_stage(*file, cfg, su, mine.at(0), stage_threads(args.n_threads, args.threads_per_stage), {});
     Writer w;
     w.put(stage->measured_bytes()).put(int32_t(stage->s->max_rewind())).put(int32_t(stage->s->n_threads()));
     c.send(0, mpi::kReady, std::move(w.bytes));
@@ -514,9 +519,9 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   const std::vector<RankInfo> all = gather(local_info(path, opt.devices, /*allow_hypothetical=*/false));
   check_files(all);
   for (const auto& i : all)
-    if (i.devices[0].is_gpu())
-      fail(ErrorKind::Usage, "{}: device '{}': CUDA stages are not available in the pipeline of this version "
-           "(use --devices cpu)", where(i), i.devices[0].label);
+    if (i.devices[0].is_gpu() && !have_cuda_backend() && !cuda_emulated())
+      fail(ErrorKind::Usage, "{}: device '{}': this build of baton has no CUDA backend (use --devices cpu)", where(i),
+           i.devices[0].label);
 
   open_model(path, opt);
 
@@ -544,7 +549,8 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
     c_.send(r, mpi::kPlan, std::move(w.bytes));
   }
   StageSetup mine{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[0]};
-  stage_ = load_stage(*file_, cfg_, mine, stage_threads(opt.n_threads, opt.threads_per_stage), opt.progress);
+  stage_ = load_stage(*file_, cfg_, mine, all[0].devices[0], stage_threads(opt.n_threads, opt.threads_per_stage),
+                      opt.progress);
   max_rewind_ = stage_->s->max_rewind();
   infos_.resize(all.size());
   infos_[0] = {p.stages[0].label, stage_->s->layer_begin(), stage_->s->layer_end(), stage_->s->n_threads(),

@@ -80,7 +80,7 @@ struct GpuStage::Impl {
   bool use_graphs = true;
   int n_ctx = 0;
   std::map<GraphKey, cuda::Graph> graphs;
-  GpuStage::GraphStats graph_stats;
+  GpuStage::Stats stats;
 
   GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
   GpuLink* out = nullptr;  // device link to the next stage
@@ -119,11 +119,16 @@ namespace {
 // The CUDA backend of llama_layers / llama_head: device buffers of the stage, its stream.
 // Everything a step's ops take from the host is in here by value, so the same object records a
 // graph that stays valid for later steps of the same shape (GraphKey).
+struct SeqRun {  // one sequence's tokens in a step: rows [t0, t0 + n), positions pos0..
+  int t0 = 0, n = 0, seq = 0, pos0 = 0;
+};
+
 struct CudaLayers {
   GpuStage::Impl& g;
   std::vector<uint8_t> logits;  // the batch's LogitsMode per token
   std::vector<int> commit_n;    // tokens each layer's commit writes, per entry of g.commits (in map order)
   int max_len;                  // an upper bound of pos + 1 over the batch (n_ctx in a graph)
+  std::vector<SeqRun> runs;     // the batch's sequences in row order (empty in a graph: split attention only)
   float *x = g.x, *xb = g.xb, *xb2 = g.xb2, *q = g.q, *k = g.k, *v = g.v, *hb = g.hb, *hb2 = g.hb2;
 
   const GpuLayer& layer(int l) const { return g.layers[size_t(l)]; }
@@ -168,7 +173,30 @@ struct CudaLayers {
     cuda::AttentionArgs a = attention_args<cuda::AttentionArgs>(g.c, l, n, q, xb2, g.pos, g.seq, g.first, g.row0,
                                                                 g.k_new, g.v_new);
     a.kv = g.kv[size_t(l - g.begin)];
-    cuda::attention(g.ctx, a, max_len);
+    // Long runs (prompt chunks) take the tiled prefill kernel, everything between them the split
+    // attention, in groups of consecutive rows (the int arrays are per row, so a group is a view).
+    auto split = [&](int t0, int t1) {
+      if (t1 <= t0) return;
+      cuda::AttentionArgs s = a;
+      s.n_tokens = t1 - t0;
+      s.q = a.q + size_t(t0) * a.q_stride;
+      s.out = a.out + size_t(t0) * a.out_stride;
+      s.pos = a.pos + t0, s.seq = a.seq + t0, s.first = a.first + t0, s.row0 = a.row0 + t0;
+      cuda::attention(g.ctx, s, max_len);
+    };
+    int pending = 0;  // first row not yet attended
+    for (const SeqRun& r : runs) {
+      if (r.n < g.ctx.prefill_min_tokens) continue;
+      split(pending, r.t0);
+      cuda::AttentionArgs p = a;
+      p.n_tokens = r.n;
+      p.q = a.q + size_t(r.t0) * a.q_stride;
+      p.out = a.out + size_t(r.t0) * a.out_stride;
+      cuda::attention_prefill(g.ctx, p, r.seq, r.pos0, r.t0);  // staging rows are batch rows
+      ++g.stats.prefill_runs;
+      pending = r.t0 + r.n;
+    }
+    split(pending, n);
     const auto it = g.commits.find(a.kv.n_cells);
     const int n_commit = commit_n[size_t(std::distance(g.commits.begin(), it))];
     cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, it->second.row, it->second.seq, it->second.pos, n_commit);
@@ -399,8 +427,13 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   // most gemv_max_cols tokens (decode: no cuBLAS) are captured once per shape and replayed; the
   // attention then takes n_ctx as its bound, so one graph serves every position.
   const bool graph = g.use_graphs && n <= g.ctx.gemv_max_cols;
-  CudaLayers b{g, batch.logits, {}, graph ? g.n_ctx : max_len};
+  CudaLayers b{g, batch.logits, {}, graph ? g.n_ctx : max_len, {}};
   for (const auto& [n_cells, cm] : g.commits) b.commit_n.push_back(cm.n);
+  if (!graph)
+    for (int t = 0; t < n; ++t) {
+      if (t == 0 || batch.seq[size_t(t)] != batch.seq[size_t(t - 1)]) b.runs.push_back({t, 0, batch.seq[size_t(t)], batch.pos[size_t(t)]});
+      b.runs.back().n++;
+    }
   const bool embed = plan_.has_embedding, head = plan_.has_output;
   auto record = [&g, b, n, embed, head, any_argmax, m]() mutable {
     const ModelConfig& cfg = g.c;
@@ -417,10 +450,10 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     if (it == g.graphs.end()) {
       if (g.graphs.size() >= kMaxGraphs) g.graphs.clear();  // shapes keep changing: start over
       it = g.graphs.emplace(std::move(key), cuda::capture(g.ctx, std::function<void()>(record))).first;
-      ++g.graph_stats.captured;
+      ++g.stats.captured;
     }
     cuda::launch(g.ctx, it->second);
-    ++g.graph_stats.launched;
+    ++g.stats.launched;
   } else {
     record();
   }
@@ -449,7 +482,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
 }
 
 uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }
-GpuStage::GraphStats GpuStage::graph_stats() const { return impl_->graph_stats; }
+GpuStage::Stats GpuStage::stats() const { return impl_->stats; }
 
 #else  // no CUDA in this build, and no emulation
 
@@ -466,7 +499,7 @@ void GpuStage::forward(const Batch&, float*, float*) { BATON_CHECK(false); }
 void GpuStage::forward(const Batch&, float*, float*, Handoff&) { BATON_CHECK(false); }
 void GpuStage::connect(GpuLink*, GpuLink*) { BATON_CHECK(false); }
 cuda::Context& GpuStage::context() { BATON_CHECK(false); std::abort(); }
-GpuStage::GraphStats GpuStage::graph_stats() const { return {}; }
+GpuStage::Stats GpuStage::stats() const { return {}; }
 uint64_t GpuStage::measured_bytes() const { return 0; }
 
 #endif

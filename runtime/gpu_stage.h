@@ -31,11 +31,13 @@ class GpuStage : public ModelStage {
   void connect(GpuLink* in, GpuLink* out);
   cuda::Context& context();
   // Steps of at most gemv_max_cols tokens are captured in a CUDA graph once per shape and
-  // replayed (StageOptions::cuda_graphs; --no-cuda-graphs turns it off).
-  struct GraphStats {
-    uint64_t captured = 0, launched = 0;
+  // replayed (StageOptions::cuda_graphs; --no-cuda-graphs turns it off). A sequence's run of at
+  // least Context::prefill_min_tokens tokens takes the tiled prefill attention.
+  struct Stats {
+    uint64_t captured = 0, launched = 0;  // graphs
+    uint64_t prefill_runs = 0;            // attention_prefill calls (one per run and layer)
   };
-  GraphStats graph_stats() const;
+  Stats stats() const;
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return 1; }
   int max_rewind() const override { return max_rewind_; }

@@ -458,16 +458,22 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
     // window, at new positions each time) replays one graph per stage, captured at the first.
     CHECK(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * sizeof(float)) == 0);
     for (const auto& st : graphed) {
-      const auto gs = static_cast<const GpuStage&>(*st).graph_stats();
+      const auto gs = static_cast<const GpuStage&>(*st).stats();
       CHECK(gs.captured == 1);
       CHECK(gs.launched == uint64_t(kSteps));
     }
-    for (const auto& st : plain) CHECK(static_cast<const GpuStage&>(*st).graph_stats().launched == 0);
+    for (const auto& st : plain) {
+      const auto gs = static_cast<const GpuStage&>(*st).stats();
+      CHECK(gs.launched == 0);
+      // The 40-token prompt of sequence 0 took the tiled prefill attention in every layer (the
+      // 9-token one the split attention); decode steps never do.
+      CHECK(gs.prefill_runs == uint64_t(st->layer_end() - st->layer_begin()));
+    }
     // A new shape (one token, argmax only) is a second graph; the first stays.
     Batch one;
     one.add(5, 40 + kSteps, 0, kArgmaxOnly);
     forward(graphed, m.cfg, one);
-    CHECK(static_cast<const GpuStage&>(*graphed[1]).graph_stats().captured == 2);
+    CHECK(static_cast<const GpuStage&>(*graphed[1]).stats().captured == 2);
   }
 }
 

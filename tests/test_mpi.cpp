@@ -209,6 +209,35 @@ TEST_CASE("2 and 3 ranks give the same logits as one process", "[mpi]") {
   }
 }
 
+TEST_CASE("GPU ranks (on the host emulation) give the logits of one process on that GPU", "[mpi]") {
+  require_mpi();
+  if (std::system((kBaton + " devices --no-links 2>/dev/null | grep -q \"no CUDA backend\"").c_str()) != 0) {
+    WARN("a CUDA build: GPU ranks are tested on a GPU by gpu-check, not on the emulation");
+    return;
+  }
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((3 + 37 * i) % 1000);
+  const std::string model = test::tiny_gemma3_model(), prompt = ids_text(ids);
+  const std::string one = logits("BATON_CUDA_EMULATE=1 ", model, prompt, "--devices cuda:0");
+  REQUIRE(one.size() > 0);
+  for (int n : {2, 3}) {
+    INFO(n << " ranks");
+    // Every rank a GPU stage, the hidden state between them over MPI in host memory.
+    CHECK(logits("BATON_CUDA_EMULATE=1 " + mpirun(n), model, prompt, "--devices cuda:0 --distributed") == one);
+  }
+  // A GPU rank feeding a CPU rank (one device per rank, MPMD launch) against one process with a GPU
+  // stage then a CPU stage, cut the same way.
+  const std::string mixed = logits("BATON_CUDA_EMULATE=1 ", model, prompt, "--devices cuda:0,cpu --tensor-split 1,1");
+  const std::string out = test::temp_dir() + "/mixed.f32";
+  const std::string args = " logits -m " + model + " --tokens \"" + prompt + "\" -t 1 --tensor-split 1,1 --distributed --out " + out;
+  const Ran r = sh("BATON_CUDA_EMULATE=1 " + mpirun(1) + kBaton + args + " --devices cuda:0 : -np 1 " + kBaton + args +
+                   " --devices cpu");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(test::read_all(out) == mixed);
+  CHECK(mixed != one);  // the CPU stage's arithmetic differs from the GPU's: the cut is real
+}
+
 TEST_CASE("batch output over 2 and 3 ranks equals one process", "[mpi]") {
   require_mpi();
   const std::string dir = test::temp_dir(), in = write_prompts(10);

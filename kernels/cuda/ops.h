@@ -68,6 +68,10 @@ class Context {
   // Tuning, to be measured on the target GPU (scripts/gpu-check.sh): matmuls with at most
   // gemv_max_cols columns take the fused GEMV path, wider ones dequantize to FP16 + cuBLAS.
   int gemv_max_cols = 8;
+  // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
+  // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
+  // tokens take the split attention. To be measured like gemv_max_cols.
+  int prefill_min_tokens = 32;
   // The FP16 copy of a weight is made in row slabs of at most this many bytes (L2-sized slabs
   // keep the scratch small; the whole matrix is never expanded at once unless it fits).
   size_t gemm_slab_bytes = size_t(64) << 20;
