@@ -8,6 +8,7 @@
 #include <climits>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gguf/error.h"
@@ -361,8 +362,8 @@ cuda::Context& GpuStage::context() { return impl_->ctx; }
 void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) {
   Impl& g = *impl_;
   BATON_CHECK(h.in_slot < 0 || g.in);
-  // The input slot goes back to the previous stage once this stage's stream has read it: at the
-  // end of the step, or now if the step fails.
+  // The input slot goes back to the previous stage when the step has enqueued its copy out of it
+  // (the link orders the refill after that copy on the device), or when the step fails.
   struct SlotGuard {
     GpuLink* link;
     int slot;
@@ -414,7 +415,10 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
   if (!plan_.has_embedding) {
-    if (in_guard.slot >= 0) g.in->receive(in_guard.slot, g.x, xbytes);
+    if (in_guard.slot >= 0) {
+      g.in->receive(in_guard.slot, g.x, xbytes);
+      g.in->release(std::exchange(in_guard.slot, -1));
+    }
     else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
   }
   const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
@@ -473,7 +477,9 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       }
     }
   } else if (g.out) {
-    h.out_slot = g.out->send(g.x, xbytes);  // waits for its copy, so the stream is past the input too
+    // Enqueued behind the step: the next stage's stream waits for it on the device, and this
+    // stream's next step runs after it, so nothing here waits for the GPU.
+    h.out_slot = g.out->send(g.x, xbytes);
     return;
   } else {
     cuda::copy_to_host(g.ctx, x, g.x, xbytes);

@@ -35,20 +35,23 @@ LinkKind choose_link(P2pMode m, int src, int dst) {
 struct GpuLink::Slots {
   std::vector<cuda::DeviceBuffer> device;  // Peer: on dst's device
   std::vector<cuda::PinnedBuffer> host;    // Staged
+  std::vector<cuda::Event> filled;         // per slot, on src's device: the copy into it is done
+  std::vector<cuda::Event> drained;        // per slot, on dst's device: the copy out of it is done
   void* at(size_t i) const { return device.empty() ? host[i].get() : device[i].get(); }
 };
 
 GpuLink::GpuLink(LinkKind kind, cuda::Context& src, cuda::Context& dst, size_t slot_bytes, int n_slots)
     : kind_(kind), src_(src), dst_(dst), slot_bytes_(slot_bytes), slots_(std::make_unique<Slots>()) {
   BATON_CHECK(n_slots >= 1 && slot_bytes > 0);
-  if (kind == LinkKind::Peer) {
-    cuda::enable_peer(src.device(), dst.device());
-    dst.make_current();
-    for (int i = 0; i < n_slots; ++i) slots_->device.emplace_back(slot_bytes);
-    src.make_current();
-  } else {
-    for (int i = 0; i < n_slots; ++i) slots_->host.emplace_back(slot_bytes);
+  if (kind == LinkKind::Peer) cuda::enable_peer(src.device(), dst.device());
+  dst.make_current();
+  for (int i = 0; i < n_slots; ++i) {
+    if (kind == LinkKind::Peer) slots_->device.emplace_back(slot_bytes);
+    else slots_->host.emplace_back(slot_bytes);
+    slots_->drained.emplace_back();
   }
+  src.make_current();
+  for (int i = 0; i < n_slots; ++i) slots_->filled.emplace_back();
   for (int i = n_slots - 1; i >= 0; --i) free_.push_back(i);
 }
 
@@ -75,10 +78,14 @@ int GpuLink::send(const void* src_ptr, size_t bytes) {
   }
   try {
     void* to = slots_->at(size_t(slot));
+    slots_->drained[size_t(slot)].wait(src_);  // the receiver's stream has read what was there
     if (kind_ == LinkKind::Peer) cuda::copy_peer(src_, to, dst_.device(), src_ptr, bytes);
     else cuda::copy_to_host(src_, to, src_ptr, bytes);
-    src_.synchronize();
-    if (tamper && kind_ == LinkKind::Staged) tamper(to, bytes);
+    slots_->filled[size_t(slot)].record(src_);
+    if (tamper && kind_ == LinkKind::Staged) {
+      src_.synchronize();
+      tamper(to, bytes);
+    }
   } catch (...) {
     release(slot);
     throw;
@@ -89,8 +96,10 @@ int GpuLink::send(const void* src_ptr, size_t bytes) {
 void GpuLink::receive(int slot, void* dst_ptr, size_t bytes) {
   BATON_CHECK(slot >= 0 && size_t(slot) < slots_->device.size() + slots_->host.size() && bytes <= slot_bytes_);
   const void* from = slots_->at(size_t(slot));
+  slots_->filled[size_t(slot)].wait(dst_);  // the sender's copy into the slot is done
   if (kind_ == LinkKind::Peer) cuda::copy_on_device(dst_, dst_ptr, from, bytes);
   else cuda::copy_to_device(dst_, dst_ptr, from, bytes);
+  slots_->drained[size_t(slot)].record(dst_);
 }
 
 void GpuLink::release(int slot) {

@@ -7,8 +7,9 @@
 //            switched off (--p2p off, BATON_P2P=0) because it hangs or corrupts on a board
 //
 // A link owns a few slots (each holds one piece of n_batch hidden states), so consecutive pieces
-// overlap: the sender fills slot i + 1 while the receiver still reads slot i. The sender waits only
-// for its own copy; a slot goes back to the sender once the receiver's stream has read it.
+// overlap: the sender fills slot i + 1 while the receiver still reads slot i. No host thread waits
+// for a copy: the receiving stream waits for the event recorded after the copy into the slot, and
+// the sending stream, before it refills a slot, for the event recorded after the copy out of it.
 // Links between a GPU and a CPU stage (spill) are the pipeline's host buffers, as between CPU stages.
 // Every link checks itself when the pipeline is built (self_test): a known pattern through a slot and
 // back, so a broken P2P path is an error at load, not garbage in the logits.
@@ -51,13 +52,13 @@ class GpuLink {
   uint64_t device_bytes() const;
   std::string describe() const;  // "cuda:0 -> cuda:1, peer-to-peer"
 
-  // Sender (on src's stream, src's device current): takes a free slot (waiting for one if all are
-  // in use), copies `bytes` from src_ptr (src's device memory) into it and waits for that copy.
-  // Returns the slot.
+  // Sender (src's device current): takes a free slot (waiting for one if all are taken) and
+  // enqueues on src's stream the copy of `bytes` from src_ptr (src's device memory) into it. Returns
+  // the slot at once.
   int send(const void* src_ptr, size_t bytes);
-  // Receiver (dst's device current): a copy of the slot's bytes to dst_ptr (dst's device memory),
-  // ordered on dst's stream. The slot stays taken until release(), which must come after dst's
-  // stream has passed the copy.
+  // Receiver (dst's device current): enqueues on dst's stream, after the sender's copy, the copy of
+  // the slot's bytes to dst_ptr (dst's device memory). The slot may be released as soon as this
+  // returns: the sender's next copy into it waits for this one on the device.
   void receive(int slot, void* dst_ptr, size_t bytes);
   void release(int slot);
 

@@ -196,6 +196,26 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   return *this;
 }
 
+Event::Event() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  e_ = e;
+}
+Event::~Event() {
+  if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+}
+Event::Event(Event&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+Event& Event::operator=(Event&& o) noexcept {
+  std::swap(e_, o.e_);
+  return *this;
+}
+void Event::record(Context& c) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e_), static_cast<cudaStream_t>(c.stream())));
+}
+void Event::wait(Context& c) const {
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(c.stream()), static_cast<cudaEvent_t>(e_), 0));
+}
+
 bool peer_possible(int a, int b) {
   if (a == b) return true;
   int ab = 0, ba = 0;

@@ -143,6 +143,25 @@ class PinnedBuffer {
   size_t n_ = 0;
 };
 
+// A CUDA event (RAII, no timing), created on the current device: record() marks the point a
+// context's stream has reached (the context must be on the event's device); wait() makes another
+// context's stream, on any device, wait for that point without the host waiting. Waiting for an
+// event never recorded does not wait.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(Context& c);
+  void wait(Context& c) const;
+
+ private:
+  void* e_ = nullptr;  // cudaEvent_t
+};
+
 // Whether device a can read and write device b's memory directly and b a's (cudaDeviceCanAccessPeer
 // both ways). A device and itself: true.
 bool peer_possible(int a, int b);
