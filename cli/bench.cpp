@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -25,6 +26,7 @@
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
 #include "runtime/config.h"
+#include "runtime/devices.h"
 
 namespace baton::cli {
 namespace {
@@ -281,7 +283,19 @@ int run(const BenchOpts& o) {
   if (o.n_prompt > 0) results.push_back(run_pp(p, draw(o.n_prompt), o.reps));
   if (o.n_gen > 0)
     results.push_back(o.parallel > 1 ? run_tg_parallel(p, draw(o.n_gen), o.parallel, o.reps) : run_tg(p, draw(o.n_gen), o.reps));
-  const double bw = o.bandwidth && o.n_gen > 0 ? read_bandwidth_gbs(threads) : 0.0;
+  // The bandwidth the weight stream is held against: the CPU's read bandwidth, or on GPU stages
+  // (all of them) the first GPU's copy bandwidth (read + write of a device-to-device copy).
+  int gpu = -1;
+  bool all_gpu = !p.stages().empty();
+  for (const auto& st : p.stages()) {
+    const size_t at = st.device.find("cuda:");
+    all_gpu &= at != std::string::npos;
+    if (at != std::string::npos && gpu < 0) gpu = std::atoi(st.device.c_str() + at + 5);
+  }
+  double bw = 0;
+  if (o.bandwidth && o.n_gen > 0) bw = all_gpu ? gpu_copy_bandwidth_gbs(gpu) : read_bandwidth_gbs(threads);
+  const std::string bw_what = all_gpu ? fmt::format("copy bandwidth of cuda:{} (read + write)", gpu)
+                                      : fmt::format("read bandwidth ({} threads)", threads);
 
   const std::string backend = mf.devices;
   if (o.json) {
@@ -301,7 +315,7 @@ int run(const BenchOpts& o) {
         j["weight_bytes_per_token"] = info.bytes_per_token;
         j["weights_gb_per_s"] = double(info.bytes_per_token) * s.mean / 1e9;
         if (bw > 0) {
-          j["read_bandwidth_gb_per_s"] = bw;
+          j[all_gpu ? "gpu_copy_bandwidth_gb_per_s" : "read_bandwidth_gb_per_s"] = bw;
           j["bandwidth_fraction"] = double(info.bytes_per_token) * s.mean / 1e9 / bw;
         }
       }
@@ -330,7 +344,7 @@ int run(const BenchOpts& o) {
                stdout);
   }
   std::printf("\nweights read per generated token: %s", size_str(info.bytes_per_token).c_str());
-  if (bw > 0) std::printf("; measured read bandwidth (%d threads): %.2f GB/s", threads, bw);
+  if (bw > 0) std::printf("; measured %s: %.2f GB/s", bw_what.c_str(), bw);
   std::printf("\n");
   for (const auto& r : results) {
     if (r.stage_busy.empty()) continue;

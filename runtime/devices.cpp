@@ -105,6 +105,15 @@ std::vector<DeviceLink> probe_links(size_t bytes) {
   return out;
 }
 
+double gpu_copy_bandwidth_gbs(int index) {
+#if defined(BATON_HAVE_CUDA)
+  return cuda::copy_bandwidth_gbs(index);
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
 std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,
                            bool cuda_backend) {
   std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {}\n", "device", "name", "total", "free", "compute",

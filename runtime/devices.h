@@ -52,6 +52,10 @@ struct DeviceLink {
 // measured now (copies of `bytes`); empty without CUDA or GPUs.
 std::vector<DeviceLink> probe_links(size_t bytes = size_t(64) << 20);
 
+// Memory bandwidth of CUDA device `index` from a device-to-device copy (read + write bytes per
+// second, GB/s); 0 without CUDA or when it cannot be measured.
+double gpu_copy_bandwidth_gbs(int index);
+
 // The `baton devices` listing: one line per device (total / free memory, compute capability),
 // then the GPU pairs' links, and a line saying why no GPU is listed when there is none.
 std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,

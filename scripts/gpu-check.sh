@@ -84,6 +84,9 @@ if has_cmd bench; then
     f=$models/llama3-8b-$t.gguf
     [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
     run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 512 -n 128
+    if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
+      run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 0 -n 128 --no-cuda-graphs
+    fi
     if has_cmd bench --p2p; then
       run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p 512 -n 128
       run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p 512 -n 128

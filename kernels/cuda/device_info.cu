@@ -157,6 +157,23 @@ LinkInfo measure(int from, int to, size_t bytes) {
 
 }  // namespace
 
+double copy_bandwidth_gbs(int device, size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  cudaStream_t stream = nullptr;
+  std::string error;
+  double gbs = 0;
+  if (cudaSetDevice(device) == cudaSuccess && cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+      cudaMemset(a, 1, bytes) == cudaSuccess && cudaStreamCreate(&stream) == cudaSuccess) {
+    const double ms = best_ms(stream, [&] { return cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream); }, error);
+    gbs = ms > 0 ? 2.0 * double(bytes) / (ms * 1e-3) / 1e9 : 0;
+  }
+  if (stream) cudaStreamDestroy(stream);
+  if (a) cudaFree(a);
+  if (b) cudaFree(b);
+  cudaGetLastError();
+  return gbs;
+}
+
 std::vector<LinkInfo> measure_links(size_t bytes) {
   std::vector<LinkInfo> out;
   int n = 0;

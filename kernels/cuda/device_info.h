@@ -33,6 +33,11 @@ struct LinkInfo {
   double p2p_us = 0, staged_us = 0;  // latency: a 16 KiB copy (one token's hidden state)
   std::string error;
 };
+// Device memory bandwidth of `device` as a copy measures it: a device-to-device cudaMemcpy of
+// `bytes`, best of 3 after a warm-up, counting what it reads and what it writes (2·bytes per copy).
+// 0 when the measurement failed (no memory, no device).
+double copy_bandwidth_gbs(int device, size_t bytes = size_t(1) << 30);
+
 // Every ordered pair of the visible GPUs, each GPU with itself too (two stages on one GPU: a
 // device-to-device copy as its "P2P"); empty without GPUs.
 std::vector<LinkInfo> measure_links(size_t bytes = size_t(64) << 20);
