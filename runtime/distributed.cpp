@@ -324,6 +324,7 @@ struct Worker {
   std::unique_ptr<LocalStage> stage;
   std::vector<float> out;  // the last stage's rows when some are sent as argmax ids only
   bool broken = false;  // an error was reported; only a shutdown is expected now
+  std::vector<DeviceSpec> devices;  // this rank's, as probed for its hello
 
   void report(const std::exception& e) {
     const auto* be = dynamic_cast<const Error*>(&e);
@@ -337,9 +338,9 @@ struct Worker {
     const StageSetup su = get_stage(r, &planned);
     file = gguf::File::open(resolve_model(args.model));
     cfg = ModelConfig::from_gguf(*file);
-    // This rank's own device, as it reported it in its hello.
-    const auto mine = parse_devices(args.devices.empty() ? "cpu" : args.devices, probe_devices(), false);
-    stage = load_stage(*file, cfg, su, mine.at(0), stage_threads(args.n_threads, args.threads_per_stage), {});
+    // This rank's own device, as its hello reported it (probed once).
+    if (devices.size() != 1) fail(ErrorKind::Usage, "this rank lists {} devices; give one per rank", devices.size());
+    stage = load_stage(*file, cfg, su, devices[0], stage_threads(args.n_threads, args.threads_per_stage), {});
     Writer w;
     w.put(stage->measured_bytes()).put(int32_t(stage->s->max_rewind())).put(int32_t(stage->s->n_threads()));
     c.send(0, mpi::kReady, std::move(w.bytes));
@@ -396,7 +397,9 @@ struct Worker {
   }
 
   int serve() {
-    c.send(0, mpi::kHello, hello_bytes(local_info(args.model, args.devices, /*allow_hypothetical=*/true)));
+    const RankInfo me = local_info(args.model, args.devices, /*allow_hypothetical=*/true);
+    devices = me.devices;
+    c.send(0, mpi::kHello, hello_bytes(me));
     for (;;) {
       Message m = c.recv();
       if (m.tag == mpi::kShutdown) {
