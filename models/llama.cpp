@@ -191,31 +191,99 @@ struct CpuLayers {
   const float* output_norm() const { return w.output_norm; }
   const cpu::QMatrix& output() const { return w.output; }
 
-  void rms_norm(const float* in, const float* wt, float* out, int rows, int n) {
-    cpu::rms_norm(in, wt, out, rows, n, c.rms_eps);
+  // Row-local ops (norm, residual add, gate) are not run when called but queued, and run by the
+  // next matmul for each of its input rows inside the job that quantizes them (cpu::RowFn): on
+  // several threads and with no barrier of their own, where run one after another on the calling
+  // thread they left the other threads waiting. Any other op runs the queue first (flush), in
+  // call order. A row's arithmetic is the same either way, so the bits never depend on which.
+  struct RowOp {
+    enum Kind { Norm, Add, Silu, Gelu } kind;
+    const float* a;  // Norm: input; Add: addend; gate: g
+    const float* b;  // Norm: weight (or null); gate: u
+    float* y;
+    int rows, len;  // rows × len elements; Add and the gates are one flat row (rows 1)
+  };
+  static constexpr int kMaxRowOps = 4;
+  RowOp ops[kMaxRowOps];
+  int n_ops = 0;
+
+  void apply(const RowOp& o, size_t off, int len) const {
+    switch (o.kind) {
+      case RowOp::Norm: cpu::rms_norm(o.a + off, o.b, o.y + off, 1, len, c.rms_eps); break;
+      case RowOp::Add: cpu::add(o.y + off, o.a + off, len); break;
+      case RowOp::Silu: cpu::silu_gate(o.a + off, o.b + off, o.y + off, len); break;
+      case RowOp::Gelu: cpu::gelu_tanh_gate(o.a + off, o.b + off, o.y + off, len); break;
+    }
   }
-  void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) { cpu::matmul(W, X, n, Y, pool); }
+  void queue(const RowOp& o) {
+    if (n_ops == kMaxRowOps) flush();
+    ops[n_ops++] = o;
+  }
+  void flush() {
+    for (int i = 0; i < n_ops; ++i)
+      for (int r = 0; r < ops[i].rows; ++r) apply(ops[i], size_t(r) * size_t(ops[i].len), ops[i].len);
+    n_ops = 0;
+  }
+  // The queue as the prologue of a matmul over n input rows, or null after running it here when
+  // an op does not split into those n rows.
+  const cpu::RowFn* prologue(int n) {
+    if (n_ops == 0) return nullptr;
+    for (int i = 0; i < n_ops; ++i) {
+      const RowOp& o = ops[i];
+      const bool ok = o.kind == RowOp::Norm ? o.rows == n : (size_t(o.rows) * size_t(o.len)) % size_t(n) == 0;
+      if (!ok) {
+        flush();
+        return nullptr;
+      }
+    }
+    pre = [this, n](int j) {
+      for (int i = 0; i < n_ops; ++i) {
+        const RowOp& o = ops[i];
+        const int len = o.kind == RowOp::Norm ? o.len : int(size_t(o.rows) * size_t(o.len) / size_t(n));
+        apply(o, size_t(j) * size_t(len), len);
+      }
+    };
+    return &pre;
+  }
+  cpu::RowFn pre;
+  // Runs the queue as the prologue of a matmul over n rows (then empties it).
+  template <class F>
+  void with_prologue(int n, F&& mm) {
+    mm(prologue(n));
+    n_ops = 0;
+  }
+
+  void rms_norm(const float* in, const float* wt, float* out, int rows, int n) {
+    queue({RowOp::Norm, in, wt, out, rows, n});
+  }
+  void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) {
+    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul(W, X, n, Y, pool, p); });
+  }
   void matmul_qkv(const LayerWeights& L, int n) {
     const cpu::MatmulTarget t[] = {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}};
-    cpu::matmul_multi(t, 3, xb, n, pool);  // one job (one barrier) in decode
+    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 3, xb, n, pool, p); });  // one job in decode
   }
   void matmul_gate_up(const LayerWeights& L, int n) {
     const cpu::MatmulTarget t[] = {{&L.gate, hb}, {&L.up, hb2}};
-    cpu::matmul_multi(t, 2, xb, n, pool);
+    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 2, xb, n, pool, p); });
   }
-  void add(float* y, const float* in, int n) { cpu::add(y, in, n); }
+  void add(float* y, const float* in, int n) { queue({RowOp::Add, in, nullptr, y, 1, n}); }
   void add_rows(float* y, const float* bias, int rows, int n) {
+    flush();
     for (int t = 0; t < rows; ++t) cpu::add(y + size_t(t) * n, bias, n);
   }
   void gate(Activation act, const float* g, const float* u, float* y, int n) {
-    if (act == Activation::SiLU) cpu::silu_gate(g, u, y, n);
-    else cpu::gelu_tanh_gate(g, u, y, n);
+    queue({act == Activation::SiLU ? RowOp::Silu : RowOp::Gelu, g, u, y, 1, n});
   }
-  void softcap(float* y, float cap, int n) { cpu::softcap(y, cap, n); }
+  void softcap(float* y, float cap, int n) {
+    flush();
+    cpu::softcap(y, cap, n);
+  }
 
   void stage_rows() { baton::stage_rows(batch, kv->shape().n_seq, s.first.data(), s.row0.data(), s.row.data()); }
 
   void rope_and_stage(int l, int n) {
+    flush();
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
     const GgmlType kvt = kv->shape().type;
     const size_t k_row = row_bytes(kvt, nk), v_row = row_bytes(kvt, nv);
@@ -241,6 +309,7 @@ struct CpuLayers {
 
   // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
   void attention(int l, int n) {
+    flush();
     const cpu::KvLayerView cache = kv->layer(l);
     cpu::AttentionArgs a = attention_args<cpu::AttentionArgs>(c, l, n, q, xb2, batch.pos.data(), batch.seq.data(),
                                                               s.first.data(), s.row0.data(), s.k_new, s.v_new);
@@ -260,6 +329,7 @@ struct CpuLayers {
   }
 
   int gather_logit_rows() {
+    flush();
     int m = 0;  // rows that want logits, gathered so the output matmul sees only them
     for (int t = 0; t < batch.size(); ++t)
       if (batch.logits[size_t(t)])
@@ -277,12 +347,14 @@ void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, co
   CpuLayers b{c, w, &kv, batch, s, pool, x};
   b.stage_rows();
   llama_layers(c, b, n, begin, end);
+  b.flush();
 }
 
 void head(const ModelConfig& c, const ModelWeights& w, const Batch& batch, const float* x,
           float* logits, Scratch& s, cpu::ThreadPool& pool) {
   CpuLayers b{c, w, nullptr, batch, s, pool, const_cast<float*>(x)};  // the head only reads x
   llama_head(c, b, logits);
+  b.flush();
 }
 
 }  // namespace baton

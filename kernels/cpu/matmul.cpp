@@ -107,14 +107,21 @@ const uint8_t* quantize_columns(const KernelTable& kt, ActKind kind, const float
 
 }  // namespace
 
-void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool) {
+void run_rows(const RowFn& fn, int n, ThreadPool& pool) {
+  auto task = [&](int j, int) { fn(j); };
+  if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(task));
+  else for (int j = 0; j < n; j++) fn(j);
+}
+
+void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool, const RowFn* pre) {
   BATON_CHECK(n >= 1 && W.cols % traits(W.type).block_elems == 0);
   BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
   const KernelTable& kt = table_for(active_isa());
   if (W.packed) {
     const MatmulTarget one{&W, Y};
-    return matmul_packed_targets(&one, 1, X, n, pool);
+    return matmul_packed_targets(&one, 1, X, n, pool, pre);
   }
+  if (pre) run_rows(*pre, n, pool);
   BATON_CHECK(int(W.type) < kTypeSlots && kt.dot[int(W.type)] != nullptr);  // a compute type
   const int64_t rows = W.rows, cols = W.cols;
   const size_t y_stride = size_t(rows);

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "kernels/cpu/threadpool.h"
 #include "quant/types.h"
@@ -25,7 +26,15 @@ struct QMatrix {
 // Y = W·X: X holds n column vectors of length W.cols (vector j at X + j*W.cols), Y receives n
 // vectors of length W.rows (vector j at Y + j*W.rows). 1 <= n; any n works, 1..512 are tuned.
 // Activations are quantized on the fly (8-bit blocks) for the integer paths.
-void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool);
+//
+// `pre`, when given, is row-local work that produces the input: pre(j) runs once for every column
+// j in [0, n) before column j is read, and may write only column j of whatever it writes (the
+// norm, residual add or gate that precedes a projection). The packed path runs it inside the
+// job that quantizes the columns, so it is spread over the threads at no extra barrier.
+using RowFn = std::function<void(int row)>;
+void matmul(const QMatrix& W, const float* X, int n, float* Y, ThreadPool& pool, const RowFn* pre = nullptr);
+// pre(j) for every j in [0, n): over the pool when that pays, else in order on this thread.
+void run_rows(const RowFn& fn, int n, ThreadPool& pool);
 
 // Instruction-set levels. The active level is the best the CPU supports, lowered by
 // set_isa_limit() (--cpu-isa) or the BATON_CPU_ISA environment variable (scalar|avx2|avx512).

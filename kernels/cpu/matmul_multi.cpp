@@ -40,7 +40,8 @@ constexpr int kFusedMaxCols = 4;
 // Packed targets, any column count: the activations quantized once (shared by every target), then
 // one job over all targets' groups of 16 rows. Few columns: chunks sized for balance, each group
 // streamed once. Many columns: chunks that stay in L2 while the column tiles of 8 pass over them.
-void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool) {
+void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool,
+                           const RowFn* pre) {
   BATON_CHECK(n >= 1 && n_targets >= 1 && n_targets <= kMaxTargets);
   const KernelTable& kt = active_table();
   const int64_t cols = targets[0].W->cols, nb = cols / 32;
@@ -49,7 +50,10 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   thread_local std::vector<uint8_t> scratch;  // only grows
   if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
   uint8_t* A = scratch.data();
-  auto quant_task = [&](int j, int) { quant(X + int64_t(j) * cols, cols, A + size_t(j) * a_stride); };
+  auto quant_task = [&](int j, int) {
+    if (pre) (*pre)(j);
+    quant(X + int64_t(j) * cols, cols, A + size_t(j) * a_stride);
+  };
   if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
   else for (int j = 0; j < n; j++) quant_task(j, 0);
 
@@ -98,12 +102,14 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   pool.run(n_tasks, std::ref(body));
 }
 
-void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool) {
+void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool,
+                  const RowFn* pre) {
   BATON_CHECK(n >= 1 && n_targets >= 1);
   bool all_packed = n_targets <= kMaxTargets;
   for (int i = 0; i < n_targets && all_packed; ++i)
     all_packed = targets[i].W->packed != nullptr && targets[i].W->cols == targets[0].W->cols;
-  if (all_packed) return matmul_packed_targets(targets, n_targets, X, n, pool);
+  if (all_packed) return matmul_packed_targets(targets, n_targets, X, n, pool, pre);
+  if (pre) run_rows(*pre, n, pool);
   if (n > kFusedMaxCols || n_targets > kMaxTargets || n_targets == 1) {
     for (int i = 0; i < n_targets; ++i) matmul(*targets[i].W, X, n, targets[i].Y, pool);
     return;

@@ -14,10 +14,14 @@ struct MatmulTarget {
 // When every target is packed, X is quantized once and all targets' rows are one job at any column
 // count; otherwise for n <= 4 (decode) the rows of all targets are one job, and above that each
 // target is its own matmul() (prefill: the GEMMs are long enough that a barrier does not matter).
-void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool);
+// `pre` as in matmul(): row-local work producing X, run before each column is read.
+void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool,
+                  const RowFn* pre = nullptr);
 
 // The packed path of matmul_multi (and of matmul() for one packed matrix): every target packed,
 // 1..4 targets of equal cols.
-void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool);
+// pre(j) runs in the task that quantizes column j.
+void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const float* X, int n, ThreadPool& pool,
+                           const RowFn* pre = nullptr);
 
 }  // namespace baton::cpu
