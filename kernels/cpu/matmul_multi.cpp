@@ -34,6 +34,7 @@ int part_of(const Part* parts, int n_parts, int task) {
   return i;
 }
 constexpr int kFusedMaxCols = 4;
+constexpr int kSmallBatchCols = 64;
 
 }  // namespace
 
@@ -76,8 +77,12 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
     if (n <= kPackedMaxCols) {
       p.chunk = std::max<int64_t>(1, p.groups / (int64_t(pool.size()) * 8));
     } else {
+      // A batch's decode step (up to kSmallBatchCols columns) is a string of short jobs whose
+      // threads wait for the slowest at every barrier: 16 tasks per thread keep that wait to a
+      // sliver of a task. Longer jobs (prefill) keep bigger chunks, which re-read the columns less.
+      const int per_thread = n <= kSmallBatchCols ? 16 : 4;
       p.chunk = std::clamp<int64_t>(int64_t(256 * 1024 / std::max<size_t>(p.group_bytes, 1)), 1, 16);
-      while (p.chunk > 1 && (p.groups + p.chunk - 1) / p.chunk < 4 * pool.size()) p.chunk /= 2;
+      while (p.chunk > 1 && (p.groups + p.chunk - 1) / p.chunk < per_thread * pool.size()) p.chunk /= 2;
     }
     p.first_task = n_tasks;
     n_tasks += int((p.groups + p.chunk - 1) / p.chunk);
