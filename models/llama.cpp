@@ -197,12 +197,16 @@ struct CpuLayers {
   // thread they left the other threads waiting. Any other op runs the queue first (flush), in
   // call order. A row's arithmetic is the same either way, so the bits never depend on which.
   struct RowOp {
-    enum Kind { Norm, Add, Silu, Gelu } kind;
+    enum Kind { Norm, Add, Silu, Gelu, Commit } kind;
     const float* a;  // Norm: input; Add: addend; gate: g
     const float* b;  // Norm: weight (or null); gate: u
     float* y;
-    int rows, len;  // rows × len elements; Add and the gates are one flat row (rows 1)
+    int rows, len;  // rows × len elements; Add and the gates are one flat row (rows 1); Commit: rows
+                    // = tokens, len 1
+    int layer = 0;  // Commit: the layer whose staged K/V rows go into the cache
   };
+  // Per-token ops: fusable only into a matmul over exactly their rows.
+  static bool per_row(const RowOp& o) { return o.kind == RowOp::Norm || o.kind == RowOp::Commit; }
   static constexpr int kMaxRowOps = 4;
   RowOp ops[kMaxRowOps];
   int n_ops = 0;
@@ -213,6 +217,7 @@ struct CpuLayers {
       case RowOp::Add: cpu::add(o.y + off, o.a + off, len); break;
       case RowOp::Silu: cpu::silu_gate(o.a + off, o.b + off, o.y + off, len); break;
       case RowOp::Gelu: cpu::gelu_tanh_gate(o.a + off, o.b + off, o.y + off, len); break;
+      case RowOp::Commit: commit(o.layer, int(off)); break;
     }
   }
   void queue(const RowOp& o) {
@@ -230,7 +235,7 @@ struct CpuLayers {
     if (n_ops == 0) return nullptr;
     for (int i = 0; i < n_ops; ++i) {
       const RowOp& o = ops[i];
-      const bool ok = o.kind == RowOp::Norm ? o.rows == n : (size_t(o.rows) * size_t(o.len)) % size_t(n) == 0;
+      const bool ok = per_row(o) ? o.rows == n : (size_t(o.rows) * size_t(o.len)) % size_t(n) == 0;
       if (!ok) {
         flush();
         return nullptr;
@@ -239,7 +244,7 @@ struct CpuLayers {
     pre = [this, n](int j) {
       for (int i = 0; i < n_ops; ++i) {
         const RowOp& o = ops[i];
-        const int len = o.kind == RowOp::Norm ? o.len : int(size_t(o.rows) * size_t(o.len) / size_t(n));
+        const int len = per_row(o) ? o.len : int(size_t(o.rows) * size_t(o.len) / size_t(n));
         apply(o, size_t(j) * size_t(len), len);
       }
     };
@@ -280,7 +285,13 @@ struct CpuLayers {
     cpu::softcap(y, cap, n);
   }
 
-  void stage_rows() { baton::stage_rows(batch, kv->shape().n_seq, s.first.data(), s.row0.data(), s.row.data()); }
+  std::vector<int32_t> seq_last;  // per sequence slot: its last position in the batch
+  void stage_rows() {
+    baton::stage_rows(batch, kv->shape().n_seq, s.first.data(), s.row0.data(), s.row.data());
+    seq_last.assign(size_t(kv->shape().n_seq), -1);
+    for (int t = 0; t < batch.size(); ++t)
+      seq_last[size_t(batch.seq[size_t(t)])] = std::max(seq_last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+  }
 
   void rope_and_stage(int l, int n) {
     flush();
@@ -297,14 +308,15 @@ struct CpuLayers {
                          angles.data() + size_t(t) * 2 * half + half);
       angles_of = freqs;
     }
-    for (int t = 0; t < n; ++t) {
+    const cpu::RowFn token = [&](int t) {
       const float* cs = angles.data() + size_t(t) * 2 * half;
       const float* sn = cs + half;
       cpu::rope_rotate(q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
       cpu::rope_rotate(k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
       cpu::kv_convert(kvt, k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
       cpu::kv_convert(kvt, v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
-    }
+    };
+    cpu::run_rows(token, n, pool);
   }
 
   // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
@@ -315,16 +327,23 @@ struct CpuLayers {
                                                               s.first.data(), s.row0.data(), s.k_new, s.v_new);
     a.kv = cache;
     cpu::attention(a, pool);
-    const size_t k_row = cache.k_row, v_row = cache.v_row;
+    RowOp commit_rows{RowOp::Commit, nullptr, nullptr, nullptr, n, 1};
+    commit_rows.layer = l;
+    queue(commit_rows);  // done by the output projection's prologue
+  }
+  // Token t's staged K/V rows of layer l into its cache cells.
+  void commit(int l, int t) const {
+    const cpu::KvLayerView cache = kv->layer(l);
     const size_t kh = cache.k_head_bytes(), vh = cache.v_head_bytes();
-    for (int t = 0; t < n; ++t) {
-      const int sq = batch.seq[size_t(t)], p = batch.pos[size_t(t)];
-      const uint8_t* kr = s.k_new + size_t(s.row[size_t(t)]) * k_row;
-      const uint8_t* vr = s.v_new + size_t(s.row[size_t(t)]) * v_row;
-      for (int g = 0; g < cache.n_head_kv; ++g) {
-        std::memcpy(cache.k_at(sq, g, p), kr + size_t(g) * kh, kh);
-        std::memcpy(cache.v_at(sq, g, p), vr + size_t(g) * vh, vh);
-      }
+    const int sq = batch.seq[size_t(t)], p = batch.pos[size_t(t)];
+    // A ring shorter than the batch's run of this sequence: a later token takes the same cell. It
+    // alone writes it, so the tokens' commits never race and the last one wins, as in order.
+    if (p + cache.n_cells <= seq_last[size_t(sq)]) return;
+    const uint8_t* kr = s.k_new + size_t(s.row[size_t(t)]) * cache.k_row;
+    const uint8_t* vr = s.v_new + size_t(s.row[size_t(t)]) * cache.v_row;
+    for (int g = 0; g < cache.n_head_kv; ++g) {
+      std::memcpy(cache.k_at(sq, g, p), kr + size_t(g) * kh, kh);
+      std::memcpy(cache.v_at(sq, g, p), vr + size_t(g) * vh, vh);
     }
   }
 
