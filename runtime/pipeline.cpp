@@ -298,6 +298,7 @@ void CpuPipeline::drive(size_t k) {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (queue_[k].empty() && stages_.size() > 1) stages_[k]->rest();  // idle until the next piece
     TicketState& t = tickets_.at(piece->ticket);
     if (error && !t.error) t.error = error;
     if (!last && !t.error) {
@@ -378,6 +379,21 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
     if (!idle) return wait(submit(b, logits));
     // Nothing in flight, so every driver is waiting on an empty queue: run the stages on this
     // thread and spare the hand-offs (one stream decoding token by token pays them per token).
+    // CPU stages of the same width run on the first one's pool: its workers are spinning for the
+    // next job, where another stage's would have to be woken (and share the cores meanwhile).
+    cpu::ThreadPool* shared = nullptr;
+    for (const auto& st : stages_) {
+      cpu::ThreadPool* p = st->pool();
+      if (!p) continue;
+      if (!shared) shared = p;
+      else if (p->size() == shared->size()) st->borrow_pool(shared);
+    }
+    struct GiveBack {
+      const std::vector<std::unique_ptr<ModelStage>>& stages;
+      ~GiveBack() {
+        for (const auto& st : stages) st->borrow_pool(nullptr);
+      }
+    } give_back{stages_};
     for (const auto& piece : prepare(b, logits)) {
       size_t k = 0;
       try {

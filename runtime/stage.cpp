@@ -33,10 +33,16 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   }
 }
 
+void CpuStage::borrow_pool(cpu::ThreadPool* p) {
+  BATON_CHECK(!p || p->size() == pool_->size());
+  borrowed_ = p;
+}
+
 void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   BATON_CHECK(batch.size() > 0 && batch.size() <= n_batch_);
+  cpu::ThreadPool& pool = borrowed_ ? *borrowed_ : *pool_;
   if (plan_.has_embedding) embed(cfg_, weights_, batch, x);
-  forward_layers(cfg_, weights_, *kv_, batch, begin_, end_, x, *scratch_, *pool_);
+  forward_layers(cfg_, weights_, *kv_, batch, begin_, end_, x, *scratch_, pool);
   if (!plan_.has_output) return;
   const size_t rows = size_t(batch.n_logits());
   if (rows == 0) return;
@@ -44,7 +50,7 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   // unaligned one gets them through our own.
   const bool direct = logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0;
   float* out = direct ? logits : logits_.get();
-  head(cfg_, weights_, batch, x, out, *scratch_, *pool_);
+  head(cfg_, weights_, batch, x, out, *scratch_, pool);
   const size_t V = size_t(cfg_.n_vocab);
   thread_local std::vector<size_t> argmax_rows_tl;  // output rows that want only their argmax
   std::vector<size_t>& argmax_rows = argmax_rows_tl;  // (the pool's threads see this thread's)
@@ -58,7 +64,7 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
     float* row = out + argmax_rows[size_t(i)] * V;
     set_argmax_token(row, cpu::argmax(row, int(V)));
   };
-  cpu::run_rows(pick, int(argmax_rows.size()), *pool_);
+  cpu::run_rows(pick, int(argmax_rows.size()), pool);
   if (!direct && logits) std::memcpy(logits, logits_.get(), rows * V * sizeof(float));
 }
 

@@ -55,6 +55,15 @@ class ModelStage {
   bool first() const { return plan().has_embedding; }
   bool last() const { return plan().has_output; }
   virtual int n_threads() const = 0;
+  // Nothing for this stage right now (the work moved on to the next stage): its worker threads
+  // stop spinning for the next job and sleep, leaving the cores to the stage that has work.
+  virtual void rest() {}
+  // CPU stages: the worker pool the stage computes with, and a way to run it on another pool of
+  // the same size for a while (`nullptr` gives it its own back). The pipeline runs consecutive
+  // stages one after another on one thread's pool when a single stream goes through them, so
+  // the same warm workers carry on instead of waking another stage's.
+  virtual cpu::ThreadPool* pool() { return nullptr; }
+  virtual void borrow_pool(cpu::ThreadPool*) {}
   virtual int max_rewind() const = 0;
   // Weights + KV cache + scratch + buffers as allocated: what the planner sized.
   virtual uint64_t measured_bytes() const = 0;
@@ -70,6 +79,9 @@ class CpuStage : public ModelStage {
   void forward(const Batch& batch, float* x, float* logits) override;
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return pool_->size(); }
+  void rest() override { pool_->rest(); }
+  cpu::ThreadPool* pool() override { return pool_.get(); }
+  void borrow_pool(cpu::ThreadPool* p) override;
   int max_rewind() const override { return kv_->max_rewind(); }
   // Weights bound + KV cache + scratch + the head's logits buffer: what the planner sized.
   uint64_t measured_bytes() const override;
@@ -84,6 +96,7 @@ class CpuStage : public ModelStage {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Scratch> scratch_;
   std::unique_ptr<cpu::ThreadPool> pool_;
+  cpu::ThreadPool* borrowed_ = nullptr;  // borrow_pool(): forward computes on this one
   // Last stage: n_batch × n_vocab rows for a caller whose buffer is not float-aligned. Not zeroed:
   // the head writes before anything reads, and pages never used are never touched.
   std::unique_ptr<float[]> logits_;

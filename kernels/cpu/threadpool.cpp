@@ -38,6 +38,7 @@ struct ThreadPool::Impl {
   const std::function<void(int, int)>* fn = nullptr;
   bool stop = false;
   bool busy = false;  // a run() is in progress (nested or concurrent runs are a bug)
+  std::atomic<bool> resting{false};  // rest() was called: skip the spin
   std::vector<std::thread> threads;
 
   void drain(int thread) {
@@ -58,7 +59,7 @@ struct ThreadPool::Impl {
       // Spin for a short while: the next job usually follows within microseconds.
       const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
       int spins = 0;
-      while (generation.load(std::memory_order_acquire) == seen) {
+      while (generation.load(std::memory_order_acquire) == seen && !resting.load(std::memory_order_relaxed)) {
         BATON_PAUSE();
         if (++spins % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
       }
@@ -111,6 +112,7 @@ void ThreadPool::run(int n_tasks, const std::function<void(int task, int thread)
     c.end = int(int64_t(n_tasks) * (t + 1) / n_threads_);
   }
   p.running.store(n_threads_ - 1, std::memory_order_relaxed);
+  p.resting.store(false, std::memory_order_relaxed);
   {
     std::lock_guard lk(p.mu);
     p.generation.fetch_add(1, std::memory_order_release);
@@ -127,5 +129,7 @@ void ThreadPool::run(int n_tasks, const std::function<void(int task, int thread)
   p.fn = nullptr;
   p.busy = false;
 }
+
+void ThreadPool::rest() { impl_->resting.store(true, std::memory_order_relaxed); }
 
 }  // namespace baton::cpu

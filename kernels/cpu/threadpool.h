@@ -15,6 +15,10 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   void run(int n_tasks, const std::function<void(int task, int thread)>& fn);
+  // No job is coming soon (the pipeline moved on to another stage's pool): workers stop spinning
+  // and sleep now instead of after their spin, leaving the cores to the threads that have work.
+  // The next run() wakes them as usual.
+  void rest();
 
  private:
   struct Impl;
