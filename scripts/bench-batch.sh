@@ -54,7 +54,13 @@ run_llama() {  # $1 = npp, $2 = round
   grep -E '^\|' "$dir/$tag.out" >&2
 }
 
+# p1 streams the weights and follows the host's memory bandwidth, p16 much less: the same binary's
+# p16/p1 moved from 3.6x to 4.6x within an hour on a shared VM (docs/BENCHMARKS.md, session 8).
+# So the read bandwidth at both ends of the run is printed with it.
+read_bw() { "$BATON" bench-kernels --types Q4_0 -t "$THREADS" --read-mib 512 --gemv-mib 1 --cols 256 --gemm-rows 16 2>/dev/null \
+  | awk '$1 == "read" { print $6 " GB/s" }'; }
 echo "load before: $(uptime)" >&2
+echo "read bandwidth before ($THREADS threads): $(read_bw)" >&2
 # The first parallel-1 run also measures the mean prompt length that llama.cpp is given.
 run_baton 1 1
 npp=$(python3 -c "
@@ -67,6 +73,7 @@ for r in $(seq 1 "$ROUNDS"); do
   run_llama "$npp" "$r"
 done
 echo "load after: $(uptime)" >&2
+echo "read bandwidth after ($THREADS threads): $(read_bw)" >&2
 
 python3 - "$dir" "$ROUNDS" "$PARALLEL" "$MAX_TOKENS" "$npp" <<'PY'
 import json, re, statistics, sys, pathlib
