@@ -205,8 +205,13 @@ struct CpuLayers {
                     // = tokens, len 1
     int layer = 0;  // Commit: the layer whose staged K/V rows go into the cache
   };
-  // Per-token ops: fusable only into a matmul over exactly their rows.
-  static bool per_row(const RowOp& o) { return o.kind == RowOp::Norm || o.kind == RowOp::Commit; }
+  // The length of row j of o when a matmul over n rows runs it as its prologue, or 0 when o does
+  // not split into n rows: per-token ops (norm, commit) need exactly n rows, flat ones n parts.
+  static int fused_len(const RowOp& o, int n) {
+    if (o.kind == RowOp::Norm || o.kind == RowOp::Commit) return o.rows == n ? o.len : 0;
+    const size_t total = size_t(o.rows) * size_t(o.len);
+    return total % size_t(n) == 0 ? int(total / size_t(n)) : 0;
+  }
   static constexpr int kMaxRowOps = 4;
   RowOp ops[kMaxRowOps];
   int n_ops = 0;
@@ -234,22 +239,18 @@ struct CpuLayers {
   const cpu::RowFn* prologue(int n) {
     if (n_ops == 0) return nullptr;
     for (int i = 0; i < n_ops; ++i) {
-      const RowOp& o = ops[i];
-      const bool ok = per_row(o) ? o.rows == n : (size_t(o.rows) * size_t(o.len)) % size_t(n) == 0;
-      if (!ok) {
+      fused[i] = fused_len(ops[i], n);
+      if (fused[i] == 0) {
         flush();
         return nullptr;
       }
     }
-    pre = [this, n](int j) {
-      for (int i = 0; i < n_ops; ++i) {
-        const RowOp& o = ops[i];
-        const int len = per_row(o) ? o.len : int(size_t(o.rows) * size_t(o.len) / size_t(n));
-        apply(o, size_t(j) * size_t(len), len);
-      }
+    pre = [this](int j) {
+      for (int i = 0; i < n_ops; ++i) apply(ops[i], size_t(j) * size_t(fused[i]), fused[i]);
     };
     return &pre;
   }
+  int fused[kMaxRowOps] = {};  // prologue(): each op's row length
   cpu::RowFn pre;
   // Runs the queue as the prologue of a matmul over n rows (then empties it).
   template <class F>
@@ -319,7 +320,8 @@ struct CpuLayers {
     cpu::run_rows(token, n, pool);
   }
 
-  // Attention over cache + staged batch rows, then commit the batch's rows to the cache.
+  // Attention over cache + staged batch rows; the commit of the batch's rows to the cache is
+  // queued for the output projection's prologue.
   void attention(int l, int n) {
     flush();
     const cpu::KvLayerView cache = kv->layer(l);
@@ -329,7 +331,7 @@ struct CpuLayers {
     cpu::attention(a, pool);
     RowOp commit_rows{RowOp::Commit, nullptr, nullptr, nullptr, n, 1};
     commit_rows.layer = l;
-    queue(commit_rows);  // done by the output projection's prologue
+    queue(commit_rows);
   }
   // Token t's staged K/V rows of layer l into its cache cells.
   void commit(int l, int t) const {

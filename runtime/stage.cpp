@@ -52,19 +52,17 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   float* out = direct ? logits : logits_.get();
   head(cfg_, weights_, batch, x, out, *scratch_, pool);
   const size_t V = size_t(cfg_.n_vocab);
-  thread_local std::vector<size_t> argmax_rows_tl;  // output rows that want only their argmax
-  std::vector<size_t>& argmax_rows = argmax_rows_tl;  // (the pool's threads see this thread's)
-  argmax_rows.clear();
+  argmax_rows_.clear();
   for (size_t t = 0, r = 0; t < size_t(batch.size()); ++t) {
     if (batch.logits[t] == kNoLogits) continue;
-    if (batch.logits[t] == kArgmaxOnly) argmax_rows.push_back(r);
+    if (batch.logits[t] == kArgmaxOnly) argmax_rows_.push_back(r);
     ++r;
   }
-  const cpu::RowFn pick = [&argmax_rows, out, V](int i) {
-    float* row = out + argmax_rows[size_t(i)] * V;
+  const cpu::RowFn pick = [&](int i) {
+    float* row = out + argmax_rows_[size_t(i)] * V;
     set_argmax_token(row, cpu::argmax(row, int(V)));
   };
-  cpu::run_rows(pick, int(argmax_rows.size()), pool);
+  cpu::run_rows(pick, int(argmax_rows_.size()), pool);
   if (!direct && logits) std::memcpy(logits, logits_.get(), rows * V * sizeof(float));
 }
 

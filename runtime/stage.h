@@ -97,6 +97,7 @@ class CpuStage : public ModelStage {
   std::unique_ptr<Scratch> scratch_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::ThreadPool* borrowed_ = nullptr;  // borrow_pool(): forward computes on this one
+  std::vector<size_t> argmax_rows_;      // forward(): the output rows that want only their argmax
   // Last stage: n_batch × n_vocab rows for a caller whose buffer is not float-aligned. Not zeroed:
   // the head writes before anything reads, and pages never used are never touched.
   std::unique_ptr<float[]> logits_;
