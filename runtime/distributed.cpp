@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,12 +30,18 @@
 #include "runtime/devices.h"
 #include "runtime/gpu_stage.h"
 #include "runtime/kv_cache.h"
+#include "runtime/link.h"
 #include "runtime/model_files.h"
 #include "runtime/mpi_comm.h"
 #include "runtime/pipeline_base.h"
 #include "runtime/shape.h"
 #include "runtime/stage.h"
 #include "runtime/tokenizer.h"
+
+#if BATON_HAVE_CUDA
+#include "kernels/cuda/nccl.h"
+#include "kernels/cuda/ops.h"
+#endif
 
 namespace baton {
 
@@ -45,7 +52,7 @@ using mpi::Writer;
 
 namespace {
 
-constexpr uint32_t kProtocol = 3;  // bump when a message layout changes
+constexpr uint32_t kProtocol = 4;  // bump when a message layout changes
 
 // ---- setup: what each rank tells rank 0 ----
 
@@ -57,6 +64,7 @@ struct RankInfo {
   uint64_t file_size = 0;
   uint64_t header_hash = 0;    // FNV-1a of bytes [0, data offset): metadata and tensor infos
   std::vector<DeviceSpec> devices;
+  bool channel = false;        // a GPU rank that can join a device channel (runtime/link.h)
   std::string error;           // the rank could not open its file or parse its devices
 };
 
@@ -85,6 +93,18 @@ DeviceSpec get_device(Reader& r) {
   return d;
 }
 
+// Device channels between GPU ranks (runtime/link.h): NCCL where this build has it, the host
+// emulation's over MPI where GPUs are emulated. BATON_NCCL=0 turns them off; GPU ranks then hand
+// over through host memory, as CPU ranks do.
+bool device_channels_possible() {
+  if (const char* e = std::getenv("BATON_NCCL"); e && std::string(e) == "0") return false;
+#if BATON_HAVE_CUDA
+  return cuda::nccl_available();
+#else
+  return cuda_emulated();
+#endif
+}
+
 // This rank's facts; errors are kept in the record so rank 0 can report them by rank.
 RankInfo local_info(const std::string& model, const std::string& devices, bool allow_hypothetical) {
   Comm& c = *Comm::get();
@@ -94,6 +114,7 @@ RankInfo local_info(const std::string& model, const std::string& devices, bool a
   info.pid = int(getpid());
   try {
     info.devices = parse_devices(devices.empty() ? "cpu" : devices, probe_devices(), allow_hypothetical);
+    info.channel = info.devices.size() == 1 && info.devices[0].is_gpu() && device_channels_possible();
     if (!model.empty()) {
       info.path = resolve_model(model);
       auto f = gguf::File::open(info.path);
@@ -109,7 +130,7 @@ RankInfo local_info(const std::string& model, const std::string& devices, bool a
 std::vector<uint8_t> hello_bytes(const RankInfo& i) {
   Writer w;
   w.put(kProtocol).put(int32_t(i.pid)).put_str(i.host).put_str(i.path).put(i.file_size).put(i.header_hash)
-      .put_str(i.error).put(uint32_t(i.devices.size()));
+      .put_str(i.error).put(uint8_t(i.channel)).put(uint32_t(i.devices.size()));
   for (const auto& d : i.devices) put_device(w, d);
   return std::move(w.bytes);
 }
@@ -127,6 +148,7 @@ RankInfo parse_hello(const Message& m) {
   i.file_size = r.get<uint64_t>();
   i.header_hash = r.get<uint64_t>();
   i.error = r.get_str();
+  i.channel = r.get<uint8_t>() != 0;
   const uint32_t n = r.get<uint32_t>();
   for (uint32_t k = 0; k < n; ++k) i.devices.push_back(get_device(r));
   return i;
@@ -201,7 +223,10 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
 // The stage (runtime/stage.h) and the hidden states of the micro-batch in hand. The last rank's
 // logits rows go straight into the outgoing message.
 struct LocalStage {
-  std::unique_ptr<ModelStage> s;  // a CpuStage, or a GpuStage whose hidden state crosses host memory
+  std::unique_ptr<ModelStage> s;  // a CpuStage, or a GpuStage
+  // A GPU stage's device channels to its neighbour ranks (nullptr: the hidden state crosses host
+  // memory in the work messages). Declared after s: they go first.
+  std::unique_ptr<DeviceChannel> in, out;
   std::vector<float> x;
   std::atomic<uint64_t> busy_ns{0};  // time in forward since load
 
@@ -212,7 +237,97 @@ struct StageSetup {
   int n_ctx = 0, n_seq = 1, n_batch = 1;
   GgmlType kv_type = GgmlType::F16;
   Stage stage;
+  bool chan_in = false, chan_out = false;  // device channels from the previous / to the next rank
 };
+
+// ---- device channels: the hidden state between two GPU ranks, device to device ----
+
+using ChannelId = std::array<unsigned char, 128>;  // NCCL's unique id, made by the sending rank
+
+ChannelId new_channel_id() {
+  ChannelId out{};
+#if BATON_HAVE_CUDA
+  const cuda::NcclId id = cuda::nccl_unique_id();
+  static_assert(sizeof(id.bytes) == sizeof(out));
+  std::memcpy(out.data(), id.bytes, out.size());
+#endif
+  return out;  // the emulation's pairs need no id
+}
+
+std::string channel_name(int from, int to) {
+#if BATON_HAVE_CUDA
+  const int v = cuda::nccl_version();
+  return fmt::format("rank {} -> rank {}: NCCL {}.{}.{}, device to device", from, to, v / 10000, v / 100 % 100, v % 100);
+#else
+  return fmt::format("rank {} -> rank {}: NCCL emulated on the host (MPI bulk lane)", from, to);
+#endif
+}
+
+#if BATON_HAVE_CUDA
+class NcclChannel final : public DeviceChannel {
+ public:
+  NcclChannel(GpuStage& s, const ChannelId& id, int from, int to, bool sender, const std::function<void()>& poll,
+              double timeout_s)
+      : pair_(s.context(), nccl_id(id), sender ? 0 : 1, poll, timeout_s), name_(channel_name(from, to)) {}
+  void send(const void* src, size_t bytes) override { pair_.send(src, bytes); }
+  void recv(void* dst, size_t bytes) override { pair_.recv(dst, bytes); }
+  std::string describe() const override { return name_; }
+
+ private:
+  static cuda::NcclId nccl_id(const ChannelId& id) {
+    cuda::NcclId out;
+    std::memcpy(out.bytes, id.data(), id.size());
+    return out;
+  }
+  cuda::NcclPair pair_;
+  std::string name_;
+};
+#else
+// The host emulation, whose device memory is host memory: the bytes go over MPI's bulk lane,
+// apart from the work messages, as NCCL's own connections carry them. Joining waits for the other
+// end (a byte each way), as ncclCommInitRank waits for both members.
+class EmulatedChannel final : public DeviceChannel {
+ public:
+  EmulatedChannel(Comm& c, int from, int to, bool sender, const std::function<void()>& poll)
+      : c_(c), peer_(sender ? to : from), name_(channel_name(from, to)) {
+    c_.send_bulk(peer_, {uint8_t(1)});
+    uint8_t b = 0;
+    c_.recv_bulk_into(peer_, &b, 1, [&] {
+      poll();
+      return false;
+    });
+  }
+  void send(const void* src, size_t bytes) override {
+    const auto* p = static_cast<const uint8_t*>(src);
+    c_.send_bulk(peer_, std::vector<uint8_t>(p, p + bytes));
+  }
+  void recv(void* dst, size_t bytes) override { c_.recv_bulk_into(peer_, dst, bytes); }
+  std::string describe() const override { return name_; }
+
+ private:
+  Comm& c_;
+  int peer_;
+  std::string name_;
+};
+#endif
+
+// Joins the channel between ranks `from` and `from + 1` on this rank's GPU stage (the sender is
+// `from`). poll() runs while the other end is awaited and throws to give up.
+std::unique_ptr<DeviceChannel> join_channel(LocalStage& s, const ChannelId& id, int from, bool sender,
+                                            const std::function<void()>& poll) {
+  auto* g = dynamic_cast<GpuStage*>(s.s.get());
+  BATON_CHECK(g != nullptr);
+#if BATON_HAVE_CUDA
+  return std::make_unique<NcclChannel>(*g, id, from, from + 1, sender, poll, std::max(60.0, Comm::get()->timeout_s()));
+#else
+  (void)id;
+  return std::make_unique<EmulatedChannel>(*Comm::get(), from, from + 1, sender, poll);
+#endif
+}
+
+void connect_channels(LocalStage& s) {
+  if (auto* g = dynamic_cast<GpuStage*>(s.s.get())) g->connect_channels(s.in.get(), s.out.get());
+}
 
 // Whether tensor `name` belongs to the stage (its blocks, the embedding / head it holds, and the
 // few tensors outside any block that every stage keeps).
@@ -280,7 +395,7 @@ void put_stage(Writer& w, const StageSetup& su) {
   const Stage& s = su.stage;
   w.put(int32_t(su.n_ctx)).put(int32_t(su.n_seq)).put(int32_t(su.n_batch)).put(int32_t(su.kv_type))
       .put(s.layer_begin).put(s.layer_end).put(uint8_t(s.has_embedding)).put(uint8_t(s.has_output))
-      .put_str(s.label).put(s.total_bytes() - s.reserve_bytes);
+      .put_str(s.label).put(s.total_bytes() - s.reserve_bytes).put(uint8_t(su.chan_in)).put(uint8_t(su.chan_out));
 }
 
 StageSetup get_stage(Reader& r, uint64_t* planned) {
@@ -295,15 +410,19 @@ StageSetup get_stage(Reader& r, uint64_t* planned) {
   su.stage.has_output = r.get<uint8_t>() != 0;
   su.stage.label = r.get_str();
   *planned = r.get<uint64_t>();
+  su.chan_in = r.get<uint8_t>() != 0;
+  su.chan_out = r.get<uint8_t>() != 0;
   return su;
 }
 
-// A micro-batch on the wire: id, batch arrays, `rows` hidden-state rows, then per rank it went
-// through: its busy time so far (cumulative ns, for `baton bench`'s balance line) and its compute
-// of this micro-batch (ns; rank 0's entry is 0, for link_stats()).
-void put_work(Writer& w, uint64_t id, const Batch& b, const float* x, size_t n_embd, const std::vector<uint64_t>& busy,
-              const std::vector<uint64_t>& step) {
-  w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(x, size_t(b.size()) * n_embd)
+// A micro-batch on the wire: id, batch arrays, its hidden-state rows (none when they travel over
+// a device channel), then per rank it went through: its busy time so far (cumulative ns, for
+// `baton bench`'s balance line) and its compute of this micro-batch (ns; rank 0's entry is 0, for
+// link_stats()).
+void put_work(Writer& w, uint64_t id, const Batch& b, const LocalStage& s, size_t n_embd,
+              const std::vector<uint64_t>& busy, const std::vector<uint64_t>& step) {
+  const size_t rows = s.out ? 0 : size_t(b.size());
+  w.put(id).put_vec(b.token).put_vec(b.pos).put_vec(b.seq).put_vec(b.logits).put_raw(s.x.data(), rows * n_embd)
       .put_vec(busy).put_vec(step);
 }
 
@@ -325,6 +444,9 @@ struct Worker {
   std::vector<float> out;  // the last stage's rows when some are sent as argmax ids only
   bool broken = false;  // an error was reported; only a shutdown is expected now
   std::vector<DeviceSpec> devices;  // this rank's, as probed for its hello
+  StageSetup setup;                 // this rank's stage, from rank 0's plan
+  bool link_asked = false;          // kLink came: every stage is loaded
+  bool linked = false;              // kLinked sent
 
   void report(const std::exception& e) {
     const auto* be = dynamic_cast<const Error*>(&e);
@@ -335,7 +457,7 @@ struct Worker {
   void on_plan(const Message& m) {
     Reader r(m.bytes, m.source);
     uint64_t planned = 0;
-    const StageSetup su = get_stage(r, &planned);
+    const StageSetup su = setup = get_stage(r, &planned);
     file = gguf::File::open(resolve_model(args.model));
     cfg = ModelConfig::from_gguf(*file);
     // This rank's own device, as its hello reported it (probed once).
@@ -346,8 +468,39 @@ struct Worker {
     c.send(0, mpi::kReady, std::move(w.bytes));
   }
 
+  // Device channels: the sender of a pair makes its id once told every stage is loaded (kLink) and
+  // sends it over; each end joins when it has the id. Joining waits for the other end (which may
+  // itself be joining its other pair: the waits run down the pipeline and end at its last rank).
+  void on_link() {
+    link_asked = true;
+    if (setup.chan_out) {
+      const ChannelId id = new_channel_id();
+      c.send(c.rank() + 1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
+      stage->out = join_channel(*stage, id, c.rank(), /*sender=*/true, [this] { poll_shutdown(); });
+    }
+    maybe_linked();
+  }
+  void on_link_id(const Message& m) {
+    if (!setup.chan_in || m.source != c.rank() - 1 || m.bytes.size() != sizeof(ChannelId))
+      fail(ErrorKind::Model, "unexpected channel id from rank {}", m.source);
+    ChannelId id;
+    std::memcpy(id.data(), m.bytes.data(), id.size());
+    stage->in = join_channel(*stage, id, m.source, /*sender=*/false, [this] { poll_shutdown(); });
+    maybe_linked();
+  }
+  void maybe_linked() {
+    if (linked || !link_asked || (setup.chan_in && !stage->in) || (setup.chan_out && !stage->out)) return;
+    connect_channels(*stage);
+    linked = true;
+    c.send(0, mpi::kLinked, {});
+  }
+  void poll_shutdown() {
+    if (c.pending(0, mpi::kShutdown) >= 0) fail(ErrorKind::Model, "the job ended while this rank joined its device channels");
+  }
+
   void on_work(const Message& m) {
     if (!stage) fail(ErrorKind::Model, "work arrived before this rank was given a stage");
+    if ((setup.chan_in || setup.chan_out) && !linked) fail(ErrorKind::Model, "work arrived before the device channels were joined");
     Reader r(m.bytes, m.source);
     const uint64_t id = r.get<uint64_t>();
     Batch b;
@@ -358,7 +511,9 @@ struct Worker {
     const size_t n = size_t(b.size()), E = size_t(cfg.n_embd);
     BATON_CHECK(b.pos.size() == n && b.seq.size() == n && b.logits.size() == n);
     BATON_CHECK(n <= stage->x.size() / E);
-    std::memcpy(stage->x.data(), r.get_view<float>(n * E), n * E * sizeof(float));
+    const size_t rows = stage->in ? 0 : n;  // over a device channel the rows come separately
+    const float* x = r.get_view<float>(rows * E);
+    if (rows) std::memcpy(stage->x.data(), x, rows * E * sizeof(float));
     std::vector<uint64_t> busy = r.get_vec<uint64_t>(), step = r.get_vec<uint64_t>();
     Writer w;
     if (stage->s->last()) {
@@ -391,7 +546,7 @@ struct Worker {
     } else {
       step.push_back(run_stage(*stage, b, nullptr));
       busy.push_back(stage->busy_ns.load());
-      put_work(w, id, b, stage->x.data(), E, busy, step);
+      put_work(w, id, b, *stage, E, busy, step);
       c.send(c.rank() + 1, mpi::kWork, std::move(w.bytes));
     }
   }
@@ -413,6 +568,8 @@ struct Worker {
       try {
         if (m.tag == mpi::kPlan) on_plan(m);
         else if (m.tag == mpi::kWork) on_work(m);
+        else if (m.tag == mpi::kLink) on_link();
+        else if (m.tag == mpi::kLinkId) on_link_id(m);
         else fail(ErrorKind::Model, "unexpected message {} from rank {}", m.tag, m.source);
       } catch (const std::exception& e) {
         report(e);
@@ -494,6 +651,7 @@ class DistributedPipeline final : public ModelPipeline {
     if (broken_) fail(ErrorKind::Model, "the distributed pipeline stopped after an earlier error: {}", broken_what_);
   }
   uint64_t start(const Batch& b, float* logits, size_t groups);
+  void link_channels(const std::vector<bool>& chan);
   void stage_loop();
   void take(const Message& m);  // a kLogits (then its kLogitsRows) or kError message
 
@@ -544,14 +702,21 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   for (size_t k = 0; k < p.stages.size(); ++k) BATON_CHECK(p.stages[k].device == k);
   n_batch_ = int(p.options.n_batch);
 
+  // A device channel across each boundary between two GPU ranks that can join one (NCCL).
+  const size_t R = all.size();
+  std::vector<bool> chan(R, false);  // chan[k]: rank k -> k + 1
+  for (size_t k = 0; k + 1 < R; ++k) chan[k] = all[k].channel && all[k + 1].channel;
+  auto setup_of = [&](size_t r) {
+    return StageSetup{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[r], r > 0 && chan[r - 1], chan[r]};
+  };
+
   // Workers load while rank 0 loads its own stage.
   for (int r = 1; r < c_.size(); ++r) {
-    StageSetup su{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[size_t(r)]};
     Writer w;
-    put_stage(w, su);
+    put_stage(w, setup_of(size_t(r)));
     c_.send(r, mpi::kPlan, std::move(w.bytes));
   }
-  StageSetup mine{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[0]};
+  StageSetup mine = setup_of(0);
   stage_ = load_stage(*file_, cfg_, mine, all[0].devices[0], stage_threads(opt.n_threads, opt.threads_per_stage),
                       opt.progress);
   max_rewind_ = stage_->s->max_rewind();
@@ -574,6 +739,11 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
     info.n_threads = r.get<int32_t>();
     ++got;
   }
+  link_channels(chan);
+  if (opt.verbose)
+    for (size_t k = 0; k + 1 < R; ++k)
+      std::fprintf(stderr, "%s\n", chan[k] ? channel_name(int(k), int(k) + 1).c_str()
+                                           : fmt::format("rank {} -> rank {}: host memory over MPI", k, k + 1).c_str());
   if (opt.verbose)
     for (size_t k = 0; k < infos_.size(); ++k) {
       const StageInfo& s = infos_[k];
@@ -596,6 +766,33 @@ DistributedPipeline::~DistributedPipeline() {
     distributed_shutdown(broken_);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+  }
+}
+
+// Once every stage is loaded: the workers with device channels join them (runtime/link.h), rank 0
+// its own if it has one, and each worker reports when its channels are up.
+void DistributedPipeline::link_channels(const std::vector<bool>& chan) {
+  std::vector<int> waiting;
+  for (int r = 1; r < c_.size(); ++r)
+    if (chan[size_t(r) - 1] || chan[size_t(r)]) {
+      c_.send(r, mpi::kLink, {});
+      waiting.push_back(r);
+    }
+  if (chan[0]) {
+    const ChannelId id = new_channel_id();
+    c_.send(1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
+    // While rank 1 is awaited, a worker that failed to join reports here.
+    stage_->out = join_channel(*stage_, id, 0, /*sender=*/true, [this] {
+      const int src = c_.pending(-1, mpi::kError);
+      if (src >= 0) throw_remote(*c_.recv_until({}, src, mpi::kError));
+    });
+    connect_channels(*stage_);
+  }
+  for (size_t got = 0; got < waiting.size(); ++got) {
+    Message m = c_.recv();
+    if (m.tag == mpi::kError) throw_remote(m);
+    if (m.tag != mpi::kLinked)
+      fail(ErrorKind::Model, "rank {} sent message {} while joining its device channels", m.source, m.tag);
   }
 }
 
@@ -641,7 +838,7 @@ void DistributedPipeline::stage_loop() {
     try {
       run_stage(*stage_, mb->batch, nullptr);  // rank 0 is never the last stage
       Writer w;
-      put_work(w, id, mb->batch, stage_->x.data(), E, {stage_->busy_ns.load()}, {0});
+      put_work(w, id, mb->batch, *stage_, E, {stage_->busy_ns.load()}, {0});
       c_.send(1, mpi::kWork, std::move(w.bytes));
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.at(item.first).sent[item.second] = std::chrono::steady_clock::now();

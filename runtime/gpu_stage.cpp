@@ -85,6 +85,8 @@ struct GpuStage::Impl {
 
   GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
   GpuLink* out = nullptr;  // device link to the next stage
+  DeviceChannel* net_in = nullptr;   // device channel from a stage in another process
+  DeviceChannel* net_out = nullptr;  // device channel to a stage in another process
 
   Impl(const ModelConfig& cfg, int device) : c(cfg), ctx(device) {}
 
@@ -357,6 +359,13 @@ void GpuStage::connect(GpuLink* in, GpuLink* out) {
   impl_->out = out;
 }
 
+void GpuStage::connect_channels(DeviceChannel* in, DeviceChannel* out) {
+  BATON_CHECK(!(in && plan_.has_embedding) && !(out && plan_.has_output));
+  BATON_CHECK(!(in && impl_->in) && !(out && impl_->out));
+  impl_->net_in = in;
+  impl_->net_out = out;
+}
+
 cuda::Context& GpuStage::context() { return impl_->ctx; }
 
 void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) {
@@ -418,8 +427,11 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     if (in_guard.slot >= 0) {
       g.in->receive(in_guard.slot, g.x, xbytes);
       g.in->release(std::exchange(in_guard.slot, -1));
+    } else if (g.net_in) {
+      g.net_in->recv(g.x, xbytes);
+    } else {
+      cuda::copy_to_device(g.ctx, g.x, x, xbytes);
     }
-    else cuda::copy_to_device(g.ctx, g.x, x, xbytes);
   }
   const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
   // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
@@ -481,6 +493,9 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     // stream's next step runs after it, so nothing here waits for the GPU.
     h.out_slot = g.out->send(g.x, xbytes);
     return;
+  } else if (g.net_out) {
+    g.net_out->send(g.x, xbytes);  // the same: the stream orders the next step after the send
+    return;
   } else {
     cuda::copy_to_host(g.ctx, x, g.x, xbytes);
   }
@@ -504,6 +519,7 @@ GpuStage::~GpuStage() = default;
 void GpuStage::forward(const Batch&, float*, float*) { BATON_CHECK(false); }
 void GpuStage::forward(const Batch&, float*, float*, Handoff&) { BATON_CHECK(false); }
 void GpuStage::connect(GpuLink*, GpuLink*) { BATON_CHECK(false); }
+void GpuStage::connect_channels(DeviceChannel*, DeviceChannel*) { BATON_CHECK(false); }
 cuda::Context& GpuStage::context() { BATON_CHECK(false); std::abort(); }
 GpuStage::Stats GpuStage::stats() const { return {}; }
 uint64_t GpuStage::measured_bytes() const { return 0; }

@@ -13,6 +13,7 @@
 namespace baton {
 
 class GpuLink;
+class DeviceChannel;
 namespace cuda { class Context; }
 
 class GpuStage : public ModelStage {
@@ -29,6 +30,10 @@ class GpuStage : public ModelStage {
   void forward(const Batch& batch, float* x, float* logits, Handoff& h) override;
   // The device links into and out of this stage (nullptr: host memory); set before any forward.
   void connect(GpuLink* in, GpuLink* out);
+  // Device channels to stages in other processes (nullptr: host memory). With `in` the input is
+  // received into the stage's device buffer and the host x is not read; with `out` the output is
+  // sent from it, x is not written, and forward() returns without waiting for the device.
+  void connect_channels(DeviceChannel* in, DeviceChannel* out);
   cuda::Context& context();
   // Steps of at most gemv_max_cols tokens are captured in a CUDA graph once per shape and
   // replayed (StageOptions::cuda_graphs; --no-cuda-graphs turns it off). A sequence's run of at

@@ -82,4 +82,16 @@ class GpuLink {
   std::vector<int> free_;
 };
 
+// The hidden state between GPU stages in different processes (runtime/distributed.cpp): NCCL
+// send/receive between the two ranks' device buffers, or its host emulation. Both calls are
+// enqueued on the stage's stream and return at once; pieces are received in the order they were
+// sent.
+class DeviceChannel {
+ public:
+  virtual ~DeviceChannel() = default;
+  virtual void send(const void* src_ptr, size_t bytes) = 0;  // src_ptr: the sending stage's device memory
+  virtual void recv(void* dst_ptr, size_t bytes) = 0;        // dst_ptr: the receiving stage's device memory
+  virtual std::string describe() const = 0;                  // "rank 0 -> rank 1, NCCL"
+};
+
 }  // namespace baton

@@ -57,7 +57,7 @@ struct Outgoing {
 };
 
 struct Comm::Impl {
-  MPI_Comm data = MPI_COMM_NULL, beat = MPI_COMM_NULL;
+  MPI_Comm data = MPI_COMM_NULL, beat = MPI_COMM_NULL, bulk = MPI_COMM_NULL;
   std::mutex send_mu;             // guards `out`
   std::deque<Outgoing> out;       // sends MPI still holds
   std::mutex recv_mu;             // one receiver at a time (probe + receive must pair up)
@@ -106,9 +106,11 @@ Comm& Comm::init() {
   Impl& im = *c->impl_;
   MPI_Comm_dup(MPI_COMM_WORLD, &im.data);
   MPI_Comm_dup(MPI_COMM_WORLD, &im.beat);
+  MPI_Comm_dup(MPI_COMM_WORLD, &im.bulk);
   // Errors come back as codes (and become Errors naming the peer) instead of killing the job.
   MPI_Comm_set_errhandler(im.data, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(im.beat, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(im.bulk, MPI_ERRORS_RETURN);
   g_comm = c;
 
   // Heartbeats: every rank beats every other rank several times per timeout and watches what it
@@ -171,7 +173,10 @@ void Comm::throw_if_failed() const {
   if (impl_->failed.load()) fail(ErrorKind::Model, "{}", failure());
 }
 
-void Comm::send(int dest, int tag, std::vector<uint8_t> bytes) {
+void Comm::send(int dest, int tag, std::vector<uint8_t> bytes) { send_on(&impl_->data, dest, tag, std::move(bytes)); }
+void Comm::send_bulk(int dest, std::vector<uint8_t> bytes) { send_on(&impl_->bulk, dest, 0, std::move(bytes)); }
+
+void Comm::send_on(void* comm, int dest, int tag, std::vector<uint8_t> bytes) {
   if (bytes.size() > size_t(INT32_MAX))
     fail(ErrorKind::Usage, "a message of {} bytes to rank {} is larger than MPI's 2 GiB limit "
          "(use a smaller --batch-size)", bytes.size(), dest);
@@ -179,7 +184,7 @@ void Comm::send(int dest, int tag, std::vector<uint8_t> bytes) {
   std::lock_guard<std::mutex> lock(impl_->send_mu);
   impl_->out.push_back({std::move(bytes), MPI_REQUEST_NULL, dest});
   Outgoing& o = impl_->out.back();
-  const int rc = MPI_Isend(o.bytes.data(), int(o.bytes.size()), MPI_BYTE, dest, tag, impl_->data, &o.req);
+  const int rc = MPI_Isend(o.bytes.data(), int(o.bytes.size()), MPI_BYTE, dest, tag, *static_cast<MPI_Comm*>(comm), &o.req);
   if (rc != MPI_SUCCESS) {
     impl_->out.pop_back();
     fail(ErrorKind::Model, "sending to rank {} failed: {}", dest, mpi_error_text(rc));
@@ -213,13 +218,13 @@ void Comm::flush() {
 
 Message Comm::recv(int source) { return *recv_until({}, source); }
 
-std::optional<Message> Comm::recv_until(const std::function<bool()>& done, int source) {
+std::optional<Message> Comm::recv_until(const std::function<bool()>& done, int source, int tag) {
   std::lock_guard<std::mutex> lock(impl_->recv_mu);
   const auto t0 = Clock::now();
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    int rc = MPI_Iprobe(source < 0 ? MPI_ANY_SOURCE : source, MPI_ANY_TAG, impl_->data, &flag, &st);
+    int rc = MPI_Iprobe(source < 0 ? MPI_ANY_SOURCE : source, tag < 0 ? MPI_ANY_TAG : tag, impl_->data, &flag, &st);
     if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "waiting for rank {} failed: {}", source, mpi_error_text(rc));
     if (flag) {
       int count = 0;
@@ -241,14 +246,34 @@ std::optional<Message> Comm::recv_until(const std::function<bool()>& done, int s
 }
 
 void Comm::recv_into(int source, int tag, void* dst, size_t bytes) {
+  recv_into_on(&impl_->data, source, tag, dst, bytes, {});
+}
+
+bool Comm::recv_bulk_into(int source, void* dst, size_t bytes, const std::function<bool()>& stop) {
+  return recv_into_on(&impl_->bulk, source, 0, dst, bytes, stop);
+}
+
+int Comm::pending(int source, int tag) {
+  int flag = 0;
+  MPI_Status st;
+  const int rc = MPI_Iprobe(source < 0 ? MPI_ANY_SOURCE : source, tag, impl_->data, &flag, &st);
+  if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "polling rank {} failed: {}", source, mpi_error_text(rc));
+  return flag ? st.MPI_SOURCE : -1;
+}
+
+bool Comm::recv_into_on(void* comm_ptr, int source, int tag, void* dst, size_t bytes, const std::function<bool()>& stop) {
   if (bytes > size_t(INT32_MAX))
     fail(ErrorKind::Usage, "a message of {} bytes from rank {} is larger than MPI's 2 GiB limit", bytes, source);
-  std::lock_guard<std::mutex> lock(impl_->recv_mu);
+  const MPI_Comm comm = *static_cast<MPI_Comm*>(comm_ptr);
+  // The data lane has one receiver at a time (probe + receive must pair up); the bulk lane has
+  // one receiving thread per rank (the stage's).
+  std::unique_lock<std::mutex> lock(impl_->recv_mu, std::defer_lock);
+  if (comm == impl_->data) lock.lock();
   const auto t0 = Clock::now();
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    int rc = MPI_Iprobe(source, tag, impl_->data, &flag, &st);
+    int rc = MPI_Iprobe(source, tag, comm, &flag, &st);
     if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "waiting for rank {} failed: {}", source, mpi_error_text(rc));
     if (flag) {
       int count = 0;
@@ -256,11 +281,12 @@ void Comm::recv_into(int source, int tag, void* dst, size_t bytes) {
       if (size_t(count) != bytes)
         fail(ErrorKind::Model, "rank {} sent {} bytes where {} were expected (different baton versions on the ranks?)",
              source, count, bytes);
-      rc = MPI_Recv(dst, count, MPI_BYTE, source, tag, impl_->data, MPI_STATUS_IGNORE);
+      rc = MPI_Recv(dst, count, MPI_BYTE, source, tag, comm, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) fail(ErrorKind::Model, "receiving from rank {} failed: {}", source, mpi_error_text(rc));
-      return;
+      return true;
     }
     throw_if_failed();
+    if (stop && stop()) return false;
     poll_sends();
     backoff(t0);
   }
@@ -287,6 +313,7 @@ void Comm::finalize() {
   }
   MPI_Comm_free(&impl_->data);
   MPI_Comm_free(&impl_->beat);
+  MPI_Comm_free(&impl_->bulk);
   MPI_Finalize();
   finalized_ = true;
 }

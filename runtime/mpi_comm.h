@@ -29,6 +29,9 @@ enum Tag : int {
   kError,       // worker -> 0: text of an error on that rank
   kShutdown,    // 0 -> worker: end the job (payload: 1 byte, 1 when rank 0 failed)
   kLogitsRows,  // last rank -> 0: right after its kLogits, the output words alone (received in place)
+  kLink,        // 0 -> worker: every stage is loaded, join the device channels of your plan
+  kLinkId,      // rank k -> k+1: the NCCL id of the device channel between them
+  kLinked,      // worker -> 0: its device channels are up
 };
 
 struct Message {
@@ -53,11 +56,22 @@ class Comm {
   // The next message from `source` (-1: any rank), any tag. Waits while every peer is alive:
   // throws Error naming the rank once one stops answering.
   Message recv(int source = -1);
-  // The same, but gives up (nullopt) as soon as `done` returns true (checked between polls).
-  std::optional<Message> recv_until(const std::function<bool()>& done, int source = -1);
+  // The same, but gives up (nullopt) as soon as `done` returns true (checked between polls);
+  // tag >= 0 takes only a message with that tag.
+  std::optional<Message> recv_until(const std::function<bool()>& done, int source = -1, int tag = -1);
   // The next message from `source` with `tag`, received straight into dst, which must be exactly
   // `bytes` long (a malformed message otherwise). Same liveness rule as recv.
   void recv_into(int source, int tag, void* dst, size_t bytes);
+  // The rank a message with `tag` is waiting from (source -1: any rank), or -1; nothing is received.
+  int pending(int source, int tag);
+
+  // The bulk lane: bytes on a communicator of their own, outside the order of the messages above,
+  // so that the next recv() never meets them (the host emulation of the device channel between GPU
+  // ranks uses it, as NCCL has its own connections). Same liveness rule as recv; recv_bulk_into
+  // also gives up when `stop` returns true (it then returns false).
+  void send_bulk(int dest, std::vector<uint8_t> bytes);
+  bool recv_bulk_into(int source, void* dst, size_t bytes, const std::function<bool()>& stop = {});
+
   // Waits until every queued send has completed (same liveness rule as recv).
   void flush();
   // Progress on queued sends without waiting (frees completed ones).
@@ -80,6 +94,8 @@ class Comm {
  private:
   Comm() = default;
   void throw_if_failed() const;
+  void send_on(void* comm, int dest, int tag, std::vector<uint8_t> bytes);
+  bool recv_into_on(void* comm, int source, int tag, void* dst, size_t bytes, const std::function<bool()>& stop);
   Impl* impl_ = nullptr;
   int rank_ = 0, size_ = 1;
   std::string host_;

@@ -144,12 +144,12 @@ struct Ended {
   std::string err;
   double seconds = 0;
 };
-Ended break_a_rank(int rank, int signal, const std::string& env) {
+Ended break_a_rank(int rank, int signal, const std::string& env, const std::string& devices = "") {
   const std::string dir = test::temp_dir();
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(rank);
   const std::string cmd = "BATON_TEST_JOB=" + tag + " " + env + " " + mpirun(3) + kBaton + " batch -m " + tiny() +
                           " --raw -t 1 --temp 0 -n 400 --ctx 512 --parallel 4 -i " + write_prompts(400) + " -o " + dir +
-                          "/out.jsonl --distributed >" + dir + "/stdout 2>" + dir + "/stderr";
+                          "/out.jsonl --distributed " + devices + " >" + dir + "/stdout 2>" + dir + "/stderr";
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
@@ -209,12 +209,16 @@ TEST_CASE("2 and 3 ranks give the same logits as one process", "[mpi]") {
   }
 }
 
+// GPU ranks run on the host emulation of the CUDA ops only in a build without CUDA.
+bool cuda_emulation_build() {
+  if (std::system((kBaton + " devices --no-links 2>/dev/null | grep -q \"no CUDA backend\"").c_str()) == 0) return true;
+  WARN("a CUDA build: GPU ranks are tested on a GPU by gpu-check, not on the emulation");
+  return false;
+}
+
 TEST_CASE("GPU ranks (on the host emulation) give the logits of one process on that GPU", "[mpi]") {
   require_mpi();
-  if (std::system((kBaton + " devices --no-links 2>/dev/null | grep -q \"no CUDA backend\"").c_str()) != 0) {
-    WARN("a CUDA build: GPU ranks are tested on a GPU by gpu-check, not on the emulation");
-    return;
-  }
+  if (!cuda_emulation_build()) return;
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((3 + 37 * i) % 1000);
   const std::string model = test::tiny_gemma3_model(), prompt = ids_text(ids);
@@ -222,8 +226,22 @@ TEST_CASE("GPU ranks (on the host emulation) give the logits of one process on t
   REQUIRE(one.size() > 0);
   for (int n : {2, 3}) {
     INFO(n << " ranks");
-    // Every rank a GPU stage, the hidden state between them over MPI in host memory.
-    CHECK(logits("BATON_CUDA_EMULATE=1 " + mpirun(n), model, prompt, "--devices cuda:0 --distributed") == one);
+    // Every rank a GPU stage, the hidden state between them over the device channel (NCCL's host
+    // emulation: the rows travel apart from the work messages), and with BATON_NCCL=0 inside the
+    // work messages, through host memory.
+    for (const std::string env : {"", "BATON_NCCL=0 "}) {
+      INFO(env);
+      const std::string out = test::temp_dir() + "/gpu-ranks.f32";
+      const Ran r = sh(env + "BATON_CUDA_EMULATE=1 " + mpirun(n) + kBaton + " logits -m " + model + " --tokens \"" +
+                       prompt + "\" -t 1 --devices cuda:0 --distributed --verbose --out " + out);
+      INFO(r.err);
+      REQUIRE(r.code == 0);
+      CHECK(test::read_all(out) == one);
+      for (int k = 0; k + 1 < n; ++k) {
+        const std::string boundary = "rank " + std::to_string(k) + " -> rank " + std::to_string(k + 1) + ": ";
+        CHECK(r.err.find(boundary + (env.empty() ? "NCCL emulated on the host" : "host memory over MPI")) != std::string::npos);
+      }
+    }
   }
   // A GPU rank feeding a CPU rank (one device per rank, MPMD launch) against one process with a GPU
   // stage then a CPU stage, cut the same way.
@@ -339,6 +357,17 @@ TEST_CASE("a killed rank ends the job with an error within 30 s", "[mpi]") {
 TEST_CASE("a rank that stops answering ends the job with an error naming it", "[mpi]") {
   require_mpi();
   const Ended e = break_a_rank(1, SIGSTOP, "BATON_MPI_TIMEOUT=3");
+  INFO(e.err);
+  CHECK(e.seconds < 30);
+  CHECK(e.code != 0);
+  CHECK(e.err.find("rank 1 stopped answering") != std::string::npos);
+}
+
+TEST_CASE("a GPU rank that stops answering ends the job, device channels and all", "[mpi]") {
+  require_mpi();
+  if (!cuda_emulation_build()) return;
+  // Rank 2 waits for rank 1's hidden state on the device channel when rank 1 stops.
+  const Ended e = break_a_rank(1, SIGSTOP, "BATON_MPI_TIMEOUT=3 BATON_CUDA_EMULATE=1", "--devices cuda:0");
   INFO(e.err);
   CHECK(e.seconds < 30);
   CHECK(e.code != 0);
