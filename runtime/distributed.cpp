@@ -218,28 +218,6 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
   return plan(shape, devices, po);
 }
 
-// ---- one stage, as a rank holds it ----
-
-// The stage (runtime/stage.h) and the hidden states of the micro-batch in hand. The last rank's
-// logits rows go straight into the outgoing message.
-struct LocalStage {
-  std::unique_ptr<ModelStage> s;  // a CpuStage, or a GpuStage
-  // A GPU stage's device channels to its neighbour ranks (nullptr: the hidden state crosses host
-  // memory in the work messages). Declared after s: they go first.
-  std::unique_ptr<DeviceChannel> in, out;
-  std::vector<float> x;
-  std::atomic<uint64_t> busy_ns{0};  // time in forward since load
-
-  uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float); }
-};
-
-struct StageSetup {
-  int n_ctx = 0, n_seq = 1, n_batch = 1;
-  GgmlType kv_type = GgmlType::F16;
-  Stage stage;
-  bool chan_in = false, chan_out = false;  // device channels from the previous / to the next rank
-};
-
 // ---- device channels: the hidden state between two GPU ranks, device to device ----
 
 using ChannelId = std::array<unsigned char, 128>;  // NCCL's unique id, made by the sending rank
@@ -263,14 +241,29 @@ std::string channel_name(int from, int to) {
 #endif
 }
 
-#if BATON_HAVE_CUDA
-class NcclChannel final : public DeviceChannel {
+// A device channel as this rank holds it: joining starts when it is made (so a rank starts both
+// of its pairs before waiting for either) and ends in join().
+class RankChannel : public DeviceChannel {
  public:
-  NcclChannel(GpuStage& s, const ChannelId& id, int from, int to, bool sender, const std::function<void()>& poll,
-              double timeout_s)
-      : pair_(s.context(), nccl_id(id), sender ? 0 : 1, poll, timeout_s), name_(channel_name(from, to)) {}
+  // Waits for the other end; poll() runs meanwhile and throws to give up. warm_bytes: the
+  // largest piece the channel will carry.
+  virtual void join(const std::function<void()>& poll, size_t warm_bytes) = 0;
+  // Receives a piece and drops it (a rank that failed still takes what its predecessor sends).
+  virtual void discard(size_t bytes) = 0;
+};
+
+#if BATON_HAVE_CUDA
+class NcclChannel final : public RankChannel {
+ public:
+  NcclChannel(GpuStage& s, const ChannelId& id, int from, bool sender)
+      : pair_(s.context(), nccl_id(id), sender ? 0 : 1, [] { Comm::get()->check_alive(); }),
+        name_(channel_name(from, from + 1)) {}
+  void join(const std::function<void()>& poll, size_t warm_bytes) override {
+    pair_.join(poll, std::max(60.0, Comm::get()->timeout_s()), warm_bytes);
+  }
   void send(const void* src, size_t bytes) override { pair_.send(src, bytes); }
   void recv(void* dst, size_t bytes) override { pair_.recv(dst, bytes); }
+  void discard(size_t bytes) override { pair_.discard(bytes); }
   std::string describe() const override { return name_; }
 
  private:
@@ -284,13 +277,15 @@ class NcclChannel final : public DeviceChannel {
 };
 #else
 // The host emulation, whose device memory is host memory: the bytes go over MPI's bulk lane,
-// apart from the work messages, as NCCL's own connections carry them. Joining waits for the other
-// end (a byte each way), as ncclCommInitRank waits for both members.
-class EmulatedChannel final : public DeviceChannel {
+// apart from the work messages, as NCCL's own connections carry them. Joining sends a byte to the
+// other end and waits for its byte, as ncclCommInitRank waits for both members.
+class EmulatedChannel final : public RankChannel {
  public:
-  EmulatedChannel(Comm& c, int from, int to, bool sender, const std::function<void()>& poll)
-      : c_(c), peer_(sender ? to : from), name_(channel_name(from, to)) {
+  EmulatedChannel(Comm& c, int from, bool sender)
+      : c_(c), peer_(sender ? from + 1 : from), name_(channel_name(from, from + 1)) {
     c_.send_bulk(peer_, {uint8_t(1)});
+  }
+  void join(const std::function<void()>& poll, size_t) override {
     uint8_t b = 0;
     c_.recv_bulk_into(peer_, &b, 1, [&] {
       poll();
@@ -302,6 +297,10 @@ class EmulatedChannel final : public DeviceChannel {
     c_.send_bulk(peer_, std::vector<uint8_t>(p, p + bytes));
   }
   void recv(void* dst, size_t bytes) override { c_.recv_bulk_into(peer_, dst, bytes); }
+  void discard(size_t bytes) override {
+    std::vector<uint8_t> sink(bytes);
+    recv(sink.data(), bytes);
+  }
   std::string describe() const override { return name_; }
 
  private:
@@ -311,23 +310,49 @@ class EmulatedChannel final : public DeviceChannel {
 };
 #endif
 
-// Joins the channel between ranks `from` and `from + 1` on this rank's GPU stage (the sender is
-// `from`). poll() runs while the other end is awaited and throws to give up.
-std::unique_ptr<DeviceChannel> join_channel(LocalStage& s, const ChannelId& id, int from, bool sender,
-                                            const std::function<void()>& poll) {
-  auto* g = dynamic_cast<GpuStage*>(s.s.get());
+// Starts joining the channel between ranks `from` and `from + 1` on this rank's GPU stage (the
+// sender is `from`).
+std::unique_ptr<RankChannel> start_channel(ModelStage& s, const ChannelId& id, int from, bool sender) {
+  auto* g = dynamic_cast<GpuStage*>(&s);
   BATON_CHECK(g != nullptr);
 #if BATON_HAVE_CUDA
-  return std::make_unique<NcclChannel>(*g, id, from, from + 1, sender, poll, std::max(60.0, Comm::get()->timeout_s()));
+  return std::make_unique<NcclChannel>(*g, id, from, sender);
 #else
   (void)id;
-  return std::make_unique<EmulatedChannel>(*Comm::get(), from, from + 1, sender, poll);
+  return std::make_unique<EmulatedChannel>(*Comm::get(), from, sender);
 #endif
 }
 
-void connect_channels(LocalStage& s) {
+// ---- one stage, as a rank holds it ----
+
+// The stage (runtime/stage.h) and the hidden states of the micro-batch in hand. The last rank's
+// logits rows go straight into the outgoing message.
+struct LocalStage {
+  std::unique_ptr<ModelStage> s;  // a CpuStage, or a GpuStage
+  // A GPU stage's device channels to its neighbour ranks (nullptr: the hidden state crosses host
+  // memory in the work messages). Declared after s: they go first.
+  std::unique_ptr<RankChannel> in, out;
+  std::vector<float> x;
+  std::atomic<uint64_t> busy_ns{0};  // time in forward since load
+
+  uint64_t measured_bytes() const { return s->measured_bytes() + x.capacity() * sizeof(float); }
+};
+
+// Waits for the stage's channels (both were started) and connects them to its GPU stage.
+void join_channels(LocalStage& s, const std::function<void()>& poll) {
+  const size_t piece = s.x.size() * sizeof(float);  // n_batch hidden states
+  if (s.in) s.in->join(poll, piece);
+  if (s.out) s.out->join(poll, piece);
   if (auto* g = dynamic_cast<GpuStage*>(s.s.get())) g->connect_channels(s.in.get(), s.out.get());
 }
+
+struct StageSetup {
+  int n_ctx = 0, n_seq = 1, n_batch = 1;
+  GgmlType kv_type = GgmlType::F16;
+  Stage stage;
+  bool chan_in = false, chan_out = false;  // device channels from the previous / to the next rank
+};
+
 
 // Whether tensor `name` belongs to the stage (its blocks, the embedding / head it holds, and the
 // few tensors outside any block that every stage keeps).
@@ -468,34 +493,46 @@ struct Worker {
     c.send(0, mpi::kReady, std::move(w.bytes));
   }
 
-  // Device channels: the sender of a pair makes its id once told every stage is loaded (kLink) and
-  // sends it over; each end joins when it has the id. Joining waits for the other end (which may
-  // itself be joining its other pair: the waits run down the pipeline and end at its last rank).
+  // Device channels: once told every stage is loaded (kLink), the sender of a pair makes its id,
+  // sends it over and starts joining; the receiver starts when the id comes (kLinkId). With all of
+  // its channels started a rank waits for them (its pairs come up together) and reports kLinked.
   void on_link() {
     link_asked = true;
     if (setup.chan_out) {
       const ChannelId id = new_channel_id();
       c.send(c.rank() + 1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
-      stage->out = join_channel(*stage, id, c.rank(), /*sender=*/true, [this] { poll_shutdown(); });
+      stage->out = start_channel(*stage->s, id, c.rank(), /*sender=*/true);
     }
     maybe_linked();
   }
   void on_link_id(const Message& m) {
-    if (!setup.chan_in || m.source != c.rank() - 1 || m.bytes.size() != sizeof(ChannelId))
+    if (!setup.chan_in || stage->in || m.source != c.rank() - 1 || m.bytes.size() != sizeof(ChannelId))
       fail(ErrorKind::Model, "unexpected channel id from rank {}", m.source);
     ChannelId id;
     std::memcpy(id.data(), m.bytes.data(), id.size());
-    stage->in = join_channel(*stage, id, m.source, /*sender=*/false, [this] { poll_shutdown(); });
+    stage->in = start_channel(*stage->s, id, m.source, /*sender=*/false);
     maybe_linked();
   }
   void maybe_linked() {
     if (linked || !link_asked || (setup.chan_in && !stage->in) || (setup.chan_out && !stage->out)) return;
-    connect_channels(*stage);
+    join_channels(*stage, [this] {
+      c.check_alive();
+      if (c.pending(0, mpi::kShutdown) >= 0) fail(ErrorKind::Model, "the job ended while this rank joined its device channels");
+    });
     linked = true;
     c.send(0, mpi::kLinked, {});
   }
-  void poll_shutdown() {
-    if (c.pending(0, mpi::kShutdown) >= 0) fail(ErrorKind::Model, "the job ended while this rank joined its device channels");
+  // A rank that failed still takes the rows its predecessor sends over a device channel, so that
+  // the sender is not left waiting for them.
+  void drain(const Message& m) {
+    if (m.tag != mpi::kWork || !stage || !stage->in || !linked) return;
+    try {
+      Reader r(m.bytes, m.source);
+      r.get<uint64_t>();
+      const size_t n = r.get_vec<int32_t>().size();
+      stage->in->discard(n * size_t(cfg.n_embd) * sizeof(float));
+    } catch (const std::exception&) {
+    }
   }
 
   void on_work(const Message& m) {
@@ -564,7 +601,10 @@ struct Worker {
         c.finalize();
         return 0;
       }
-      if (broken) continue;
+      if (broken) {
+        drain(m);
+        continue;
+      }
       try {
         if (m.tag == mpi::kPlan) on_plan(m);
         else if (m.tag == mpi::kWork) on_work(m);
@@ -781,12 +821,13 @@ void DistributedPipeline::link_channels(const std::vector<bool>& chan) {
   if (chan[0]) {
     const ChannelId id = new_channel_id();
     c_.send(1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
+    stage_->out = start_channel(*stage_->s, id, 0, /*sender=*/true);
     // While rank 1 is awaited, a worker that failed to join reports here.
-    stage_->out = join_channel(*stage_, id, 0, /*sender=*/true, [this] {
+    join_channels(*stage_, [this] {
+      c_.check_alive();
       const int src = c_.pending(-1, mpi::kError);
       if (src >= 0) throw_remote(*c_.recv_until({}, src, mpi::kError));
     });
-    connect_channels(*stage_);
   }
   for (size_t got = 0; got < waiting.size(); ++got) {
     Message m = c_.recv();

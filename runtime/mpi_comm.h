@@ -79,6 +79,8 @@ class Comm {
 
   // Non-empty once a peer was found dead or silent: "rank 2 (host, pid 1234) stopped answering ...".
   std::string failure() const;
+  // Throws that failure as an Error, if there is one.
+  void check_alive() const { throw_if_failed(); }
   // Ends the heartbeats and MPI cleanly (every peer must be alive and doing the same).
   void finalize();
   // Kills the whole job (MPI_Abort): the way out once a peer is lost, since a clean finalize would

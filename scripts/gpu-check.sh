@@ -137,6 +137,33 @@ else
   skip same-tokens "no 'baton run --p2p' yet"
 fi
 
+# 7. GPU ranks of the distributed pipeline (issue 10), when this machine has mpirun: two ranks on
+# cuda:0 through host memory (BATON_NCCL=0) must print the 1-stage text; with NCCL on, two ranks on
+# one GPU cannot form a pair (NCCL refuses a duplicate device), and the job must end with an error
+# naming NCCL within the time limit, not hang.
+mpi_run=(mpirun --oversubscribe --bind-to none -np 2)
+[[ $(id -u) == 0 ]] && mpi_run+=(--allow-run-as-root)
+tiny_model=
+for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do [[ -s $tiny ]] && { tiny_model=$tiny; break; }; done
+if command -v mpirun >/dev/null && has_cmd run --distributed && [[ -n $tiny_model ]] \
+   && ! "$bin" run --distributed -m "$tiny_model" -p x 2>&1 | grep -q "built without MPI"; then
+  t0=$SECONDS
+  args=(run -m "$tiny_model" --raw -p "Once upon a time" -n 32 --temp 0 --devices cuda:0)
+  ref=$(timeout 120 "$bin" "${args[@]}" 2>"$logs/distributed-gpu.log")
+  out=$(BATON_NCCL=0 timeout 180 "${mpi_run[@]}" "$bin" "${args[@]}" --distributed --verbose 2>>"$logs/distributed-gpu.log")
+  if [[ -n $ref && $out == "$ref" ]]; then row distributed-gpu ok $((SECONDS - t0)) "2 GPU ranks, host memory: same text"
+  else row distributed-gpu FAIL $((SECONDS - t0)) "texts differ or a run failed"; failed=1; fi
+  t0=$SECONDS
+  out=$(timeout 180 "${mpi_run[@]}" "$bin" "${args[@]}" --distributed --verbose 2>"$logs/distributed-nccl-1gpu.log")
+  rc=$?
+  if [[ $rc != 0 && $rc != 124 ]] && grep -qi nccl "$logs/distributed-nccl-1gpu.log"; then
+    row distributed-nccl-1gpu ok $((SECONDS - t0)) "refused with an NCCL error (expected on one GPU)"
+  elif [[ $rc == 0 && $out == "$ref" ]]; then row distributed-nccl-1gpu ok $((SECONDS - t0)) "NCCL on one GPU ran: same text"
+  else row distributed-nccl-1gpu FAIL $((SECONDS - t0)) "exit $rc (124: hung), see log"; failed=1; fi
+else
+  skip distributed-gpu "no mpirun, no MPI in this build, or no peer tiny model"
+fi
+
 # Short table last.
 {
   echo

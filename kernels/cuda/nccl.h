@@ -23,17 +23,26 @@ NcclId nccl_unique_id();
 
 class NcclPair {
  public:
-  // Joins the pair (both members call this with the same id). The communicator is non-blocking:
-  // while NCCL sets it up, `poll` is called every 100 µs and may throw (a lost rank, a shutdown),
-  // which aborts the communicator; after timeout_s seconds the join fails with an error.
-  NcclPair(Context& c, const NcclId& id, int member, const std::function<void()>& poll, double timeout_s);
-  ~NcclPair();
+  // Starts joining the pair (both members do, with the same id) and returns at once: the
+  // communicator is non-blocking, so a rank can start both of its pairs before waiting for either.
+  // `alive` is called while a later send or receive waits for NCCL, and throws when a peer is lost.
+  NcclPair(Context& c, const NcclId& id, int member, std::function<void()> alive);
+  ~NcclPair();  // waits at most a few seconds for the stream, then aborts the communicator
   NcclPair(const NcclPair&) = delete;
   NcclPair& operator=(const NcclPair&) = delete;
+
+  // Waits until the pair is up, then moves `warm_bytes` once from member 0 to member 1: NCCL
+  // connects a pair at its first transfer, which needs both ends at once (later sends do not wait
+  // for the receiver's host). While waiting, poll() is called every 100 µs and may throw (a lost
+  // rank, a shutdown): the communicator is then aborted. After timeout_s seconds: an error.
+  void join(const std::function<void()>& poll, double timeout_s, size_t warm_bytes);
 
   // Enqueued on the context's stream (the data moves when the stream gets there).
   void send(const void* src, size_t bytes);
   void recv(void* dst, size_t bytes);
+  // Receives `bytes` into a scratch buffer of the pair's and drops them (a rank that failed still
+  // takes what its predecessor sends, so the sender's stream is not left waiting).
+  void discard(size_t bytes);
 
   struct Impl;
 
