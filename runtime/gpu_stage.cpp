@@ -81,6 +81,7 @@ struct GpuStage::Impl {
   bool use_graphs = true;
   int n_ctx = 0;
   std::map<GraphKey, cuda::Graph> graphs;
+  uint64_t graph_scratch = 0;  // the scratch generation the graphs were captured with
   GpuStage::Stats stats;
 
   GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
@@ -462,6 +463,10 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   };
   if (graph) {
     GraphKey key{n, b.logits, b.commit_n};
+    if (g.graph_scratch != g.ctx.scratch_generation()) {  // the scratch moved: the graphs point at the old one
+      g.graphs.clear();
+      g.graph_scratch = g.ctx.scratch_generation();
+    }
     auto it = g.graphs.find(key);
     if (it == g.graphs.end()) {
       if (g.graphs.size() >= kMaxGraphs) g.graphs.clear();  // shapes keep changing: start over

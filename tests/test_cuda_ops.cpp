@@ -506,6 +506,44 @@ TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
   }
 }
 
+TEST_CASE("argmax and top-k on the device skip NaN and treat -0 and +0 as equal, as the CPU does") {
+  const int n_vocab = 3000, k = 40;
+  std::mt19937 rng(11);
+  auto x = random_floats(size_t(n_vocab) * 3, rng, -20.0f, 20.0f);
+  float* r0 = x.data();  // NaNs at the top and spread through the row
+  r0[5] = r0[2999] = std::nanf("");
+  for (int i = 0; i < n_vocab; i += 97) r0[i] = std::nanf("");
+  float* r1 = x.data() + n_vocab;  // the k-th place among zeros of both signs
+  for (int i = 0; i < n_vocab; i++) r1[i] = i < 30 ? 1.0f + float(i) : (i % 2 ? -0.0f : 0.0f);
+  float* r2 = x.data() + 2 * n_vocab;  // fewer than k values that are not NaN
+  for (int i = 0; i < n_vocab; i++) r2[i] = i % 100 == 3 ? float(i) : std::nanf("");
+  auto dx = to_dev(x);
+  cu::DeviceBuffer dam(3 * 4), di(size_t(3 * k) * 4), dv(size_t(3 * k) * 4);
+  cu::argmax(ctx(), dx.as<float>(), n_vocab, 3, dam.as<int32_t>());
+  cu::top_k(ctx(), dx.as<float>(), n_vocab, 3, k, di.as<int32_t>(), dv.as<float>());
+  const auto am = to_host<int32_t>(dam, 3);
+  const auto idx = to_host<int32_t>(di, size_t(3 * k));
+  const auto val = to_host<float>(dv, size_t(3 * k));
+  for (int r = 0; r < 3; r++) {
+    INFO("row " << r);
+    const float* row = x.data() + size_t(r) * n_vocab;
+    CHECK(am[size_t(r)] == cpu::argmax(row, n_vocab));
+    std::vector<int32_t> ci(size_t(k), -1);
+    std::vector<float> cv(size_t(k), 0.0f);
+    const int found = cpu::top_k(row, n_vocab, k, ci.data(), cv.data());
+    for (int i = 0; i < k; i++) {
+      if (i < found) {
+        CHECK(idx[size_t(r * k + i)] == ci[size_t(i)]);
+        CHECK(val[size_t(r * k + i)] == cv[size_t(i)]);
+      } else {
+        CHECK(std::isnan(val[size_t(r * k + i)]));  // the rest of the row's k: NaNs, in index order
+        if (i > found) CHECK(idx[size_t(r * k + i)] > idx[size_t(r * k + i - 1)]);
+      }
+    }
+    if (r == 2) CHECK(found == 30);
+  }
+}
+
 TEST_CASE("argmax and top-k on the device match a host sort, ties to the lowest index") {
   std::mt19937 rng(10);
   for (int n_vocab : {1, 37, 1000, 262144}) {

@@ -473,7 +473,17 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
     Batch one;
     one.add(5, 40 + kSteps, 0, kArgmaxOnly);
     forward(graphed, m.cfg, one);
-    CHECK(static_cast<const GpuStage&>(*graphed[1]).stats().captured == 2);
+    auto& last = static_cast<GpuStage&>(*graphed[1]);
+    CHECK(last.stats().captured == 2);
+    // Once the scratch has moved, every graph holds a stale address: the same shape is captured
+    // again instead of replayed.
+    one.pos[0]++;
+    last.context().reserve(last.context().scratch_size() + 1);
+    forward(graphed, m.cfg, one);
+    CHECK(last.stats().captured == 3);
+    one.pos[0]++;
+    forward(graphed, m.cfg, one);
+    CHECK(last.stats().captured == 3);  // and replayed from then on
   }
 }
 

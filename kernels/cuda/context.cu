@@ -53,6 +53,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
   CUDA_ASSERT(offset + bytes <= n_);
   CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(p_) + offset, host, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return once the bytes are staged, before they land, and
+  // the contexts' streams are non-blocking (not ordered after the legacy stream): wait for it, so
+  // that an op enqueued next on any stream sees the data.
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
@@ -305,6 +309,7 @@ void Context::reserve(size_t bytes) {
     oom_error(cat("CUDA device ", device_, ": cannot allocate ", bytes, " bytes of scratch"));
   }
   scratch_bytes_ = bytes;
+  ++scratch_generation_;
 }
 
 void* Context::scratch(size_t bytes) {

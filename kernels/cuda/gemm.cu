@@ -29,7 +29,8 @@ __global__ void dequant_f16_kernel(const uint8_t* __restrict__ W, size_t stride,
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = __float2half_rn(x[i]);
+  // Saturate: an activation past FP16's range becomes ±65504, not inf (and then NaN in Y).
+  if (i < n) y[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.0f), 65504.0f));
 }
 
 template <class T>
@@ -62,9 +63,14 @@ static int64_t slab_rows(const Context& c, const Weight& W) {
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
+// gemm's scratch: X in FP16, then one FP16 slab of W.
+static size_t gemm_scratch_bytes(const Context& c, const Weight& W, int n) {
+  return align256(size_t(n) * W.cols * 2) + size_t(std::min(slab_rows(c, W), W.rows)) * W.cols * 2;
+}
+
 size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n) {
   if (n <= c.gemv_max_cols) return q8_act_bytes(W.cols, n);
-  return align256(size_t(n) * W.cols * 2) + size_t(std::min(slab_rows(c, W), W.rows)) * W.cols * 2;
+  return gemm_scratch_bytes(c, W, n);
 }
 
 void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
@@ -74,7 +80,7 @@ void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   if (W.cols > INT32_MAX || W.rows > INT32_MAX)
     input_error(cat("CUDA gemm: weight ", W.rows, " x ", W.cols, " too large for cuBLAS"));
   const int64_t slab = slab_rows(c, W);
-  auto* base = static_cast<uint8_t*>(c.scratch(matmul_scratch_bytes(c, W, n)));
+  auto* base = static_cast<uint8_t*>(c.scratch(gemm_scratch_bytes(c, W, n)));  // also when n <= gemv_max_cols
   __half* xh = reinterpret_cast<__half*>(base);
   __half* wh = reinterpret_cast<__half*>(base + align256(size_t(n) * W.cols * 2));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());

@@ -64,6 +64,8 @@ class Context {
   void reserve(size_t bytes);
   void* scratch(size_t bytes);
   size_t scratch_size() const { return scratch_bytes_; }
+  // Counts the scratch's reallocations: a graph captured before one holds the old address.
+  uint64_t scratch_generation() const { return scratch_generation_; }
 
   // Tuning, to be measured on the target GPU (scripts/gpu-check.sh): matmuls with at most
   // gemv_max_cols columns take the fused GEMV path, wider ones dequantize to FP16 + cuBLAS.
@@ -84,6 +86,7 @@ class Context {
   int sm_count_ = 1;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  uint64_t scratch_generation_ = 0;
 };
 
 // Stream-ordered copies on the Context's stream (cudaMemcpyAsync): they return at once, and the
@@ -217,11 +220,13 @@ void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, f
 // Chooses GEMV (n <= c.gemv_max_cols) or GEMM.
 void matmul(Context& c, const Weight& W, const float* X, int n, float* Y);
 // Fused dequantize + dot, the activation quantized once to 8-bit blocks (dp4a); float weights use
-// F32 activations. Any n (launched 8 columns at a time).
+// F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
+// stage and the scratch are). Any n (launched 8 columns at a time).
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y);
-// Dequantize to FP16 (row slabs) and cublasGemmEx with FP32 accumulation and output.
+// Dequantize to FP16 (row slabs) and cublasGemmEx with FP32 accumulation and output. X goes to
+// FP16 too, saturated at ±65504.
 void gemm(Context& c, const Weight& W, const float* X, int n, float* Y);
-// Scratch the two paths need for n columns (the larger of the two when unsure).
+// Scratch matmul needs for n columns (that of the path it takes).
 size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n);
 // Rows [row0, row0 + nrows) of W as FP16 (nrows × cols), used by gemm; exposed for tests.
 void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, uint16_t* dst);
@@ -308,7 +313,8 @@ void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, in
 // Index of the largest logit of each of n rows (ties: the lowest index, as the CPU sampler).
 void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out);
 // The k (1..256) largest logits of each row, sorted by value descending then index ascending:
-// idx and val are n × k.
+// idx and val are n × k. NaNs come last: a row with fewer than k other values ends with NaN
+// entries (where the CPU's top_k returns fewer than k).
 void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* idx, float* val);
 
 }  // namespace baton::cuda

@@ -14,7 +14,10 @@ namespace {
 constexpr int kSelThreads = 1024;
 constexpr int kMaxTopK = 256;
 
+// Whether (v, i) ranks before (bv, bi): larger value, then lower index; NaN ranks after every
+// number (and NaNs among themselves by index), so argmax never picks one and top_k sorts them last.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  if (isnan(v) || isnan(bv)) return isnan(bv) && (!isnan(v) || i < bi);
   return v > bv || (v == bv && i < bi);
 }
 
@@ -46,9 +49,12 @@ __global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __rest
   }
 }
 
-// Unsigned key with the order of the floats (larger float, larger key).
+// Unsigned key with the order of the floats (larger float, larger key). -0 and +0 get one key (they
+// are equal, and ties go by index); NaN gets the lowest key, below -inf's, so NaNs are selected only
+// when a row has fewer than k other values.
 __device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
+  if (isnan(f)) return 0;
+  const uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

@@ -299,6 +299,7 @@ void Context::reserve(size_t bytes) {
   scratch_ = poisoned_alloc(bytes);
   if (!scratch_) oom_error(fmt::format("CUDA device {} (host emulation): cannot allocate {} bytes of scratch", device_, bytes));
   scratch_bytes_ = bytes;
+  ++scratch_generation_;
 }
 
 void* Context::scratch(size_t bytes) {
@@ -381,7 +382,7 @@ void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   float* xh = reinterpret_cast<float*>(base);
   float* w = reinterpret_cast<float*>(base + xbytes);
   uint8_t* gguf_row = base + xbytes + align_up(cols * sizeof(float), kAlign);
-  for (size_t i = 0; i < size_t(n) * cols; ++i) xh[i] = round_f16(X[i]);
+  for (size_t i = 0; i < size_t(n) * cols; ++i) xh[i] = round_f16(std::clamp(X[i], -65504.0f, 65504.0f));
   for (int64_t r = 0; r < W.rows; ++r) {
     dequantize_weight_row(W, r, gguf_row, w);
     for (size_t i = 0; i < cols; ++i) w[i] = round_f16(w[i]);
