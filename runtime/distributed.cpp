@@ -250,6 +250,7 @@ class RankChannel : public DeviceChannel {
   virtual void join(const std::function<void()>& poll, size_t warm_bytes) = 0;
   // Receives a piece and drops it (a rank that failed still takes what its predecessor sends).
   virtual void discard(size_t bytes) = 0;
+  uint64_t pieces_in = 0;  // pieces received or discarded so far
 };
 
 #if BATON_HAVE_CUDA
@@ -262,8 +263,14 @@ class NcclChannel final : public RankChannel {
     pair_.join(poll, std::max(60.0, Comm::get()->timeout_s()), warm_bytes);
   }
   void send(const void* src, size_t bytes) override { pair_.send(src, bytes); }
-  void recv(void* dst, size_t bytes) override { pair_.recv(dst, bytes); }
-  void discard(size_t bytes) override { pair_.discard(bytes); }
+  void recv(void* dst, size_t bytes) override {
+    pair_.recv(dst, bytes);
+    ++pieces_in;
+  }
+  void discard(size_t bytes) override {
+    pair_.discard(bytes);
+    ++pieces_in;
+  }
   std::string describe() const override { return name_; }
 
  private:
@@ -296,7 +303,10 @@ class EmulatedChannel final : public RankChannel {
     const auto* p = static_cast<const uint8_t*>(src);
     c_.send_bulk(peer_, std::vector<uint8_t>(p, p + bytes));
   }
-  void recv(void* dst, size_t bytes) override { c_.recv_bulk_into(peer_, dst, bytes); }
+  void recv(void* dst, size_t bytes) override {
+    c_.recv_bulk_into(peer_, dst, bytes);
+    ++pieces_in;
+  }
   void discard(size_t bytes) override {
     std::vector<uint8_t> sink(bytes);
     recv(sink.data(), bytes);
@@ -460,6 +470,15 @@ size_t output_words(const Batch& b, size_t n_vocab) {
 
 // ---- the worker ----
 
+// Tests: BATON_TEST_FAIL_WORK=RANK:N makes worker RANK fail on its N-th work message, as a stage
+// error mid-run would (0: never).
+int fault_injection(int rank) {
+  const char* e = std::getenv("BATON_TEST_FAIL_WORK");
+  int r = -1, n = 0;
+  if (!e || std::sscanf(e, "%d:%d", &r, &n) != 2 || r != rank) return 0;
+  return n;
+}
+
 struct Worker {
   Comm& c;
   WorkerArgs args;
@@ -472,6 +491,8 @@ struct Worker {
   StageSetup setup;                 // this rank's stage, from rank 0's plan
   bool link_asked = false;          // kLink came: every stage is loaded
   bool linked = false;              // kLinked sent
+  int work_done = 0;                // kWork messages taken
+  int fail_at_work = fault_injection(c.rank());
 
   void report(const std::exception& e) {
     const auto* be = dynamic_cast<const Error*>(&e);
@@ -523,9 +544,11 @@ struct Worker {
     c.send(0, mpi::kLinked, {});
   }
   // A rank that failed still takes the rows its predecessor sends over a device channel, so that
-  // the sender is not left waiting for them.
-  void drain(const Message& m) {
+  // the sender is not left waiting for them: those of every later work message, and those of the
+  // one it failed on unless its stage had received them (pieces_in before that message).
+  void drain(const Message& m, uint64_t pieces_before = ~uint64_t(0)) {
     if (m.tag != mpi::kWork || !stage || !stage->in || !linked) return;
+    if (pieces_before != ~uint64_t(0) && stage->in->pieces_in != pieces_before) return;
     try {
       Reader r(m.bytes, m.source);
       r.get<uint64_t>();
@@ -538,6 +561,7 @@ struct Worker {
   void on_work(const Message& m) {
     if (!stage) fail(ErrorKind::Model, "work arrived before this rank was given a stage");
     if ((setup.chan_in || setup.chan_out) && !linked) fail(ErrorKind::Model, "work arrived before the device channels were joined");
+    if (++work_done == fail_at_work) fail(ErrorKind::Model, "fault injected at work message {} (BATON_TEST_FAIL_WORK)", work_done);
     Reader r(m.bytes, m.source);
     const uint64_t id = r.get<uint64_t>();
     Batch b;
@@ -605,6 +629,7 @@ struct Worker {
         drain(m);
         continue;
       }
+      const uint64_t pieces_before = stage && stage->in ? stage->in->pieces_in : 0;
       try {
         if (m.tag == mpi::kPlan) on_plan(m);
         else if (m.tag == mpi::kWork) on_work(m);
@@ -613,6 +638,7 @@ struct Worker {
         else fail(ErrorKind::Model, "unexpected message {} from rank {}", m.tag, m.source);
       } catch (const std::exception& e) {
         report(e);
+        drain(m, pieces_before);
       }
     }
   }

@@ -373,3 +373,45 @@ TEST_CASE("a GPU rank that stops answering ends the job, device channels and all
   CHECK(e.code != 0);
   CHECK(e.err.find("rank 1 stopped answering") != std::string::npos);
 }
+
+// A model whose hidden state is wide enough (1024 floats a token) that a piece of rows goes as a
+// rendezvous message, which completes only once the receiver takes it.
+std::string wide_model() {
+  static const std::string path = [] {
+    const ShapePreset shape{"wide-llama", "llama", "test", 3, 1024, 8, 8, 128, 1024, 1000, 2048, false, 0, 0,
+                            1e4f, 1e-5f, false};
+    SynthOptions o;
+    o.type = GgmlType::Q8_0;
+    o.seed = 9;
+    const std::string p = test::temp_dir() + "/wide-llama.gguf";
+    synth_write(shape, o, p);
+    return p;
+  }();
+  return path;
+}
+
+TEST_CASE("a worker whose stage fails mid-run ends the job with its error, device channels and all", "[mpi]") {
+  require_mpi();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back((11 + 29 * i) % 1000);
+  std::vector<std::pair<std::string, std::string>> setups{{"", ""}};  // CPU ranks
+  if (cuda_emulation_build()) setups.push_back({"BATON_CUDA_EMULATE=1 ", " --devices cuda:0"});  // NCCL's emulation
+  for (const auto& [env, devices] : setups) {
+    INFO(env << devices);
+    // Rank 1 fails on its first piece (16 rows of 4 KiB) while rank 0 sends the other three: the
+    // job must end with rank 1's error, and no rank may wait forever for rows the failed rank
+    // never took (over a device channel it drains them).
+    const auto t0 = Clock::now();
+    const Ran r = sh("BATON_TEST_FAIL_WORK=1:1 " + env + mpirun(3) + kBaton + " logits -m " + wide_model() +
+                     " --tokens \"" + ids_text(ids) + "\" -t 1 --batch-size 16 --distributed --out " +
+                     test::temp_dir() + "/wide.f32" + devices, 60);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    INFO(r.err);
+    CHECK(r.code != 0);
+    CHECK(r.code != 124);  // timeout(1): a hang
+    CHECK(seconds < 30);
+    CHECK(r.err.find("rank 1: fault injected at work message 1") != std::string::npos);
+    // Ended by the error itself, not later by the heartbeats of ranks that were left waiting.
+    CHECK(r.err.find("stopped answering") == std::string::npos);
+  }
+}
