@@ -75,19 +75,21 @@ inline void check_peer_close(const std::vector<float>& ref, const std::vector<fl
   }
 }
 
+// A generated Q8_0 model of `shape` in this process's temp folder, named after the shape.
+inline std::string synth_q8_model(const ShapePreset& shape, uint64_t seed) {
+  SynthOptions o;
+  o.type = GgmlType::Q8_0;
+  o.seed = seed;
+  const std::string p = temp_dir() + "/" + shape.name + ".gguf";
+  synth_write(shape, o, p);
+  return p;
+}
+
 // A generated Gemma 3-shaped model (tied head, sliding-window layers with a ring KV cache) with 7
 // layers, to cut two and three ways; written once per test process.
 inline std::string tiny_gemma3_model() {
-  static const std::string path = [] {
-    const ShapePreset shape{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6,
-                            1e6f, 1e-6f, false};
-    SynthOptions o;
-    o.type = GgmlType::Q8_0;
-    o.seed = 5;
-    const std::string p = temp_dir() + "/tiny-gemma3.gguf";
-    synth_write(shape, o, p);
-    return p;
-  }();
+  static const std::string path = synth_q8_model(
+      {"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6, 1e6f, 1e-6f, false}, 5);
   return path;
 }
 

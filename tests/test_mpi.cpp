@@ -377,16 +377,8 @@ TEST_CASE("a GPU rank that stops answering ends the job, device channels and all
 // A model whose hidden state is wide enough (1024 floats a token) that a piece of rows goes as a
 // rendezvous message, which completes only once the receiver takes it.
 std::string wide_model() {
-  static const std::string path = [] {
-    const ShapePreset shape{"wide-llama", "llama", "test", 3, 1024, 8, 8, 128, 1024, 1000, 2048, false, 0, 0,
-                            1e4f, 1e-5f, false};
-    SynthOptions o;
-    o.type = GgmlType::Q8_0;
-    o.seed = 9;
-    const std::string p = test::temp_dir() + "/wide-llama.gguf";
-    synth_write(shape, o, p);
-    return p;
-  }();
+  static const std::string path = test::synth_q8_model(
+      {"wide-llama", "llama", "test", 3, 1024, 8, 8, 128, 1024, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, false}, 9);
   return path;
 }
 
