@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -38,10 +37,7 @@
 #include "runtime/stage.h"
 #include "runtime/tokenizer.h"
 
-#if BATON_HAVE_CUDA
-#include "kernels/cuda/nccl.h"
-#include "kernels/cuda/ops.h"
-#endif
+#include "kernels/cuda/nccl.h"  // no CUDA types: the id is used by the emulation's pairs too
 
 namespace baton {
 
@@ -220,17 +216,16 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
 
 // ---- device channels: the hidden state between two GPU ranks, device to device ----
 
-using ChannelId = std::array<unsigned char, 128>;  // NCCL's unique id, made by the sending rank
-
-ChannelId new_channel_id() {
-  ChannelId out{};
+// NCCL's unique id, made by the sending rank (the emulation's pairs need none).
+cuda::NcclId new_channel_id() {
 #if BATON_HAVE_CUDA
-  const cuda::NcclId id = cuda::nccl_unique_id();
-  static_assert(sizeof(id.bytes) == sizeof(out));
-  std::memcpy(out.data(), id.bytes, out.size());
+  return cuda::nccl_unique_id();
+#else
+  return {};
 #endif
-  return out;  // the emulation's pairs need no id
 }
+
+std::vector<uint8_t> id_bytes(const cuda::NcclId& id) { return {std::begin(id.bytes), std::end(id.bytes)}; }
 
 std::string channel_name(int from, int to) {
 #if BATON_HAVE_CUDA
@@ -256,9 +251,8 @@ class RankChannel : public DeviceChannel {
 #if BATON_HAVE_CUDA
 class NcclChannel final : public RankChannel {
  public:
-  NcclChannel(GpuStage& s, const ChannelId& id, int from, bool sender)
-      : pair_(s.context(), nccl_id(id), sender ? 0 : 1, [] { Comm::get()->check_alive(); }),
-        name_(channel_name(from, from + 1)) {}
+  NcclChannel(GpuStage& s, const cuda::NcclId& id, bool sender)
+      : pair_(s.context(), id, sender ? 0 : 1, [] { Comm::get()->check_alive(); }) {}
   void join(const std::function<void()>& poll, size_t warm_bytes) override {
     pair_.join(poll, std::max(60.0, Comm::get()->timeout_s()), warm_bytes);
   }
@@ -271,16 +265,9 @@ class NcclChannel final : public RankChannel {
     pair_.discard(bytes);
     ++pieces_in;
   }
-  std::string describe() const override { return name_; }
 
  private:
-  static cuda::NcclId nccl_id(const ChannelId& id) {
-    cuda::NcclId out;
-    std::memcpy(out.bytes, id.data(), id.size());
-    return out;
-  }
   cuda::NcclPair pair_;
-  std::string name_;
 };
 #else
 // The host emulation, whose device memory is host memory: the bytes go over MPI's bulk lane,
@@ -288,8 +275,7 @@ class NcclChannel final : public RankChannel {
 // other end and waits for its byte, as ncclCommInitRank waits for both members.
 class EmulatedChannel final : public RankChannel {
  public:
-  EmulatedChannel(Comm& c, int from, bool sender)
-      : c_(c), peer_(sender ? from + 1 : from), name_(channel_name(from, from + 1)) {
+  EmulatedChannel(Comm& c, int from, bool sender) : c_(c), peer_(sender ? from + 1 : from) {
     c_.send_bulk(peer_, {uint8_t(1)});
   }
   void join(const std::function<void()>& poll, size_t) override {
@@ -311,22 +297,21 @@ class EmulatedChannel final : public RankChannel {
     std::vector<uint8_t> sink(bytes);
     recv(sink.data(), bytes);
   }
-  std::string describe() const override { return name_; }
 
  private:
   Comm& c_;
   int peer_;
-  std::string name_;
 };
 #endif
 
 // Starts joining the channel between ranks `from` and `from + 1` on this rank's GPU stage (the
 // sender is `from`).
-std::unique_ptr<RankChannel> start_channel(ModelStage& s, const ChannelId& id, int from, bool sender) {
+std::unique_ptr<RankChannel> start_channel(ModelStage& s, const cuda::NcclId& id, int from, bool sender) {
   auto* g = dynamic_cast<GpuStage*>(&s);
   BATON_CHECK(g != nullptr);
 #if BATON_HAVE_CUDA
-  return std::make_unique<NcclChannel>(*g, id, from, sender);
+  (void)from;
+  return std::make_unique<NcclChannel>(*g, id, sender);
 #else
   (void)id;
   return std::make_unique<EmulatedChannel>(*Comm::get(), from, sender);
@@ -520,17 +505,17 @@ struct Worker {
   void on_link() {
     link_asked = true;
     if (setup.chan_out) {
-      const ChannelId id = new_channel_id();
-      c.send(c.rank() + 1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
+      const cuda::NcclId id = new_channel_id();
+      c.send(c.rank() + 1, mpi::kLinkId, id_bytes(id));
       stage->out = start_channel(*stage->s, id, c.rank(), /*sender=*/true);
     }
     maybe_linked();
   }
   void on_link_id(const Message& m) {
-    if (!setup.chan_in || stage->in || m.source != c.rank() - 1 || m.bytes.size() != sizeof(ChannelId))
+    cuda::NcclId id;
+    if (!setup.chan_in || stage->in || m.source != c.rank() - 1 || m.bytes.size() != sizeof(id.bytes))
       fail(ErrorKind::Model, "unexpected channel id from rank {}", m.source);
-    ChannelId id;
-    std::memcpy(id.data(), m.bytes.data(), id.size());
+    std::memcpy(id.bytes, m.bytes.data(), sizeof(id.bytes));
     stage->in = start_channel(*stage->s, id, m.source, /*sender=*/false);
     maybe_linked();
   }
@@ -845,8 +830,8 @@ void DistributedPipeline::link_channels(const std::vector<bool>& chan) {
       waiting.push_back(r);
     }
   if (chan[0]) {
-    const ChannelId id = new_channel_id();
-    c_.send(1, mpi::kLinkId, std::vector<uint8_t>(id.begin(), id.end()));
+    const cuda::NcclId id = new_channel_id();
+    c_.send(1, mpi::kLinkId, id_bytes(id));
     stage_->out = start_channel(*stage_->s, id, 0, /*sender=*/true);
     // While rank 1 is awaited, a worker that failed to join reports here.
     join_channels(*stage_, [this] {

@@ -91,7 +91,6 @@ class DeviceChannel {
   virtual ~DeviceChannel() = default;
   virtual void send(const void* src_ptr, size_t bytes) = 0;  // src_ptr: the sending stage's device memory
   virtual void recv(void* dst_ptr, size_t bytes) = 0;        // dst_ptr: the receiving stage's device memory
-  virtual std::string describe() const = 0;                  // "rank 0 -> rank 1, NCCL"
 };
 
 }  // namespace baton

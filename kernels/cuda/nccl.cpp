@@ -70,6 +70,15 @@ struct NcclPair::Impl {
     }
   }
   cudaStream_t stream() const { return static_cast<cudaStream_t>(ctx.stream()); }
+  // Waits until the stream has drained, polling the caller; false once timeout_s have passed since t0.
+  bool drained(const std::function<void()>& poll, Clock::time_point t0, double timeout_s) {
+    while (cudaStreamQuery(stream()) == cudaErrorNotReady) {
+      if (poll) poll();
+      if (seconds_since(t0) > timeout_s) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return true;
+  }
 };
 
 bool nccl_available() { return true; }
@@ -116,13 +125,9 @@ void NcclPair::join(const std::function<void()>& poll, double timeout_s, size_t 
   else
     g.settle("ncclRecv (warm-up)", ncclRecv(warm.get(), warm.size(), ncclUint8, 0, g.comm, g.stream()), poll, left);
   // The transfer itself, bounded the same way (a stream that never finishes means a lost peer).
-  while (cudaStreamQuery(g.stream()) == cudaErrorNotReady) {
-    if (poll) poll();
-    if (seconds_since(t0) > timeout_s)
-      fail(ErrorKind::Model, "the NCCL warm-up transfer did not complete within {:.0f} s on cuda:{}", timeout_s,
-           g.ctx.device());
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  if (!g.drained(poll, t0, timeout_s))
+    fail(ErrorKind::Model, "the NCCL warm-up transfer did not complete within {:.0f} s on cuda:{}", timeout_s,
+         g.ctx.device());
   g.ctx.synchronize();  // reports a failed transfer
   g.ok = true;
 }
@@ -135,10 +140,9 @@ NcclPair::~NcclPair() {
     // A normal end: every piece sent was received and the stream drains at once. After a failure
     // a transfer may wait for a peer that is gone: after a few seconds the communicator is aborted,
     // which ends its kernels.
-    const auto t0 = Clock::now();
-    while (g.ok && cudaStreamQuery(g.stream()) == cudaErrorNotReady && seconds_since(t0) < 5)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (g.ok && cudaStreamQuery(g.stream()) == cudaSuccess && ncclCommDestroy(g.comm) == ncclSuccess) return;
+    if (g.ok && g.drained({}, Clock::now(), 5) && cudaStreamQuery(g.stream()) == cudaSuccess &&
+        ncclCommDestroy(g.comm) == ncclSuccess)
+      return;
   } catch (...) {
   }
   ncclCommAbort(g.comm);
