@@ -171,6 +171,12 @@ void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, in
   }
 }
 
+void last_positions(const Batch& batch, int n_seq, std::vector<int32_t>& last) {
+  last.assign(size_t(n_seq), -1);
+  for (int t = 0; t < batch.size(); ++t)
+    last[size_t(batch.seq[size_t(t)])] = std::max(last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+}
+
 namespace {
 
 // The CPU backend of llama_layers / llama_head (models/llama_forward.h): host buffers of the
@@ -289,9 +295,7 @@ struct CpuLayers {
   std::vector<int32_t> seq_last;  // per sequence slot: its last position in the batch
   void stage_rows() {
     baton::stage_rows(batch, kv->shape().n_seq, s.first.data(), s.row0.data(), s.row.data());
-    seq_last.assign(size_t(kv->shape().n_seq), -1);
-    for (int t = 0; t < batch.size(); ++t)
-      seq_last[size_t(batch.seq[size_t(t)])] = std::max(seq_last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+    last_positions(batch, kv->shape().n_seq, seq_last);
   }
 
   void rope_and_stage(int l, int n) {

@@ -69,6 +69,9 @@ class Scratch {
 // sequence's first row and its own row. Within the batch, every sequence's tokens must have
 // consecutive positions in batch order (an Error otherwise).
 void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, int32_t* row);
+// Per sequence slot (n_seq of them), its last position in the batch (-1: none). A token whose cell
+// in a ring of n_cells a later token of its sequence takes (pos + n_cells <= last) needs no commit.
+void last_positions(const Batch& batch, int n_seq, std::vector<int32_t>& last);
 
 // x[i] = embedding of batch.token[i] (scaled as the family says); x is batch.size() × n_embd.
 void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x);

@@ -404,8 +404,8 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   cuda::copy_to_device(g.ctx, g.seq, batch.seq.data(), ib);
   cuda::copy_to_device(g.ctx, g.first, g.h_first.data(), ib);
   cuda::copy_to_device(g.ctx, g.row0, g.h_row0.data(), ib);
-  std::vector<int> last(size_t(g.n_seq), -1);  // per sequence, its last position in the batch
-  for (int t = 0; t < n; ++t) last[size_t(batch.seq[size_t(t)])] = std::max(last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+  std::vector<int32_t> last;  // per sequence, its last position in the batch
+  last_positions(batch, g.n_seq, last);
   for (auto& [n_cells, cm] : g.commits) {
     cm.h_row.clear();
     cm.h_seq.clear();
