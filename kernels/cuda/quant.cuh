@@ -5,7 +5,7 @@
 // Compiled by a host compiler (no __CUDACC__) the same code runs on the CPU with plain C++
 // stand-ins for the intrinsics (host_emulation.h), so tests check the bit logic without a GPU.
 #pragma once
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(BATON_CUDA_SIM)  // nvcc, or the CUDA simulator (kernels/cuda_sim)
 #include "kernels/cuda/common.cuh"
 #define BATON_DEV __device__ __forceinline__
 #define BATON_UNROLL _Pragma("unroll")

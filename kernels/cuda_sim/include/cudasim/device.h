@@ -1,0 +1,158 @@
+// The CUDA simulator's device side: built-in variables, intrinsics and the launch object that
+// the rewritten `k<<<...>>>(args)` calls. Included by the stand-in cuda_runtime.h.
+#pragma once
+#include <stdint.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// Built-in variables of the GPU thread that is running (the simulator runs one at a time).
+extern uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+namespace cudasim {
+
+enum class WarpOp { Xor, Idx, Down, Up, Ballot };
+
+// Block barrier and warp exchange: the calling fiber waits until its block (or the lanes of
+// `mask`) arrive, then gets the value of the lane the op names. Divergent use aborts with the
+// kernel, block and thread named.
+void syncthreads();
+uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width);
+
+template <class T>
+T warp_value(WarpOp op, unsigned mask, T v, int param, int width) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a type over 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  b = warp_exchange(op, mask, b, param, width);
+  T r;
+  std::memcpy(&r, &b, sizeof(T));
+  return r;
+}
+
+// One kernel launch as the runtime queues it. `pointers`: the launch's pointer arguments, which
+// must be null or memory the launching device can reach.
+struct Launch {
+  const char* name;
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  std::function<void()> thread_body;  // one GPU thread: the kernel called with the launch's arguments
+  std::vector<const void*> pointers;
+};
+void enqueue(Launch&& l);
+
+template <class F>
+struct Launcher;
+
+template <class... P>
+struct Launcher<void (*)(P...)> {
+  void (*kernel)(P...);
+  const char* name;
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+
+  template <class... A>
+  void operator()(A&&... a) const {
+    static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+    // Arguments are copied at launch, as the driver copies them into the launch's parameter space.
+    auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(std::forward<A>(a)...);
+    std::vector<const void*> ptrs;
+    std::apply([&](const auto&... v) { (add_pointer(ptrs, v), ...); }, *args);
+    auto k = kernel;
+    enqueue(Launch{name, grid, block, smem, stream, [k, args] { std::apply(k, *args); }, std::move(ptrs)});
+  }
+
+ private:
+  template <class V>
+  static void add_pointer(std::vector<const void*>& out, const V& v) {
+    if constexpr (std::is_pointer_v<V>) out.push_back(static_cast<const void*>(v));
+  }
+};
+
+template <class... P>
+Launcher<void (*)(P...)> launch(void (*kernel)(P...), const char* name, dim3 grid, dim3 block, size_t smem = 0,
+                                cudaStream_t stream = nullptr) {
+  return {kernel, name, grid, block, smem, stream};
+}
+
+}  // namespace cudasim
+
+// ---- intrinsics ----
+inline void __syncthreads() { cudasim::syncthreads(); }
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return cudasim::warp_value(cudasim::WarpOp::Xor, mask, v, lane_mask, width);
+}
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  return cudasim::warp_value(cudasim::WarpOp::Idx, mask, v, src_lane, width);
+}
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return cudasim::warp_value(cudasim::WarpOp::Down, mask, v, int(delta), width);
+}
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return cudasim::warp_value(cudasim::WarpOp::Up, mask, v, int(delta), width);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return unsigned(cudasim::warp_exchange(cudasim::WarpOp::Ballot, mask, pred != 0, 0, 32));
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+
+inline int __dp4a(int a, int b, int c) {  // four signed byte products
+  for (int i = 0; i < 4; i++) c += int(int8_t(a >> (8 * i))) * int(int8_t(b >> (8 * i)));
+  return c;
+}
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+  for (int i = 0; i < 4; i++) c += ((a >> (8 * i)) & 0xFF) * ((b >> (8 * i)) & 0xFF);
+  return c;
+}
+inline unsigned __vsub4(unsigned a, unsigned b) {  // per-byte wrap-around subtraction
+  unsigned r = 0;
+  for (int i = 0; i < 4; i++) r |= (((a >> (8 * i)) - (b >> (8 * i))) & 0xFFu) << (8 * i);
+  return r;
+}
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }  // default mode: to nearest even
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+// CUDA's device min/max overloads (integers and floats).
+template <class A, class B, class = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
+inline std::common_type_t<A, B> min(A a, B b) { return b < a ? b : a; }
+template <class A, class B, class = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
+inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
+using std::isnan;
+using std::isinf;
+
+// Blocks run one at a time and so do their threads: atomics are plain read-modify-writes.
+template <class T>
+inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
+template <class T>
+inline T atomicMax(T* p, T v) { const T old = *p; if (v > old) *p = v; return old; }
+template <class T>
+inline T atomicMin(T* p, T v) { const T old = *p; if (v < old) *p = v; return old; }
+template <class T>
+inline T atomicExch(T* p, T v) { const T old = *p; *p = v; return old; }
+inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) { const unsigned old = *p; if (old == cmp) *p = v; return old; }
+inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
