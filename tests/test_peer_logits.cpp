@@ -181,7 +181,14 @@ TEST_CASE("one batch and token by token agree closely with each other") {
   double max_d = 0;
   for (size_t i = 0; i < a.size(); ++i) max_d = std::max(max_d, double(std::fabs(a[i] - b[i])));
   std::printf("P2 batch vs token-by-token max|d| %.3g\n", max_d);
-  CHECK(max_d < 0.02);  // same math; only the matmul's batching may change rounding
+  if (test_devices().find("cuda") == std::string::npos) {
+    CHECK(max_d < 0.02);  // same math; only the matmul's batching may change rounding
+  } else {
+    // On a GPU a batch of more than gemv_max_cols tokens multiplies in FP16 on the tensor cores
+    // (its activations on the same 8-bit grid), a single token in int8 (dp4a): other rounding,
+    // which this random model amplifies to the size of the peer differences. Hold it to those.
+    test::check_peer_close(a, b, kVocab, "P2 batch vs token-by-token");
+  }
 }
 
 TEST_CASE("Q8_0 KV cache stays close to the F16 cache") {

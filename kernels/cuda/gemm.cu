@@ -27,10 +27,20 @@ __global__ void dequant_f16_kernel(const uint8_t* __restrict__ W, size_t stride,
   });
 }
 
-__global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ y) {
+// The activations in FP16. With q8 (quantized weights) each block of 32 is first rounded to the
+// 8-bit grid that the GEMV and the CPU use (quantize_act: d = max|x| / 127), so that a prompt gives
+// the same logits in one batch as token by token. n is then a multiple of 32: whole warps are in.
+__global__ void act_to_f16_kernel(const float* __restrict__ x, int64_t n, bool q8, __half* __restrict__ y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = x[i];
+  if (q8) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    v = amax > 0.0f ? float(__float2int_rn(v / d)) * d : 0.0f;
+  }
   // Saturate: an activation past FP16's range becomes ±65504, not inf (and then NaN in Y).
-  if (i < n) y[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.0f), 65504.0f));
+  y[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
 }
 
 template <class T>
@@ -85,7 +95,8 @@ void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   __half* wh = reinterpret_cast<__half*>(base + align256(size_t(n) * W.cols * 2));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   const int64_t nx = int64_t(n) * W.cols;
-  f32_to_f16_kernel<<<ceil_div(nx, 256), 256, 0, s>>>(X, nx, xh);
+  const bool q8 = q8_activations(W.type);
+  act_to_f16_kernel<<<ceil_div(nx, 256), 256, 0, s>>>(X, nx, q8, xh);
   CUDA_CHECK_LAUNCH();
 
   cublasHandle_t h = static_cast<cublasHandle_t>(c.cublas());

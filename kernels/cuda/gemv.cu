@@ -129,7 +129,7 @@ static void check_weight(const Weight& W, const char* op) {
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
   check_weight(W, "gemv");
   if (n <= 0) return;
-  const bool q8 = W.type != GgmlType::F16 && W.type != GgmlType::BF16 && W.type != GgmlType::F32;
+  const bool q8 = q8_activations(W.type);
   Act act;
   act.cols = W.cols;
   act.x = X;

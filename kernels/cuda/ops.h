@@ -214,6 +214,9 @@ class WeightUploader {
 // The activation format of the integer paths: per column, `cols` int8 quants (16-byte aligned
 // runs) and per 32 values a (d, d * sum of quants) float pair, d = max|x| / 127.
 size_t q8_act_bytes(int64_t cols, int n);
+// Whether products with weights of type t take the activations on that 8-bit grid (every
+// quantized type; float weights take them as they are), in the GEMV and, rounded, in the GEMM.
+inline bool q8_activations(GgmlType t) { return t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::F32; }
 void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, float* ds);
 
 // Y = W·X for n columns: X holds n vectors of W.cols floats, Y gets n vectors of W.rows floats.

@@ -61,7 +61,6 @@ void dequantize_weight_row(const Weight& W, int64_t r, uint8_t* gguf_row, float*
   dequantize_row(W.type, unpacked_row(W, r, gguf_row).data, out, W.cols);
 }
 
-bool q8_activations(GgmlType t) { return t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::F32; }
 
 // Scratch of the two matmul paths: the activations (GEMV: 8-bit blocks for quantized weights;
 // GEMM: FP16-rounded floats), then one dequantized weight row and its GGUF bytes.
@@ -373,7 +372,8 @@ void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
   }
 }
 
-// What the FP16 cuBLAS path rounds: weights and activations to FP16, products summed in F32.
+// What the FP16 cuBLAS path rounds: weights and activations to FP16 (activations of quantized
+// weights first to quantize_act's 8-bit grid), products summed in F32.
 void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   check_weight(W, "gemm");
   if (n <= 0) return;
@@ -382,7 +382,17 @@ void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   float* xh = reinterpret_cast<float*>(base);
   float* w = reinterpret_cast<float*>(base + xbytes);
   uint8_t* gguf_row = base + xbytes + align_up(cols * sizeof(float), kAlign);
-  for (size_t i = 0; i < size_t(n) * cols; ++i) xh[i] = round_f16(std::clamp(X[i], -65504.0f, 65504.0f));
+  const bool q8 = q8_activations(W.type);
+  for (size_t b = 0; b < size_t(n) * cols; b += 32) {
+    const size_t len = std::min<size_t>(32, size_t(n) * cols - b);
+    float amax = 0;
+    for (size_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(X[b + i]));
+    const float d = amax / 127.0f;
+    for (size_t i = 0; i < len; ++i) {
+      const float v = !q8 ? X[b + i] : amax > 0.0f ? std::nearbyint(X[b + i] / d) * d : 0.0f;
+      xh[b + i] = round_f16(std::clamp(v, -65504.0f, 65504.0f));
+    }
+  }
   for (int64_t r = 0; r < W.rows; ++r) {
     dequantize_weight_row(W, r, gguf_row, w);
     for (size_t i = 0; i < cols; ++i) w[i] = round_f16(w[i]);
