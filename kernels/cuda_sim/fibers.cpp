@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,9 @@ dim3 blockDim, gridDim;
 #error "the CUDA simulator's fiber switch is written for x86-64"
 #endif
 
-// Saves the callee-saved registers and the FP control words on the current stack, stores the
-// stack pointer in *save, and continues on the stack `to` (prepared by init_stack, or saved by an
-// earlier switch).
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *save, and
+// continues on the stack `to` (prepared by init_stack, or saved by an earlier switch). Kernels do
+// not change the FP control words, so those are not switched.
 extern "C" void cudasim_switch(void** save, void* to);
 asm(R"(
   .text
@@ -50,14 +51,8 @@ cudasim_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -99,7 +94,8 @@ struct Runner {
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;  // kStackBytes each, a guard page below
   void* sched_sp = nullptr;
-  int current = -1;
+  int current = -1;    // the fiber that runs
+  int n_threads = 0;   // of the block
   const Launch* launch = nullptr;
 #if CUDASIM_ASAN
   void* sched_fake = nullptr;
@@ -108,6 +104,24 @@ struct Runner {
 #endif
 };
 Runner R;
+
+// BATON_CUDASIM_STATS=1: per kernel, launches, GPU threads and fiber switches, printed at exit.
+struct Stats {
+  uint64_t launches = 0, threads = 0, switches = 0;
+};
+struct StatsTable {
+  bool on = [] { const char* v = std::getenv("BATON_CUDASIM_STATS"); return v && *v == '1'; }();
+  std::map<std::string, Stats> by_kernel;
+  ~StatsTable() {
+    if (!on) return;
+    std::fprintf(stderr, "cudasim: %-60s %10s %14s %14s\n", "kernel", "launches", "threads", "switches");
+    for (const auto& [name, st] : by_kernel)
+      std::fprintf(stderr, "cudasim: %-60s %10llu %14llu %14llu\n", name.c_str(), (unsigned long long)st.launches,
+                   (unsigned long long)st.threads, (unsigned long long)st.switches);
+  }
+};
+StatsTable stats;
+uint64_t switches = 0;
 
 [[noreturn]] void fail_in_block(const std::string& what) {
   const Launch& l = *R.launch;
@@ -134,13 +148,14 @@ void ensure_stacks(size_t n) {
 
 [[noreturn]] void fiber_main();
 
-void* init_stack(char* base) {
-  uintptr_t top = (uintptr_t(base) + kStackBytes) & ~uintptr_t(15);
+// The top of fiber t's stack. Tops are staggered by t (within the top page) so that the fibers'
+// hot stack lines do not all fall into the same cache sets.
+void* init_stack(char* base, int t) {
+  const uintptr_t top = (uintptr_t(base) + kStackBytes - uintptr_t(t % 21) * 192) & ~uintptr_t(15);
   auto* sp = reinterpret_cast<uint64_t*>(top);
   *--sp = 0;                                   // fiber_main's return address: it never returns
   *--sp = reinterpret_cast<uint64_t>(&fiber_main);  // where cudasim_switch's `ret` goes
   for (int i = 0; i < 6; i++) *--sp = 0;       // rbp rbx r12 r13 r14 r15
-  *--sp = 0x0000037F00001F80ull;               // MXCSR and x87 control word at their defaults
   return sp;
 }
 
@@ -152,21 +167,33 @@ void enter(int t) {
 #if CUDASIM_ASAN
   __sanitizer_start_switch_fiber(&R.sched_fake, R.stacks[size_t(t)], kStackBytes);
 #endif
+  switches++;
   cudasim_switch(&R.sched_sp, f.sp);
 #if CUDASIM_ASAN
   __sanitizer_finish_switch_fiber(R.sched_fake, nullptr, nullptr);
 #endif
 }
 
-// Fiber -> scheduler (the fiber's state says why).
+// Fiber -> the next ready fiber of the block, else the scheduler (the fiber's state says why it
+// stopped). Going straight to the next lane halves the switches of a warp op. Under ASan every
+// switch goes through the scheduler, whose stack the annotations need to know.
 void leave() {
   Fiber& f = R.fibers[size_t(R.current)];
 #if CUDASIM_ASAN
   __sanitizer_start_switch_fiber(f.state == State::Done ? nullptr : &f.fake, R.sched_bottom, R.sched_size);
-#endif
   cudasim_switch(&f.sp, R.sched_sp);
-#if CUDASIM_ASAN
   __sanitizer_finish_switch_fiber(f.fake, &R.sched_bottom, &R.sched_size);
+#else
+  for (int t = R.current + 1; t < R.n_threads; t++) {
+    Fiber& next = R.fibers[size_t(t)];
+    if (next.state != State::Ready) continue;
+    R.current = t;
+    threadIdx = next.idx;
+    switches++;
+    cudasim_switch(&f.sp, next.sp);
+    return;
+  }
+  cudasim_switch(&f.sp, R.sched_sp);
 #endif
 }
 
@@ -199,7 +226,7 @@ bool resolve_warp(int t0, int n_threads) {
   if (f0.op == WarpOp::Ballot)
     for (int lane = 0; lane < 32; lane++)
       if ((f0.mask >> lane & 1) && R.fibers[size_t(base + lane)].value) ballot |= uint64_t(1) << lane;
-  std::vector<uint64_t> result(32);
+  uint64_t result[32] = {};
   for (int lane = 0; lane < 32; lane++) {
     if (!(f0.mask >> lane & 1)) continue;
     const Fiber& f = R.fibers[size_t(base + lane)];
@@ -230,7 +257,7 @@ void run_block(int n_threads) {
   const dim3 b = R.launch->block;
   for (int t = 0; t < n_threads; t++) {
     Fiber& f = R.fibers[size_t(t)];
-    f.sp = init_stack(R.stacks[size_t(t)]);
+    f.sp = init_stack(R.stacks[size_t(t)], t);
     f.state = State::Ready;
     f.idx = uint3{unsigned(t) % b.x, unsigned(t) / b.x % b.y, unsigned(t) / (b.x * b.y)};
   }
@@ -291,8 +318,10 @@ void run_kernel(const Launch& l) {
   const int n_threads = int(l.block.x * l.block.y * l.block.z);
   ensure_stacks(size_t(n_threads));
   R.launch = &l;
+  R.n_threads = n_threads;
   gridDim = l.grid;
   blockDim = l.block;
+  const uint64_t switches0 = switches;
   for (unsigned z = 0; z < l.grid.z; z++)
     for (unsigned y = 0; y < l.grid.y; y++)
       for (unsigned x = 0; x < l.grid.x; x++) {
@@ -301,6 +330,12 @@ void run_kernel(const Launch& l) {
       }
   R.current = -1;
   R.launch = nullptr;
+  if (stats.on) {
+    Stats& st = stats.by_kernel[l.name];
+    st.launches++;
+    st.threads += uint64_t(n_threads) * l.grid.x * l.grid.y * l.grid.z;
+    st.switches += switches - switches0;
+  }
 }
 
 }  // namespace cudasim

@@ -23,6 +23,8 @@
 // Environment: BATON_CUDASIM_DEVICES (default 2), BATON_CUDASIM_MEMORY_MIB per device (8192),
 // BATON_CUDASIM_P2P (1: devices may map each other's memory), BATON_CUDASIM_SMS (132),
 // BATON_CUDASIM_ORDER (lazy | eager).
+#include <array>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -364,6 +366,16 @@ float load(const void* base, cudaDataType_t t, size_t i) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// op(M) of a column-major matrix as floats, row-major: out[r * cols + c] = op(M)[r, c].
+std::vector<float> load_op(const void* M, cudaDataType_t t, cublasOperation_t op, int rows, int cols, int ld) {
+  std::vector<float> out(size_t(rows) * size_t(cols));
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++)
+      out[size_t(r) * size_t(cols) + size_t(c)] =
+          load(M, t, op == CUBLAS_OP_N ? size_t(r) + size_t(c) * size_t(ld) : size_t(c) + size_t(r) * size_t(ld));
+  return out;
 }
 
 void store(void* base, cudaDataType_t t, size_t i, float v) {
@@ -915,14 +927,15 @@ cublasStatus_t cublasGemmEx(cublasHandle_t hh, cublasOperation_t ta, cublasOpera
   Op op;
   op.what = "cublasGemmEx";
   op.run = [=] {
+    const std::vector<float> a = load_op(A, at, ta, m, k, lda);  // m x k
+    const cublasOperation_t bt_op = tb == CUBLAS_OP_N ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const std::vector<float> b = load_op(B, bt, bt_op, n, k, ldb);  // op(B) transposed: n x k
     for (int j = 0; j < n; j++)
       for (int i = 0; i < m; i++) {
+        const float* x = a.data() + size_t(i) * size_t(k);
+        const float* y = b.data() + size_t(j) * size_t(k);
         float acc = 0.0f;
-        for (int l = 0; l < k; l++) {
-          const size_t ia = ta == CUBLAS_OP_N ? size_t(i) + size_t(l) * lda : size_t(l) + size_t(i) * lda;
-          const size_t ib = tb == CUBLAS_OP_N ? size_t(l) + size_t(j) * ldb : size_t(j) + size_t(l) * ldb;
-          acc += load(A, at, ia) * load(B, bt, ib);
-        }
+        for (int l = 0; l < k; l++) acc += x[l] * y[l];
         const size_t ic = size_t(i) + size_t(j) * ldc;
         store(C, ct, ic, al * acc + (be != 0.0f ? be * load(C, ct, ic) : 0.0f));
       }
@@ -931,3 +944,26 @@ cublasStatus_t cublasGemmEx(cublasHandle_t hh, cublasOperation_t ta, cublasOpera
   enqueue(s, std::move(op));
   return CUBLAS_STATUS_SUCCESS;
 }
+
+// ---- FP16 ----
+
+namespace {
+constexpr float half_value(uint16_t h) {
+  const bool neg = h >> 15;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  if (exp == 0) {  // zero and subnormals: man * 2^-24, exact in F32
+    const float v = float(man) * (1.0f / 16777216.0f);
+    return neg ? -v : v;
+  }
+  const uint32_t bits = (uint32_t(neg) << 31) | (exp == 31 ? 0x7F800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  return std::bit_cast<float>(bits);
+}
+constexpr std::array<float, 65536> half_table() {
+  std::array<float, 65536> t{};
+  for (uint32_t u = 0; u < 65536; u++) t[u] = half_value(uint16_t(u));
+  return t;
+}
+}  // namespace
+
+// Initialized at compile time (constinit): right even for conversions in other static initializers.
+constinit const std::array<float, 65536> cudasim_half_to_float = half_table();

@@ -1,5 +1,6 @@
 // The CUDA simulator's FP16 type and conversions (IEEE binary16, round to nearest even).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -15,11 +16,10 @@ inline __half __float2half_rn(float f) {
   return r;
 }
 inline __half __float2half(float f) { return __float2half_rn(f); }
-inline float __half2float(__half h) {
-  _Float16 v;
-  std::memcpy(&v, &h.x, 2);
-  return static_cast<float>(v);
-}
+// Every FP16 value as a float (runtime.cpp, built at compile time): a table lookup, not libgcc's
+// software conversion.
+extern const std::array<float, 65536> cudasim_half_to_float;
+inline float __half2float(__half h) { return cudasim_half_to_float[h.x]; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline unsigned short __half_as_ushort(__half h) { return h.x; }
 inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
