@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
 # GPU check (issue 7): build with CUDA for sm_90 on all cores, run the `gpu` tests, generate
 # llama3-8b-shaped models, run whatever benchmark commands this tree has, print a short table last.
-# Usage: scripts/gpu-check.sh LOG_DIR        (full logs of every step go to LOG_DIR)
-# Environment: BATON_GPU_ARCH (default 90), BATON_GPU_BUILD (default build-gpu),
+# Usage: scripts/gpu-check.sh [--sim] LOG_DIR   (full logs of every step go to LOG_DIR)
+#   --sim  rehearsal without a GPU: every step on the CUDA simulator (BATON_CUDA=SIM, two simulated
+#          devices), with a small model instead of the 8B shape and short benchmarks. Its numbers
+#          mean nothing; it shows that every step's command runs and the table comes out.
+# Environment: BATON_GPU_ARCH (default 90), BATON_GPU_BUILD (default build-gpu, build-sim with --sim),
 #              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models),
-#              BATON_GPU_SYNTH=0 (do not generate models: quick reruns, dry runs without a GPU).
+#              BATON_GPU_SYNTH=0 (do not generate models: quick reruns).
 # Steps whose command does not exist yet in this tree are skipped with a note, not failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+sim=0
+if [[ ${1:-} == --sim ]]; then sim=1; shift; fi
 if [[ $# -lt 1 ]]; then
-  echo "usage: $0 LOG_DIR" >&2
+  echo "usage: $0 [--sim] LOG_DIR" >&2
   exit 2
 fi
 logs=$(mkdir -p "$1" && cd "$1" && pwd)
 arch=${BATON_GPU_ARCH:-90}
-build=${BATON_GPU_BUILD:-build-gpu}
 models=${BATON_GPU_MODELS:-$logs/models}
+if [[ $sim == 1 ]]; then
+  build=${BATON_GPU_BUILD:-build-sim}
+  cuda_mode=SIM
+  shape=sim-small
+  synth_shape=(--n-embd 256 --n-layer 6 --n-head 4 --n-head-kv 2 --n-ff 768 --n-vocab 4096)
+  pp=64 tg=16 spill=40MiB
+else
+  build=${BATON_GPU_BUILD:-build-gpu}
+  cuda_mode=ON
+  shape=llama3-8b
+  synth_shape=(--shape llama3-8b)
+  pp=512 tg=128 spill=2GiB
+fi
 jobs=$(nproc)
 bin=$build/baton
 rows=()  # "step|status|seconds|note"
@@ -24,6 +41,16 @@ failed=0
 
 note() { printf '%s\n' "$*" | tee -a "$logs/summary.txt"; }
 row() { rows+=("$1|$2|$3|$4"); }
+
+# The numbers of a `baton bench` log for the table: each test's t/s, and the decode's weight GB/s
+# with its share of the measured copy bandwidth, e.g. "pp512 15021 t/s; tg128 802 t/s 3620 GB/s (74%)".
+bench_note() {
+  awk -F'|' '$7 ~ /(pp|tg)[0-9]+/ {
+      gsub(/ /, "", $7); split($8, t, "±"); gsub(/ /, "", t[1]); n = split($9, g, " ")
+      gb = (n > 0) ? " " g[1] " GB/s" ((n > 1) ? " " g[2] : "") : ""
+      printf "%s%s %s t/s%s", sep, $7, t[1], gb; sep = "; "
+    }' "$1" | cut -c1-90
+}
 
 # run NAME TIMEOUT CMD... : logs to LOG_DIR/NAME.log, records status and wall time.
 run() {
@@ -34,7 +61,9 @@ run() {
   timeout "$limit" "$@" >>"$logs/$name.log" 2>&1
   rc=$?
   local dt=$((SECONDS - t0))
-  if [[ $rc -eq 0 ]]; then
+  if [[ $rc -eq 0 && $name == bench-* ]]; then
+    row "$name" ok "$dt" "$(bench_note "$logs/$name.log")"
+  elif [[ $rc -eq 0 ]]; then
     row "$name" ok "$dt" "$(tail -n 1 "$logs/$name.log" | cut -c1-60)"
   elif [[ $rc -eq 124 ]]; then
     row "$name" TIMEOUT "$dt" "limit ${limit}s"; failed=1
@@ -48,12 +77,12 @@ run() {
 has_cmd() { [[ -x $bin ]] && "$bin" "$1" --help >/dev/null 2>&1 && { [[ $# -lt 2 ]] || "$bin" "$1" --help 2>&1 | grep -q -- "$2"; }; }
 skip() { row "$1" skipped 0 "$2"; }
 
-note "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), logs in $logs"
+note "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), logs in $logs$([[ $sim == 1 ]] && echo ' (REHEARSAL on the CUDA simulator)')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   | tee "$logs/gpu.txt"
 
 # 1. Build (sm_$arch only, all cores).
-run configure 300 cmake -S . -B "$build" -DBATON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
+run configure 300 cmake -S . -B "$build" -DBATON_CUDA=$cuda_mode -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
 run build 900 cmake --build "$build" -j "$jobs"
 
 # 2. GPU tests (exit 77 = skipped: no GPU visible).
@@ -65,14 +94,14 @@ fi
 # 3. Devices and copy bandwidth.
 if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'baton devices' yet"; fi
 
-# 4. llama3-8b-shaped models (Q4_0, Q4_K).
+# 4. llama3-8b-shaped models (Q4_0, Q4_K); with --sim a small llama.
 mkdir -p "$models"
 if [[ ${BATON_GPU_SYNTH:-1} == 0 ]]; then
   skip synth "BATON_GPU_SYNTH=0"
 elif has_cmd synth; then
   for t in Q4_0 Q4_K; do
-    f=$models/llama3-8b-$t.gguf
-    if [[ -s $f ]]; then row "synth-$t" ok 0 "reused $f"; else run "synth-$t" 600 "$bin" synth --shape llama3-8b --type "$t" --out "$f"; fi
+    f=$models/$shape-$t.gguf
+    if [[ -s $f ]]; then row "synth-$t" ok 0 "reused $f"; else run "synth-$t" 600 "$bin" synth "${synth_shape[@]}" --type "$t" --out "$f"; fi
   done
 else
   skip synth "no 'baton synth' yet"
@@ -81,31 +110,31 @@ fi
 # 5. Benchmarks: 1 stage, 2 stages on one GPU (P2P and host-staged), 16-sequence batch on 2 stages.
 if has_cmd bench; then
   for t in Q4_0 Q4_K; do
-    f=$models/llama3-8b-$t.gguf
+    f=$models/$shape-$t.gguf
     [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
-    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 512 -n 128
+    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n "$tg"
     if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
-      run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 0 -n 128 --no-cuda-graphs
+      run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
     fi
     if has_cmd bench --p2p; then
-      run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p 512 -n 128
-      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p 512 -n 128
+      run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p "$pp" -n "$tg"
+      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p "$pp" -n "$tg"
     else  # one link type so far: host-staged (device -> host -> device at the stage boundary)
-      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --tensor-split 1,1 -p 512 -n 128
+      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --tensor-split 1,1 -p "$pp" -n "$tg"
     fi
   done
   # GPU -> CPU spill: 2 GiB of layers on the GPU, the rest on the CPU (short runs: the CPU part is slow).
-  f=$models/llama3-8b-Q4_0.gguf
+  f=$models/$shape-Q4_0.gguf
   if [[ -s $f ]]; then
-    run bench-spill-Q4_0 300 "$bin" bench -m "$f" --devices cuda:0=2GiB,cpu -p 64 -n 16 -r 1 --verbose
+    run bench-spill-Q4_0 300 "$bin" bench -m "$f" --devices "cuda:0=$spill,cpu" -p 64 -n 16 -r 1 --verbose
   fi
 else
   skip bench "no 'baton bench' yet"
 fi
-if has_cmd batch && [[ -s $models/llama3-8b-Q4_0.gguf ]]; then
+if has_cmd batch && [[ -s $models/$shape-Q4_0.gguf ]]; then
   jobs_file=$logs/batch16.jsonl
   for i in $(seq 1 16); do echo "{\"id\": \"s$i\", \"prompt\": \"Sequence $i: count to twenty.\", \"max_tokens\": 64}"; done >"$jobs_file"
-  run batch16-2stage 300 "$bin" batch -m "$models/llama3-8b-Q4_0.gguf" --devices cuda:0,cuda:0 --parallel 16 \
+  run batch16-2stage 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0,cuda:0 --parallel 16 \
     --raw -i "$jobs_file" -o "$logs/batch16.out.jsonl"
 else
   skip batch16-2stage "no 'baton batch' or no model"
@@ -132,7 +161,7 @@ if has_cmd run --p2p; then
   for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do
     [[ -s $tiny ]] && { same_tokens same-tokens-tiny "$tiny"; break; }
   done
-  [[ -s $models/llama3-8b-Q4_0.gguf ]] && same_tokens same-tokens-8b "$models/llama3-8b-Q4_0.gguf"
+  [[ -s $models/$shape-Q4_0.gguf ]] && same_tokens "same-tokens-$shape" "$models/$shape-Q4_0.gguf"
 else
   skip same-tokens "no 'baton run --p2p' yet"
 fi

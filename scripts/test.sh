@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# setup + build + every test, then an ASan+UBSan build of the CPU tests, then a short fuzz run.
+# setup + build + every test, then the GPU tests on the CUDA simulator, then an ASan+UBSan build
+# of the CPU tests, then a short fuzz run.
 #   BATON_FUZZ_SECONDS  length of the fuzz run (default 60)
-#   BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out while iterating locally.
+#   BATON_SKIP_SIM=1 / BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,6 +20,16 @@ export BATON_REQUIRE_MODELS=1   # a missing model is a failure here, not a skip
 
 stage "tests"
 (cd build && ctest --output-on-failure -j "$(nproc)")
+
+if [ "${BATON_SKIP_SIM:-0}" != 1 ]; then
+  # The CUDA code itself (kernels, GPU stage, links, graphs) on the CUDA simulator, two simulated
+  # devices: the `gpu` tests run here whether or not this machine has a GPU (docs/GPU.md).
+  stage "CUDA simulator build: the gpu tests on the CPU"
+  cmake -S . -B build-sim -DBATON_CUDA=SIM -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-sim -j "$(nproc)" --target test_cuda_ops test_cuda_stage test_cuda_layout \
+    test_cuda_quant_host test_peer_logits >/dev/null || cmake --build build-sim -j 1 --target test_cuda_ops
+  (cd build-sim && ctest --output-on-failure -j "$(nproc)" -L gpu)
+fi
 
 if [ "${BATON_SKIP_ASAN:-0}" != 1 ]; then
   stage "ASan+UBSan build of the CPU and MPI tests"

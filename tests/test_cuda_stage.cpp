@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "helpers.h"
 #include "model_helpers.h"
@@ -19,7 +21,7 @@ using namespace baton;
 namespace {
 
 // Runs before Catch2's main: with no GPU there is nothing to test.
-[[maybe_unused]] const bool kHaveGpu = [] {
+const int kGpus = [] {
   int gpus = 0;
   for (const auto& d : probe_devices()) gpus += d.kind == DeviceKind::Cuda;
   if (gpus == 0) {
@@ -27,8 +29,19 @@ namespace {
     std::fflush(stdout);
     std::exit(77);
   }
-  return true;
+  return gpus;
 }();
+
+// The devices of a --devices list, in order.
+std::vector<std::string> split_devices(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t b = 0; b <= list.size();) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    out.push_back(list.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
 
 std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, const std::string& p2p = "auto",
                                bool graphs = true) {
@@ -86,20 +99,24 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
     auto one = load(path, "cuda:0");
     const auto ref = run(*one);
     one.reset();
-    // Both link kinds on one GPU (docs/GPU.md, "Links"), 2 and 3 stages.
-    for (const char* devices : {"cuda:0,cuda:0", "cuda:0,cuda:0,cuda:0"}) {
+    // Both link kinds on one GPU (docs/GPU.md, "Links"), 2 and 3 stages; across two GPUs where
+    // there are two (the CUDA simulator has two: BATON_CUDA=SIM).
+    std::vector<std::string> lists = {"cuda:0,cuda:0", "cuda:0,cuda:0,cuda:0"};
+    if (kGpus >= 2) lists.insert(lists.end(), {"cuda:0,cuda:1", "cuda:1,cuda:0,cuda:1"});
+    for (const std::string& devices : lists) {
       for (const char* p2p : {"on", "off"}) {
         INFO(devices << " --p2p " << p2p);
         auto split = load(path, devices, p2p);
         const auto st = split->stages();
-        REQUIRE(st.size() == size_t(std::count(devices, devices + std::strlen(devices), ',') + 1));
+        const auto names = split_devices(devices);
+        REQUIRE(st.size() == names.size());
         for (size_t k = 0; k + 1 < st.size(); ++k)
-          CHECK(st[k].link == std::string("cuda:0 -> cuda:0, ") + (std::string(p2p) == "on" ? "peer-to-peer" : "host-staged"));
+          CHECK(st[k].link == names[k] + " -> " + names[k + 1] + ", " + (std::string(p2p) == "on" ? "peer-to-peer" : "host-staged"));
         const auto got = run(*split);
         // The same kernels on the same rows: a split changes nothing but where the layers run.
         double max_d = 0;
         for (size_t i = 0; i < ref.size(); ++i) max_d = std::max(max_d, double(std::fabs(ref[i] - got[i])));
-        std::printf("%s: 1 stage vs %s --p2p %s max|d| %.3g\n", path.c_str(), devices, p2p, max_d);
+        std::printf("%s: 1 stage vs %s --p2p %s max|d| %.3g\n", path.c_str(), devices.c_str(), p2p, max_d);
         CHECK(max_d <= 1e-4);
       }
     }
