@@ -71,8 +71,8 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, 
 // the format allows (extreme nibbles, 6-bit scales, high bits) shows up.
 std::vector<int> fp16_fields(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q8_0: return {0};
-    case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
     case GgmlType::Q6_K: return {208};
     default: return {};
   }
@@ -93,7 +93,7 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std:
   for (size_t blk = 0; blk < bytes / bb; blk++)
     for (int off : fp16_fields(t)) {
       float s = scale(rng);
-      if (t == GgmlType::Q4_1 && off == 2) s *= -8.0f;  // the min of Q4_1 is usually negative
+      if ((t == GgmlType::Q4_1 && off == 2) || (t == GgmlType::Q5_1 && off == 2)) s *= -8.0f;  // mins are usually negative
       const uint16_t h = f32_to_fp16(s);
       std::memcpy(&m[blk * bb + size_t(off)], &h, 2);
     }
@@ -109,8 +109,8 @@ std::vector<float> dequantize(GgmlType t, const std::vector<uint8_t>& w, int64_t
 
 bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K,
-                           GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16,  GgmlType::BF16,
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16,  GgmlType::BF16,
                            GgmlType::F32};
 
 // Checks Y (rows x n, column j at j*rows) against the exact product of the dequantized weights.

@@ -19,8 +19,8 @@ namespace {
 
 std::vector<int> fp16_fields(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q8_0: return {0};
-    case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
     case GgmlType::Q6_K: return {208};
     default: return {};
   }
@@ -118,7 +118,7 @@ TEST_CASE("CUDA per-type unit code (host build) matches the scalar reference") {
 }
 
 TEST_CASE("with_weight_type dispatches each supported type and rejects the others") {
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
                      GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
     GgmlType seen = GgmlType::I8;
     with_weight_type(t, [&](auto tag) { seen = decltype(tag)::type; });

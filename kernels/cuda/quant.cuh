@@ -103,6 +103,53 @@ BATON_UNROLL
   }
 };
 
+// Q5_0 / Q5_1: the low nibbles as in Q4, the fifth bits (qh, bit e for element e of the block)
+// spread to bit 4 of each byte before the dot. The packed scale run per block is [d, qh] (6 bytes,
+// 2-byte aligned) or [d, m, qh] (8 bytes).
+BATON_DEV uint32_t fifth_bits(uint32_t qh, int e0) {  // bits e0..e0+3 of qh -> bit 4 of bytes 0..3
+  const uint32_t h = (qh >> e0) & 15;
+  return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25);
+}
+
+template <bool Min>
+struct TQ5 {
+  static constexpr GgmlType type = Min ? GgmlType::Q5_1 : GgmlType::Q5_0;
+  static constexpr int unit = 32, unroll = 4;
+  static constexpr bool q8 = true;
+  struct W { uint4 q; float d, m; uint32_t qh; };
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
+    if constexpr (Min) {
+      const uint8_t* s = row + cols / 2 + u * 8;
+      const uint32_t dm = ld4(s);
+      return {ld16(row + u * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16)), ld4(s + 4)};
+    } else {
+      const uint8_t* s = row + cols / 2 + u * 6;
+      return {ld16(row + u * 16), half_bits_to_float(ld2(s)), 0.0f, uint32_t(ld2(s + 2)) | (uint32_t(ld2(s + 4)) << 16)};
+    }
+  }
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
+    const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
+    int s = 0;
+BATON_UNROLL
+    for (int t = 0; t < 4; t++) {
+      s = __dp4a(int((word(w.q, t) & kLo4) | fifth_bits(w.qh, 4 * t)), word(x0, t), s);
+      s = __dp4a(int(((word(w.q, t) >> 4) & kLo4) | fifth_bits(w.qh, 16 + 4 * t)), word(x1, t), s);
+    }
+    const float2 ds = a.d(j)[u];
+    if constexpr (Min) return w.d * ds.x * float(s) + w.m * ds.y;
+    else return w.d * (ds.x * float(s) - 16.0f * ds.y);
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+BATON_UNROLL
+    for (int g = 0; g < 4; g++)  // element e = 8g + i: nibble of byte e & 15, fifth bit e of qh
+      BATON_PUT8(put, u * 32 + 8 * g,
+                 w.d * (float(((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) |
+                              (((w.qh >> (8 * g + i_)) & 1) << 4)) - (Min ? 0.0f : 16.0f)) + w.m);
+  }
+};
+using TQ5_0 = TQ5<false>;
+using TQ5_1 = TQ5<true>;
+
 struct TQ8_0 {
   static constexpr GgmlType type = GgmlType::Q8_0;
   static constexpr int unit = 32, unroll = 2;
@@ -331,7 +378,7 @@ struct TFloat {
 
 // The one list of weight types the CUDA kernels handle, and the one switch over it.
 #define BATON_CUDA_WEIGHT_TYPES(X) \
-  X(::baton::cuda::TQ4_0) X(::baton::cuda::TQ4_1) X(::baton::cuda::TQ8_0) \
+  X(::baton::cuda::TQ4_0) X(::baton::cuda::TQ4_1) X(::baton::cuda::TQ5_0) X(::baton::cuda::TQ5_1) X(::baton::cuda::TQ8_0) \
   X(::baton::cuda::TQ4_K) X(::baton::cuda::TQ5_K) X(::baton::cuda::TQ6_K) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F16>) X(::baton::cuda::TFloat<::baton::GgmlType::BF16>) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F32>)
