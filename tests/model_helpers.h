@@ -75,6 +75,23 @@ inline void check_peer_close(const std::vector<float>& ref, const std::vector<fl
   }
 }
 
+// KL(softmax(p) || softmax(q)) in nats, for two logits rows of V floats.
+inline double kl_divergence(const float* p, const float* q, int V) {
+  const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
+  double zp = 0, zq = 0;
+  for (int i = 0; i < V; ++i) {
+    zp += std::exp(double(p[i]) - mp);
+    zq += std::exp(double(q[i]) - mq);
+  }
+  const double lzp = std::log(zp), lzq = std::log(zq);
+  double kl = 0;
+  for (int i = 0; i < V; ++i) {
+    const double lp = double(p[i]) - mp - lzp, lq = double(q[i]) - mq - lzq;
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return kl;
+}
+
 // A generated Q8_0 model of `shape` in this process's temp folder, named after the shape.
 inline std::string synth_q8_model(const ShapePreset& shape, uint64_t seed) {
   SynthOptions o;
