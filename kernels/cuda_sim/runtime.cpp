@@ -278,6 +278,14 @@ void enqueue(Stream* s, Op op) {
   if (S().eager) drain(s);
 }
 
+// A live object behind a handle; a null or destroyed one aborts, naming the call.
+template <class T, class H>
+T* live(H h, const char* call, const char* what) {
+  auto* x = reinterpret_cast<T*>(h);
+  if (!x || x->destroyed) fatal(std::string(call) + " of a destroyed or null " + what);
+  return x;
+}
+
 // ---- copies ----
 
 bool pinned(const void* p, size_t n) {
@@ -668,8 +676,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t eh, unsigned) {
   Lock lk(S().mu);
   Stream* s = stream_of(h);
-  auto* e = reinterpret_cast<Event*>(eh);
-  if (!e || e->destroyed) fatal("cudaStreamWaitEvent on a destroyed event");
+  auto* e = live<Event>(eh, "cudaStreamWaitEvent", "event");
   if (e->in_capture && !s->capture) fatal("cudaStreamWaitEvent on an event recorded inside a capture (cross-stream capture is not simulated)");
   if (!e->stream) return cudaSuccess;  // never recorded: nothing to wait for
   if (s->capture) {
@@ -737,16 +744,14 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 
 cudaError_t cudaEventDestroy(cudaEvent_t h) {
   Lock lk(S().mu);
-  auto* e = reinterpret_cast<Event*>(h);
-  if (!e || e->destroyed) fatal("cudaEventDestroy of a destroyed event");
+  auto* e = live<Event>(h, "cudaEventDestroy", "event");
   e->destroyed = true;  // a pending record still runs and stamps it; nobody reads it
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh) {
   Lock lk(S().mu);
-  auto* e = reinterpret_cast<Event*>(h);
-  if (!e || e->destroyed) fatal("cudaEventRecord of a destroyed event");
+  auto* e = live<Event>(h, "cudaEventRecord", "event");
   Stream* s = stream_of(sh);
   const uint64_t gen = ++e->generation;
   e->ms = -1;
@@ -763,8 +768,7 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t h) {
   Lock lk(S().mu);
-  auto* e = reinterpret_cast<Event*>(h);
-  if (!e || e->destroyed) fatal("cudaEventSynchronize of a destroyed event");
+  auto* e = live<Event>(h, "cudaEventSynchronize", "event");
   if (cudaError_t err = forbidden_in_capture("cudaEventSynchronize")) return err;
   if (e->in_capture) fatal("cudaEventSynchronize on an event recorded inside a capture");
   if (e->stream) run_until(e->stream, e->seq);
@@ -773,8 +777,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h) {
 
 cudaError_t cudaEventQuery(cudaEvent_t h) {
   Lock lk(S().mu);
-  auto* e = reinterpret_cast<Event*>(h);
-  if (!e || e->destroyed) fatal("cudaEventQuery of a destroyed event");
+  auto* e = live<Event>(h, "cudaEventQuery", "event");
   // Nothing runs by itself here: a query is an opportunity to run, as time passing is on a GPU.
   if (e->stream) run_until(e->stream, e->seq);
   return cudaSuccess;
@@ -782,9 +785,8 @@ cudaError_t cudaEventQuery(cudaEvent_t h) {
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t ha, cudaEvent_t hb) {
   Lock lk(S().mu);
-  auto* a = reinterpret_cast<Event*>(ha);
-  auto* b = reinterpret_cast<Event*>(hb);
-  if (!a || !b || a->destroyed || b->destroyed) fatal("cudaEventElapsedTime of a destroyed event");
+  auto* a = live<Event>(ha, "cudaEventElapsedTime", "event");
+  auto* b = live<Event>(hb, "cudaEventElapsedTime", "event");
   if (!a->timing || !b->timing) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event without timing");
   if (a->ms < 0 || b->ms < 0) return fail(cudaErrorNotReady);
   *ms = float(b->ms - a->ms);
@@ -795,8 +797,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t ha, cudaEvent_t hb) {
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t h, unsigned long long) {
   Lock lk(S().mu);
-  auto* g = reinterpret_cast<Graph*>(h);
-  if (!g || g->destroyed) fatal("cudaGraphInstantiate of a destroyed graph");
+  auto* g = live<Graph>(h, "cudaGraphInstantiate", "graph");
   auto x = std::make_unique<Graph>(*g);  // an executable graph is a copy: later edits do not reach it
   *exec = reinterpret_cast<cudaGraphExec_t>(x.get());
   S().graphs.push_back(std::move(x));
@@ -805,8 +806,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t h, unsigned 
 
 cudaError_t cudaGraphDestroy(cudaGraph_t h) {
   Lock lk(S().mu);
-  auto* g = reinterpret_cast<Graph*>(h);
-  if (!g || g->destroyed) fatal("cudaGraphDestroy of a destroyed graph");
+  auto* g = live<Graph>(h, "cudaGraphDestroy", "graph");
   g->destroyed = true;
   g->ops.clear();
   return cudaSuccess;
@@ -814,16 +814,14 @@ cudaError_t cudaGraphDestroy(cudaGraph_t h) {
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t h) {
   Lock lk(S().mu);
-  auto* g = reinterpret_cast<Graph*>(h);
-  if (!g || g->destroyed) fatal("cudaGraphExecDestroy of a destroyed graph");
+  auto* g = live<Graph>(h, "cudaGraphExecDestroy", "graph");
   g->destroyed = true;  // queued replays keep their own copies of the ops
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t h, cudaStream_t sh) {
   Lock lk(S().mu);
-  auto* g = reinterpret_cast<Graph*>(h);
-  if (!g || g->destroyed) fatal("cudaGraphLaunch of a destroyed graph");
+  auto* g = live<Graph>(h, "cudaGraphLaunch", "graph");
   Stream* s = stream_of(sh);
   if (s->device != g->device) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch on another device's stream");
   auto ops = std::make_shared<std::vector<Op>>(g->ops);
@@ -875,8 +873,7 @@ cublasStatus_t cublasCreate(cublasHandle_t* h) {
 
 cublasStatus_t cublasDestroy(cublasHandle_t hh) {
   Lock lk(S().mu);
-  auto* h = reinterpret_cast<Handle*>(hh);
-  if (!h || h->destroyed) fatal("cublasDestroy of a destroyed handle");
+  auto* h = live<Handle>(hh, "cublasDestroy", "handle");
   h->destroyed = true;
   S().devices[size_t(h->device)].used -= kCublasBytes;
   return CUBLAS_STATUS_SUCCESS;
@@ -884,8 +881,7 @@ cublasStatus_t cublasDestroy(cublasHandle_t hh) {
 
 cublasStatus_t cublasSetStream(cublasHandle_t hh, cudaStream_t s) {
   Lock lk(S().mu);
-  auto* h = reinterpret_cast<Handle*>(hh);
-  if (!h || h->destroyed) fatal("cublasSetStream of a destroyed handle");
+  auto* h = live<Handle>(hh, "cublasSetStream", "handle");
   Stream* st = s ? stream_of(s) : nullptr;
   if (st && !st->legacy && st->device != h->device) return CUBLAS_STATUS_INVALID_VALUE;
   h->stream = st && !st->legacy ? st : nullptr;
@@ -897,8 +893,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t hh, cublasOperation_t ta, cublasOpera
                             int ldb, const void* beta, void* C, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t) {
   Lock lk(S().mu);
-  auto* h = reinterpret_cast<Handle*>(hh);
-  if (!h || h->destroyed) fatal("cublasGemmEx on a destroyed handle");
+  auto* h = live<Handle>(hh, "cublasGemmEx", "handle");
   if (h->device != t_device) {
     std::fprintf(stderr, "cudasim: cublasGemmEx with a handle of device %d while device %d is current\n", h->device, t_device);
     return CUBLAS_STATUS_EXECUTION_FAILED;
