@@ -32,8 +32,11 @@ BATON_DEV uint4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uin
 BATON_DEV int4 ld16s(const int8_t* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
 BATON_DEV uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
 BATON_DEV uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
-BATON_DEV uint32_t word(const uint4& v, int i) { return (&v.x)[i]; }  // i: constant
-BATON_DEV int word(const int4& v, int i) { return (&v.x)[i]; }
+// Word i of a 16-byte vector by selects, not `(&v.x)[i]`: with an index known only at run time
+// (the k-quants' scale bytes) indexing puts the vector in local memory (ptxas: a stack frame in
+// every k-quant GEMV); selects keep it in registers and fold away for a constant index.
+BATON_DEV uint32_t word(const uint4& v, int i) { return i < 2 ? (i == 0 ? v.x : v.y) : (i == 2 ? v.z : v.w); }
+BATON_DEV int word(const int4& v, int i) { return i < 2 ? (i == 0 ? v.x : v.y) : (i == 2 ? v.z : v.w); }
 BATON_DEV uint32_t byte_of(const uint4& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xFF; }
 
 constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
