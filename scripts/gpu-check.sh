@@ -10,7 +10,7 @@
 #              BATON_GPU_SYNTH=0 (do not generate models: quick reruns).
 # Steps whose command does not exist yet in this tree are skipped with a note, not failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 sim=0
 if [[ ${1:-} == --sim ]]; then sim=1; shift; fi
@@ -24,7 +24,7 @@ models=${BATON_GPU_MODELS:-$logs/models}
 if [[ $sim == 1 ]]; then
   build=${BATON_GPU_BUILD:-build-sim}
   cuda_mode=SIM
-  shape=sim-small
+  shape="sim-small"
   synth_shape=(--n-embd 256 --n-layer 6 --n-head 4 --n-head-kv 2 --n-ff 768 --n-vocab 4096)
   pp=64 tg=16 spill=40MiB
 else
