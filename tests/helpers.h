@@ -5,10 +5,27 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "quant/types.h"
+
 namespace baton::test {
+
+// Byte offsets of the fp16 scale fields inside one block of each quantized type. Tests write sane
+// scales there and random bytes everywhere else, so every code the format allows shows up
+// (extreme nibbles, 6-bit scales, high bits, -128).
+inline std::vector<int> fp16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
 
 inline std::string peer(const std::string& rel) { return std::string(BATON_PEER_DIR) + "/" + rel; }
 

@@ -67,17 +67,6 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, 
   return v;
 }
 
-// Byte offsets of the fp16 scale fields of one block; every other byte is random, so every code
-// the format allows (extreme nibbles, 6-bit scales, high bits) shows up.
-std::vector<int> fp16_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q6_K: return {208};
-    default: return {};
-  }
-}
-
 std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const size_t bytes = row_bytes(t, cols) * size_t(rows);
   std::vector<uint8_t> m(bytes);
@@ -91,9 +80,9 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std:
   for (auto& b : m) b = uint8_t(byte(rng));
   const uint32_t bb = traits(t).block_bytes;
   for (size_t blk = 0; blk < bytes / bb; blk++)
-    for (int off : fp16_fields(t)) {
+    for (int off : test::fp16_fields(t)) {
       float s = scale(rng);
-      if ((t == GgmlType::Q4_1 && off == 2) || (t == GgmlType::Q5_1 && off == 2)) s *= -8.0f;  // mins are usually negative
+      if ((t == GgmlType::Q4_1 || t == GgmlType::Q5_1) && off == 2) s *= -8.0f;  // mins are usually negative
       const uint16_t h = f32_to_fp16(s);
       std::memcpy(&m[blk * bb + size_t(off)], &h, 2);
     }

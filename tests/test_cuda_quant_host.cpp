@@ -17,15 +17,6 @@ using namespace baton::cuda;
 
 namespace {
 
-std::vector<int> fp16_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q6_K: return {208};
-    default: return {};
-  }
-}
-
 // Random bytes with sane fp16 scales: every code of the format appears.
 std::vector<uint8_t> random_row(GgmlType t, int64_t cols, std::mt19937& rng) {
   std::vector<uint8_t> w(row_bytes(t, cols));
@@ -40,7 +31,7 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t cols, std::mt19937& rng) {
   for (auto& b : w) b = uint8_t(byte(rng));
   const uint32_t bb = traits(t).block_bytes;
   for (size_t blk = 0; blk < w.size() / bb; blk++)
-    for (int off : fp16_fields(t)) {
+    for (int off : test::fp16_fields(t)) {
       const uint16_t h = f32_to_fp16(0.01f * (1.0f + val(rng)));
       std::memcpy(&w[blk * bb + size_t(off)], &h, 2);
     }

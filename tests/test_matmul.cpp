@@ -20,19 +20,6 @@ using namespace baton::cpu;
 
 namespace {
 
-// Byte offsets of the fp16 scale fields inside one block of each quantized type. Random bytes
-// everywhere else exercise every code (including extremes such as -128) the formats allow.
-std::vector<int> fp16_fields(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q2_K: return {80, 82};
-    case GgmlType::Q3_K: return {108};
-    case GgmlType::Q6_K: return {208};
-    default: return {};
-  }
-}
-
 // A random row-major matrix in type t with sane scales (no zeros, no infinities).
 std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const size_t rb = row_bytes(t, cols);
@@ -53,7 +40,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::
   }
   for (auto& b : m) b = uint8_t(byte(rng));
   const TypeTraits& tt = traits(t);
-  const auto fields = fp16_fields(t);
+  const auto fields = test::fp16_fields(t);
   for (size_t blk = 0; blk < m.size() / tt.block_bytes; blk++)
     for (int off : fields) {
       float s = scale(rng);

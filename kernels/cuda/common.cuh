@@ -67,6 +67,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The 8-bit grid of the integer paths, one warp per 32 values: d = max|x| / 127, q = round(x / d)
+// (ties to even). quantize_act stores q and d; the GEMM's activations take q * d.
+__device__ __forceinline__ int warp_q8(float v, float& d) {
+  const float amax = warp_max(fabsf(v));
+  d = amax / 127.0f;
+  return amax > 0.0f ? __float2int_rn(v / d) : 0;
+}
+
 // Sum over a whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the total.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float part[32];

@@ -35,9 +35,8 @@ __global__ void act_to_f16_kernel(const float* __restrict__ x, int64_t n, bool q
   if (i >= n) return;
   float v = x[i];
   if (q8) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    v = amax > 0.0f ? float(__float2int_rn(v / d)) * d : 0.0f;
+    float d;
+    v = float(warp_q8(v, d)) * d;
   }
   // Saturate: an activation past FP16's range becomes ±65504, not inf (and then NaN in Y).
   y[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));

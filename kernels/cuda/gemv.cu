@@ -17,10 +17,8 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= n_blocks) return;  // whole warps leave together
-  const float v = x[b * 32 + lane];
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f;
-  const int q = amax > 0.0f ? __float2int_rn(v / d) : 0;
+  float d;
+  const int q = warp_q8(x[b * 32 + lane], d);
   qs[b * 32 + lane] = int8_t(q);
   const int sum = warp_sum(q);
   if (lane == 0) ds[b] = make_float2(d, d * float(sum));

@@ -61,7 +61,6 @@ void dequantize_weight_row(const Weight& W, int64_t r, uint8_t* gguf_row, float*
   dequantize_row(W.type, unpacked_row(W, r, gguf_row).data, out, W.cols);
 }
 
-
 // Scratch of the two matmul paths: the activations (GEMV: 8-bit blocks for quantized weights;
 // GEMM: FP16-rounded floats), then one dequantized weight row and its GGUF bytes.
 size_t row_scratch_bytes(const Weight& W) {
@@ -382,16 +381,17 @@ void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
   float* xh = reinterpret_cast<float*>(base);
   float* w = reinterpret_cast<float*>(base + xbytes);
   uint8_t* gguf_row = base + xbytes + align_up(cols * sizeof(float), kAlign);
-  const bool q8 = q8_activations(W.type);
-  for (size_t b = 0; b < size_t(n) * cols; b += 32) {
-    const size_t len = std::min<size_t>(32, size_t(n) * cols - b);
-    float amax = 0;
-    for (size_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(X[b + i]));
-    const float d = amax / 127.0f;
-    for (size_t i = 0; i < len; ++i) {
-      const float v = !q8 ? X[b + i] : amax > 0.0f ? std::nearbyint(X[b + i] / d) * d : 0.0f;
-      xh[b + i] = round_f16(std::clamp(v, -65504.0f, 65504.0f));
-    }
+  const size_t nx = size_t(n) * cols;
+  std::vector<int8_t> q;
+  std::vector<float> ds;
+  if (q8_activations(W.type)) {  // the 8-bit grid first, as quantize_act makes it
+    q.resize(nx);
+    ds.resize(nx / 32 * 2);
+    quantize_act(c, X, W.cols, n, q.data(), ds.data());
+  }
+  for (size_t i = 0; i < nx; ++i) {
+    const float v = q.empty() ? X[i] : float(q[i]) * ds[i / 32 * 2];
+    xh[i] = round_f16(std::clamp(v, -65504.0f, 65504.0f));
   }
   for (int64_t r = 0; r < W.rows; ++r) {
     dequantize_weight_row(W, r, gguf_row, w);
