@@ -337,48 +337,55 @@ int argmax(const float* x, int n) {
 
 namespace {
 
-// The kept candidates as a heap whose top is the worst: (value, index) pairs, a better one has
-// the larger value, or the same value and the smaller index.
+// Candidates in an unsorted buffer of up to 2k (value, index) pairs; a better one has the larger
+// value, or the same value and the smaller index. A full buffer is pruned to its k best
+// (nth_element), and from then on only values above the worst of those k can be among the k
+// best: the scan compares against that bar and appends the few that pass. Cheaper than a heap
+// when k is large (an append per candidate, a linear prune per k of them).
 struct TopK {
   struct Item {
     float v;
     int32_t i;
   };
   static bool better(const Item& a, const Item& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
-  std::vector<Item>& heap;
+  std::vector<Item>& buf;
   size_t k;
-  // The scan visits indices in increasing order, so once k are kept a value must be strictly
-  // greater than the worst kept one to enter (an equal value has the larger index).
-  float threshold() const { return heap.size() < k ? -INFINITY : heap.front().v; }
-  bool full() const { return heap.size() == k; }
-  void offer(float v, int32_t i) {
-    if (std::isnan(v)) return;
-    if (heap.size() < k) {
-      heap.push_back({v, i});
-      std::push_heap(heap.begin(), heap.end(), better);
-    } else if (v > heap.front().v) {
-      std::pop_heap(heap.begin(), heap.end(), better);
-      heap.back() = {v, i};
-      std::push_heap(heap.begin(), heap.end(), better);
-    }
+  // Before the first prune every non-NaN value enters (-inf too); after it, the scan visits
+  // indices in increasing order, so a value must be strictly greater than the worst kept one (an
+  // equal value has the larger index).
+  bool pruned = false;
+  float bar = -INFINITY;
+
+  bool passes(float v) const { return pruned ? v > bar : v >= -INFINITY; }  // NaN: never
+  void add(float v, int32_t i) {
+    buf.push_back({v, i});
+    if (buf.size() == 2 * k) prune();
+  }
+  void prune() {
+    std::nth_element(buf.begin(), buf.begin() + ptrdiff_t(k - 1), buf.end(), better);
+    buf.resize(k);
+    bar = buf[k - 1].v;  // the k-th best: the smallest value kept
+    pruned = true;
   }
 };
 
 #if defined(__x86_64__) || defined(__i386__)
-// 16 values per compare against the threshold; only the lanes above it go to the heap (after the
-// first k, few do).
+// 16 values per compare against the bar; only the lanes that pass are appended (after the first
+// prunes, few do).
 BATON_AVX512_FN void top_k_scan_avx512(const float* x, int n, TopK& t) {
   int i = 0;
-  while (i < n && !t.full()) t.offer(x[i], i), ++i;
   for (; i + 16 <= n; i += 16) {
-    __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(t.threshold()), _CMP_GT_OQ);
+    const __m512 v = _mm512_loadu_ps(x + i);
+    __mmask16 m = t.pruned ? _mm512_cmp_ps_mask(v, _mm512_set1_ps(t.bar), _CMP_GT_OQ)
+                           : _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);  // not NaN
     while (m) {
       const int l = __builtin_ctz(m);
       m &= __mmask16(m - 1);
-      t.offer(x[i + l], i + l);
+      if (t.passes(x[i + l])) t.add(x[i + l], i + l);  // the bar may have risen within the 16
     }
   }
-  for (; i < n; ++i) t.offer(x[i], i);
+  for (; i < n; ++i)
+    if (t.passes(x[i])) t.add(x[i], i);
 }
 #endif
 
@@ -386,10 +393,11 @@ BATON_AVX512_FN void top_k_scan_avx512(const float* x, int n, TopK& t) {
 
 int top_k(const float* x, int n, int k, int32_t* idx, float* val) {
   BATON_CHECK(n > 0 && k > 0);
-  thread_local std::vector<TopK::Item> heap;
-  heap.clear();
-  heap.reserve(size_t(k));
-  TopK t{heap, size_t(std::min(k, n))};
+  thread_local std::vector<TopK::Item> buf;
+  buf.clear();
+  const size_t kk = size_t(std::min(k, n));
+  buf.reserve(2 * kk);
+  TopK t{buf, kk};
 #if defined(__x86_64__) || defined(__i386__)
   if (active_isa() >= Isa::Avx512) {
     top_k_scan_avx512(x, n, t);
@@ -397,11 +405,12 @@ int top_k(const float* x, int n, int k, int32_t* idx, float* val) {
 #endif
   {
     for (int i = 0; i < n; ++i)
-      if (!t.full() || x[i] > t.threshold()) t.offer(x[i], i);
+      if (t.passes(x[i])) t.add(x[i], i);
   }
-  std::sort_heap(heap.begin(), heap.end(), TopK::better);  // best first
-  for (size_t j = 0; j < heap.size(); ++j) idx[j] = heap[j].i, val[j] = heap[j].v;
-  return int(heap.size());
+  if (buf.size() > kk) t.prune();
+  std::sort(buf.begin(), buf.end(), TopK::better);  // best first
+  for (size_t j = 0; j < buf.size(); ++j) idx[j] = buf[j].i, val[j] = buf[j].v;
+  return int(buf.size());
 }
 
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s) {
