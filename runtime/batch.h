@@ -16,7 +16,27 @@ enum LogitsMode : uint8_t {
   // (argmax_token). A greedy request then never moves a vocabulary row across a process link or
   // off a GPU.
   kArgmaxOnly = 2,
+  // Only the row's top_k_candidates(n_vocab) largest logits, sorted by value descending then id
+  // ascending (the order of cpu::top_k and cuda::top_k): their ids as int32 in words [0, K), their
+  // values in words [K, 2K) (top_k_row_*), NaN values after the last real candidate. A request
+  // that samples with top_k <= K and no repetition penalty draws exactly what it would from the
+  // full row, without the row leaving the GPU or crossing a process link.
+  kTopK = 3,
 };
+
+// K of a kTopK row: at most 256 (cuda::top_k's limit), and 2K words must fit in the row's slot.
+constexpr int kMaxTopKCandidates = 256;
+inline int top_k_candidates(int n_vocab) { return n_vocab / 2 < kMaxTopKCandidates ? n_vocab / 2 : kMaxTopKCandidates; }
+
+// The 4-byte words an output row of this mode holds (its slot always spans n_vocab floats).
+inline size_t output_words(uint8_t mode, size_t n_vocab) {
+  switch (mode) {
+    case kLogitsRow: return n_vocab;
+    case kArgmaxOnly: return 1;
+    case kTopK: return 2 * size_t(top_k_candidates(int(n_vocab)));
+    default: return 0;
+  }
+}
 
 struct Batch {
   std::vector<int32_t> token;   // token id
@@ -41,6 +61,22 @@ inline int32_t argmax_token(const float* row) {
   return id;
 }
 inline void set_argmax_token(float* row, int32_t id) { std::memcpy(row, &id, sizeof id); }
+
+// The candidates of a kTopK row with K entries, and how a pipeline stores them.
+inline int32_t top_k_row_id(const float* row, int i) {
+  int32_t id;
+  std::memcpy(&id, row + i, sizeof id);
+  return id;
+}
+inline float top_k_row_value(const float* row, int K, int i) { return row[K + i]; }
+inline void set_top_k_row(float* row, int K, const int32_t* ids, const float* vals) {
+  std::memcpy(row, ids, size_t(K) * sizeof(int32_t));
+  std::memcpy(row + K, vals, size_t(K) * sizeof(float));
+}
+
+// The CPU's reduction of a full row of n_vocab logits, in place, to what `mode` asks for
+// (kArgmaxOnly, kTopK; other modes leave the row as it is). The twin of the GPU stage's.
+void reduce_output_row(uint8_t mode, float* row, int n_vocab);
 
 
 }  // namespace baton

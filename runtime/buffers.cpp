@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gguf/error.h"
+#include "runtime/batch.h"
 
 namespace baton {
 
@@ -73,6 +74,12 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   const uint64_t attention = (4 * kPlanMaxSms + B * s.n_head) * (d + 2) * 4;  // tokens x heads x splits
   const uint64_t mib = uint64_t(1) << 20;
   return (std::max({gemm, gemv, attention}) + mib - 1) / mib * mib;
+}
+
+uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_batch) {
+  auto buf = [](uint64_t b) { return std::max<uint64_t>(b, 16); };  // GpuStage allocates at least 16
+  const uint64_t K = uint64_t(top_k_candidates(int(s.n_vocab)));
+  return buf(uint64_t(n_batch) * sizeof(int32_t)) + (K > 0 ? 2 * buf(uint64_t(n_batch) * K * 4) : 0);
 }
 
 uint64_t gpu_link_bytes(const ModelShape& s, uint32_t n_batch) {

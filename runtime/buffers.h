@@ -74,6 +74,11 @@ inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_
 constexpr uint64_t kPlanMaxSms = 256;
 uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage);
 
+// What a CUDA stage holding the output head keeps besides the logits, for sampling on the device
+// (runtime/batch.h): an argmax id per output row, and the top_k_candidates(n_vocab) best ids and
+// logits. The planner charges it to a GPU stage with the head, next to gpu_ops_scratch_bytes.
+uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_batch);
+
 // The slots a peer-to-peer link (runtime/link.h) keeps on the receiving GPU: kGpuLinkSlots pieces of
 // n_batch hidden states. The planner charges them to every GPU stage that does not start at layer 0
 // (its input may come from a GPU stage); a host-staged link pins host memory instead.

@@ -446,10 +446,10 @@ void put_work(Writer& w, uint64_t id, const Batch& b, const LocalStage& s, size_
       .put_vec(busy).put_vec(step);
 }
 
-// The 4-byte words of a micro-batch's output: n_vocab per kLogitsRow token, 1 per kArgmaxOnly one.
+// The 4-byte words of a micro-batch's output: output_words(mode) per token (runtime/batch.h).
 size_t output_words(const Batch& b, size_t n_vocab) {
   size_t words = 0;
-  for (uint8_t mode : b.logits) words += mode == kLogitsRow ? n_vocab : mode == kArgmaxOnly ? 1 : 0;
+  for (uint8_t mode : b.logits) words += baton::output_words(mode, n_vocab);
   return words;
 }
 
@@ -564,8 +564,8 @@ struct Worker {
     Writer w;
     if (stage->s->last()) {
       // kLogits: id, the word count, busy, step; then kLogitsRows: the output rows in batch order,
-      // n_vocab floats for a kLogitsRow token and one 4-byte word (the token id) for a
-      // kArgmaxOnly one. Rank 0 receives the rows straight into its logits buffer.
+      // n_vocab floats for a kLogitsRow token, one 4-byte word (the token id) for a kArgmaxOnly
+      // one, 2K for a kTopK one. Rank 0 receives the rows straight into its logits buffer.
       const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
       const size_t words = output_words(b, V);
       std::vector<uint8_t> bytes(words * sizeof(float));
@@ -579,7 +579,7 @@ struct Worker {
         size_t r = 0;
         for (uint8_t mode : b.logits) {
           if (mode == kNoLogits) continue;
-          const size_t len = mode == kLogitsRow ? V : 1;
+          const size_t len = baton::output_words(mode, V);
           std::memcpy(dst, out.data() + r++ * V, len * sizeof(float));
           dst += len;
         }
@@ -955,7 +955,7 @@ void DistributedPipeline::take(const Message& m) {
   if (words > 0) {
     if (direct) {
       c_.recv_into(m.source, mpi::kLogitsRows, direct, words * sizeof(float));
-    } else {  // argmax ids among them, or rows out of order: through our buffer, then in place
+    } else {  // argmax ids or candidates among them, or rows out of order: through our buffer
       rows_.resize(words);
       c_.recv_into(m.source, mpi::kLogitsRows, rows_.data(), words * sizeof(float));
       const MicroBatch& mb = job->mbs[index];
@@ -964,7 +964,7 @@ void DistributedPipeline::take(const Message& m) {
         const uint8_t mode = mb.batch.logits[t];
         if (mode == kNoLogits) continue;
         float* dst = job->logits + size_t(job->out_row[size_t(mb.index[t])]) * V;
-        const size_t len = mode == kLogitsRow ? V : 1;  // an argmax id: its 4 bytes, as they came
+        const size_t len = baton::output_words(mode, V);  // ids and candidates: their words, as they came
         std::memcpy(dst, src, len * sizeof(float));
         src += len;
       }

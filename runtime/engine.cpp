@@ -42,8 +42,19 @@ struct Engine::Active {
   Active(Request&& r, std::unique_ptr<TokenStream> ts)
       : req(std::move(r)), sampler(req.sampling), stop(req.stop), text(std::move(ts)) {}
   bool prefilling() const { return next_prompt < req.prompt.size(); }
-  // What its output rows hold: a greedy request takes only the argmax from the pipeline.
-  uint8_t out_mode() const { return sampler.argmax_only() ? kArgmaxOnly : kLogitsRow; }
+  // What its output rows hold: a greedy request takes only the argmax from the pipeline, a
+  // top-k one only the best candidates (runtime/batch.h), the others the full row.
+  uint8_t out_mode(int n_vocab) const {
+    if (sampler.argmax_only()) return kArgmaxOnly;
+    return sampler.top_k_suffices(top_k_candidates(n_vocab)) ? kTopK : kLogitsRow;
+  }
+  int32_t take(const float* row, int n_vocab) {
+    switch (out_mode(n_vocab)) {
+      case kArgmaxOnly: return argmax_token(row);
+      case kTopK: return sampler.sample_top_k(row, top_k_candidates(n_vocab));
+      default: return sampler.sample(row, n_vocab, history);
+    }
+  }
   void emit(const std::string& s) {
     if (s.empty()) return;
     res.text += s;
@@ -182,7 +193,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   size_t decoders = 0;
   for (auto& a : active) {
     if (a->pending < 0 || a->waiting || decoders == cap) continue;
-    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, a->out_mode());
+    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, a->out_mode(n_vocab_));
     cached_[a->slot].push_back(a->pending);
     st.rows.push_back(a.get());
     a->pending = -1;
@@ -197,7 +208,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     for (size_t i = 0; i < take; i++) {
       size_t k = a->next_prompt + i;
       bool last = k + 1 == a->req.prompt.size();
-      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last ? a->out_mode() : uint8_t(kNoLogits));
+      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last ? a->out_mode(n_vocab_) : uint8_t(kNoLogits));
       cached_[a->slot].push_back(a->req.prompt[k]);
       if (last) {
         st.rows.push_back(a.get());
@@ -320,7 +331,7 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       Active& a = *st.rows[r];
       a.waiting = false;
       const float* row = st.logits.data() + r * size_t(n_vocab_);
-      const int32_t t = a.out_mode() == kArgmaxOnly ? argmax_token(row) : a.sampler.sample(row, n_vocab_, a.history);
+      const int32_t t = a.take(row, n_vocab_);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
       accept(a, t);
     }

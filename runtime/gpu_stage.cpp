@@ -64,6 +64,11 @@ struct GpuStage::Impl {
   int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr;
   int32_t* ids = nullptr;          // argmax of each output row (kArgmaxOnly)
   std::vector<int32_t> h_ids;
+  int top_k = 0;                   // K of a kTopK row (top_k_candidates)
+  int32_t* top_ids = nullptr;      // each output row's K best ids and logits (kTopK)
+  float* top_vals = nullptr;
+  std::vector<int32_t> h_top_ids;
+  std::vector<float> h_top_vals;
   std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0, and the staging rows
 
   // The tokens a layer with n_cells cells per sequence commits: those whose cell no later token
@@ -317,6 +322,13 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
     g.ids = g.alloc_n<int32_t>(B);
     g.h_ids.reserve(B);
+    g.top_k = top_k_candidates(cfg.n_vocab);
+    if (g.top_k > 0) {
+      g.top_ids = g.alloc_n<int32_t>(B * size_t(g.top_k));
+      g.top_vals = g.alloc_n<float>(B * size_t(g.top_k));
+      g.h_top_ids.reserve(B * size_t(g.top_k));
+      g.h_top_vals.reserve(B * size_t(g.top_k));
+    }
   }
   for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0}) *a = g.alloc_n<int32_t>(B);
   g.h_first.resize(B);
@@ -436,9 +448,11 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   }
   const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
   // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
-  // not copy vocabulary rows to the host); full rows only when some token asks for them.
-  bool any_row = false, any_argmax = false;
-  for (uint8_t mode : batch.logits) any_row |= mode == kLogitsRow, any_argmax |= mode == kArgmaxOnly;
+  // not copy vocabulary rows to the host); kTopK rows: the K best ids and logits; full rows only
+  // when some token asks for them.
+  bool any_row = false, any_argmax = false, any_top = false;
+  for (uint8_t mode : batch.logits)
+    any_row |= mode == kLogitsRow, any_argmax |= mode == kArgmaxOnly, any_top |= mode == kTopK;
 
   // The step's ops: embedding lookup, the family's layers, the head and the argmax. Steps of at
   // most gemv_max_cols tokens (decode: no cuBLAS) are captured once per shape and replayed; the
@@ -452,13 +466,14 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       b.runs.back().n++;
     }
   const bool embed = plan_.has_embedding, head = plan_.has_output;
-  auto record = [&g, b, n, embed, head, any_argmax, m]() mutable {
+  auto record = [&g, b, n, embed, head, any_argmax, any_top, m]() mutable {
     const ModelConfig& cfg = g.c;
     if (embed) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, cfg.embd_scale);
     llama_layers(cfg, b, n, g.begin, g.end);
     if (head) {
       llama_head(cfg, b, g.logits);
       if (any_argmax) cuda::argmax(g.ctx, g.logits, cfg.n_vocab, int(m), g.ids);
+      if (any_top) cuda::top_k(g.ctx, g.logits, cfg.n_vocab, int(m), g.top_k, g.top_ids, g.top_vals);
     }
   };
   if (graph) {
@@ -484,12 +499,20 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       g.h_ids.resize(m);
       cuda::copy_to_host(g.ctx, g.h_ids.data(), g.ids, m * sizeof(int32_t));
     }
+    const size_t K = size_t(g.top_k);
+    if (any_top) {
+      g.h_top_ids.resize(m * K);
+      g.h_top_vals.resize(m * K);
+      cuda::copy_to_host(g.ctx, g.h_top_ids.data(), g.top_ids, m * K * sizeof(int32_t));
+      cuda::copy_to_host(g.ctx, g.h_top_vals.data(), g.top_vals, m * K * sizeof(float));
+    }
     if (any_row && m > 0) cuda::copy_to_host(g.ctx, logits, g.logits, m * V * sizeof(float));
-    if (any_argmax) {
+    if (any_argmax || any_top) {
       g.ctx.synchronize();
       for (size_t t = 0, r = 0; t < size_t(n); ++t) {
         if (batch.logits[t] == kNoLogits) continue;
         if (batch.logits[t] == kArgmaxOnly) set_argmax_token(logits + r * V, g.h_ids[r]);
+        if (batch.logits[t] == kTopK) set_top_k_row(logits + r * V, g.top_k, &g.h_top_ids[r * K], &g.h_top_vals[r * K]);
         ++r;
       }
     }

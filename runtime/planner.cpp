@@ -27,7 +27,7 @@ struct Pricing {
   std::vector<uint64_t> prefix;  // prefix[i]: weights + KV of layers [0, i)
   std::vector<uint64_t> kv;      // KV per layer
   uint64_t scratch_mid, scratch_last;
-  uint64_t gpu_ops_mid, gpu_ops_last;  // GPU stages also hold the CUDA ops' shared scratch
+  uint64_t gpu_ops_mid, gpu_ops_last;  // GPU stages also hold the CUDA ops' shared scratch (+ sampling)
   uint64_t gpu_link;                   // and, past layer 0, the slots of a link from a GPU stage
   std::vector<uint64_t> reserve;  // per device entry
 
@@ -42,7 +42,7 @@ struct Pricing {
     scratch_mid = scratch_bytes(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs);
     scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs);
     gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
-    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true);
+    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true) + gpu_sampling_bytes(s, o.n_batch);
     gpu_link = gpu_link_bytes(s, o.n_batch);
     for (size_t d = 0; d < dev.size(); d++) {
       const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[d];

@@ -9,6 +9,7 @@
 
 #include "gguf/error.h"
 #include "kernels/cpu/ops.h"
+#include "runtime/batch.h"
 
 namespace baton {
 
@@ -98,7 +99,25 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
     std::sort(cand_.begin(), cand_.end(),
               [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   }
+  return draw(k);
+}
 
+int32_t Sampler::sample_top_k(const float* row, int K) {
+  BATON_CHECK(top_k_suffices(K));
+  // The row's first top_k candidates are what cpu::top_k(logits, n_vocab, top_k) finds: the same
+  // total order, so the same prefix. NaN values end the real candidates.
+  size_t k = 0;
+  cand_.resize(size_t(p_.top_k));
+  for (int i = 0; i < p_.top_k; ++i) {
+    const float v = top_k_row_value(row, K, i);
+    if (std::isnan(v)) break;
+    cand_[k++] = {v, top_k_row_id(row, i)};
+  }
+  if (k == 0) return 0;  // every logit NaN: what argmax of the row gives
+  return draw(k);
+}
+
+int32_t Sampler::draw(size_t k) {
   // Softmax with temperature, in double for a stable sum.
   double mx = cand_[0].first;
   double sum = 0;

@@ -44,12 +44,21 @@ class Sampler {
   // Picks a token from one row of logits. `history` is the sequence so far (prompt and generated
   // tokens); only its last repeat_last_n entries matter. `logits` is not modified.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
+  // The same draw from a kTopK row (runtime/batch.h) of K candidates, when top_k_suffices(K):
+  // given the candidates of the same logits, it returns what sample() returns from the full row.
+  int32_t sample_top_k(const float* row, int K);
   const SamplingParams& params() const { return p_; }
   // sample() is the argmax of the raw logits (greedy, no repetition penalty): the pipeline may
   // hand back just the argmax of the row (kArgmaxOnly in runtime/batch.h).
-  bool argmax_only() const { return p_.greedy() && !(p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0); }
+  bool argmax_only() const { return p_.greedy() && !penalizes(); }
+  // sample() needs only the K best logits of the row, sorted (kTopK in runtime/batch.h): it draws
+  // among its top_k <= K and applies no repetition penalty.
+  bool top_k_suffices(int K) const { return !p_.greedy() && !penalizes() && p_.top_k > 0 && p_.top_k <= K; }
 
  private:
+  bool penalizes() const { return p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0; }
+  int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
+
   SamplingParams p_;
   Rng rng_;
   std::vector<float> work_;               // penalised logits

@@ -52,17 +52,18 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   float* out = direct ? logits : logits_.get();
   head(cfg_, weights_, batch, x, out, *scratch_, pool);
   const size_t V = size_t(cfg_.n_vocab);
-  argmax_rows_.clear();
+  reduced_rows_.clear();
   for (size_t t = 0, r = 0; t < size_t(batch.size()); ++t) {
-    if (batch.logits[t] == kNoLogits) continue;
-    if (batch.logits[t] == kArgmaxOnly) argmax_rows_.push_back(r);
+    const uint8_t mode = batch.logits[t];
+    if (mode == kNoLogits) continue;
+    if (mode != kLogitsRow) reduced_rows_.emplace_back(r, mode);
     ++r;
   }
-  const cpu::RowFn pick = [&](int i) {
-    float* row = out + argmax_rows_[size_t(i)] * V;
-    set_argmax_token(row, cpu::argmax(row, int(V)));
+  const cpu::RowFn reduce = [&](int i) {
+    const auto [r, mode] = reduced_rows_[size_t(i)];
+    reduce_output_row(mode, out + r * V, int(V));
   };
-  cpu::run_rows(pick, int(argmax_rows_.size()), pool);
+  cpu::run_rows(reduce, int(reduced_rows_.size()), pool);
   if (!direct && logits) std::memcpy(logits, logits_.get(), rows * V * sizeof(float));
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gguf/error.h"
@@ -97,7 +98,7 @@ class CpuStage : public ModelStage {
   std::unique_ptr<Scratch> scratch_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::ThreadPool* borrowed_ = nullptr;  // borrow_pool(): forward computes on this one
-  std::vector<size_t> argmax_rows_;      // forward(): the output rows that want only their argmax
+  std::vector<std::pair<size_t, uint8_t>> reduced_rows_;  // forward(): output rows (and modes) that want less than the row
   // Last stage: n_batch × n_vocab rows for a caller whose buffer is not float-aligned. Not zeroed:
   // the head writes before anything reads, and pages never used are never touched.
   std::unique_ptr<float[]> logits_;

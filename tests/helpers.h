@@ -1,6 +1,7 @@
 // Shared test helpers: paths to peer data, fetched models and generated files.
 #pragma once
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "quant/types.h"
+#include "runtime/batch.h"
 
 namespace baton::test {
 
@@ -25,6 +27,17 @@ inline std::vector<int> fp16_fields(GgmlType t) {
     case GgmlType::Q6_K: return {208};
     default: return {};
   }
+}
+
+// An output row as a pipeline returned it for `mode` (runtime/batch.h), against the full row of
+// the same logits: what the CPU's reduction of `full` holds, word for word (for kTopK: the K best
+// ids and their logits, in order). Rows without NaNs.
+inline void check_output_row(uint8_t mode, const float* full, const float* got, int n_vocab) {
+  std::vector<float> want(full, full + n_vocab);
+  reduce_output_row(mode, want.data(), n_vocab);
+  const size_t words = output_words(mode, size_t(n_vocab));
+  INFO("output mode " << int(mode) << ", " << words << " words");
+  CHECK(std::memcmp(want.data(), got, words * sizeof(float)) == 0);
 }
 
 inline std::string peer(const std::string& rel) { return std::string(BATON_PEER_DIR) + "/" + rel; }

@@ -142,7 +142,7 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
   }
 }
 
-TEST_CASE("greedy rows come back from the GPU as argmax ids, equal to the argmax of the full rows") {
+TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, as the full rows reduce") {
   for (const char* devices : {"cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"}) {
     INFO(devices);
     auto p = load(test::tiny_gemma3_model(), devices);
@@ -151,17 +151,32 @@ TEST_CASE("greedy rows come back from the GPU as argmax ids, equal to the argmax
     for (int i = 0; i < 12; ++i) {
       const bool out = i % 3 == 2;
       full.add((5 + 9 * i) % V, i, 0, out);
-      mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : i % 2 ? kArgmaxOnly : kLogitsRow));
+      const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+      mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
     }
     std::vector<float> a(size_t(full.n_logits()) * size_t(V)), b(a.size());
     p->decode(full, a.data());
     p->decode(mixed, b.data());
+    int n_mode[4] = {};
     for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
       if (mixed.logits[t] == kNoLogits) continue;
-      const float* fa = a.data() + r * size_t(V);
-      if (mixed.logits[t] == kArgmaxOnly)
-        CHECK(argmax_token(b.data() + r * size_t(V)) == int32_t(std::max_element(fa, fa + V) - fa));
+      test::check_output_row(mixed.logits[t], a.data() + r * size_t(V), b.data() + r * size_t(V), V);
+      n_mode[mixed.logits[t]]++;
       ++r;
+    }
+    CHECK(n_mode[kArgmaxOnly] == 2);
+    CHECK(n_mode[kTopK] == 1);
+    // Decode steps (captured in graphs, with the argmax or top-k inside): each step feeds both
+    // sequences the same token; sequence 0 asks for the full row, sequence 1 alternately for the
+    // argmax and the candidates. Both columns run the same kernels on equal caches.
+    for (int step = 0; step < 4; ++step) {
+      Batch d;
+      const int32_t tok = (7 + 31 * step) % V;
+      d.add(tok, 12 + step, 0, uint8_t(kLogitsRow));
+      d.add(tok, 12 + step, 1, uint8_t(step % 2 ? kTopK : kArgmaxOnly));
+      std::vector<float> rows(2 * size_t(V));
+      p->decode(d, rows.data());
+      test::check_output_row(d.logits[1], rows.data(), rows.data() + V, V);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include "gguf/error.h"
 #include "kernels/cpu/ops.h"
@@ -26,6 +27,14 @@ uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
+}
+
+// The toy model's next-token logits after the sequence `c`.
+void toy_logits(const std::vector<int32_t>& c, float eog_bias, float* row) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t p = 0; p < c.size(); p++) h = mix(h ^ (uint64_t(c[p]) + 131 * p));
+  for (int v = 0; v < kVocab; v++)
+    row[v] = float(mix(h + uint64_t(v)) >> 40) / float(1 << 24) * 6.0f + (v == 0 ? eog_bias : 0.0f);
 }
 
 class ToyPipeline : public Pipeline {
@@ -52,16 +61,12 @@ class ToyPipeline : public Pipeline {
       c.push_back(b.token[i]);
       if (per_seq[b.seq[i]] == 1 && b.logits[i]) decoders++; else prompt_tokens++;
       if (!b.logits[i]) continue;
-      uint64_t h = 1469598103934665603ull;
-      for (size_t p = 0; p < c.size(); p++) h = mix(h ^ (uint64_t(c[p]) + 131 * p));
       float* row = logits;
-      for (int v = 0; v < kVocab; v++) {
-        *logits++ = float(mix(h + uint64_t(v)) >> 40) / float(1 << 24) * 6.0f + (v == 0 ? eog_bias_ : 0.0f);
-      }
-      if (b.logits[i] == kArgmaxOnly) {  // the pipeline contract (runtime/batch.h)
-        set_argmax_token(row, cpu::argmax(row, kVocab));
-        argmax_rows++;
-      }
+      toy_logits(c, eog_bias_, row);
+      logits += kVocab;
+      argmax_rows += b.logits[i] == kArgmaxOnly;
+      top_k_rows += b.logits[i] == kTopK;
+      reduce_output_row(b.logits[i], row, kVocab);  // the pipeline contract (runtime/batch.h)
     }
     max_seqs = std::max(max_seqs, int(per_seq.size()));
     max_tokens = std::max(max_tokens, b.size());
@@ -76,7 +81,7 @@ class ToyPipeline : public Pipeline {
   int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
 
-  int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0, argmax_rows = 0;
+  int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0, argmax_rows = 0, top_k_rows = 0;
 
  private:
   int n_ctx_;
@@ -210,8 +215,8 @@ TEST_CASE("a newcomer's prompt is chunked so decoders keep moving") {
 }
 
 TEST_CASE("greedy requests take only the argmax from the pipeline, with the same tokens as full rows") {
-  // The reference samples from full rows with top_k = 1: whatever the temperature, that is the
-  // argmax too, but the engine must ask for the rows.
+  // The reference samples with top_k = 1: whatever the temperature, that is the argmax too, but
+  // the engine must ask for the candidates (kTopK).
   auto make = [](bool greedy) {
     std::vector<Request> reqs;
     for (int i = 0; i < 6; i++) {
@@ -238,6 +243,7 @@ TEST_CASE("greedy requests take only the argmax from the pipeline, with the same
     CHECK(r.completion_tokens() == 12);
     CHECK(r.tokens == rf[tag].tokens);
   }
+  CHECK(pf.top_k_rows == 6 * 12);  // the reference: a candidate row per token
   // A repetition penalty needs the rows even when greedy.
   SamplingParams sp;
   sp.temperature = 0;
@@ -246,6 +252,66 @@ TEST_CASE("greedy requests take only the argmax from the pipeline, with the same
   CHECK_FALSE(Sampler(sp).argmax_only());
   sp.repeat_last_n = 0;
   CHECK(Sampler(sp).argmax_only());
+}
+
+TEST_CASE("top-k requests take only the best candidates from the pipeline and draw what full rows give") {
+  // K = 16 of the toy's 32 logits. Requests with top_k <= K and no penalty ask for candidate rows
+  // (kTopK); the reference samples every token from the full row, one request at a time.
+  const int K = top_k_candidates(kVocab);
+  REQUIRE(K == 16);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; i++) {
+    Request r;
+    r.prompt = {int32_t(1 + i), 9, int32_t(2 + 3 * i)};
+    r.sampling.temperature = 0.5f + 0.25f * float(i % 4);
+    r.sampling.top_k = i % 2 ? K : 1 + 2 * i;
+    r.sampling.top_p = i % 3 ? 0.9f : 1.0f;
+    r.sampling.min_p = i % 4 ? 0.05f : 0.0f;
+    r.sampling.seed = 77 + uint64_t(i);
+    r.max_tokens = 20;
+    r.tag = uint64_t(i);
+    reqs.push_back(std::move(r));
+  }
+  std::map<uint64_t, std::vector<int32_t>> want;
+  for (const Request& r : reqs) {
+    Sampler s(r.sampling);
+    std::vector<int32_t> seq = r.prompt;
+    std::vector<float> logits(kVocab);
+    for (int t = 0; t < r.max_tokens; t++) {
+      toy_logits(seq, -100.0f, logits.data());
+      const int32_t id = s.sample(logits.data(), kVocab, seq);
+      want[r.tag].push_back(id);
+      seq.push_back(id);
+    }
+  }
+  ToyVocab vocab;
+  ToyPipeline p(256, 4, -100.0f);
+  Engine e(p, vocab, {});
+  auto got = run_all(e, reqs, 4);
+  CHECK(p.top_k_rows == 8 * 20);
+  CHECK(p.argmax_rows == 0);
+  REQUIRE(got.size() == 8);
+  int distinct = 0;
+  for (auto& [tag, r] : got) {
+    CHECK(r.tokens == want[tag]);
+    distinct += std::set<int32_t>(r.tokens.begin(), r.tokens.end()).size() > 3;
+  }
+  CHECK(distinct >= 4);  // the draws are not all the argmax
+
+  // What asks for the full row: top_k off, above K, or a repetition penalty.
+  SamplingParams sp;
+  sp.top_k = K;
+  CHECK(Sampler(sp).top_k_suffices(K));
+  sp.top_k = K + 1;
+  CHECK_FALSE(Sampler(sp).top_k_suffices(K));
+  sp.top_k = 0;
+  CHECK_FALSE(Sampler(sp).top_k_suffices(K));
+  sp.top_k = 5;
+  sp.repeat_penalty = 1.1f;
+  CHECK_FALSE(Sampler(sp).top_k_suffices(K));
+  sp.repeat_penalty = 1.0f;
+  sp.temperature = 0;
+  CHECK_FALSE(Sampler(sp).top_k_suffices(K));  // greedy: kArgmaxOnly
 }
 
 TEST_CASE("stop strings end the reply and never leak a partial match into the stream") {

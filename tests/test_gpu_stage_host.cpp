@@ -487,7 +487,7 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
   }
 }
 
-TEST_CASE("a GPU stage answers argmax-only rows with the argmax of its full rows") {
+TEST_CASE("a GPU stage answers argmax-only and top-k rows with what its full rows reduce to") {
   const Model m(tiny_llama());
   const int V = m.cfg.n_vocab;
   Chain one = chain(m, GgmlType::F16, 0, "gpu");
@@ -495,21 +495,21 @@ TEST_CASE("a GPU stage answers argmax-only rows with the argmax of its full rows
   for (int i = 0; i < 12; ++i) {
     const bool out = i % 3 == 2;
     full.add((5 + 9 * i) % V, i, 0, out);
-    mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : i % 2 ? kArgmaxOnly : kLogitsRow));
+    const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+    mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
   }
+  REQUIRE(top_k_candidates(V) > 1);
   const std::vector<float> a = forward(one, m.cfg, full), b = forward(one, m.cfg, mixed);
-  int n_argmax = 0;
+  int n_mode[4] = {};
   for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
     if (mixed.logits[t] == kNoLogits) continue;
-    if (mixed.logits[t] == kArgmaxOnly) {
-      CHECK(argmax_token(b.data() + r * size_t(V)) == argmax_row(a.data() + r * size_t(V), V));
-      n_argmax++;
-    } else {
-      CHECK(std::memcmp(a.data() + r * size_t(V), b.data() + r * size_t(V), size_t(V) * sizeof(float)) == 0);
-    }
+    test::check_output_row(mixed.logits[t], a.data() + r * size_t(V), b.data() + r * size_t(V), V);
+    n_mode[mixed.logits[t]]++;
     ++r;
   }
-  CHECK(n_argmax == 2);
+  CHECK(n_mode[kArgmaxOnly] == 2);
+  CHECK(n_mode[kTopK] == 1);
+  CHECK(n_mode[kLogitsRow] == 1);
 }
 
 #else  // a build with the real CUDA backend: no emulation to run on

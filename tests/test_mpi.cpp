@@ -105,7 +105,10 @@ std::string write_prompts(int n) {
   for (int i = 0; i < n; ++i) {
     nlohmann::json j{{"id", i}, {"prompt", "Once upon a time number " + std::to_string(i) + ", there lived"},
                      {"seed", 100 + i}};
-    if (i % 3 == 0) j["temperature"] = 0;  // greedy: its rows come back as argmax ids, mixed with full rows
+    // Greedy: its rows come back as argmax ids; top_k 40 (the default): as candidates (kTopK);
+    // top_k off: as full rows. All three mixed in one micro-batch.
+    if (i % 3 == 0) j["temperature"] = 0;
+    if (i % 3 == 1) j["top_k"] = 0;
     f << j.dump() << "\n";
   }
   return p;

@@ -131,20 +131,21 @@ TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline
   }
 }
 
-TEST_CASE("argmax-only rows hold the argmax of the full rows, in 1, 2 and 3 stages", "[pipeline]") {
+TEST_CASE("argmax-only and top-k rows hold what the full rows reduce to, in 1, 2 and 3 stages", "[pipeline]") {
   const std::string path = test::tiny_gemma3_model();
   for (const char* devices : {"cpu", "cpu,cpu", "cpu,cpu,cpu"}) {
     INFO("devices " << devices);
     auto p = load(path, devices, 4);
     const int V = p->n_vocab();
-    // The same four prompts twice: full rows, then (caches emptied) every other row argmax-only.
-    auto make = [&](bool argmax) {
+    // The same four prompts twice: full rows, then (caches emptied) the rows in turn argmax-only,
+    // top-k candidates and full.
+    auto make = [&](bool reduce) {
       Batch b;
+      const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
       for (int s = 0; s < 4; ++s)
         for (int i = 0; i < 5; ++i) {
           const bool out = i == 4 || i == 1;
-          b.add((11 + 29 * s + 7 * i) % V, i, s,
-                uint8_t(!out ? kNoLogits : argmax && (s + i) % 2 == 0 ? kArgmaxOnly : kLogitsRow));
+          b.add((11 + 29 * s + 7 * i) % V, i, s, uint8_t(!out ? kNoLogits : reduce ? cycle[(2 * s + i) % 3] : kLogitsRow));
         }
       return b;
     };
@@ -155,20 +156,16 @@ TEST_CASE("argmax-only rows hold the argmax of the full rows, in 1, 2 and 3 stag
     p->decode(full, a.data());
     for (int s = 0; s < 4; ++s) p->truncate_seq(s, 0);
     p->decode(mixed, b.data());
-    int n_argmax = 0;
+    int n_mode[4] = {};
     for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
       if (mixed.logits[t] == kNoLogits) continue;
-      const float* fa = a.data() + r * size_t(V);
-      const float* fb = b.data() + r * size_t(V);
-      if (mixed.logits[t] == kArgmaxOnly) {
-        CHECK(argmax_token(fb) == cpu::argmax(fa, V));
-        n_argmax++;
-      } else {
-        CHECK(std::memcmp(fa, fb, size_t(V) * sizeof(float)) == 0);
-      }
+      test::check_output_row(mixed.logits[t], a.data() + r * size_t(V), b.data() + r * size_t(V), V);
+      n_mode[mixed.logits[t]]++;
       ++r;
     }
-    CHECK(n_argmax == 4);
+    CHECK(n_mode[kArgmaxOnly] >= 2);
+    CHECK(n_mode[kTopK] >= 2);
+    CHECK(n_mode[kLogitsRow] >= 2);
   }
 }
 

@@ -61,6 +61,7 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
   c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
   if (d.is_gpu() && !emb) c += gpu_link_bytes(s, nb);  // a P2P link's slots may arrive here
+  if (d.is_gpu() && head) c += gpu_sampling_bytes(s, nb);  // argmax ids, top-k candidates
   return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
 }
 
@@ -126,8 +127,11 @@ TEST_CASE("a model that fits on the first device stays there, with exact bytes")
   CHECK(st.kv_bytes == 30ull * 2048 * 3 * 128 * 2);
   // The forward's buffers and logits, and on a GPU the CUDA ops' shared scratch: a 64 MiB FP16
   // weight slab (the head is larger) + 512 FP16 columns of the widest input (1536), in whole MiB.
-  CHECK(st.scratch_bytes == scratch_bytes(s, 512, 2048, true) + gpu_ops_scratch_bytes(s, 512, true));
+  CHECK(st.scratch_bytes ==
+        scratch_bytes(s, 512, 2048, true) + gpu_ops_scratch_bytes(s, 512, true) + gpu_sampling_bytes(s, 512));
   CHECK(gpu_ops_scratch_bytes(s, 512, true) == 66 * MiB);
+  // Sampling on the device: 512 argmax ids and 512 × 256 candidate ids and logits.
+  CHECK(gpu_sampling_bytes(s, 512) == 512 * 4 + 2 * 512 * 256 * 4);
   CHECK(st.reserve_bytes == 512 * MiB);
   CHECK(st.free_bytes() == int64_t(24 * GiB) - int64_t(st.total_bytes()));
 
@@ -329,7 +333,7 @@ TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like
   // Stage 1 also keeps the slots of the peer-to-peer link from stage 0's GPU.
   CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes ==
         512ull * 262144 * 4 + gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, false) +
-            gpu_link_bytes(s, 512));
+            gpu_sampling_bytes(s, 512) + gpu_link_bytes(s, 512));
 }
 
 TEST_CASE("sliding-window layers keep only the window in the KV cache") {
