@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""What ptxas says about every CUDA kernel, checked against the hardware's rules (no GPU needed).
+
+Compiles each kernels/cuda/*.cu to device code only (-cubin) with --resource-usage and checks,
+per kernel:
+  - static shared memory <= 48 KiB: a block asking for more cannot launch (more needs a dynamic
+    opt-in the kernels do not make);
+  - registers x the largest block it is launched with <= 64 Ki registers of an SM: otherwise the
+    launch fails with "too many resources requested" (the CUDA simulator cannot see either);
+  - no local memory (stack frame, spills) beyond the few measured and left alone below: in the
+    hot loops local memory costs DRAM traffic the roofline does not count (docs/GPU.md).
+Prints one line per kernel family, then the violations; exits 1 when there are any.
+
+Usage: check_cuda_resources.py --nvcc NVCC --arch 90 --source-dir DIR [--keep DIR]
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# The largest block each kernel is launched with (the launch sites in kernels/cuda/*.cu). A kernel
+# that matches none of these fails the check: add it here with its block size.
+MAX_THREADS = [
+    (r"gemv_kernel<", 128),                                   # kGemvThreads
+    (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
+    (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
+    (r"(top_k|argmax)_kernel\(", 1024),                       # kSelThreads
+    (r"rms_norm_kernel\(", 256),                              # 32, 128 or 256 by row width
+    (r"rope_kernel\(", 128),                                  # rope_dim / 2, rounded up to 32
+    (r"embed_kernel<", 128),
+    (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("
+     r"|quantize_act_kernel\()", 256),
+]
+
+# Local memory measured and left alone (docs/GPU.md, "Registers and local memory"): bytes of stack
+# frame allowed. Everything else must have none.
+LOCAL_ALLOWED = [
+    (r"gemv_kernel<baton::cuda::TQ4_K, 4>", 8),               # 4 bytes of spill at 96 registers
+    (r"attn_split_kernel<(64|96), false>", 8),                # 8 bytes, F16 cache
+]
+
+STATIC_SMEM_MAX = 48 * 1024
+REGISTERS_PER_SM = 64 * 1024
+
+
+def compile_reports(nvcc, arch, source_dir, out_dir):
+    text = []
+    for cu in sorted(glob.glob(os.path.join(source_dir, "kernels", "cuda", "*.cu"))):
+        cubin = os.path.join(out_dir, os.path.basename(cu) + ".cubin")
+        cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", "-O3", "-DNDEBUG", "-DBATON_HAVE_CUDA=1", "-std=c++20",
+               "--expt-relaxed-constexpr", "--resource-usage", f"-I{source_dir}", cu, "-o", cubin]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"check_cuda_resources: {' '.join(cmd)} failed:\n{r.stderr}")
+        text.append(r.stdout + r.stderr)
+    return "\n".join(text)
+
+
+def parse(report):
+    kernels, cur = [], None
+    for line in report.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            cur = {"mangled": m.group(1), "stack": 0, "spill": 0, "regs": 0, "smem": 0}
+            kernels.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            cur["stack"], cur["spill"] = int(m.group(1)), max(int(m.group(2)), int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            cur["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            cur["smem"] = int(s.group(1)) if s else 0
+    names = subprocess.run(["c++filt"], input="\n".join(k["mangled"] for k in kernels), capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for k, n in zip(kernels, names):
+        k["name"] = n
+    return kernels
+
+
+def first_match(rules, name):
+    for pattern, value in rules:
+        if re.search(pattern, name):
+            return value
+    return None
+
+
+def check(kernels):
+    problems = []
+    for k in kernels:
+        name = k["name"]
+        threads = first_match(MAX_THREADS, name)
+        if threads is None:
+            problems.append(f"{name}: not in MAX_THREADS (tests/check_cuda_resources.py): add its largest block")
+        elif k["regs"] * threads > REGISTERS_PER_SM:
+            problems.append(f"{name}: {k['regs']} registers x {threads} threads > {REGISTERS_PER_SM}: the launch would "
+                            "fail (add __launch_bounds__ or use fewer registers)")
+        if k["smem"] > STATIC_SMEM_MAX:
+            problems.append(f"{name}: {k['smem']} bytes of static shared memory > {STATIC_SMEM_MAX}")
+        local = max(k["stack"], k["spill"])
+        allowed = first_match(LOCAL_ALLOWED, name) or 0
+        if local > allowed:
+            problems.append(f"{name}: {k['stack']} bytes stack frame, {k['spill']} bytes spilled (allowed {allowed}): "
+                            "local memory; see LOCAL_ALLOWED")
+    return problems
+
+
+def family(name):
+    m = re.search(r"(\w+_kernel)", name)
+    return m.group(1) if m else name
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nvcc", required=True)
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--source-dir", required=True)
+    ap.add_argument("--keep", help="write the ptxas report here")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = compile_reports(a.nvcc, a.arch, a.source_dir, tmp)
+    if a.keep:
+        with open(a.keep, "w") as f:
+            f.write(report)
+    kernels = parse(report)
+    gemv = [k for k in kernels if "gemv_kernel<" in k["name"]]
+    # The parse itself: 11 weight types x 1..8 columns of GEMV, and the other families.
+    if len(gemv) < 88 or len(kernels) < 120:
+        sys.exit(f"check_cuda_resources: parsed only {len(kernels)} kernels ({len(gemv)} GEMV) from ptxas's report")
+
+    fams = {}
+    for k in kernels:
+        f = fams.setdefault(family(k["name"]), {"n": 0, "regs": 0, "smem": 0, "local": 0})
+        f["n"] += 1
+        f["regs"] = max(f["regs"], k["regs"])
+        f["smem"] = max(f["smem"], k["smem"])
+        f["local"] = max(f["local"], k["stack"], k["spill"])
+    print(f"sm_{a.arch}: {len(kernels)} kernels")
+    print(f"{'kernel':<24} {'instances':>9} {'max regs':>9} {'max smem':>9} {'max local':>9}")
+    for name, f in sorted(fams.items()):
+        print(f"{name:<24} {f['n']:>9} {f['regs']:>9} {f['smem']:>9} {f['local']:>9}")
+    problems = check(kernels)
+    for p in problems:
+        print("FAIL", p)
+    if problems:
+        sys.exit(1)
+    print("every kernel: static shared memory, registers per block and local memory within bounds")
+
+
+if __name__ == "__main__":
+    main()
