@@ -1,7 +1,8 @@
 // `baton bench-kernels`: CPU kernel throughput in one run. First the machine's read bandwidth
 // (a sum over a buffer far larger than the last-level cache), then for each weight type GEMV
 // (one column: GB/s of weight bytes streamed, compared with that bandwidth) and GEMM (64 and
-// 512 columns: GFLOP/s), each at every requested thread count. A benchmark, not a test.
+// 512 columns: GFLOP/s), each at every requested thread count. With --device cuda:N the CUDA
+// matmuls instead (bench_kernels_cuda.cpp). A benchmark, not a test.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_kernels.h"
 #include "cli/command.h"
 #include "gguf/error.h"
 #include "kernels/cpu/matmul.h"
@@ -35,7 +37,33 @@ struct Options {
   std::string isa;
   bool cpu_time = false;  // time by process CPU time / threads instead of the wall clock
   bool no_pack = false;
+  std::string device = "cpu";  // or cuda:N
+  int64_t rows = 14336;        // CUDA: rows of the matrix
+  int reps = 20;               // CUDA: sweeps per timed round
 };
+
+// --device cuda:N: the CUDA matmuls (every weight type the backend computes with by default).
+int run_cuda(const Options& o) {
+  CudaKernelBench b;
+  const std::string& d = o.device;
+  size_t used = 0;
+  try {
+    b.device = std::stoi(d.substr(5), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || 5 + used != d.size()) fail(ErrorKind::Usage, "--device {}: expected cpu or cuda:N", d);
+  b.types = o.types;
+  if (b.types.empty())
+    for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"})
+      b.types.push_back(t);
+  b.rows = o.rows;
+  b.cols = o.cols;
+  b.mib = o.gemv_mib;
+  b.reps = o.reps;
+  b.json = o.json;
+  return run_cuda_kernel_bench(b);
+}
 
 // Packs W as a model load would (when this process packs its type); W then reads the packed copy.
 cpu::PackedBuffer maybe_pack(cpu::QMatrix& W, bool no_pack) {
@@ -141,6 +169,8 @@ void print_row(const Row& r, bool json) {
 }
 
 int run_bench(const Options& o) {
+  if (o.device.rfind("cuda:", 0) == 0) return run_cuda(o);
+  if (o.device != "cpu") fail(ErrorKind::Usage, "--device {}: expected cpu or cuda:N", o.device);
   g_cpu_time = o.cpu_time;
   if (!o.isa.empty()) {
     cpu::Isa isa;
@@ -227,7 +257,7 @@ int run_bench(const Options& o) {
   return 0;
 }
 
-Register reg{{"bench-kernels", "Measure CPU read bandwidth and matmul kernel throughput (GEMV GB/s, GEMM GFLOP/s)",
+Register reg{{"bench-kernels", "Measure read bandwidth and matmul kernel throughput (GEMV GB/s, GEMM GFLOP/s; CPU or CUDA)",
               [](CLI::App& app) {
                 auto o = std::make_shared<Options>();
                 app.add_flag("--json", o->json, "One JSON object per measurement");
@@ -240,6 +270,13 @@ Register reg{{"bench-kernels", "Measure CPU read bandwidth and matmul kernel thr
                 app.add_flag("--no-pack", o->no_pack, "Keep the GGUF row layout (by default packable types are packed, as a model load does)");
                 app.add_flag("--cpu-time", o->cpu_time, "Time by process CPU time / threads (busy shared machines)");
                 app.add_option("--cpu-isa", o->isa, "Limit the instruction set: scalar, avx2 or avx512");
+                app.add_option("--device", o->device,
+                               "cpu (default) or cuda:N: the CUDA GEMV per column count and its cut-over to the GEMM");
+                app.add_option("--rows", o->rows, "CUDA: matrix rows (default 14336; --cols 4096: a Llama 3 8B FFN "
+                                                  "projection); --gemv-mib: the copies' total")
+                    ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
+                app.add_option("--reps", o->reps, "CUDA: sweeps over the copies per timed round (default 20)")
+                    ->check(CLI::Range(1, 100000));
                 return [o] { return run_bench(*o); };
               }}};
 

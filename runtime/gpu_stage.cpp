@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -222,6 +223,18 @@ struct CudaLayers {
 
 }  // namespace
 
+// The GEMV -> GEMM cut-over (cuda::Context::gemv_max_cols): BATON_GEMV_MAX_COLS overrides the
+// default for measuring it on a GPU (scripts/gpu-check.sh); steps of at most that many tokens are
+// also the ones replayed from graphs.
+static int gemv_max_cols_setting(int dflt) {
+  const char* e = std::getenv("BATON_GEMV_MAX_COLS");
+  if (!e || !*e) return dflt;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end != '\0' || v < 1 || v > 256) fail(ErrorKind::Usage, "BATON_GEMV_MAX_COLS={}: expected a column count 1..256", e);
+  return int(v);
+}
+
 GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt,
                    int device, const std::function<void(uint64_t)>& progress)
     : plan_(plan) {
@@ -242,6 +255,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.kv_type = opt.kv_type;
   g.use_graphs = opt.cuda_graphs;
   g.n_ctx = opt.n_ctx;
+  g.ctx.gemv_max_cols = gemv_max_cols_setting(g.ctx.gemv_max_cols);
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
   g.v_row = row_bytes(opt.kv_type, cfg.n_embd_v());
 

@@ -52,6 +52,15 @@ bench_note() {
     }' "$1" | cut -c1-90
 }
 
+# The numbers of a `baton bench-kernels --device cuda:N` log: per type the 1-column GEMV's share of
+# the copy bandwidth and the column count from which the GEMM is faster (">128": never).
+kernels_note() {
+  awk '$1 == "gemv" && $3 == 1 { pct[$2] = $6 }
+       $1 == "cut-over" { t = $2; sub(":", "", t); n = ($NF == "columns" && $(NF-1) ~ /^[0-9]+$/) ? $(NF-1) : ">128"
+                          if ($0 ~ /already at 8/) n = "<=8"; printf "%s%s %s cut %s", sep, t, pct[t], n; sep = "; " }' "$1" \
+    | cut -c1-90
+}
+
 # run NAME TIMEOUT CMD... : logs to LOG_DIR/NAME.log, records status and wall time.
 run() {
   local name=$1 limit=$2
@@ -63,6 +72,10 @@ run() {
   local dt=$((SECONDS - t0))
   if [[ $rc -eq 0 && $name == bench-* ]]; then
     row "$name" ok "$dt" "$(bench_note "$logs/$name.log")"
+  elif [[ $rc -eq 0 && $name == kernels ]]; then  # "Q4_0 78% cut 24; Q4_K ..." (the log has the table)
+    row "$name" ok "$dt" "$(kernels_note "$logs/$name.log")"
+  elif [[ $rc -eq 0 && $name == batch* ]]; then  # the summary line's "N ok, ... | X generated tok/s"
+    row "$name" ok "$dt" "$(grep -E 'generated tok/s' "$logs/$name.log" | tail -n 1 | sed 's/ failed.*|/ failed |/' | cut -c1-60)"
   elif [[ $rc -eq 0 ]]; then
     row "$name" ok "$dt" "$(tail -n 1 "$logs/$name.log" | cut -c1-60)"
   elif [[ $rc -eq 124 ]]; then
@@ -93,6 +106,15 @@ fi
 
 # 3. Devices and copy bandwidth.
 if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'baton devices' yet"; fi
+
+# 3b. The CUDA matmuls alone: GEMV GB/s per type and column count, and the GEMV -> GEMM cut-over
+# (what Context::gemv_max_cols should be). With --sim one small type, for the rehearsal.
+if has_cmd bench-kernels --device; then
+  if [[ $sim == 1 ]]; then kargs=(--types Q4_0 --rows 256 --cols 512 --gemv-mib 1 --reps 1); else kargs=(); fi
+  run kernels 600 "$bin" bench-kernels --device cuda:0 "${kargs[@]}"
+else
+  skip kernels "no 'bench-kernels --device' yet"
+fi
 
 # 4. llama3-8b-shaped models (Q4_0, Q4_K); with --sim a small llama.
 mkdir -p "$models"
@@ -136,6 +158,17 @@ if has_cmd batch && [[ -s $models/$shape-Q4_0.gguf ]]; then
   for i in $(seq 1 16); do echo "{\"id\": \"s$i\", \"prompt\": \"Sequence $i: count to twenty.\", \"max_tokens\": 64}"; done >"$jobs_file"
   run batch16-2stage 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0,cuda:0 --parallel 16 \
     --raw -i "$jobs_file" -o "$logs/batch16.out.jsonl"
+  # Sampled rows on one stage: the default settings (top_k 40) take the 256 best candidates from
+  # the device (kTopK), top_k 0 copies the full rows to the host (and sorts them there).
+  sed 's/"max_tokens": 64}/"max_tokens": 64, "top_k": 0}/' "$jobs_file" >"$logs/batch16-rows.jsonl"
+  run batch16-1stage-topk 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0 --parallel 16 \
+    --raw -i "$jobs_file" -o "$logs/batch16-topk.out.jsonl"
+  run batch16-1stage-rows 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0 --parallel 16 \
+    --raw -i "$logs/batch16-rows.jsonl" -o "$logs/batch16-rows.out.jsonl"
+  # 16 sequences per decode step: dequantize + GEMM (the default cut-over, 8 columns) against two
+  # GEMV passes in a graph (BATON_GEMV_MAX_COLS=16), on the real step.
+  run batch16-1stage-gemv16 300 env BATON_GEMV_MAX_COLS=16 "$bin" batch -m "$models/$shape-Q4_0.gguf" \
+    --devices cuda:0 --parallel 16 --raw -i "$jobs_file" -o "$logs/batch16-gemv16.out.jsonl"
 else
   skip batch16-2stage "no 'baton batch' or no model"
 fi

@@ -142,6 +142,31 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
   }
 }
 
+TEST_CASE("a GEMV/GEMM cut-over moved by BATON_GEMV_MAX_COLS gives the same logits; a bad value is refused") {
+  // 64: the 49-token prompt step too takes the GEMV passes and a graph (split attention only).
+  const std::string path = test::tiny_gemma3_model();
+  auto one = load(path, "cuda:0");
+  const auto ref = run(*one);
+  const int V = one->n_vocab();
+  one.reset();
+  for (const char* cols : {"1", "64"}) {
+    INFO("BATON_GEMV_MAX_COLS=" << cols);
+    setenv("BATON_GEMV_MAX_COLS", cols, 1);
+    std::vector<float> got;
+    try {
+      got = run(*load(path, "cuda:0"));
+    } catch (...) {
+      unsetenv("BATON_GEMV_MAX_COLS");
+      throw;
+    }
+    unsetenv("BATON_GEMV_MAX_COLS");
+    test::check_peer_close(ref, got, V, std::string("cut-over at ") + cols);
+  }
+  setenv("BATON_GEMV_MAX_COLS", "0", 1);
+  CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains("BATON_GEMV_MAX_COLS=0"));
+  unsetenv("BATON_GEMV_MAX_COLS");
+}
+
 TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, as the full rows reduce") {
   for (const char* devices : {"cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"}) {
     INFO(devices);
@@ -151,7 +176,7 @@ TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, a
     for (int i = 0; i < 12; ++i) {
       const bool out = i % 3 == 2;
       full.add((5 + 9 * i) % V, i, 0, out);
-      const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+      const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
       mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
     }
     std::vector<float> a(size_t(full.n_logits()) * size_t(V)), b(a.size());

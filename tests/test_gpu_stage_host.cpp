@@ -495,7 +495,7 @@ TEST_CASE("a GPU stage answers argmax-only and top-k rows with what its full row
   for (int i = 0; i < 12; ++i) {
     const bool out = i % 3 == 2;
     full.add((5 + 9 * i) % V, i, 0, out);
-    const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+    const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
     mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
   }
   REQUIRE(top_k_candidates(V) > 1);

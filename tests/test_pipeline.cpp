@@ -141,7 +141,7 @@ TEST_CASE("argmax-only and top-k rows hold what the full rows reduce to, in 1, 2
     // top-k candidates and full.
     auto make = [&](bool reduce) {
       Batch b;
-      const uint8_t cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+      const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
       for (int s = 0; s < 4; ++s)
         for (int i = 0; i < 5; ++i) {
           const bool out = i == 4 || i == 1;
