@@ -83,23 +83,65 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
 
   if (p_.greedy()) return cpu::argmax(src, n_vocab);
 
+  if (p_.top_k <= 0 || p_.top_k >= n_vocab) return sample_row(src, n_vocab);
   // Candidates sorted by logit, highest first; equal logits by id so the order never depends on
-  // how they were found. Top-k in one pass over the row (cpu::top_k), else a full sort.
-  size_t k = size_t(n_vocab);
-  if (p_.top_k > 0 && p_.top_k < n_vocab) {
-    top_idx_.resize(size_t(p_.top_k));
-    top_val_.resize(size_t(p_.top_k));
-    k = size_t(cpu::top_k(src, n_vocab, p_.top_k, top_idx_.data(), top_val_.data()));
-    if (k == 0) return cpu::argmax(src, n_vocab);  // every logit NaN
-    cand_.resize(k);
-    for (size_t i = 0; i < k; i++) cand_[i] = {top_val_[i], top_idx_[i]};
-  } else {
-    cand_.resize(size_t(n_vocab));
-    for (int i = 0; i < n_vocab; i++) cand_[size_t(i)] = {src[i], int32_t(i)};
-    std::sort(cand_.begin(), cand_.end(),
-              [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-  }
+  // how they were found: top-k in one pass over the row (cpu::top_k).
+  top_idx_.resize(size_t(p_.top_k));
+  top_val_.resize(size_t(p_.top_k));
+  const size_t k = size_t(cpu::top_k(src, n_vocab, p_.top_k, top_idx_.data(), top_val_.data()));
+  if (k == 0) return cpu::argmax(src, n_vocab);  // every logit NaN
+  cand_.resize(k);
+  for (size_t i = 0; i < k; i++) cand_[i] = {top_val_[i], top_idx_[i]};
   return draw(k);
+}
+
+int32_t Sampler::sample_row(const float* src, int n_vocab) {
+  // The whole row's probabilities: softmax of logits / T (vectorized).
+  prob_.resize(size_t(n_vocab));
+  const float inv_t = 1.0f / p_.temperature;
+  for (int i = 0; i < n_vocab; i++) prob_[size_t(i)] = src[i] * inv_t;
+  cpu::softmax(prob_.data(), n_vocab);
+  const bool top_p = p_.top_p < 1.0f, min_p = p_.min_p > 0.0f;
+  if (!top_p && !min_p) {  // every token stays: one draw in id order, nothing to sort
+    double total = 0;
+    for (float q : prob_) total += q;
+    double r = rng_.uniform() * total;
+    int32_t last = 0;
+    for (int i = 0; i < n_vocab; i++) {
+      if (!(prob_[size_t(i)] > 0)) continue;
+      last = i;
+      r -= prob_[size_t(i)];
+      if (r < 0) return i;
+    }
+    return last;  // rounding left a sliver (or every probability NaN)
+  }
+  // Top-p and min-p keep a prefix of the row sorted by logit (value, then id): the smallest one
+  // whose mass reaches top_p, cut where a token falls below min_p × the best. Take the best m
+  // (cpu::top_k), doubling m until the prefix ends among them, instead of sorting the row.
+  for (int m = std::min(n_vocab, 64);; m = std::min(n_vocab, 2 * m)) {
+    top_idx_.resize(size_t(m));
+    top_val_.resize(size_t(m));
+    const int found = cpu::top_k(src, n_vocab, m, top_idx_.data(), top_val_.data());
+    if (found == 0) return cpu::argmax(src, n_vocab);  // every logit NaN
+    const double floor = double(prob_[size_t(top_idx_[0])]) * p_.min_p;
+    double acc = 0;
+    int keep = 0;
+    for (int i = 0; i < found && keep == 0; i++) {
+      const double q = prob_[size_t(top_idx_[size_t(i)])];
+      if (min_p && i > 0 && q < floor) keep = i;
+      else if (acc += q; top_p && acc >= p_.top_p) keep = i + 1;
+    }
+    if (keep == 0 && (found < m || m == n_vocab)) keep = found;  // the prefix is all of them
+    if (keep == 0) continue;
+    double total = 0;
+    for (int i = 0; i < keep; i++) total += prob_[size_t(top_idx_[size_t(i)])];
+    double r = rng_.uniform() * total;
+    for (int i = 0; i < keep; i++) {
+      r -= prob_[size_t(top_idx_[size_t(i)])];
+      if (r < 0) return top_idx_[size_t(i)];
+    }
+    return top_idx_[size_t(keep - 1)];  // rounding left a sliver: the last kept token
+  }
 }
 
 int32_t Sampler::sample_top_k(const float* row, int K) {

@@ -58,10 +58,12 @@ class Sampler {
  private:
   bool penalizes() const { return p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0; }
   int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
+  int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
 
   SamplingParams p_;
   Rng rng_;
   std::vector<float> work_;               // penalised logits
+  std::vector<float> prob_;               // sample_row(): the row's probabilities
   std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output
   std::vector<float> top_val_;

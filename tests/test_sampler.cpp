@@ -108,6 +108,62 @@ TEST_CASE("a kTopK row of candidates draws what the full row draws, for any sett
   CHECK(drawn_below_top > 200);  // the comparison covers real draws, not just argmaxes
 }
 
+TEST_CASE("top-k off: top-p and min-p over the whole row draw what sorting the row gives") {
+  // The reference sorts the whole row by logit (value, then id), keeps the top-p prefix, cuts it
+  // at min-p, and draws with the same RNG stream; the sampler finds that prefix from the best few
+  // candidates instead (doubling). Flat and peaked rows, ties, temperatures, every filter mix.
+  std::mt19937 g(5);
+  int compared = 0;
+  for (int n : {3, 100, 5000, 49152}) {
+    for (int trial = 0; trial < 16; trial++) {
+      std::vector<float> row(static_cast<size_t>(n), 0.0f);
+      const float spread = trial % 4 == 0 ? 0.05f : trial % 4 == 1 ? 1.0f : 4.0f;  // flat .. peaked
+      for (auto& x : row) x = float(int(g() % 200)) * spread / 20.0f;
+      SamplingParams p;
+      p.top_k = 0;
+      p.temperature = 0.4f + 0.3f * float(trial % 5);
+      p.top_p = trial % 3 == 0 ? 1.0f : trial % 3 == 1 ? 0.9f : 0.995f;
+      p.min_p = trial % 2 ? 0.0f : 0.05f;
+      p.seed = 99 + uint64_t(trial);
+      Sampler s(p);
+      Rng ref(p.seed);
+      std::vector<float> prob(row.size());
+      for (size_t i = 0; i < row.size(); i++) prob[i] = row[i] / p.temperature;
+      cpu::softmax(prob.data(), n);
+      std::vector<int32_t> order(row.size());
+      for (int i = 0; i < n; i++) order[size_t(i)] = i;
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      size_t keep = order.size();
+      double acc = 0;
+      for (size_t i = 0; i < order.size() && p.top_p < 1.0f; i++)
+        if ((acc += prob[size_t(order[i])]) >= p.top_p) { keep = i + 1; break; }
+      if (p.min_p > 0)
+        for (size_t i = 1; i < keep; i++)
+          if (prob[size_t(order[i])] < prob[size_t(order[0])] * double(p.min_p)) { keep = i; break; }
+      for (int d = 0; d < 30; d++) {
+        int32_t want = order[keep - 1];
+        if (p.top_p < 1.0f || p.min_p > 0) {
+          double total = 0;
+          for (size_t i = 0; i < keep; i++) total += prob[size_t(order[i])];
+          double r = ref.uniform() * total;
+          for (size_t i = 0; i < keep; i++)
+            if ((r -= prob[size_t(order[i])]) < 0) { want = order[i]; break; }
+        } else {  // nothing filtered: the sampler draws in id order (same distribution)
+          double total = 0;
+          for (float q : prob) total += q;
+          double r = ref.uniform() * total;
+          for (int i = 0; i < n; i++)
+            if (prob[size_t(i)] > 0 && (r -= prob[size_t(i)]) < 0) { want = i; break; }
+        }
+        INFO("n " << n << " trial " << trial << " draw " << d << " keep " << keep);
+        REQUIRE(s.sample(row.data(), n, {}) == want);
+        compared++;
+      }
+    }
+  }
+  CHECK(compared == 4 * 16 * 30);
+}
+
 TEST_CASE("top-p keeps the smallest set reaching the mass") {
   // Probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs, temperature 1).
   std::vector<float> l = {std::log(0.05f), std::log(0.5f), std::log(0.15f), std::log(0.3f)};
