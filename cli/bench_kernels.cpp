@@ -24,6 +24,23 @@
 #include "quant/quant.h"
 
 namespace baton::cli {
+
+// A matrix of `rows` × `cols` in type t: a few MiB of properly quantized random rows, repeated.
+std::vector<uint8_t> make_matrix(GgmlType t, int64_t rows, int64_t cols) {
+  const size_t rb = row_bytes(t, cols);
+  const int64_t uniq = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t((4u << 20) / rb)));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> src(static_cast<size_t>(cols));
+  std::vector<uint8_t> m(rb * size_t(rows));
+  for (int64_t r = 0; r < uniq; r++) {
+    for (auto& v : src) v = d(rng);
+    quantize_row(t, src.data(), m.data() + size_t(r) * rb, cols);
+  }
+  for (int64_t r = uniq; r < rows; r++) std::memcpy(m.data() + size_t(r) * rb, m.data() + size_t(r % uniq) * rb, rb);
+  return m;
+}
+
 namespace {
 
 struct Options {
@@ -128,22 +145,6 @@ double read_bandwidth(const uint64_t* buf, size_t n, cpu::ThreadPool& pool) {
     });
   });
   return double(n * 8) / t / 1e9;
-}
-
-// A matrix of `rows` × `cols` in type t: a few MiB of properly quantized random rows, repeated.
-std::vector<uint8_t> make_matrix(GgmlType t, int64_t rows, int64_t cols) {
-  const size_t rb = row_bytes(t, cols);
-  const int64_t uniq = std::min<int64_t>(rows, std::max<int64_t>(1, int64_t((4u << 20) / rb)));
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> src(static_cast<size_t>(cols));
-  std::vector<uint8_t> m(rb * size_t(rows));
-  for (int64_t r = 0; r < uniq; r++) {
-    for (auto& v : src) v = d(rng);
-    quantize_row(t, src.data(), m.data() + size_t(r) * rb, cols);
-  }
-  for (int64_t r = uniq; r < rows; r++) std::memcpy(m.data() + size_t(r) * rb, m.data() + size_t(r % uniq) * rb, rb);
-  return m;
 }
 
 struct Row {

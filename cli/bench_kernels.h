@@ -5,7 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "quant/types.h"
+
 namespace baton::cli {
+
+// A rows × cols matrix of type t: a few MiB of properly quantized random rows, repeated.
+std::vector<uint8_t> make_matrix(GgmlType t, int64_t rows, int64_t cols);
 
 struct CudaKernelBench {
   int device = 0;

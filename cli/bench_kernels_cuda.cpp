@@ -107,20 +107,9 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
   X.upload(hx.data(), hx.size() * sizeof(float));
 
   for (GgmlType t : types) {
-    // One matrix of random quantized rows (a few distinct ones, repeated), uploaded once and
-    // copied on the device.
+    // One matrix of random quantized rows, uploaded once and copied on the device.
     const size_t rb = row_bytes(t, o.cols);
-    std::vector<uint8_t> host(rb * size_t(o.rows));
-    {
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> src(size_t(o.cols));
-      const int64_t uniq = std::min<int64_t>(o.rows, 64);
-      for (int64_t r = 0; r < uniq; ++r) {
-        for (auto& v : src) v = nd(rng);
-        quantize_row(t, src.data(), host.data() + size_t(r) * rb, o.cols);
-      }
-      for (int64_t r = uniq; r < o.rows; ++r) std::copy_n(host.data() + size_t(r % uniq) * rb, rb, host.data() + size_t(r) * rb);
-    }
+    const std::vector<uint8_t> host = make_matrix(t, o.rows, o.cols);
     cuda::Weight w0;
     std::vector<cuda::DeviceBuffer> bufs;
     bufs.push_back(cuda::upload_weight(t, host.data(), o.rows, o.cols, w0));

@@ -78,5 +78,4 @@ inline void set_top_k_row(float* row, int K, const int32_t* ids, const float* va
 // (kArgmaxOnly, kTopK; other modes leave the row as it is). The twin of the GPU stage's.
 void reduce_output_row(uint8_t mode, float* row, int n_vocab);
 
-
 }  // namespace baton
