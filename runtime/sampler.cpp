@@ -163,7 +163,8 @@ int32_t Sampler::draw(size_t k) {
   // Softmax with temperature, in double for a stable sum.
   double mx = cand_[0].first;
   double sum = 0;
-  std::vector<double> prob(k);
+  std::vector<double>& prob = draw_prob_;
+  prob.resize(k);
   for (size_t i = 0; i < k; i++) {
     prob[i] = std::exp((double(cand_[i].first) - mx) / double(p_.temperature));
     sum += prob[i];

@@ -67,6 +67,7 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output
   std::vector<float> top_val_;
+  std::vector<double> draw_prob_;               // draw(): the candidates' probabilities
 };
 
 }  // namespace baton
