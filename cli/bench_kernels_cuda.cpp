@@ -2,7 +2,10 @@
 // bandwidth first (the roofline the GEMV is held against), then per weight type
 //   - GEMV at 1, 2, 4 and 8 columns: GB/s of weight bytes, and its share of that bandwidth;
 //   - GEMV (8 columns per pass) against dequantize + cuBLAS GEMM from 8 to 128 columns: the
-//     column count from which the GEMM is faster, i.e. what Context::gemv_max_cols should be.
+//     column count from which the GEMM is faster, i.e. what Context::gemv_max_cols should be;
+//   - the GEMM at 512 columns (a prompt chunk) with FP16 slabs of 8 MiB to the whole matrix: the
+//     slab size (Context::gemm_slab_bytes) at which it runs fastest. Slabs small enough to stay in
+//     L2 spare the HBM the FP16 copy's write and read; too small, and one GEMM does not fill the GPU.
 // The matrices are copies of one rows × cols weight (default 14336 × 4096, a Llama 3 8B FFN
 // projection), enough copies to exceed the L2 cache many times over: each sweep runs the op once
 // on every copy, as a decode step reads every layer's weights once, so the weights stream from
@@ -98,12 +101,12 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
     std::printf("%-7s %-5s %4s %11s %9s %7s %9s\n", "op", "type", "cols", "us/matrix", "GB/s", "%copy", "TFLOP/s");
   }
 
-  const int max_n = 128;
+  const int max_n = 128, prefill_n = 512;
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
-  std::vector<float> hx(size_t(o.cols) * max_n);
+  std::vector<float> hx(size_t(o.cols) * prefill_n);
   for (auto& v : hx) v = ud(rng);
-  cuda::DeviceBuffer X(hx.size() * sizeof(float)), Y(size_t(o.rows) * max_n * sizeof(float));
+  cuda::DeviceBuffer X(hx.size() * sizeof(float)), Y(size_t(o.rows) * prefill_n * sizeof(float));
   X.upload(hx.data(), hx.size() * sizeof(float));
 
   for (GgmlType t : types) {
@@ -123,7 +126,10 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
       w.data = bufs.back().get();
       ws.push_back(w);
     }
-    c.reserve(std::max(cuda::q8_act_bytes(o.cols, max_n), cuda::matmul_scratch_bytes(c, w0, max_n)));
+    const size_t default_slab = c.gemm_slab_bytes, whole = size_t(o.rows) * size_t(o.cols) * 2;
+    c.gemm_slab_bytes = whole;  // the largest scratch any slab size below needs
+    c.reserve(std::max(cuda::q8_act_bytes(o.cols, max_n), cuda::matmul_scratch_bytes(c, w0, prefill_n)));
+    c.gemm_slab_bytes = default_slab;
     c.synchronize();
     const double weight_bytes = double(rb) * double(o.rows);  // the GGUF bytes a decode step reads
     const double flop1 = 2.0 * double(o.rows) * double(o.cols);
@@ -157,6 +163,25 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
                                          : std::string("GEMV faster up to 128 columns");
     print(o.json, {{"op", "cutover"}, {"type", type_name(t)}, {"gemm_from_cols", cut}, {"device", name}},
           fmt::format("cut-over {}: gemv/gemm time{} -> {}", type_name(t), line, verdict));
+
+    // The FP16 slab size for prompt chunks (rows "gemm" at 512 columns, one per slab size).
+    size_t best_slab = 0;
+    double best_s = 1e300;
+    line.clear();
+    for (size_t mib : {8, 16, 32, 64, 0}) {
+      const size_t slab = mib ? std::min(mib << 20, whole) : whole;
+      if (mib && slab == whole) continue;  // the matrix fits in this slab: same as the whole
+      c.gemm_slab_bytes = slab;
+      const std::string op = mib ? fmt::format("gemm/{}M", mib) : std::string("gemm/all");
+      const double m = row(op.c_str(), prefill_n, time_sweep(c, std::max(1, o.reps / 4), false, gemm_sweep(prefill_n)));
+      line += fmt::format(" {}:{:.0f}", mib ? fmt::format("{}M", mib) : std::string("all"),
+                          flop1 * prefill_n / m / 1e12);
+      if (m < best_s) best_s = m, best_slab = mib;
+    }
+    c.gemm_slab_bytes = default_slab;
+    print(o.json, {{"op", "slab"}, {"type", type_name(t)}, {"cols", prefill_n}, {"best_slab_mib", best_slab}, {"device", name}},
+          fmt::format("slab {}: TFLOP/s at {} columns by FP16 slab{} -> best {}", type_name(t), prefill_n, line,
+                      best_slab ? fmt::format("{} MiB", best_slab) : std::string("whole matrix")));
   }
   return 0;
 }

@@ -223,15 +223,16 @@ struct CudaLayers {
 
 }  // namespace
 
-// The GEMV -> GEMM cut-over (cuda::Context::gemv_max_cols): BATON_GEMV_MAX_COLS overrides the
-// default for measuring it on a GPU (scripts/gpu-check.sh); steps of at most that many tokens are
-// also the ones replayed from graphs.
-static int gemv_max_cols_setting(int dflt) {
-  const char* e = std::getenv("BATON_GEMV_MAX_COLS");
+// Tuning knobs of cuda::Context, for measuring them on a GPU (scripts/gpu-check.sh) without a
+// rebuild: BATON_GEMV_MAX_COLS, the GEMV -> GEMM cut-over (steps of at most that many tokens are
+// also the ones replayed from graphs), and BATON_GEMM_SLAB_MIB, the FP16 slab of the GEMM. The
+// slab may only shrink: the planner charges the default's scratch (gpu_ops_scratch_bytes).
+static int env_setting(const char* name, int lo, int hi, int dflt, const char* what) {
+  const char* e = std::getenv(name);
   if (!e || !*e) return dflt;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 10);
-  if (*end != '\0' || v < 1 || v > 256) fail(ErrorKind::Usage, "BATON_GEMV_MAX_COLS={}: expected a column count 1..256", e);
+  if (*end != '\0' || v < lo || v > hi) fail(ErrorKind::Usage, "{}={}: expected {} {}..{}", name, e, what, lo, hi);
   return int(v);
 }
 
@@ -255,7 +256,9 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.kv_type = opt.kv_type;
   g.use_graphs = opt.cuda_graphs;
   g.n_ctx = opt.n_ctx;
-  g.ctx.gemv_max_cols = gemv_max_cols_setting(g.ctx.gemv_max_cols);
+  g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
+  const int slab_mib = int(g.ctx.gemm_slab_bytes >> 20);
+  g.ctx.gemm_slab_bytes = size_t(env_setting("BATON_GEMM_SLAB_MIB", 1, slab_mib, slab_mib, "MiB")) << 20;
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
   g.v_row = row_bytes(opt.kv_type, cfg.n_embd_v());
 

@@ -53,13 +53,19 @@ bench_note() {
 }
 
 # The numbers of a `baton bench-kernels --device cuda:N` log: per type the 1-column GEMV's share of
-# the copy bandwidth and the column count from which the GEMM is faster (">128": never).
+# the copy bandwidth, the column count from which the GEMM is faster (">128": never) and the
+# fastest FP16 slab of the 512-column GEMM.
 kernels_note() {
   awk '$1 == "gemv" && $3 == 1 { pct[$2] = $6 }
        $1 == "cut-over" { t = $2; sub(":", "", t); n = ($NF == "columns" && $(NF-1) ~ /^[0-9]+$/) ? $(NF-1) : ">128"
-                          if ($0 ~ /already at 8/) n = "<=8"; printf "%s%s %s cut %s", sep, t, pct[t], n; sep = "; " }' "$1" \
+                          if ($0 ~ /already at 8/) n = "<=8"; if ($0 ~ /GEMV faster up to/) n = ">128"
+                          cut[t] = n; order[++k] = t }
+       $1 == "slab" { t = $2; sub(":", "", t); slab[t] = ($NF == "MiB") ? $(NF-1) "M" : "all" }
+       END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s cut %s slab %s", sep, t, pct[t], cut[t], slab[t]; sep = "; " } }' "$1" \
     | cut -c1-90
 }
+# The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
+best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
 
 # run NAME TIMEOUT CMD... : logs to LOG_DIR/NAME.log, records status and wall time.
 run() {
@@ -135,6 +141,11 @@ if has_cmd bench; then
     f=$models/$shape-$t.gguf
     [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
     run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n "$tg"
+    slab=$( [[ -s $logs/kernels.log ]] && best_slab "$logs/kernels.log" "$t")
+    [[ $sim == 1 ]] && slab=1  # the rehearsal's matrices fit in any slab: rehearse the command anyway
+    if [[ -n $slab ]]; then  # prompt processing with the GEMM's best FP16 slab from the kernels step
+      run "bench-1stage-slab$slab-$t" 300 env BATON_GEMM_SLAB_MIB="$slab" "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n 0
+    fi
     if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
       run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
     fi

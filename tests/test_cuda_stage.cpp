@@ -167,6 +167,28 @@ TEST_CASE("a GEMV/GEMM cut-over moved by BATON_GEMV_MAX_COLS gives the same logi
   unsetenv("BATON_GEMV_MAX_COLS");
 }
 
+TEST_CASE("BATON_GEMM_SLAB_MIB shrinks the GEMM's FP16 slab; a value past the planned slab is refused") {
+  const std::string path = test::tiny_gemma3_model();
+  auto one = load(path, "cuda:0");
+  const auto ref = run(*one);
+  const int V = one->n_vocab();
+  one.reset();
+  for (const char* bad : {"0", "65", "8x"}) {
+    setenv("BATON_GEMM_SLAB_MIB", bad, 1);
+    CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains(std::string("BATON_GEMM_SLAB_MIB=") + bad));
+  }
+  setenv("BATON_GEMM_SLAB_MIB", "1", 1);
+  std::vector<float> got;
+  try {
+    got = run(*load(path, "cuda:0"));
+  } catch (...) {
+    unsetenv("BATON_GEMM_SLAB_MIB");
+    throw;
+  }
+  unsetenv("BATON_GEMM_SLAB_MIB");
+  test::check_peer_close(ref, got, V, "slab 1 MiB");
+}
+
 TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, as the full rows reduce") {
   for (const char* devices : {"cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"}) {
     INFO(devices);

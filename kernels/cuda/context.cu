@@ -257,31 +257,53 @@ void copy_peer(Context& src, void* dst, int dst_device, const void* src_ptr, siz
 
 // ---- Context ----
 
+size_t cublas_workspace_bytes(int cc_major) { return size_t(cc_major >= 9 ? 32 : 4) << 20; }
+
 Context::Context(int device, void* stream) : device_(device) {
   const int n = device_count();
   if (device < 0 || device >= n)
     usage_error(cat("CUDA device ", device, " does not exist (", n, " visible)"));
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  if (stream) {
-    stream_ = stream;
-  } else {
-    cudaStream_t s = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    stream_ = s;
-    own_stream_ = true;
+  int cc_major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  try {
+    if (stream) {
+      stream_ = stream;
+    } else {
+      cudaStream_t s = nullptr;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      stream_ = s;
+      own_stream_ = true;
+    }
+    cublasHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasCreate(&h));
+    cublas_ = h;
+    CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream_)));
+    // After cublasSetStream, which resets the handle to cuBLAS's own workspace pool.
+    const size_t ws = cublas_workspace_bytes(cc_major);
+    if (cudaMalloc(&cublas_workspace_, ws) != cudaSuccess) {
+      cudaGetLastError();
+      cublas_workspace_ = nullptr;
+      oom_error(cat("CUDA device ", device, ": cannot allocate the cuBLAS workspace (", ws >> 20, " MiB)"));
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(h, cublas_workspace_, ws));
+  } catch (...) {
+    release();
+    throw;
   }
-  cublasHandle_t h = nullptr;
-  CUBLAS_CHECK(cublasCreate(&h));
-  cublas_ = h;
-  CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream_)));
 }
 
-Context::~Context() {
+Context::~Context() { release(); }
+
+void Context::release() {
   cudaSetDevice(device_);
   if (scratch_) cudaFree(scratch_);
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (cublas_workspace_) cudaFree(cublas_workspace_);
   if (own_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  scratch_ = cublas_ = cublas_workspace_ = stream_ = nullptr;
+  own_stream_ = false;
 }
 
 void Context::make_current() const { CUDA_CHECK(cudaSetDevice(device_)); }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/ops.h"
 
 namespace baton::cuda {
 
@@ -16,17 +17,22 @@ uint64_t free_now() {
   return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? uint64_t(free_b) : 0;
 }
 
-// The memory a stream, a cuBLAS handle and its first GEMM take on the current device (the
-// objects are released again). 0 when something failed (the estimate is used then).
-uint64_t measure_runtime_bytes() {
+// The memory a stage's stream, cuBLAS handle with its workspace (set up as Context does) and its
+// first GEMM take on the current device (the objects are released again). 0 when something
+// failed (the estimate is used then).
+uint64_t measure_runtime_bytes(int cc_major) {
   const uint64_t before = free_now();
   if (before == 0) return 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t h = nullptr;
   __half* buf = nullptr;
+  void* workspace = nullptr;
+  const size_t ws = cublas_workspace_bytes(cc_major);
   uint64_t used = 0;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess && cublasCreate(&h) == CUBLAS_STATUS_SUCCESS &&
-      cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS && cudaMalloc(&buf, 3 * 64 * 64 * sizeof(__half)) == cudaSuccess &&
+      cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS && cudaMalloc(&workspace, ws) == cudaSuccess &&
+      cublasSetWorkspace(h, workspace, ws) == CUBLAS_STATUS_SUCCESS &&
+      cudaMalloc(&buf, 3 * 64 * 64 * sizeof(__half)) == cudaSuccess &&
       cudaMemsetAsync(buf, 0, 3 * 64 * 64 * sizeof(__half), stream) == cudaSuccess) {
     const float alpha = 1.0f, beta = 0.0f;
     float* c = reinterpret_cast<float*>(buf + 2 * 64 * 64);  // 64 x 32 floats in the last third
@@ -40,6 +46,7 @@ uint64_t measure_runtime_bytes() {
   }
   if (buf) cudaFree(buf);
   if (h) cublasDestroy(h);
+  if (workspace) cudaFree(workspace);
   if (stream) cudaStreamDestroy(stream);
   cudaGetLastError();  // a failed measurement leaves no sticky error behind
   return used;
@@ -64,7 +71,7 @@ std::vector<DeviceInfo> list_devices() {
     d.cc_minor = p.minor;
     d.total_bytes = p.totalGlobalMem;
     if (cudaSetDevice(i) == cudaSuccess && cudaFree(nullptr) == cudaSuccess) {  // the context, then measure
-      d.runtime_bytes = measure_runtime_bytes();
+      d.runtime_bytes = measure_runtime_bytes(p.major);
       d.free_bytes = free_now();
     }
     out.push_back(d);
@@ -77,7 +84,6 @@ std::vector<DeviceInfo> list_devices() {
 namespace baton::cuda {
 namespace {
 
-// Best of a few timed runs of `copy` on `stream` (one untimed warm-up), in GB/s.
 // The best of 3 timed runs (after one warm-up) of copy(), in milliseconds; 0 when it failed.
 template <class F>
 double best_ms(cudaStream_t stream, F copy, std::string& error) {

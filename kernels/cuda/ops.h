@@ -40,8 +40,15 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// One stage's handle on a GPU: device, stream, cuBLAS handle and one scratch buffer that the ops
-// share (they run in stream order, so one buffer suffices).
+// The workspace a cuBLAS handle is given (cublasSetWorkspace) on a device of compute capability
+// `cc_major`: NVIDIA's recommended size, 32 MiB on Hopper and later, 4 MiB before. An explicit
+// workspace, allocated once, is memory the reserve measurement sees; without one, cuBLAS takes
+// its own from the stream-ordered pool (CUDA 12.2+), also inside a graph capture, where no plan
+// counts it.
+size_t cublas_workspace_bytes(int cc_major);
+
+// One stage's handle on a GPU: device, stream, cuBLAS handle with its workspace and one scratch
+// buffer that the ops share (they run in stream order, so one buffer suffices).
 class Context {
  public:
   // stream: a cudaStream_t to run on (not owned); nullptr creates a non-blocking stream.
@@ -79,10 +86,13 @@ class Context {
   size_t gemm_slab_bytes = size_t(64) << 20;
 
  private:
+  void release();  // frees what the constructor got so far (it may throw half-way)
+
   int device_ = 0;
   void* stream_ = nullptr;
   bool own_stream_ = false;
   void* cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
   int sm_count_ = 1;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

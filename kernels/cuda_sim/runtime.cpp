@@ -48,7 +48,7 @@ namespace cudasim {
 namespace {
 
 constexpr size_t kContextBytes = 320u << 20;  // what creating a context takes on each device
-constexpr size_t kCublasBytes = 8u << 20;     // a cuBLAS handle's workspace
+constexpr size_t kCublasBytes = 1u << 20;     // a cuBLAS handle (its workspace is the caller's)
 
 struct Stream;
 
@@ -101,6 +101,7 @@ struct Device {
 struct Handle {
   int device;
   Stream* stream;  // nullptr: the legacy stream
+  const void* workspace = nullptr;  // cublasSetWorkspace's; nullptr: cuBLAS's own pool
   bool destroyed = false;
 };
 
@@ -479,9 +480,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int dev) {
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int dev) {
   Lock lk(S().mu);
   if (!valid_device(dev)) return fail(cudaErrorInvalidDevice);
-  if (a != cudaDevAttrMultiProcessorCount) return fail(cudaErrorInvalidValue, "unsimulated device attribute");
-  *v = S().sms;
-  return cudaSuccess;
+  switch (a) {
+    case cudaDevAttrMultiProcessorCount: *v = S().sms; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;  // as cudaGetDeviceProperties
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+  }
+  return fail(cudaErrorInvalidValue, "unsimulated device attribute");
 }
 
 cudaError_t cudaDeviceSynchronize() {
@@ -885,6 +889,24 @@ cublasStatus_t cublasSetStream(cublasHandle_t hh, cudaStream_t s) {
   Stream* st = s ? stream_of(s) : nullptr;
   if (st && !st->legacy && st->device != h->device) return CUBLAS_STATUS_INVALID_VALUE;
   h->stream = st && !st->legacy ? st : nullptr;
+  h->workspace = nullptr;  // as cuBLAS does: setting the stream resets the workspace
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t hh, void* workspace, size_t bytes) {
+  Lock lk(S().mu);
+  auto* h = live<Handle>(hh, "cublasSetWorkspace", "handle");
+  if (workspace == nullptr || bytes == 0) {
+    h->workspace = nullptr;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  const Alloc* a = find(workspace, bytes);
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0 || !a || a->device != h->device) {
+    std::fprintf(stderr, "cudasim: cublasSetWorkspace: %s, %zu bytes, is not 256-byte aligned inside one allocation of device %d\n",
+                 describe(workspace).c_str(), bytes, h->device);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  h->workspace = workspace;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -905,6 +927,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t hh, cublasOperation_t ta, cublasOpera
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_16F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  Stream* s = h->stream ? h->stream : S().devices[size_t(h->device)].legacy;
+  // Baton's rule, not the driver's: a GEMM captured into a graph uses the workspace the stage
+  // allocated (CUDA 12.2+ cuBLAS would otherwise take one from the stream-ordered pool inside
+  // the capture, memory that no plan and no reserve measurement counts).
+  if (s->capture && !h->workspace) {
+    std::fprintf(stderr, "cudasim: cublasGemmEx captured into a graph on a handle without cublasSetWorkspace\n");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   // Each matrix must lie inside one allocation of this device.
   auto inside = [&](const void* p, cudaDataType_t t, int rows, int cols, int ld, const char* name) {
@@ -935,7 +965,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t hh, cublasOperation_t ta, cublasOpera
         store(C, ct, ic, al * acc + (be != 0.0f ? be * load(C, ct, ic) : 0.0f));
       }
   };
-  Stream* s = h->stream ? h->stream : S().devices[size_t(h->device)].legacy;
   enqueue(s, std::move(op));
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -25,7 +25,8 @@ using cublasHandle_t = cublasContext*;
 
 cublasStatus_t cublasCreate(cublasHandle_t* h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);  // also resets the workspace
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* workspace, size_t bytes);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
                             cudaDataType_t b_type, int ldb, const void* beta, void* C, cudaDataType_t c_type,
