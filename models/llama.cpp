@@ -268,6 +268,10 @@ struct CpuLayers {
   void rms_norm(const float* in, const float* wt, float* out, int rows, int n) {
     queue({RowOp::Norm, in, wt, out, rows, n});
   }
+  void add_rms_norm(float* x, const float* d, const float* wt, float* out, int rows, int n) {
+    add(x, d, rows * n);
+    rms_norm(x, wt, out, rows, n);
+  }
   void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) {
     with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul(W, X, n, Y, pool, p); });
   }

@@ -9,6 +9,7 @@
 //   rms_norm(x, w, y, rows, n)                y = x / rms(x) * w per row
 //   matmul(W, X, n, Y)  matmul_qkv(L, n)  matmul_gate_up(L, n)
 //   add(y, x, n)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
+//   add_rms_norm(x, d, w, y, rows, n)         x += d, then y = rms_norm(x, w) (a backend may fuse them)
 //   rope_and_stage(l, n)   RoPE on q and k, and k/v converted into the KV type's staging rows
 //   attention(l, n)        attention over cache + staged rows into xb2, then the commit
 //   gather_logit_rows()    copies the rows of x that want logits to xb, returns their count
@@ -71,7 +72,8 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     const auto& L = b.layer(l);
 
     // Attention block: norm, projections, q/k bias, q/k norm, RoPE, attention, output projection.
-    b.rms_norm(b.x, L.attn_norm, b.xb, n, E);
+    // (After the first layer the previous layer's residual add has done the norm.)
+    if (l == begin) b.rms_norm(b.x, L.attn_norm, b.xb, n, E);
     b.matmul_qkv(L, n);  // xb -> q, k, v
     if (L.bq) {
       b.add_rows(b.q, L.bq, n, c.n_embd_q());
@@ -86,15 +88,15 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     b.attention(l, n);  // q + cache + staged rows -> xb2
     b.matmul(L.wo, b.xb2, n, b.xb);
     if (L.post_attn_norm) b.rms_norm(b.xb, L.post_attn_norm, b.xb, n, E);
-    b.add(b.x, b.xb, n * E);
 
-    // FFN block: norm, gate and up, activation, down.
-    b.rms_norm(b.x, L.ffn_norm, b.xb, n, E);
+    // FFN block: residual add and norm (one op), gate and up, activation, down.
+    b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E);
     b.matmul_gate_up(L, n);  // xb -> hb, hb2
     b.gate(c.act, b.hb, b.hb2, b.hb, n * F);
     b.matmul(L.down, b.hb, n, b.xb);
     if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
-    b.add(b.x, b.xb, n * E);
+    if (l + 1 < end) b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E);  // and the next layer's norm
+    else b.add(b.x, b.xb, n * E);
   }
 }
 

@@ -148,16 +148,12 @@ struct CudaLayers {
   void rms_norm(const float* in, const float* w, float* out, int rows, int n) {
     cuda::rms_norm(g.ctx, in, w, out, rows, n, g.c.rms_eps);
   }
+  void add_rms_norm(float* x, const float* d, const float* w, float* out, int rows, int n) {
+    cuda::add_rms_norm(g.ctx, x, d, w, out, rows, n, g.c.rms_eps);
+  }
   void matmul(const cuda::Weight& W, const float* X, int n, float* Y) { cuda::matmul(g.ctx, W, X, n, Y); }
-  void matmul_qkv(const GpuLayer& L, int n) {
-    matmul(L.wq, xb, n, q);
-    matmul(L.wk, xb, n, k);
-    matmul(L.wv, xb, n, v);
-  }
-  void matmul_gate_up(const GpuLayer& L, int n) {
-    matmul(L.gate, xb, n, hb);
-    matmul(L.up, xb, n, hb2);
-  }
+  void matmul_qkv(const GpuLayer& L, int n) { cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, xb, n); }
+  void matmul_gate_up(const GpuLayer& L, int n) { cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n); }
   void add(float* y, const float* in, int n) { cuda::add(g.ctx, y, in, n); }
   void add_rows(float* y, const float* bias, int rows, int n) {
     for (int t = 0; t < rows; ++t) cuda::add(g.ctx, y + size_t(t) * n, bias, n);
@@ -173,10 +169,10 @@ struct CudaLayers {
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
     const float* fr = g.freqs.at(c.freqs(l).data());
     const bool neox = c.rope_style == RopeStyle::NeoX;
-    cuda::rope(g.ctx, q, n, size_t(nq), c.n_head, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
-    cuda::rope(g.ctx, k, n, size_t(nk), c.n_head_kv, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
-    cuda::kv_convert(g.ctx, g.kv_type, k, size_t(nk), g.k_new, g.k_row, nk, n);
-    cuda::kv_convert(g.ctx, g.kv_type, v, size_t(nv), g.v_new, g.v_row, nv, n);
+    cuda::rope_qk(g.ctx, {q, size_t(nq), c.n_head}, {k, size_t(nk), c.n_head_kv}, n, c.head_dim_k, c.rope_dim, g.pos,
+                  fr, neox);
+    cuda::kv_convert_kv(g.ctx, g.kv_type, {k, size_t(nk), g.k_new, g.k_row, nk}, {v, size_t(nv), g.v_new, g.v_row, nv},
+                        n);
   }
 
   void attention(int l, int n) {

@@ -217,6 +217,91 @@ TEST_CASE("matmul: GEMV and GEMM paths for every weight type and awkward shapes"
   }
 }
 
+// matmul_n (q, k, v; gate, up): one quantization of X, one launch per run of one type, rows of
+// different heights (different warps per row) in one grid; bit-identical to separate matmuls.
+TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed types") {
+  std::mt19937 rng(14);
+  const int64_t cols = 512;
+  struct Case { GgmlType a, b, c; };
+  for (const Case& k : {Case{GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0}, Case{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                        Case{GgmlType::Q8_0, GgmlType::F16, GgmlType::Q8_0}}) {
+    const GgmlType types[3] = {k.a, k.b, k.c};
+    const int64_t rows[3] = {4501, 37, 300};  // heights that take different warps per row
+    std::vector<cu::DeviceBuffer> keep;
+    cu::Weight W[3];
+    for (int i = 0; i < 3; i++) {
+      const auto w = random_weights(types[i], rows[i], cols, rng);
+      keep.push_back(cu::upload_weight(types[i], w.data(), rows[i], cols, W[i]));
+    }
+    for (int n : {1, 5, 8, 24}) {
+      INFO(type_name(k.a) << "/" << type_name(k.b) << "/" << type_name(k.c) << ", " << n << " columns");
+      auto dx = to_dev(random_floats(size_t(cols * n), rng));
+      std::vector<cu::DeviceBuffer> sep, fused;
+      for (int i = 0; i < 3; i++) {
+        sep.emplace_back(size_t(rows[i] * n) * sizeof(float));
+        fused.emplace_back(size_t(rows[i] * n) * sizeof(float));
+        cu::matmul(ctx(), W[i], dx.as<float>(), n, sep.back().as<float>());
+      }
+      cu::matmul_n(ctx(), {{&W[0], fused[0].as<float>()}, {&W[1], fused[1].as<float>()}, {&W[2], fused[2].as<float>()}},
+                   dx.as<float>(), n);
+      for (int i = 0; i < 3; i++) {
+        const auto a = to_host<float>(sep[size_t(i)], size_t(rows[i] * n)), b = to_host<float>(fused[size_t(i)], size_t(rows[i] * n));
+        CHECK(std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); }));
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+// A weight larger than Context::gemm_slab_bytes in FP16 is expanded and multiplied in row slabs
+// (here 128, 128 and 44 rows): the same product as in one slab, up to cuBLAS's choice of
+// summation order per GEMM shape.
+TEST_CASE("GEMM in row slabs equals the GEMM in one slab") {
+  std::mt19937 rng(13);
+  const int64_t rows = 300, cols = 512;
+  const int n = 24;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q6_K}) {
+    const auto w = random_weights(t, rows, cols, rng);
+    cu::Weight W;
+    cu::DeviceBuffer dw = cu::upload_weight(t, w.data(), rows, cols, W);
+    auto dx = to_dev(random_floats(size_t(cols * n), rng));
+    cu::DeviceBuffer d1(size_t(rows * n) * sizeof(float)), d3(size_t(rows * n) * sizeof(float));
+    cu::gemm(ctx(), W, dx.as<float>(), n, d1.as<float>());
+    const size_t saved = ctx().gemm_slab_bytes;
+    ctx().gemm_slab_bytes = size_t(128) * size_t(cols) * 2;
+    cu::gemm(ctx(), W, dx.as<float>(), n, d3.as<float>());
+    ctx().gemm_slab_bytes = saved;
+    const auto a = to_host<float>(d1, size_t(rows * n)), b = to_host<float>(d3, size_t(rows * n));
+    float scale = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); i++) scale = std::max(scale, std::fabs(a[i])), diff = std::max(diff, std::fabs(a[i] - b[i]));
+    INFO(type_name(t) << ": max |y| " << scale << ", max |d| " << diff);
+    CHECK(scale > 0);
+    CHECK(diff <= 1e-4f * scale);
+  }
+}
+
+// The GEMM path (dequantize + cuBLAS) inside a CUDA graph: the Context hands cuBLAS its own
+// workspace, so a capture allocates nothing (the simulator refuses a captured GEMM on a handle
+// without one), and the replay gives the op-by-op bits (cuBLAS is bit-reproducible on one GPU).
+TEST_CASE("a captured GEMM replays the op-by-op product") {
+  std::mt19937 rng(12);
+  const int64_t rows = 300, cols = 512;
+  const int n = 24;
+  REQUIRE(n > ctx().gemv_max_cols);
+  const auto w = random_weights(GgmlType::Q4_K, rows, cols, rng);
+  cu::Weight W;
+  cu::DeviceBuffer dw = cu::upload_weight(GgmlType::Q4_K, w.data(), rows, cols, W);
+  auto dx = to_dev(random_floats(size_t(cols * n), rng));
+  cu::DeviceBuffer dy(size_t(rows * n) * sizeof(float)), dg(size_t(rows * n) * sizeof(float));
+  ctx().reserve(cu::matmul_scratch_bytes(ctx(), W, n));
+  cu::matmul(ctx(), W, dx.as<float>(), n, dy.as<float>());
+  const cu::Graph g = cu::capture(ctx(), [&] { cu::matmul(ctx(), W, dx.as<float>(), n, dg.as<float>()); });
+  for (int rep = 0; rep < 2; rep++) cu::launch(ctx(), g);
+  const auto a = to_host<float>(dy, size_t(rows * n)), b = to_host<float>(dg, size_t(rows * n));
+  CHECK(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("weights uploaded through small pinned staging buffers equal upload_weight's") {
   std::mt19937 rng(8);
   for (GgmlType t : kTypes) {
@@ -295,6 +380,15 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
       cpu::rms_norm(x.data(), weighted ? w.data() : nullptr, ref.data(), rows, n, 1e-6f);
       close(to_host<float>(dy, x.size()), ref, 1e-5f, "rms_norm");
     }
+    // The residual add fused with the norm, the output over the addend (as the forward calls it):
+    // bit-identical to add, then rms_norm.
+    const auto d = random_floats(x.size(), rng, -1.0f, 1.0f);
+    auto x1 = to_dev(x), x2 = to_dev(x), d1 = to_dev(d), d2 = to_dev(d);
+    cu::add(ctx(), x1.as<float>(), d1.as<float>(), int64_t(x.size()));
+    cu::rms_norm(ctx(), x1.as<float>(), dw.as<float>(), d1.as<float>(), rows, n, 1e-6f);
+    cu::add_rms_norm(ctx(), x2.as<float>(), d2.as<float>(), dw.as<float>(), d2.as<float>(), rows, n, 1e-6f);
+    CHECK(to_host<float>(x1, x.size()) == to_host<float>(x2, x.size()));
+    CHECK(to_host<float>(d1, x.size()) == to_host<float>(d2, x.size()));
   }
   const int64_t n = 10001;
   auto g = random_floats(size_t(n), rng, -8.0f, 8.0f), u = random_floats(size_t(n), rng, -2.0f, 2.0f);
@@ -338,6 +432,40 @@ TEST_CASE("rope (adjacent pairs and NeoX) matches kernels/cpu/ops") {
       INFO("neox " << neox << " head_dim " << head_dim << ": " << bad << " values off");
       CHECK(bad == 0);
     }
+  }
+}
+
+// The decode step's paired launches: q and k rotated in one launch, k and v rows converted in
+// one, each bit-identical to its two single calls (different head counts and widths, as GQA has).
+TEST_CASE("rope_qk and kv_convert_kv equal two single calls") {
+  std::mt19937 rng(15);
+  const int head_dim = 64, rope_dim = 64, n_tok = 5, hq = 8, hk = 2;
+  const size_t sq = size_t(hq * head_dim) + 32, sk = size_t(hk * head_dim) + 32;  // padded rows
+  std::vector<float> freqs(size_t(rope_dim / 2));
+  for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
+  const std::vector<int32_t> pos = {3, 4, 5, 900, 901};
+  auto df = to_dev(freqs), dp = to_dev(pos);
+  for (bool neox : {false, true}) {
+    const auto q = random_floats(sq * n_tok, rng), k = random_floats(sk * n_tok, rng);
+    auto q1 = to_dev(q), k1 = to_dev(k), q2 = to_dev(q), k2 = to_dev(k);
+    cu::rope(ctx(), q1.as<float>(), n_tok, sq, hq, head_dim, rope_dim, dp.as<int32_t>(), df.as<float>(), neox);
+    cu::rope(ctx(), k1.as<float>(), n_tok, sk, hk, head_dim, rope_dim, dp.as<int32_t>(), df.as<float>(), neox);
+    cu::rope_qk(ctx(), {q2.as<float>(), sq, hq}, {k2.as<float>(), sk, hk}, n_tok, head_dim, rope_dim, dp.as<int32_t>(),
+                df.as<float>(), neox);
+    CHECK(to_host<float>(q1, q.size()) == to_host<float>(q2, q.size()));
+    CHECK(to_host<float>(k1, k.size()) == to_host<float>(k2, k.size()));
+    CHECK(to_host<float>(q1, q.size()) != q);  // it did rotate
+  }
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    const int wk = 128, wv = 256, n = 6;
+    const size_t rk = row_bytes(kt, wk), rv = row_bytes(kt, wv);
+    auto dk = to_dev(random_floats(300 * n, rng, -2.0f, 2.0f)), dv = to_dev(random_floats(300 * n, rng, -2.0f, 2.0f));
+    cu::DeviceBuffer k1(rk * n), v1(rv * n), k2(rk * n), v2(rv * n);
+    cu::kv_convert(ctx(), kt, dk.as<float>(), 300, k1.as<uint8_t>(), rk, wk, n);
+    cu::kv_convert(ctx(), kt, dv.as<float>(), 300, v1.as<uint8_t>(), rv, wv, n);
+    cu::kv_convert_kv(ctx(), kt, {dk.as<float>(), 300, k2.as<uint8_t>(), rk, wk}, {dv.as<float>(), 300, v2.as<uint8_t>(), rv, wv}, n);
+    CHECK(to_host<uint8_t>(k1, rk * n) == to_host<uint8_t>(k2, rk * n));
+    CHECK(to_host<uint8_t>(v1, rv * n) == to_host<uint8_t>(v2, rv * n));
   }
 }
 

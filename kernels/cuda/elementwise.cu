@@ -1,5 +1,7 @@
 // Elementwise ops (gates, residual add, scale, softcap), the embedding row lookup and the KV
 // cache conversion/commit. Memory-bound one-pass kernels: 16-byte accesses where alignment allows.
+#include <algorithm>
+
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant.cuh"
 
@@ -80,26 +82,26 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
 // ---- KV cache rows ----
 
 // F16: thread per value. Q8_0: warp per 32-value block, d = max|x|/127 stored as fp16, the
-// same arithmetic as the CPU reference quantizer (byte-identical blocks).
-__global__ void kv_f16_kernel(const float* __restrict__ src, size_t src_stride, uint8_t* dst,
-                              size_t dst_row, int width, int n) {
+// same arithmetic as the CPU reference quantizer (byte-identical blocks). blockIdx.y: k or v.
+__global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
+  const KvRows p = blockIdx.y ? v : k;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(width) * n) return;
-  const int r = int(i / width), e = int(i % width);
-  reinterpret_cast<__half*>(dst + size_t(r) * dst_row)[e] = __float2half_rn(src[size_t(r) * src_stride + e]);
+  if (i >= int64_t(p.width) * n) return;
+  const int r = int(i / p.width), e = int(i % p.width);
+  reinterpret_cast<__half*>(p.dst + size_t(r) * p.dst_row)[e] = __float2half_rn(p.src[size_t(r) * p.src_stride + e]);
 }
 
-__global__ void kv_q8_kernel(const float* __restrict__ src, size_t src_stride, uint8_t* dst,
-                             size_t dst_row, int width, int n) {
+__global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
+  const KvRows p = blockIdx.y ? v : k;
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32, nb = width / 32;
-  if (b >= int64_t(nb) * n) return;
+  const int lane = threadIdx.x % 32, nb = p.width / 32;
+  if (b >= int64_t(nb) * n) return;  // whole warps leave together
   const int r = int(b / nb), blk = int(b % nb);
-  const float x = src[size_t(r) * src_stride + size_t(blk) * 32 + lane];
+  const float x = p.src[size_t(r) * p.src_stride + size_t(blk) * 32 + lane];
   const float amax = warp_max(fabsf(x));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  uint8_t* o = dst + size_t(r) * dst_row + size_t(blk) * sizeof(BlockQ8_0);
+  uint8_t* o = p.dst + size_t(r) * p.dst_row + size_t(blk) * sizeof(BlockQ8_0);
   const float qr = roundf(x * id);  // half away from zero, as quant/quantize.cpp
   o[2 + lane] = uint8_t(int8_t(fminf(127.0f, fmaxf(-127.0f, qr))));
   if (lane == 0) {
@@ -109,19 +111,30 @@ __global__ void kv_q8_kernel(const float* __restrict__ src, size_t src_stride, u
   }
 }
 
-void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, uint8_t* dst,
-                size_t dst_row, int width, int n) {
+static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const KvRows* v, int n) {
   if (n <= 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  const int64_t width = std::max(k.width, v ? v->width : 0);
+  const unsigned parts = v ? 2u : 1u;
   if (type == GgmlType::F16) {
-    kv_f16_kernel<<<ceil_div(int64_t(width) * n, 256), 256, 0, s>>>(src, src_stride, dst, dst_row, width, n);
+    kv_f16_kernel<<<dim3(unsigned(ceil_div(width * n, 256)), parts), 256, 0, s>>>(k, v ? *v : k, n);
   } else if (type == GgmlType::Q8_0) {
-    if (width % 32) input_error(cat("CUDA kv_convert: Q8_0 rows need a multiple of 32 values, got ", width));
-    kv_q8_kernel<<<ceil_div(int64_t(width) * n, 256), 256, 0, s>>>(src, src_stride, dst, dst_row, width, n);
+    for (int w : {k.width, v ? v->width : 32})
+      if (w % 32) input_error(cat("CUDA kv_convert: Q8_0 rows need a multiple of 32 values, got ", w));
+    kv_q8_kernel<<<dim3(unsigned(ceil_div(width * n, 256)), parts), 256, 0, s>>>(k, v ? *v : k, n);
   } else {
     input_error(cat("CUDA kv_convert: KV type ", type_name(type), " is not F16 or Q8_0"));
   }
   CUDA_CHECK_LAUNCH();
+}
+
+void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, uint8_t* dst,
+                size_t dst_row, int width, int n) {
+  kv_convert_launch(c, type, {src, src_stride, dst, dst_row, width}, nullptr, n);
+}
+
+void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, int n) {
+  kv_convert_launch(c, type, k, &v, n);
 }
 
 // Block per token: K then V row, byte copies (rows are not 16-byte multiples for Q8_0).

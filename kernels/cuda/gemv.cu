@@ -38,13 +38,37 @@ void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, f
   CUDA_CHECK_LAUNCH();
 }
 
+// Up to three matrices of one type and width that multiply the same activations (q, k and v;
+// gate and up) share a launch: segment i owns blocks [block0, next block0), its rows, its Y and
+// its warps per row (the same as its own launch would use, so each row sums in the same order).
+constexpr int kMaxSegs = 3;
+struct GemvSeg {
+  const uint8_t* W;
+  float* Y;
+  int rows, wpr, block0;
+};
+struct GemvSegs {
+  GemvSeg s[kMaxSegs];
+  int n;
+};
+
 template <class T, int NC>
 __global__ void __launch_bounds__(kGemvThreads)
-gemv_kernel(const uint8_t* __restrict__ W, size_t stride, int rows, int64_t cols, Act act,
-            float* __restrict__ Y, int64_t ldy, int wpr) {
+gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   __shared__ float part[kGemvThreads / 32][NC];
+  // This block's segment, by selects (an indexed kernel parameter could go to local memory);
+  // its Y is picked only at the end, to keep it out of registers during the loop.
+  const int si = (segs.n > 2 && int(blockIdx.x) >= segs.s[2].block0) ? 2
+                 : (segs.n > 1 && int(blockIdx.x) >= segs.s[1].block0) ? 1 : 0;
+  const GemvSeg& g0 = segs.s[0];
+  const GemvSeg& g1 = segs.s[1];
+  const GemvSeg& g2 = segs.s[2];
+  const uint8_t* __restrict__ W = si == 2 ? g2.W : si == 1 ? g1.W : g0.W;
+  const int rows = si == 2 ? g2.rows : si == 1 ? g1.rows : g0.rows;
+  const int wpr = si == 2 ? g2.wpr : si == 1 ? g1.wpr : g0.wpr;
+  const int block0 = si == 2 ? g2.block0 : si == 1 ? g1.block0 : g0.block0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x * (kGemvThreads / 32 / wpr) + warp / wpr;
+  const int row = (int(blockIdx.x) - block0) * (kGemvThreads / 32 / wpr) + warp / wpr;
   const int sub = warp % wpr;
   const int n_units = int(cols / T::unit);
   const int step = 32 * wpr;
@@ -69,6 +93,8 @@ gemv_kernel(const uint8_t* __restrict__ W, size_t stride, int rows, int64_t cols
   }
 #pragma unroll
   for (int j = 0; j < NC; j++) acc[j] = warp_sum(acc[j]);
+  float* __restrict__ Y = si == 2 ? g2.Y : si == 1 ? g1.Y : g0.Y;
+  const int64_t ldy = rows;
   if (wpr == 1) {
     if (row < rows && lane < NC) {
       float v = acc[0];
@@ -96,16 +122,25 @@ static int warps_per_row(const Context& c, int64_t rows, int n_units) {
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
 }
 
+// One launch for `count` matrices of type T (same width) and the activations act.
 template <class T>
-static void gemv_type(Context& c, const Weight& W, const Act& act, int n, float* Y) {
-  const int n_units = int(W.cols / T::unit);
-  const int wpr = warps_per_row(c, W.rows, n_units);
-  const unsigned grid = ceil_div(W.rows, kGemvThreads / 32 / wpr);
+static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int count, const Act& act, int n) {
+  CUDA_ASSERT(count >= 1 && count <= kMaxSegs);
+  const int n_units = int(W[0]->cols / T::unit);
+  GemvSegs segs{};
+  segs.n = count;
+  int blocks = 0;
+  for (int i = 0; i < count; i++) {
+    const int wpr = warps_per_row(c, W[i]->rows, n_units);
+    segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), wpr, blocks};
+    blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr));
+  }
+  const unsigned grid = unsigned(blocks);
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
-  const uint8_t* w = static_cast<const uint8_t*>(W.data);
-  const int r = int(W.rows);
+  const size_t stride = W[0]->row_stride;
+  const int64_t cols = W[0]->cols;
   switch (n) {
-#define BATON_NC(N) case N: gemv_kernel<T, N><<<grid, kGemvThreads, 0, s>>>(w, W.row_stride, r, W.cols, act, Y, W.rows, wpr); break;
+#define BATON_NC(N) case N: gemv_kernel<T, N><<<grid, kGemvThreads, 0, s>>>(segs, stride, cols, act); break;
     BATON_NC(1) BATON_NC(2) BATON_NC(3) BATON_NC(4) BATON_NC(5) BATON_NC(6) BATON_NC(7) BATON_NC(8)
 #undef BATON_NC
     default: CUDA_ASSERT(false);
@@ -113,7 +148,8 @@ static void gemv_type(Context& c, const Weight& W, const Act& act, int n, float*
   CUDA_CHECK_LAUNCH();
 }
 
-#define BATON_INSTANTIATE(T) template void gemv_type<T>(Context&, const Weight&, const Act&, int, float*);
+#define BATON_INSTANTIATE(T) \
+  template void gemv_type<T>(Context&, const Weight* const*, float* const*, int, const Act&, int);
 BATON_CUDA_WEIGHT_TYPES(BATON_INSTANTIATE)
 #undef BATON_INSTANTIATE
 
@@ -124,32 +160,68 @@ static void check_weight(const Weight& W, const char* op) {
     input_error(cat("CUDA ", op, ": bad weight shape ", W.rows, " x ", W.cols, " (row stride ", W.row_stride, ")"));
 }
 
-void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
-  check_weight(W, "gemv");
+void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n) {
+  CUDA_ASSERT(count >= 1);
+  bool q8 = false;
+  for (int i = 0; i < count; i++) {
+    check_weight(*W[i], "gemv");
+    if (W[i]->cols != W[0]->cols)
+      input_error(cat("CUDA gemv: matrices of one input differ in width (", W[0]->cols, " and ", W[i]->cols, ")"));
+    q8 |= q8_activations(W[i]->type);
+  }
   if (n <= 0) return;
-  const bool q8 = q8_activations(W.type);
+  const int64_t cols = W[0]->cols;
   Act act;
-  act.cols = W.cols;
+  act.cols = cols;
   act.x = X;
-  if (q8) {
-    auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(W.cols, n)));
+  if (q8) {  // once for all the matrices
+    auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(cols, n)));
     act.qs = reinterpret_cast<int8_t*>(base);
-    act.ds = reinterpret_cast<float2*>(base + (size_t(W.cols) * n + 255) / 256 * 256);
-    quantize_act(c, X, W.cols, n, const_cast<int8_t*>(act.qs), reinterpret_cast<float*>(const_cast<float2*>(act.ds)));
+    act.ds = reinterpret_cast<float2*>(base + (size_t(cols) * n + 255) / 256 * 256);
+    quantize_act(c, X, cols, n, const_cast<int8_t*>(act.qs), reinterpret_cast<float*>(const_cast<float2*>(act.ds)));
   }
   for (int j0 = 0; j0 < n; j0 += kGemvMaxCols) {
     const int nc = std::min(kGemvMaxCols, n - j0);
     Act a = act;
-    a.qs = act.qs ? act.qs + int64_t(j0) * W.cols : nullptr;
-    a.ds = act.ds ? act.ds + int64_t(j0) * (W.cols / 32) : nullptr;
-    a.x = X + int64_t(j0) * W.cols;
-    with_weight_type(W.type, [&](auto t) { gemv_type<decltype(t)>(c, W, a, nc, Y + int64_t(j0) * W.rows); });
+    a.qs = act.qs ? act.qs + int64_t(j0) * cols : nullptr;
+    a.ds = act.ds ? act.ds + int64_t(j0) * (cols / 32) : nullptr;
+    a.x = X + int64_t(j0) * cols;
+    // Runs of consecutive matrices of one type share a launch.
+    for (int i0 = 0; i0 < count;) {
+      int i1 = i0 + 1;
+      while (i1 < count && i1 - i0 < kMaxSegs && W[i1]->type == W[i0]->type) i1++;
+      const Weight* ws[kMaxSegs];
+      float* ys[kMaxSegs];
+      for (int i = i0; i < i1; i++) ws[i - i0] = W[i], ys[i - i0] = Y[i] + int64_t(j0) * W[i]->rows;
+      with_weight_type(W[i0]->type, [&](auto t) { gemv_type<decltype(t)>(c, ws, ys, i1 - i0, a, nc); });
+      i0 = i1;
+    }
   }
+}
+
+void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
+  const Weight* w = &W;
+  gemv_n(c, &w, &Y, 1, X, n);
 }
 
 void matmul(Context& c, const Weight& W, const float* X, int n, float* Y) {
   if (n <= c.gemv_max_cols) gemv(c, W, X, n, Y);
   else gemm(c, W, X, n, Y);
+}
+
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n) {
+  if (n <= c.gemv_max_cols) {
+    const Weight* ws[8];
+    float* ys[8];
+    int k = 0;
+    for (const MatmulOut& o : outs) {
+      CUDA_ASSERT(k < 8);
+      ws[k] = o.W, ys[k] = o.Y, k++;
+    }
+    gemv_n(c, ws, ys, k, X, n);
+  } else {
+    for (const MatmulOut& o : outs) gemm(c, *o.W, X, n, o.Y);
+  }
 }
 
 }  // namespace baton::cuda

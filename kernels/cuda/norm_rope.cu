@@ -4,37 +4,56 @@
 
 namespace baton::cuda {
 
-// One block per row; float sums in a fixed tree order.
-__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* y,
-                                int n, float eps) {
-  const float* xr = x + int64_t(blockIdx.x) * n;
+// One block per row; float sums in a fixed tree order. With d: x += d first (the residual add,
+// written back), then the norm of the sum.
+__global__ void rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps) {
+  float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
+  if (d) {
+    const float* dr = d + int64_t(blockIdx.x) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xr[i] + dr[i];
+      xr[i] = v;
+      ss += v * v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  }
+  ss = block_sum(ss);  // also orders the x writes above before the reads below (same thread anyway)
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
 }
 
-void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps) {
+static void rms_norm_launch(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
   if (rows <= 0 || n <= 0) return;
   const int threads = n >= 1024 ? 256 : (n >= 256 ? 128 : 32);
-  rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, w, y, n, eps);
+  rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, d, w, y, n, eps);
   CUDA_CHECK_LAUNCH();
 }
 
-// Block per token; thread i handles pair i of every head (cos/sin computed once, in double).
-__global__ void rope_kernel(float* x, size_t stride, int n_head, int head_dim, int rope_dim,
-                            const int32_t* __restrict__ pos, const float* __restrict__ freqs, bool neox) {
+void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps) {
+  rms_norm_launch(c, const_cast<float*>(x), nullptr, w, y, rows, n, eps);  // x is only read without d
+}
+
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
+  rms_norm_launch(c, x, d, w, y, rows, n, eps);
+}
+
+// Block per token (blockIdx.y: q or k); thread i handles pair i of every head (cos/sin computed
+// once, in double).
+__global__ void rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
+                            const float* __restrict__ freqs, bool neox) {
   const int half = rope_dim / 2;
   const int i = threadIdx.x;
   if (i >= half) return;
-  float* xt = x + size_t(blockIdx.x) * stride;
+  const RopeRows p = blockIdx.y ? k : q;
+  float* xt = p.x + size_t(blockIdx.x) * p.stride;
   double sd, cd;
   sincos(double(pos[blockIdx.x]) * double(freqs[i]), &sd, &cd);
   const float cs = float(cd), sn = float(sd);
   const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-  for (int h = 0; h < n_head; h++) {
+  for (int h = 0; h < p.n_head; h++) {
     float* v = xt + size_t(h) * head_dim;
     const float a = v[i0], b = v[i1];
     v[i0] = a * cs - b * sn;
@@ -42,15 +61,26 @@ __global__ void rope_kernel(float* x, size_t stride, int n_head, int head_dim, i
   }
 }
 
-void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
-          const int32_t* pos, const float* freqs, bool neox) {
+static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,
+                        const int32_t* pos, const float* freqs, bool neox) {
   if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
   if (n_tok <= 0) return;
   const int threads = (rope_dim / 2 + 31) / 32 * 32;
-  rope_kernel<<<n_tok, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(
-      x, stride, n_head, head_dim, rope_dim, pos, freqs, neox);
+  const dim3 grid(unsigned(n_tok), k ? 2u : 1u);
+  rope_kernel<<<grid, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(q, k ? *k : q, head_dim, rope_dim, pos,
+                                                                          freqs, neox);
   CUDA_CHECK_LAUNCH();
+}
+
+void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
+          const int32_t* pos, const float* freqs, bool neox) {
+  rope_launch(c, {x, stride, n_head}, nullptr, n_tok, head_dim, rope_dim, pos, freqs, neox);
+}
+
+void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
+             const int32_t* pos, const float* freqs, bool neox) {
+  rope_launch(c, q, &k, n_tok, head_dim, rope_dim, pos, freqs, neox);
 }
 
 }  // namespace baton::cuda

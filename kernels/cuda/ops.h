@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 
 #include "kernels/cuda/layout.h"
 #include "quant/types.h"
@@ -232,6 +233,14 @@ void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, f
 // Y = W·X for n columns: X holds n vectors of W.cols floats, Y gets n vectors of W.rows floats.
 // Chooses GEMV (n <= c.gemv_max_cols) or GEMM.
 void matmul(Context& c, const Weight& W, const float* X, int n, float* Y);
+// Several products of one input X (q, k and v; gate and up): Y_i = W_i·X, as matmul does each.
+// On the GEMV path X is quantized once, and consecutive matrices of one type share a launch
+// (bit-identical to separate calls); the GEMM path runs them one by one.
+struct MatmulOut {
+  const Weight* W;
+  float* Y;
+};
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n);
 // Fused dequantize + dot, the activation quantized once to 8-bit blocks (dp4a); float weights use
 // F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
 // stage and the scratch are). Any n (launched 8 columns at a time).
@@ -249,12 +258,23 @@ void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, ui
 
 // y[r] = x[r] / rms(x[r]) * w for `rows` rows of n (y may alias x); w == nullptr: no weight.
 void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps);
+// The residual add and the next norm in one launch: x += d, then y = rms_norm(x) * w, as add
+// followed by rms_norm (y may alias d).
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps);
 
 // RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
 // token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
 // neox=false: pairs (2i, 2i+1); true: (i, i + rope_dim/2). Angles in double, as on the CPU.
 void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
           const int32_t* pos, const float* freqs, bool neox);
+// The same for q and k of the same tokens in one launch (as rope on q, then on k).
+struct RopeRows {
+  float* x;
+  size_t stride;
+  int n_head;
+};
+void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
+             const int32_t* pos, const float* freqs, bool neox);
 
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n);       // silu(g)·u
 void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n);  // gelu_tanh(g)·u
@@ -283,6 +303,15 @@ struct KvLayer {
 // (rows dst_row bytes apart). As cpu::kv_convert per row.
 void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, uint8_t* dst,
                 size_t dst_row, int width, int n);
+// k and v rows of the same tokens in one launch (as kv_convert on each).
+struct KvRows {
+  const float* src;
+  size_t src_stride;
+  uint8_t* dst;
+  size_t dst_row;
+  int width;
+};
+void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, int n);
 // Copies staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t]) for t < n (the commit
 // after attention).
 void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,

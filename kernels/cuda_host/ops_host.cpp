@@ -336,6 +336,10 @@ void matmul(Context& c, const Weight& W, const float* X, int n, float* Y) {
   else gemm(c, W, X, n, Y);
 }
 
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n) {
+  for (const MatmulOut& o : outs) matmul(c, *o.W, X, n, o.Y);
+}
+
 // What the dp4a kernel computes: the activations quantized once to 8-bit blocks of 32
 // (quantize_act), each block's dot with the weights scaled by its d (the (d, d * sum) pair covers
 // the weights' minimums); float weights take the F32 activations.
@@ -425,6 +429,11 @@ void rms_norm(Context&, const float* x, const float* w, float* y, int rows, int 
   cpu::rms_norm(x, w, y, rows, n, eps);
 }
 
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
+  add(c, x, d, int64_t(rows) * n);
+  rms_norm(c, x, w, y, rows, n, eps);
+}
+
 void rope(Context&, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim, const int32_t* pos,
           const float* freqs, bool neox) {
   if (rope_dim % 2 != 0 || rope_dim > head_dim)
@@ -435,6 +444,12 @@ void rope(Context&, float* x, int n_tok, size_t stride, int n_head, int head_dim
     cpu::rope_angles(pos[t], freqs, half, cs.data(), sn.data());
     cpu::rope_rotate(x + size_t(t) * stride, n_head, head_dim, rope_dim, cs.data(), sn.data(), neox);
   }
+}
+
+void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
+             const int32_t* pos, const float* freqs, bool neox) {
+  rope(c, q.x, n_tok, q.stride, q.n_head, head_dim, rope_dim, pos, freqs, neox);
+  rope(c, k.x, n_tok, k.stride, k.n_head, head_dim, rope_dim, pos, freqs, neox);
 }
 
 void silu_gate(Context&, const float* g, const float* u, float* y, int64_t n) {
@@ -474,6 +489,11 @@ void kv_convert(Context&, GgmlType type, const float* src, size_t src_stride, ui
   if (type != GgmlType::F16 && type != GgmlType::Q8_0)
     input_error(fmt::format("CUDA kv_convert: KV type {} is not F16 or Q8_0", type_name(type)));
   for (int r = 0; r < n; ++r) cpu::kv_convert(type, src + size_t(r) * src_stride, dst + size_t(r) * dst_row, width);
+}
+
+void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, int n) {
+  kv_convert(c, type, k.src, k.src_stride, k.dst, k.dst_row, k.width, n);
+  kv_convert(c, type, v.src, v.src_stride, v.dst, v.dst_row, v.width, n);
 }
 
 void kv_commit(Context&, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new, const int32_t* row,
