@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -142,51 +143,48 @@ TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launc
   }
 }
 
-TEST_CASE("a GEMV/GEMM cut-over moved by BATON_GEMV_MAX_COLS gives the same logits; a bad value is refused") {
-  // 64: the 49-token prompt step too takes the GEMV passes and a graph (split attention only).
+namespace {
+
+// f() with the environment variable name=value set (unset again however f ends).
+template <class F>
+auto with_env(const char* name, const char* value, F&& f) {
+  struct Unset {
+    const char* n;
+    ~Unset() { unsetenv(n); }
+  } unset{name};
+  setenv(name, value, 1);
+  return f();
+}
+
+// A knob of cuda::Context set through the environment: each good value gives the default's
+// logits within the peer bounds, each bad value is refused at load, naming the variable.
+void check_env_knob(const char* name, std::initializer_list<const char*> good, std::initializer_list<const char*> bad) {
   const std::string path = test::tiny_gemma3_model();
   auto one = load(path, "cuda:0");
   const auto ref = run(*one);
   const int V = one->n_vocab();
   one.reset();
-  for (const char* cols : {"1", "64"}) {
-    INFO("BATON_GEMV_MAX_COLS=" << cols);
-    setenv("BATON_GEMV_MAX_COLS", cols, 1);
-    std::vector<float> got;
-    try {
-      got = run(*load(path, "cuda:0"));
-    } catch (...) {
-      unsetenv("BATON_GEMV_MAX_COLS");
-      throw;
-    }
-    unsetenv("BATON_GEMV_MAX_COLS");
-    test::check_peer_close(ref, got, V, std::string("cut-over at ") + cols);
+  for (const char* value : good) {
+    INFO(name << "=" << value);
+    const auto got = with_env(name, value, [&] { return run(*load(path, "cuda:0")); });
+    test::check_peer_close(ref, got, V, std::string(name) + "=" + value);
   }
-  setenv("BATON_GEMV_MAX_COLS", "0", 1);
-  CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains("BATON_GEMV_MAX_COLS=0"));
-  unsetenv("BATON_GEMV_MAX_COLS");
+  for (const char* value : bad)
+    with_env(name, value, [&] {
+      CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains(std::string(name) + "=" + value));
+      return 0;
+    });
+}
+
+}  // namespace
+
+TEST_CASE("a GEMV/GEMM cut-over moved by BATON_GEMV_MAX_COLS gives the same logits; a bad value is refused") {
+  // 64: the 49-token prompt step too takes the GEMV passes and a graph (split attention only).
+  check_env_knob("BATON_GEMV_MAX_COLS", {"1", "64"}, {"0"});
 }
 
 TEST_CASE("BATON_GEMM_SLAB_MIB shrinks the GEMM's FP16 slab; a value past the planned slab is refused") {
-  const std::string path = test::tiny_gemma3_model();
-  auto one = load(path, "cuda:0");
-  const auto ref = run(*one);
-  const int V = one->n_vocab();
-  one.reset();
-  for (const char* bad : {"0", "65", "8x"}) {
-    setenv("BATON_GEMM_SLAB_MIB", bad, 1);
-    CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains(std::string("BATON_GEMM_SLAB_MIB=") + bad));
-  }
-  setenv("BATON_GEMM_SLAB_MIB", "1", 1);
-  std::vector<float> got;
-  try {
-    got = run(*load(path, "cuda:0"));
-  } catch (...) {
-    unsetenv("BATON_GEMM_SLAB_MIB");
-    throw;
-  }
-  unsetenv("BATON_GEMM_SLAB_MIB");
-  test::check_peer_close(ref, got, V, "slab 1 MiB");
+  check_env_knob("BATON_GEMM_SLAB_MIB", {"1"}, {"0", "65", "8x"});
 }
 
 TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, as the full rows reduce") {
