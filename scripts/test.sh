@@ -27,7 +27,7 @@ if [ "${BATON_SKIP_SIM:-0}" != 1 ]; then
   stage "CUDA simulator build: the gpu tests on the CPU"
   cmake -S . -B build-sim -DBATON_CUDA=SIM -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build-sim -j "$(nproc)" --target test_cuda_ops test_cuda_stage test_cuda_layout \
-    test_cuda_quant_host test_peer_logits >/dev/null || cmake --build build-sim -j 1 --target test_cuda_ops
+    test_cuda_quant_host test_cuda_sim test_peer_logits >/dev/null || cmake --build build-sim -j 1 --target test_cuda_ops
   (cd build-sim && ctest --output-on-failure -j "$(nproc)" -L gpu)
 fi
 

@@ -6,13 +6,29 @@
 // Checked, aborting with the kernel, block and thread named:
 //  - a warp exchange whose mask names a lane that has exited or is waiting elsewhere (divergence),
 //  - lanes of one warp at different exchanges, or reading from a lane outside the mask,
-//  - a block that can make no progress (threads at __syncthreads while others wait in a warp op).
+//  - a block that can make no progress (threads at __syncthreads while others wait in a warp op),
+//  - threads of a block released from different __syncthreads (a barrier in divergent code).
 // Threads that exit count as arrived at later __syncthreads, as on current GPUs.
+//
+// Schedule (BATON_CUDASIM_THREADS=forward | reverse | random[:SEED], default forward). The
+// scheduler works in rounds: each ready thread runs to its next synchronization point, then the
+// warp exchanges whose lanes all arrived are released, and the barrier once every live thread
+// is at it. `forward` and `reverse` run the ready threads of a round, and the blocks of a grid,
+// in that order. `random` shuffles both, and also holds back each warp from a round with
+// probability 1/2, so that warps drift apart by several warp exchanges between two
+// __syncthreads, as they do on a GPU. A kernel that reads shared memory another thread writes
+// without a barrier between them (or writes what another warp may still read), or a block that
+// counts on another block having run, then reads stale or too-new bytes, and the test comparing
+// the kernel with its CPU twin fails; under one fixed order such a race can give the right
+// answer every time.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -78,6 +94,8 @@ struct Fiber {
   uint64_t value = 0;  // the lane's contribution, then its result
   int param = 0, width = 32;
   uint3 idx{};
+  const char* barrier_file = nullptr;  // the __syncthreads it waits at
+  int barrier_line = 0;
 #if CUDASIM_ASAN
   void* fake = nullptr;
 #endif
@@ -90,12 +108,54 @@ constexpr size_t kStackBytes = 128 << 10;
 #endif
 constexpr size_t kGuardBytes = 4096;
 
+enum class Order { Forward, Reverse, Random };
+
+struct Schedule {
+  Order order = Order::Forward;
+  uint64_t state = 0x9E3779B97F4A7C15ull;  // random: splitmix64 state, seeded by the knob
+
+  Schedule() {
+    const char* v = std::getenv("BATON_CUDASIM_THREADS");
+    if (!v || !*v || std::strcmp(v, "forward") == 0) return;
+    if (std::strcmp(v, "reverse") == 0) { order = Order::Reverse; return; }
+    if (std::strncmp(v, "random", 6) == 0 && (v[6] == 0 || v[6] == ':')) {
+      order = Order::Random;
+      if (v[6] == ':') state += std::strtoull(v + 7, nullptr, 10);
+      return;
+    }
+    fatal(std::string("BATON_CUDASIM_THREADS=") + v + ": expected forward, reverse or random[:SEED]");
+  }
+
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+
+  bool random() const { return order == Order::Random; }
+  bool coin() { return next() & 1; }
+
+  // 0..n-1 in this schedule's order.
+  void permutation(std::vector<int>& out, int n) {
+    out.resize(size_t(n));
+    std::iota(out.begin(), out.end(), 0);
+    if (order == Order::Reverse) std::reverse(out.begin(), out.end());
+    if (order == Order::Random)
+      for (int i = n - 1; i > 0; i--) std::swap(out[size_t(i)], out[size_t(next() % uint64_t(i + 1))]);
+  }
+};
+
 struct Runner {
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;  // kStackBytes each, a guard page below
   void* sched_sp = nullptr;
   int current = -1;    // the fiber that runs
   int n_threads = 0;   // of the block
+  std::vector<int> order;  // this round's order of the block's threads
+  std::vector<char> held;  // per warp: held back from this round (random schedule)
+  int pos = -1;            // current's place in it
+  std::vector<int> blocks; // the grid's blocks (linear index) in run order
   const Launch* launch = nullptr;
 #if CUDASIM_ASAN
   void* sched_fake = nullptr;
@@ -104,6 +164,10 @@ struct Runner {
 #endif
 };
 Runner R;
+Schedule* schedule() {
+  static Schedule s;  // first launch: a bad knob fails there, with its value named
+  return &s;
+}
 
 // BATON_CUDASIM_STATS=1: per kernel, launches, GPU threads and fiber switches, printed at exit.
 struct Stats {
@@ -184,9 +248,11 @@ void leave() {
   cudasim_switch(&f.sp, R.sched_sp);
   __sanitizer_finish_switch_fiber(f.fake, &R.sched_bottom, &R.sched_size);
 #else
-  for (int t = R.current + 1; t < R.n_threads; t++) {
+  for (int p = R.pos + 1; p < R.n_threads; p++) {
+    const int t = R.order[size_t(p)];
     Fiber& next = R.fibers[size_t(t)];
-    if (next.state != State::Ready) continue;
+    if (next.state != State::Ready || R.held[size_t(t / 32)]) continue;
+    R.pos = p;
     R.current = t;
     threadIdx = next.idx;
     switches++;
@@ -261,22 +327,52 @@ void run_block(int n_threads) {
     f.state = State::Ready;
     f.idx = uint3{unsigned(t) % b.x, unsigned(t) / b.x % b.y, unsigned(t) / (b.x * b.y)};
   }
+  const int n_warps = (n_threads + 31) / 32;
+  Schedule& sched = *schedule();
   for (;;) {
-    for (int t = 0; t < n_threads; t++)
-      if (R.fibers[size_t(t)].state == State::Ready) enter(t);
+    sched.permutation(R.order, n_threads);
+    R.held.assign(size_t(n_warps), 0);
+    if (sched.random() && n_warps > 1) {
+      bool any_runs = false;  // hold back a random half of the warps that could run
+      for (int w = 0; w < n_warps; w++) {
+        bool ready = false;
+        for (int t = w * 32; t < std::min(n_threads, w * 32 + 32); t++) ready |= R.fibers[size_t(t)].state == State::Ready;
+        if (!ready) continue;
+        R.held[size_t(w)] = sched.coin();
+        any_runs |= !R.held[size_t(w)];
+      }
+      if (!any_runs) R.held.assign(size_t(n_warps), 0);
+    }
+    for (int p = 0; p < n_threads; p++) {
+      const int t = R.order[size_t(p)];
+      if (R.fibers[size_t(t)].state != State::Ready || R.held[size_t(t / 32)]) continue;
+      R.pos = p;
+      enter(t);
+    }
     bool progress = false;
-    int live = 0, at_barrier = 0;
+    int live = 0, at_barrier = 0, ready = 0;
     for (int t = 0; t < n_threads; t++) {
       const State s = R.fibers[size_t(t)].state;
       if (s == State::Warp && resolve_warp(t, n_threads)) progress = true;
       if (s != State::Done) live++;
       if (s == State::Barrier) at_barrier++;
+      if (s == State::Ready) ready++;
     }
-    if (progress) continue;
+    if (progress || ready > 0) continue;  // ready: threads held back from this round
     if (live == 0) return;
     if (at_barrier == live) {
-      for (int t = 0; t < n_threads; t++)
-        if (R.fibers[size_t(t)].state == State::Barrier) R.fibers[size_t(t)].state = State::Ready;
+      int first = -1;
+      for (int t = 0; t < n_threads; t++) {
+        Fiber& f = R.fibers[size_t(t)];
+        if (f.state != State::Barrier) continue;
+        if (first < 0) first = t;
+        const Fiber& f0 = R.fibers[size_t(first)];
+        if (f.barrier_line != f0.barrier_line || std::strcmp(f.barrier_file, f0.barrier_file) != 0)
+          fail_in_block(thread_name(first) + " waits at the __syncthreads of " + f0.barrier_file + ":" +
+                        std::to_string(f0.barrier_line) + ", " + thread_name(t) + " at " + f.barrier_file + ":" +
+                        std::to_string(f.barrier_line) + " (a barrier in divergent code)");
+        f.state = State::Ready;
+      }
       continue;
     }
     std::string who;
@@ -291,9 +387,12 @@ void run_block(int n_threads) {
 
 }  // namespace
 
-void syncthreads() {
+void syncthreads(const char* file, int line) {
   if (R.current < 0) fatal("__syncthreads called outside a kernel");
-  R.fibers[size_t(R.current)].state = State::Barrier;
+  Fiber& f = R.fibers[size_t(R.current)];
+  f.state = State::Barrier;
+  f.barrier_file = file;
+  f.barrier_line = line;
   leave();
 }
 
@@ -322,12 +421,14 @@ void run_kernel(const Launch& l) {
   gridDim = l.grid;
   blockDim = l.block;
   const uint64_t switches0 = switches;
-  for (unsigned z = 0; z < l.grid.z; z++)
-    for (unsigned y = 0; y < l.grid.y; y++)
-      for (unsigned x = 0; x < l.grid.x; x++) {
-        blockIdx = uint3{x, y, z};
-        run_block(n_threads);
-      }
+  const uint64_t n_blocks = uint64_t(l.grid.x) * l.grid.y * l.grid.z;
+  if (n_blocks > uint64_t(INT32_MAX)) fatal(std::string("kernel ") + l.name + ": grid of over 2^31 blocks");
+  schedule()->permutation(R.blocks, int(n_blocks));
+  for (const int b : R.blocks) {
+    const unsigned ub = unsigned(b);
+    blockIdx = uint3{ub % l.grid.x, ub / l.grid.x % l.grid.y, ub / (l.grid.x * l.grid.y)};
+    run_block(n_threads);
+  }
   R.current = -1;
   R.launch = nullptr;
   if (stats.on) {

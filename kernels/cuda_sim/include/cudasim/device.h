@@ -21,10 +21,10 @@ namespace cudasim {
 
 enum class WarpOp { Xor, Idx, Down, Up, Ballot };
 
-// Block barrier and warp exchange: the calling fiber waits until its block (or the lanes of
-// `mask`) arrive, then gets the value of the lane the op names. Divergent use aborts with the
+// Block barrier (at `file`:`line`) and warp exchange: the calling fiber waits until its block (or
+// the lanes of `mask`) arrive, then gets the value of the lane the op names. Divergent use aborts with the
 // kernel, block and thread named.
-void syncthreads();
+void syncthreads(const char* file, int line);
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width);
 
 template <class T>
@@ -88,7 +88,8 @@ Launcher<void (*)(P...)> launch(void (*kernel)(P...), const char* name, dim3 gri
 }  // namespace cudasim
 
 // ---- intrinsics ----
-inline void __syncthreads() { cudasim::syncthreads(); }
+// A macro, so that the simulator knows which barrier each thread waits at.
+#define __syncthreads() ::cudasim::syncthreads(__FILE__, __LINE__)
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return cudasim::warp_value(cudasim::WarpOp::Xor, mask, v, lane_mask, width);

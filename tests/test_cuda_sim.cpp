@@ -1,0 +1,181 @@
+// The CUDA simulator's own checks (kernels/cuda_sim/fibers.cpp): what it must catch in a kernel
+// that a GPU would turn into garbage. Each case runs in a child process, because the schedule
+// knob is read once per process and a caught bug aborts. Built as a `gpu` test; on a real CUDA
+// build it skips (exit code 77): these kernels are written against the simulator's headers.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#if !defined(__CUDA_SIM__)
+
+// Runs before Catch2's main.
+[[maybe_unused]] static const bool kSkip = [] {
+  std::printf("not a simulator build: skipping the CUDA simulator's self-test (exit code 77)\n");
+  std::fflush(stdout);
+  std::exit(77);
+  return true;
+}();
+
+#else
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+
+// Two rounds of "each warp publishes a count, every thread sums them" (the shape of block_rank in
+// kernels/cuda/sample.cu). `guard` = false leaves out the barrier before the second round's
+// writes, so a warp that runs ahead overwrites a count another warp has not read yet.
+__global__ void two_rounds(int* out, int guard) {
+  __shared__ int counts[kWarps];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  int sums[2];
+  for (int round = 0; round < 2; round++) {
+    if (round == 0 || guard) __syncthreads();
+    if (lane == 0) counts[warp] = (round + 1) * (warp + 1);
+    __syncthreads();
+    int s = 0;
+    for (int w = 0; w < kWarps; w++) s += counts[w];
+    sums[round] = __shfl_xor_sync(0xffffffffu, s, 1);  // a warp exchange: warps may drift here
+  }
+  out[blockIdx.x * kThreads + threadIdx.x] = sums[0] * 1000 + sums[1];
+}
+
+// Odd warps wait at one barrier, even warps at another.
+__global__ void divergent_barrier(int* out) {
+  if (threadIdx.x / 32 % 2) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+struct Child {
+  int status = 0;       // as waitpid reports it
+  std::string stderr_text;
+  std::vector<int> out;  // what the kernel wrote, when it finished
+};
+
+// Runs fn (which returns the kernel's output) in a child with BATON_CUDASIM_THREADS=order.
+Child run_child(const char* order, const std::function<std::vector<int>()>& fn) {
+  int out_pipe[2], err_pipe[2];
+  REQUIRE(pipe(out_pipe) == 0);
+  REQUIRE(pipe(err_pipe) == 0);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    dup2(err_pipe[1], 1);  // nothing of the child reaches the test's output
+    dup2(err_pipe[1], 2);
+    signal(SIGABRT, SIG_DFL);  // an abort ends the child, not Catch2's handler
+    setenv("BATON_CUDASIM_THREADS", order, 1);
+    const std::vector<int> v = fn();
+    const ssize_t n = ssize_t(v.size() * sizeof(int));
+    _exit(write(out_pipe[1], v.data(), size_t(n)) == n ? 0 : 3);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Child c;
+  std::vector<char> bytes;
+  char buf[4096];
+  for (ssize_t n; (n = read(out_pipe[0], buf, sizeof buf)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+  for (ssize_t n; (n = read(err_pipe[0], buf, sizeof buf)) > 0;) c.stderr_text.append(buf, size_t(n));
+  close(out_pipe[0]);
+  close(err_pipe[0]);
+  REQUIRE(waitpid(pid, &c.status, 0) == pid);
+  c.out.resize(bytes.size() / sizeof(int));
+  if (!c.out.empty()) std::memcpy(c.out.data(), bytes.data(), c.out.size() * sizeof(int));
+  return c;
+}
+
+bool exited_ok(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
+
+std::vector<int> launch_two_rounds(int guard, int blocks) {
+  int* d = nullptr;
+  const size_t n = size_t(blocks) * kThreads;
+  if (cudaMalloc(&d, n * sizeof(int)) != cudaSuccess) std::abort();
+  cudasim::launch(two_rounds, "two_rounds", dim3(unsigned(blocks)), dim3(kThreads))(d, guard);
+  std::vector<int> h(n);
+  if (cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+  cudaFree(d);
+  return h;
+}
+
+// Every thread's two sums, as a GPU must produce them.
+int expected_two_rounds() {
+  int s0 = 0, s1 = 0;
+  for (int w = 0; w < kWarps; w++) s0 += w + 1, s1 += 2 * (w + 1);
+  return s0 * 1000 + s1;
+}
+
+int wrong_threads(const std::vector<int>& out) {
+  int bad = 0;
+  for (const int v : out) bad += v != expected_two_rounds();
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("a correctly synchronized kernel gives the same answer under every schedule") {
+  for (const char* order : {"forward", "reverse", "random:1", "random:2", "random:3"}) {
+    INFO("BATON_CUDASIM_THREADS=" << order);
+    const Child c = run_child(order, [] { return launch_two_rounds(1, 4); });
+    REQUIRE(exited_ok(c));
+    REQUIRE(c.out.size() == size_t(4 * kThreads));
+    CHECK(wrong_threads(c.out) == 0);
+  }
+}
+
+TEST_CASE("a missing barrier that a fixed order hides shows under the random schedule") {
+  // In rounds, in order, every warp reads the counts before any warp passes the exchange, so
+  // the race gives the right answer: the reason the random schedule exists.
+  for (const char* order : {"forward", "reverse"}) {
+    INFO("BATON_CUDASIM_THREADS=" << order);
+    const Child c = run_child(order, [] { return launch_two_rounds(0, 4); });
+    REQUIRE(exited_ok(c));
+    CHECK(wrong_threads(c.out) == 0);
+  }
+  int seeds_that_see_it = 0;
+  for (const char* order : {"random:1", "random:2", "random:3", "random:4"}) {
+    const Child c = run_child(order, [] { return launch_two_rounds(0, 4); });
+    REQUIRE(exited_ok(c));
+    seeds_that_see_it += wrong_threads(c.out) > 0;
+  }
+  CHECK(seeds_that_see_it >= 3);
+}
+
+TEST_CASE("threads at different __syncthreads abort with both places named") {
+  const Child c = run_child("forward", [] {
+    int* d = nullptr;
+    if (cudaMalloc(&d, 64 * sizeof(int)) != cudaSuccess) std::abort();
+    cudasim::launch(divergent_barrier, "divergent_barrier", dim3(1), dim3(64))(d);
+    cudaDeviceSynchronize();
+    return std::vector<int>{};
+  });
+  CHECK_FALSE(exited_ok(c));
+  CHECK(c.stderr_text.find("divergent_barrier") != std::string::npos);
+  CHECK(c.stderr_text.find("a barrier in divergent code") != std::string::npos);
+  CHECK(c.stderr_text.find("test_cuda_sim.cpp:") != std::string::npos);
+}
+
+TEST_CASE("a bad schedule name is an error naming the knob") {
+  const Child c = run_child("backwards", [] { return launch_two_rounds(1, 1); });
+  CHECK_FALSE(exited_ok(c));
+  CHECK(c.stderr_text.find("BATON_CUDASIM_THREADS=backwards") != std::string::npos);
+}
+
+#endif
