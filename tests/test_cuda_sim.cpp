@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -60,6 +61,15 @@ __global__ void divergent_barrier(int* out) {
     __syncthreads();
   }
   out[threadIdx.x] = 1;
+}
+
+// Block 0 writes the shared variable, the others only read it. Declared as the simulator's build
+// rewrites a kernel's `__shared__` declarations (cmake/cudasim_rewrite.cmake).
+__global__ void read_unwritten_shared(int* out) {
+  __shared__ int s; ::cudasim::shared_declared(&s, sizeof(s));
+  if (blockIdx.x == 0 && threadIdx.x == 0) s = 5;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 struct Child {
@@ -170,6 +180,24 @@ TEST_CASE("threads at different __syncthreads abort with both places named") {
   CHECK(c.stderr_text.find("divergent_barrier") != std::string::npos);
   CHECK(c.stderr_text.find("a barrier in divergent code") != std::string::npos);
   CHECK(c.stderr_text.find("test_cuda_sim.cpp:") != std::string::npos);
+}
+
+TEST_CASE("each block's shared memory starts as 0xFF bytes, not as the previous block left it") {
+  for (const char* order : {"forward", "reverse"}) {
+    INFO("BATON_CUDASIM_THREADS=" << order);
+    const Child c = run_child(order, [] {
+      int* d = nullptr;
+      if (cudaMalloc(&d, 3 * sizeof(int)) != cudaSuccess) std::abort();
+      cudasim::launch(read_unwritten_shared, "read_unwritten_shared", dim3(3), dim3(32))(d);
+      std::vector<int> h(3);
+      if (cudaMemcpy(h.data(), d, 3 * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+      return h;
+    });
+    REQUIRE(exited_ok(c));
+    REQUIRE(c.out.size() == 3);
+    CHECK(std::count(c.out.begin(), c.out.end(), 5) == 1);   // block 0, wherever it ran
+    CHECK(std::count(c.out.begin(), c.out.end(), -1) == 2);  // the others read the fill
+  }
 }
 
 TEST_CASE("a bad schedule name is an error naming the knob") {

@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   constexpr int R = D / 32;  // dims per lane: d = lane + 32 i
   __shared__ float qs[D];
-  __shared__ float sm_m[4], sm_l[4];
+  __shared__ float sm_m[4];
+  __shared__ float sm_l[4];
   __shared__ float sm_o[4][D];
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

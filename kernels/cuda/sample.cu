@@ -78,7 +78,8 @@ __device__ __forceinline__ int block_rank(bool flag, int& total, int* warp_count
 __global__ void __launch_bounds__(kSelThreads)
 top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_out, float* val_out) {
   __shared__ int hist[256];
-  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ uint32_t s_prefix;
+  __shared__ uint32_t s_mask;
   __shared__ int s_remaining;
   __shared__ int warp_counts[32];
   __shared__ float cv[kMaxTopK];

@@ -8,7 +8,8 @@
 //  - lanes of one warp at different exchanges, or reading from a lane outside the mask,
 //  - a block that can make no progress (threads at __syncthreads while others wait in a warp op),
 //  - threads of a block released from different __syncthreads (a barrier in divergent code).
-// Threads that exit count as arrived at later __syncthreads, as on current GPUs.
+// Threads that exit count as arrived at later __syncthreads, as on current GPUs. Each block's
+// __shared__ variables start as 0xFF bytes (shared_declared), not as the previous block left them.
 //
 // Schedule (BATON_CUDASIM_THREADS=forward | reverse | random[:SEED], default forward). The
 // scheduler works in rounds: each ready thread runs to its next synchronization point, then the
@@ -156,6 +157,7 @@ struct Runner {
   std::vector<char> held;  // per warp: held back from this round (random schedule)
   int pos = -1;            // current's place in it
   std::vector<int> blocks; // the grid's blocks (linear index) in run order
+  std::vector<const void*> shared_filled;  // the block's __shared__ variables filled so far
   const Launch* launch = nullptr;
 #if CUDASIM_ASAN
   void* sched_fake = nullptr;
@@ -321,6 +323,7 @@ bool resolve_warp(int t0, int n_threads) {
 
 void run_block(int n_threads) {
   const dim3 b = R.launch->block;
+  R.shared_filled.clear();
   for (int t = 0; t < n_threads; t++) {
     Fiber& f = R.fibers[size_t(t)];
     f.sp = init_stack(R.stacks[size_t(t)], t);
@@ -394,6 +397,14 @@ void syncthreads(const char* file, int line) {
   f.barrier_file = file;
   f.barrier_line = line;
   leave();
+}
+
+void shared_declared(void* p, size_t bytes) {
+  if (R.current < 0) fatal("a __shared__ variable declared outside a kernel");
+  for (const void* q : R.shared_filled)
+    if (q == p) return;
+  R.shared_filled.push_back(p);
+  if (fill_memory()) std::memset(p, 0xFF, bytes);
 }
 
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width) {

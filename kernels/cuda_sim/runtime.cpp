@@ -18,7 +18,7 @@
 //    an event from outside the capture, copies from pageable memory inside the capture;
 //  - use of destroyed streams, events and graphs.
 // Fresh device memory is filled with 0xFF bytes (NaN as F32 and F16) so that reads of memory
-// nobody wrote show up in results.
+// nobody wrote show up in results (and so is each block's shared memory, fibers.cpp).
 //
 // Environment: BATON_CUDASIM_DEVICES (default 2), BATON_CUDASIM_MEMORY_MIB per device (8192),
 // BATON_CUDASIM_P2P (1: devices may map each other's memory), BATON_CUDASIM_SMS (132),
@@ -400,6 +400,8 @@ void store(void* base, cudaDataType_t t, size_t i, float v) {
 size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 }  // namespace
+
+bool fill_memory() { return S().fill; }
 
 void fatal(const std::string& msg) {
   std::fprintf(stderr, "cudasim: error: %s\n", msg.c_str());

@@ -27,6 +27,11 @@ enum class WarpOp { Xor, Idx, Down, Up, Ballot };
 void syncthreads(const char* file, int line);
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width);
 
+// Called after each `__shared__` declaration (added by cmake/cudasim_rewrite.cmake): the first
+// thread of a block to pass it fills the variable with 0xFF bytes (NaN as F32, -1 as int), so
+// that shared memory read before the block wrote it shows up.
+void shared_declared(void* p, size_t bytes);
+
 template <class T>
 T warp_value(WarpOp op, unsigned mask, T v, int param, int width) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a type over 8 bytes");
