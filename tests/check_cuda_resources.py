@@ -9,6 +9,9 @@ per kernel:
     launch fails with "too many resources requested" (the CUDA simulator cannot see either);
   - no local memory (stack frame, spills) beyond the few measured and left alone below: in the
     hot loops local memory costs DRAM traffic the roofline does not count (docs/GPU.md).
+And, from the PTX of kernels/cuda/gemv.cu, that every GEMV kernel streams its weights in 16-byte
+loads: each has 16-byte global loads and no byte-wide ones (a weight read split into bytes, as
+the compiler does when it cannot prove alignment, would cost the GEMV its bandwidth).
 Prints one line per kernel family, then the violations; exits 1 when there are any.
 
 Usage: check_cuda_resources.py --nvcc NVCC --arch 90 --source-dir DIR [--keep DIR]
@@ -56,6 +59,60 @@ def compile_reports(nvcc, arch, source_dir, out_dir):
             sys.exit(f"check_cuda_resources: {' '.join(cmd)} failed:\n{r.stderr}")
         text.append(r.stdout + r.stderr)
     return "\n".join(text)
+
+
+def gemv_ptx(nvcc, arch, source_dir, out_dir):
+    cu = os.path.join(source_dir, "kernels", "cuda", "gemv.cu")
+    ptx = os.path.join(out_dir, "gemv.ptx")
+    cmd = [nvcc, "-ptx", f"-arch=sm_{arch}", "-O3", "-DNDEBUG", "-DBATON_HAVE_CUDA=1", "-std=c++20",
+           "--expt-relaxed-constexpr", f"-I{source_dir}", cu, "-o", ptx]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"check_cuda_resources: {' '.join(cmd)} failed:\n{r.stderr}")
+    with open(ptx) as f:
+        return f.read()
+
+
+# Bytes of one PTX global load: vector width x element size.
+def load_bytes(vec, elem):
+    n = int(vec[2:]) if vec else 1
+    return n * int(re.sub(r"\D", "", elem)) // 8
+
+
+def gemv_loads(ptx):
+    """Per GEMV kernel in the PTX: (name, bytes in 16-byte loads, bytes in narrower loads, byte loads)."""
+    out = []
+    for body in re.split(r"\n(?=(?:\.visible |\.weak )?\.entry )", ptx):
+        m = re.match(r"(?:\.visible |\.weak )?\.entry (\S+)\(", body)
+        if not m or "gemv_kernel" not in m.group(1):
+            continue
+        wide = narrow = byte_loads = 0
+        for vec, elem in re.findall(r"\bld\.global(?:\.nc)?(?:\.L1::\w+)?(?:\.L2::\w+)?(\.v[248])?\.([usbf](?:8|16|32|64))\b", body):
+            b = load_bytes(vec, elem)
+            if b >= 16:
+                wide += b
+            else:
+                narrow += b
+            byte_loads += b == 1
+        out.append((m.group(1), wide, narrow, byte_loads))
+    names = subprocess.run(["c++filt"], input="\n".join(k[0] for k in out), capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return [(n,) + k[1:] for n, k in zip(names, out)]
+
+
+TYPE_NAMES = {"TQ4_0": "Q4_0", "TQ4_1": "Q4_1", "TQ5<false>": "Q5_0", "TQ5<true>": "Q5_1", "TQ8_0": "Q8_0",
+              "TQ4_K": "Q4_K", "TQ5_K": "Q5_K", "TQ6_K": "Q6_K", "TFloat<(baton::GgmlType)0>": "F32",
+              "TFloat<(baton::GgmlType)1>": "F16", "TFloat<(baton::GgmlType)30>": "BF16"}
+
+
+def check_loads(loads):
+    problems = []
+    for name, wide, narrow, byte_loads in loads:
+        if wide == 0:
+            problems.append(f"{name}: no 16-byte global loads in the PTX: the weights are not streamed 16 bytes at a time")
+        if byte_loads:
+            problems.append(f"{name}: {byte_loads} byte-wide global loads in the PTX (a split weight load?)")
+    return problems
 
 
 def parse(report):
@@ -124,6 +181,7 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = compile_reports(a.nvcc, a.arch, a.source_dir, tmp)
+        loads = gemv_loads(gemv_ptx(a.nvcc, a.arch, a.source_dir, tmp))
     if a.keep:
         with open(a.keep, "w") as f:
             f.write(report)
@@ -144,12 +202,23 @@ def main():
     print(f"{'kernel':<24} {'instances':>9} {'max regs':>9} {'max smem':>9} {'max local':>9}")
     for name, f in sorted(fams.items()):
         print(f"{name:<24} {f['n']:>9} {f['regs']:>9} {f['smem']:>9} {f['local']:>9}")
-    problems = check(kernels)
+    if len(loads) != len(gemv):
+        sys.exit(f"check_cuda_resources: {len(loads)} GEMV kernels in the PTX, {len(gemv)} in ptxas's report")
+    by_type = {}
+    for name, wide, narrow, _ in loads:
+        t = re.search(r"gemv_kernel<baton::cuda::(\w+(?:<[^>]*>)?)", name)
+        key = TYPE_NAMES.get(t.group(1), t.group(1)) if t else name
+        by_type[key] = min(by_type.get(key, 1.0), wide / max(1, wide + narrow))
+    print("GEMV global loads in 16-byte instructions (share of the bytes in a kernel's load instructions, "
+          "lowest over 1..8 columns):")
+    print("  " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(by_type.items())))
+    problems = check(kernels) + check_loads(loads)
     for p in problems:
         print("FAIL", p)
     if problems:
         sys.exit(1)
-    print("every kernel: static shared memory, registers per block and local memory within bounds")
+    print("every kernel: static shared memory, registers per block and local memory within bounds; "
+          "every GEMV streams its weights in 16-byte loads")
 
 
 if __name__ == "__main__":
