@@ -145,26 +145,96 @@ struct CudaLayers {
   const float* output_norm() const { return g.output_norm; }
   const cuda::Weight& output() const { return g.output; }
 
+  // The ops that produce a matmul's input (norms, gates) wait for the next op. When that is a
+  // GEMV with 8-bit activations reading their whole output, they also write those activations
+  // and the GEMV does not launch quantize_act (cuda::Q8Act: one launch fewer per norm and gate);
+  // otherwise they run as they are. Every op launches the pending one first (flush).
+  struct Pending {
+    enum Kind { None, Norm, Gate } kind = None;
+    float* x = nullptr;  // Norm: x (+= d when d), y = rms_norm(x) * w, rows of n
+    const float* d = nullptr;
+    const float* w = nullptr;
+    float* y = nullptr;  // both: the output
+    int rows = 0, n = 0;  // Gate: y = act(x) * u over rows * n values (n = the consumer's width)
+    const float* u = nullptr;
+    Activation act = Activation::SiLU;
+  } pending;
+
+  // Launches the pending op; `X`, `cols`, `n_cols`: the GEMV about to read X (0: none). Returns
+  // whether X's 8-bit activations are in the scratch.
+  bool flush(const float* X = nullptr, int64_t cols = 0, int n_cols = 0) {
+    Pending p = pending;
+    pending = {};
+    if (p.kind == Pending::None) return false;
+    const bool fuse = X == p.y && n_cols <= g.ctx.gemv_max_cols && cols == p.n && n_cols == p.rows && cols % 32 == 0;
+    const cuda::Q8Act q8 = fuse ? cuda::q8_scratch(g.ctx, cols, n_cols) : cuda::Q8Act{};
+    if (p.kind == Pending::Norm) {
+      if (p.d) cuda::add_rms_norm(g.ctx, p.x, p.d, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
+      else cuda::rms_norm(g.ctx, p.x, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
+    } else if (p.act == Activation::SiLU) {
+      cuda::silu_gate(g.ctx, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
+    } else {
+      cuda::gelu_tanh_gate(g.ctx, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
+    }
+    return fuse;
+  }
+  // Whether a GEMV of these matrices takes 8-bit activations (cuda::gemv_n quantizes for any).
+  static bool q8_input(std::initializer_list<const cuda::Weight*> ws) {
+    for (const cuda::Weight* w : ws)
+      if (cuda::q8_activations(w->type)) return true;
+    return false;
+  }
+  bool flush_for(std::initializer_list<const cuda::Weight*> ws, const float* X, int n) {
+    const cuda::Weight& w0 = **ws.begin();
+    return q8_input(ws) ? flush(X, w0.cols, n) : flush();
+  }
+
   void rms_norm(const float* in, const float* w, float* out, int rows, int n) {
-    cuda::rms_norm(g.ctx, in, w, out, rows, n, g.c.rms_eps);
+    flush();
+    pending = {Pending::Norm, const_cast<float*>(in), nullptr, w, out, rows, n};  // in is only read without d
   }
   void add_rms_norm(float* x, const float* d, const float* w, float* out, int rows, int n) {
-    cuda::add_rms_norm(g.ctx, x, d, w, out, rows, n, g.c.rms_eps);
+    flush();
+    pending = {Pending::Norm, x, d, w, out, rows, n};
   }
-  void matmul(const cuda::Weight& W, const float* X, int n, float* Y) { cuda::matmul(g.ctx, W, X, n, Y); }
-  void matmul_qkv(const GpuLayer& L, int n) { cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, xb, n); }
-  void matmul_gate_up(const GpuLayer& L, int n) { cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n); }
-  void add(float* y, const float* in, int n) { cuda::add(g.ctx, y, in, n); }
+  void matmul(const cuda::Weight& W, const float* X, int n, float* Y) {
+    const bool x_q8 = flush_for({&W}, X, n);
+    cuda::matmul(g.ctx, W, X, n, Y, x_q8);
+  }
+  void matmul_qkv(const GpuLayer& L, int n) {
+    const bool x_q8 = flush_for({&L.wq, &L.wk, &L.wv}, xb, n);
+    cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, xb, n, x_q8);
+  }
+  void matmul_gate_up(const GpuLayer& L, int n) {
+    const bool x_q8 = flush_for({&L.gate, &L.up}, xb, n);
+    cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n, x_q8);
+  }
+  void add(float* y, const float* in, int n) {
+    flush();
+    cuda::add(g.ctx, y, in, n);
+  }
   void add_rows(float* y, const float* bias, int rows, int n) {
+    flush();
     for (int t = 0; t < rows; ++t) cuda::add(g.ctx, y + size_t(t) * n, bias, n);
   }
-  void gate(Activation act, const float* gt, const float* u, float* y, int n) {
-    if (act == Activation::SiLU) cuda::silu_gate(g.ctx, gt, u, y, n);
-    else cuda::gelu_tanh_gate(g.ctx, gt, u, y, n);
+  // y = act(gt) * u over n_total values; the down projection reads them as rows of n_ff.
+  void gate(Activation act, const float* gt, const float* u, float* y, int n_total) {
+    flush();
+    const int F = g.c.n_ff;
+    if (n_total % F != 0) {  // not rows of the FFN width: no consumer to pair with
+      if (act == Activation::SiLU) cuda::silu_gate(g.ctx, gt, u, y, n_total);
+      else cuda::gelu_tanh_gate(g.ctx, gt, u, y, n_total);
+      return;
+    }
+    pending = {Pending::Gate, const_cast<float*>(gt), nullptr, nullptr, y, n_total / F, F, u, act};
   }
-  void softcap(float* y, float cap, int n) { cuda::softcap(g.ctx, y, cap, n); }
+  void softcap(float* y, float cap, int n) {
+    flush();
+    cuda::softcap(g.ctx, y, cap, n);
+  }
 
   void rope_and_stage(int l, int n) {
+    flush();
     const ModelConfig& c = g.c;
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
     const float* fr = g.freqs.at(c.freqs(l).data());
@@ -176,6 +246,7 @@ struct CudaLayers {
   }
 
   void attention(int l, int n) {
+    flush();
     cuda::AttentionArgs a = attention_args<cuda::AttentionArgs>(g.c, l, n, q, xb2, g.pos, g.seq, g.first, g.row0,
                                                                 g.k_new, g.v_new);
     a.kv = g.kv[size_t(l - g.begin)];
@@ -209,6 +280,7 @@ struct CudaLayers {
   }
 
   int gather_logit_rows() {
+    flush();
     const size_t E = size_t(g.c.n_embd);
     int m = 0;
     for (size_t t = 0; t < logits.size(); ++t)
@@ -483,8 +555,10 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     const ModelConfig& cfg = g.c;
     if (embed) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, cfg.embd_scale);
     llama_layers(cfg, b, n, g.begin, g.end);
+    b.flush();
     if (head) {
       llama_head(cfg, b, g.logits);
+      b.flush();
       if (any_argmax) cuda::argmax(g.ctx, g.logits, cfg.n_vocab, int(m), g.ids);
       if (any_top) cuda::top_k(g.ctx, g.logits, cfg.n_vocab, int(m), g.top_k, g.top_ids, g.top_vals);
     }

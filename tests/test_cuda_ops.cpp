@@ -253,6 +253,57 @@ TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed typ
   }
 }
 
+// The norms and gates can write the next GEMV's 8-bit activations along with their output
+// (cuda::Q8Act): the same bytes quantize_act writes, and a matmul told so (x_q8) gives the product
+// of quantizing X itself, bit for bit.
+TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, and the GEMV that takes them") {
+  std::mt19937 rng(15);
+  const int64_t cols = 768;  // 24 blocks of 32 (3 Q4_K superblocks): rms_norm runs 128 threads, the gate 256
+  for (int n : {1, 3, 8}) {
+    const size_t m = size_t(cols) * size_t(n);
+    const auto x = random_floats(m, rng, -3.0f, 3.0f), d = random_floats(m, rng), u = random_floats(m, rng);
+    const auto w = random_floats(size_t(cols), rng, 0.5f, 1.5f);
+    auto dw = to_dev(w), du = to_dev(u);
+    const auto wt = random_weights(GgmlType::Q4_K, 300, cols, rng);
+    cu::Weight W;
+    cu::DeviceBuffer keep = cu::upload_weight(GgmlType::Q4_K, wt.data(), 300, cols, W);
+    for (int op = 0; op < 4; op++) {  // rms_norm, add_rms_norm, silu_gate, gelu_tanh_gate
+      INFO("op " << op << ", " << n << " columns");
+      auto dx = to_dev(x), dd = to_dev(d);
+      cu::DeviceBuffer dy(m * 4);
+      const cu::Q8Act q8 = cu::q8_scratch(ctx(), cols, n);
+      if (op == 0) cu::rms_norm(ctx(), dx.as<float>(), dw.as<float>(), dy.as<float>(), n, int(cols), 1e-6f, q8);
+      if (op == 1) cu::add_rms_norm(ctx(), dx.as<float>(), dd.as<float>(), dw.as<float>(), dy.as<float>(), n, int(cols), 1e-6f, q8);
+      if (op == 2) cu::silu_gate(ctx(), dx.as<float>(), du.as<float>(), dy.as<float>(), int64_t(m), q8);
+      if (op == 3) cu::gelu_tanh_gate(ctx(), dx.as<float>(), du.as<float>(), dy.as<float>(), int64_t(m), q8);
+      // What the op left in the scratch, against quantize_act of its output.
+      std::vector<int8_t> qs(m);
+      std::vector<float> ds(m / 16);  // a (d, d * sum) pair per 32 values
+      cu::copy_to_host(ctx(), qs.data(), q8.qs, m);
+      cu::copy_to_host(ctx(), ds.data(), q8.ds, ds.size() * 4);
+      ctx().synchronize();
+      cu::DeviceBuffer rq(m), rd(ds.size() * 4);
+      cu::quantize_act(ctx(), dy.as<float>(), cols, n, rq.as<int8_t>(), rd.as<float>());
+      CHECK(to_host<int8_t>(rq, m) == qs);
+      CHECK(to_host<float>(rd, ds.size()) == ds);
+      CHECK(std::count(qs.begin(), qs.end(), int8_t(0)) < int64_t(m / 4));  // not an empty buffer (GELU has many near 0)
+      // The GEMV on the staged activations (nothing has used the scratch since the op) and on X.
+      cu::DeviceBuffer y1(300 * size_t(n) * 4), y2(300 * size_t(n) * 4), y3(300 * size_t(n) * 4);
+      cu::matmul(ctx(), W, dy.as<float>(), n, y1.as<float>(), true);
+      cu::matmul(ctx(), W, dy.as<float>(), n, y2.as<float>());
+      const auto a = to_host<float>(y1, 300 * size_t(n)), b = to_host<float>(y2, 300 * size_t(n));
+      CHECK(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      // And it does take them: with the scratch's quants zeroed, x_q8 gives another product.
+      const std::vector<int8_t> zeros(m, 0);
+      const cu::Q8Act z = cu::q8_scratch(ctx(), cols, n);
+      cu::copy_to_device(ctx(), z.qs, zeros.data(), m);
+      cu::matmul(ctx(), W, dy.as<float>(), n, y3.as<float>(), true);
+      CHECK(to_host<float>(y3, 300 * size_t(n)) != b);
+    }
+  }
+}
+
 // A weight larger than Context::gemm_slab_bytes in FP16 is expanded and multiplied in row slabs
 // (here 128, 128 and 44 rows): the same product as in one slab, up to cuBLAS's choice of
 // summation order per GEMM shape.

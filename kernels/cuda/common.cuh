@@ -75,6 +75,16 @@ __device__ __forceinline__ int warp_q8(float v, float& d) {
   return amax > 0.0f ? __float2int_rn(v / d) : 0;
 }
 
+// The 8-bit activation of value v at flat index i (a warp holds 32 consecutive values, starting at
+// a multiple of 32): writes quantize_act's q and (d, d * sum), computed as quantize_act computes them.
+__device__ __forceinline__ void q8_store(float v, int64_t i, int8_t* __restrict__ qs, float2* __restrict__ ds) {
+  float d;
+  const int q = warp_q8(v, d);
+  qs[i] = int8_t(q);
+  const int sum = warp_sum(q);
+  if (threadIdx.x % 32 == 0) ds[i / 32] = make_float2(d, d * float(sum));
+}
+
 // Sum over a whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the total.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float part[32];

@@ -23,23 +23,34 @@ __device__ __forceinline__ float ew(float a, float b, float s) {
   return s * tanhf(a / s);  // Softcap
 }
 
+// With qs: y's 8-bit activations too (n a multiple of 32: whole warps pass the bound).
 template <Ew op>
-__global__ void ew_kernel(const float* a, const float* b, float* y, float s, int64_t n) {
+__global__ void ew_kernel(const float* a, const float* b, float* y, float s, int64_t n, int8_t* __restrict__ qs,
+                          float2* __restrict__ ds) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = ew<op>(a[i], b ? b[i] : 0.0f, s);
+  if (i >= n) return;
+  const float v = ew<op>(a[i], b ? b[i] : 0.0f, s);
+  y[i] = v;
+  if (qs) q8_store(v, i, qs, ds);
 }
 
 template <Ew op>
-void launch_ew(Context& c, const float* a, const float* b, float* y, float s, int64_t n) {
+void launch_ew(Context& c, const float* a, const float* b, float* y, float s, int64_t n, Q8Act q8 = {}) {
   if (n <= 0) return;
-  ew_kernel<op><<<ceil_div(n, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(a, b, y, s, n);
+  if (q8.qs && n % 32 != 0) input_error(cat("CUDA gate: 8-bit activations of ", n, " values (not a multiple of 32)"));
+  ew_kernel<op><<<ceil_div(n, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(a, b, y, s, n, q8.qs,
+                                                                                   reinterpret_cast<float2*>(q8.ds));
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n) { launch_ew<Ew::Silu>(c, g, u, y, 0, n); }
-void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n) { launch_ew<Ew::Gelu>(c, g, u, y, 0, n); }
+void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
+  launch_ew<Ew::Silu>(c, g, u, y, 0, n, q8);
+}
+void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
+  launch_ew<Ew::Gelu>(c, g, u, y, 0, n, q8);
+}
 void add(Context& c, float* y, const float* x, int64_t n) { launch_ew<Ew::Add>(c, y, x, y, 0, n); }
 void scale(Context& c, float* y, float s, int64_t n) { launch_ew<Ew::Scale>(c, y, nullptr, y, s, n); }
 void softcap(Context& c, float* y, float cap, int64_t n) { launch_ew<Ew::Softcap>(c, y, nullptr, y, cap, n); }

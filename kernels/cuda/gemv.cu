@@ -17,16 +17,18 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= n_blocks) return;  // whole warps leave together
-  float d;
-  const int q = warp_q8(x[b * 32 + lane], d);
-  qs[b * 32 + lane] = int8_t(q);
-  const int sum = warp_sum(q);
-  if (lane == 0) ds[b] = make_float2(d, d * float(sum));
+  q8_store(x[b * 32 + lane], b * 32 + lane, qs, ds);
 }
 
 size_t q8_act_bytes(int64_t cols, int n) {
   const size_t q = (size_t(cols) * n + 255) / 256 * 256;  // keep ds 16-byte aligned
   return q + size_t(cols / 32) * n * sizeof(float2);
+}
+
+Q8Act q8_scratch(Context& c, int64_t cols, int n) {
+  if (cols % 32 != 0) input_error(cat("CUDA q8_scratch: ", cols, " values per row is not a multiple of 32"));
+  auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(cols, n)));
+  return {reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + (size_t(cols) * n + 255) / 256 * 256)};
 }
 
 void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, float* ds) {
@@ -160,7 +162,7 @@ static void check_weight(const Weight& W, const char* op) {
     input_error(cat("CUDA ", op, ": bad weight shape ", W.rows, " x ", W.cols, " (row stride ", W.row_stride, ")"));
 }
 
-void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n) {
+void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n, bool x_q8) {
   CUDA_ASSERT(count >= 1);
   bool q8 = false;
   for (int i = 0; i < count; i++) {
@@ -174,11 +176,11 @@ void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
   Act act;
   act.cols = cols;
   act.x = X;
-  if (q8) {  // once for all the matrices
-    auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(cols, n)));
-    act.qs = reinterpret_cast<int8_t*>(base);
-    act.ds = reinterpret_cast<float2*>(base + (size_t(cols) * n + 255) / 256 * 256);
-    quantize_act(c, X, cols, n, const_cast<int8_t*>(act.qs), reinterpret_cast<float*>(const_cast<float2*>(act.ds)));
+  if (q8) {  // once for all the matrices, unless the op that wrote X did
+    const Q8Act s = q8_scratch(c, cols, n);
+    act.qs = s.qs;
+    act.ds = reinterpret_cast<const float2*>(s.ds);
+    if (!x_q8) quantize_act(c, X, cols, n, s.qs, s.ds);
   }
   for (int j0 = 0; j0 < n; j0 += kGemvMaxCols) {
     const int nc = std::min(kGemvMaxCols, n - j0);
@@ -201,15 +203,16 @@ void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
 
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {
   const Weight* w = &W;
-  gemv_n(c, &w, &Y, 1, X, n);
+  gemv_n(c, &w, &Y, 1, X, n, false);
 }
 
-void matmul(Context& c, const Weight& W, const float* X, int n, float* Y) {
-  if (n <= c.gemv_max_cols) gemv(c, W, X, n, Y);
+void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool x_q8) {
+  const Weight* w = &W;
+  if (n <= c.gemv_max_cols) gemv_n(c, &w, &Y, 1, X, n, x_q8);
   else gemm(c, W, X, n, Y);
 }
 
-void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n) {
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
   if (n <= c.gemv_max_cols) {
     const Weight* ws[8];
     float* ys[8];
@@ -218,7 +221,7 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
       CUDA_ASSERT(k < 8);
       ws[k] = o.W, ys[k] = o.Y, k++;
     }
-    gemv_n(c, ws, ys, k, X, n);
+    gemv_n(c, ws, ys, k, X, n, x_q8);
   } else {
     for (const MatmulOut& o : outs) gemm(c, *o.W, X, n, o.Y);
   }

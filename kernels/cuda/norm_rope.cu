@@ -5,8 +5,10 @@
 namespace baton::cuda {
 
 // One block per row; float sums in a fixed tree order. With d: x += d first (the residual add,
-// written back), then the norm of the sum.
-__global__ void rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps) {
+// written back), then the norm of the sum. With qs: y's 8-bit activations too (n a multiple of
+// 32, so a warp's 32 values are one block of them).
+__global__ void rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
+                                int8_t* __restrict__ qs, float2* __restrict__ ds) {
   float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
   float ss = 0.0f;
@@ -22,22 +24,30 @@ __global__ void rms_norm_kernel(float* x, const float* d, const float* __restric
   }
   ss = block_sum(ss);  // also orders the x writes above before the reads below (same thread anyway)
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    yr[i] = v;
+    if (qs) q8_store(v, int64_t(blockIdx.x) * n + i, qs, ds);  // whole warps: n % 32 == 0
+  }
 }
 
-static void rms_norm_launch(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
+static void rms_norm_launch(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
+                            Q8Act q8) {
   if (rows <= 0 || n <= 0) return;
+  if (q8.qs && n % 32 != 0) input_error(cat("CUDA rms_norm: 8-bit activations of rows of ", n, " (not a multiple of 32)"));
   const int threads = n >= 1024 ? 256 : (n >= 256 ? 128 : 32);
-  rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, d, w, y, n, eps);
+  rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, d, w, y, n, eps, q8.qs,
+                                                                              reinterpret_cast<float2*>(q8.ds));
   CUDA_CHECK_LAUNCH();
 }
 
-void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps) {
-  rms_norm_launch(c, const_cast<float*>(x), nullptr, w, y, rows, n, eps);  // x is only read without d
+void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps, Q8Act q8) {
+  rms_norm_launch(c, const_cast<float*>(x), nullptr, w, y, rows, n, eps, q8);  // x is only read without d
 }
 
-void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
-  rms_norm_launch(c, x, d, w, y, rows, n, eps);
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
+                  Q8Act q8) {
+  rms_norm_launch(c, x, d, w, y, rows, n, eps, q8);
 }
 
 // Block per token (blockIdx.y: q or k); thread i handles pair i of every head (cos/sin computed

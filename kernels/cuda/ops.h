@@ -229,10 +229,21 @@ size_t q8_act_bytes(int64_t cols, int n);
 // quantized type; float weights take them as they are), in the GEMV and, rounded, in the GEMM.
 inline bool q8_activations(GgmlType t) { return t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::F32; }
 void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, float* ds);
+// The same activations written by the op that produces a matmul's input (rms_norm, add_rms_norm,
+// the gates: their `q8` argument), so that the GEMV after it does not launch quantize_act
+// (matmul's `x_q8`). They go to the start of the scratch, where the GEMV would put them, and hold
+// until the next op that uses the scratch. Bit-identical to quantize_act of the op's output.
+// Needs cols (the op's row width) a multiple of 32.
+struct Q8Act {
+  int8_t* qs = nullptr;
+  float* ds = nullptr;  // (d, d * sum of quants) per 32 values
+};
+Q8Act q8_scratch(Context& c, int64_t cols, int n);
 
 // Y = W·X for n columns: X holds n vectors of W.cols floats, Y gets n vectors of W.rows floats.
-// Chooses GEMV (n <= c.gemv_max_cols) or GEMM.
-void matmul(Context& c, const Weight& W, const float* X, int n, float* Y);
+// Chooses GEMV (n <= c.gemv_max_cols) or GEMM. x_q8: the op that wrote X also left its 8-bit
+// activations at q8_scratch(c, W.cols, n); the GEMV path takes them instead of quantizing X.
+void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool x_q8 = false);
 // Several products of one input X (q, k and v; gate and up): Y_i = W_i·X, as matmul does each.
 // On the GEMV path X is quantized once, and consecutive matrices of one type share a launch
 // (bit-identical to separate calls); the GEMM path runs them one by one.
@@ -240,7 +251,7 @@ struct MatmulOut {
   const Weight* W;
   float* Y;
 };
-void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n);
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8 = false);
 // Fused dequantize + dot, the activation quantized once to 8-bit blocks (dp4a); float weights use
 // F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
 // stage and the scratch are). Any n (launched 8 columns at a time).
@@ -257,10 +268,12 @@ void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, ui
 // Norms, positions, activations: the semantics of kernels/cpu/ops.h, op for op.
 
 // y[r] = x[r] / rms(x[r]) * w for `rows` rows of n (y may alias x); w == nullptr: no weight.
-void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps);
+// q8 (from q8_scratch(c, n, rows)): also write y's 8-bit activations there.
+void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps, Q8Act q8 = {});
 // The residual add and the next norm in one launch: x += d, then y = rms_norm(x) * w, as add
 // followed by rms_norm (y may alias d).
-void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps);
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
+                  Q8Act q8 = {});
 
 // RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
 // token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
@@ -276,8 +289,9 @@ struct RopeRows {
 void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
              const int32_t* pos, const float* freqs, bool neox);
 
-void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n);       // silu(g)·u
-void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n);  // gelu_tanh(g)·u
+// silu(g)·u and gelu_tanh(g)·u; q8 as for rms_norm (q8_scratch(c, row width, rows), n a multiple of 32).
+void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
+void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void add(Context& c, float* y, const float* x, int64_t n);       // y += x
 void scale(Context& c, float* y, float s, int64_t n);            // y *= s
 void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tanh(y / cap)

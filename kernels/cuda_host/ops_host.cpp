@@ -331,12 +331,20 @@ void quantize_act(Context&, const float* x, int64_t cols, int n, int8_t* qs, flo
   }
 }
 
-void matmul(Context& c, const Weight& W, const float* X, int n, float* Y) {
+Q8Act q8_scratch(Context& c, int64_t cols, int n) {
+  if (cols % 32 != 0) input_error(fmt::format("CUDA q8_scratch: {} values per row is not a multiple of 32", cols));
+  auto* base = static_cast<uint8_t*>(c.scratch(q8_act_bytes(cols, n)));
+  return {reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + (size_t(cols) * size_t(n) + 255) / 256 * 256)};
+}
+
+// x_q8 changes nothing here: the emulated GEMV quantizes X itself, to the same bytes the
+// producing op wrote.
+void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool) {
   if (n <= c.gemv_max_cols) gemv(c, W, X, n, Y);
   else gemm(c, W, X, n, Y);
 }
 
-void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n) {
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool) {
   for (const MatmulOut& o : outs) matmul(c, *o.W, X, n, o.Y);
 }
 
@@ -425,13 +433,15 @@ void dequantize_f16(Context&, const Weight& W, int64_t row0, int64_t nrows, uint
 
 // ---- Norms, positions, activations ----
 
-void rms_norm(Context&, const float* x, const float* w, float* y, int rows, int n, float eps) {
+void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps, Q8Act q8) {
   cpu::rms_norm(x, w, y, rows, n, eps);
+  if (q8.qs) quantize_act(c, y, n, rows, q8.qs, q8.ds);
 }
 
-void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps) {
+void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
+                  Q8Act q8) {
   add(c, x, d, int64_t(rows) * n);
-  rms_norm(c, x, w, y, rows, n, eps);
+  rms_norm(c, x, w, y, rows, n, eps, q8);
 }
 
 void rope(Context&, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim, const int32_t* pos,
@@ -452,11 +462,13 @@ void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int he
   rope(c, k.x, n_tok, k.stride, k.n_head, head_dim, rope_dim, pos, freqs, neox);
 }
 
-void silu_gate(Context&, const float* g, const float* u, float* y, int64_t n) {
+void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
   in_pieces(n, [&](int64_t i, int m) { cpu::silu_gate(g + i, u + i, y + i, m); });
+  if (q8.qs) quantize_act(c, y, n, 1, q8.qs, q8.ds);
 }
-void gelu_tanh_gate(Context&, const float* g, const float* u, float* y, int64_t n) {
+void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
   in_pieces(n, [&](int64_t i, int m) { cpu::gelu_tanh_gate(g + i, u + i, y + i, m); });
+  if (q8.qs) quantize_act(c, y, n, 1, q8.qs, q8.ds);
 }
 void add(Context&, float* y, const float* x, int64_t n) {
   in_pieces(n, [&](int64_t i, int m) { cpu::add(y + i, x + i, m); });
