@@ -217,13 +217,16 @@ struct CudaLayers {
     flush();
     for (int t = 0; t < rows; ++t) cuda::add(g.ctx, y + size_t(t) * n, bias, n);
   }
-  // y = act(gt) * u over n_total values, which the down projection reads as rows of n_ff.
+  // y = act(gt) * u over n_total values; the down projection reads them as rows of n_ff.
   void gate(Activation act, const float* gt, const float* u, float* y, int n_total) {
     flush();
     const int F = g.c.n_ff;
-    const bool rows_of_f = n_total % F == 0;  // else one row: no GEMV pairs with it
-    pending = {Pending::Gate, const_cast<float*>(gt), nullptr, nullptr, y, rows_of_f ? n_total / F : 1,
-               rows_of_f ? F : n_total, u, act};
+    if (n_total % F != 0) {  // not rows of the FFN width: no consumer to pair with
+      if (act == Activation::SiLU) cuda::silu_gate(g.ctx, gt, u, y, n_total);
+      else cuda::gelu_tanh_gate(g.ctx, gt, u, y, n_total);
+      return;
+    }
+    pending = {Pending::Gate, const_cast<float*>(gt), nullptr, nullptr, y, n_total / F, F, u, act};
   }
   void softcap(float* y, float cap, int n) {
     flush();
