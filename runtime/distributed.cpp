@@ -209,9 +209,8 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
   }
   // The user asked for a pipeline over all ranks: the layers are cut for equal work per rank (the
   // output head counts), not packed onto the first rank that could hold them all (the same rule
-  // as repeated CPU entries in one process).
-  if (po.tensor_split.empty()) po.tensor_split = balanced_split(shape, devices.size());
-  return plan(shape, devices, po);
+  // as repeated CPU entries in one process; filled in order when a rank cannot hold its share).
+  return plan_pipeline(shape, devices, po);
 }
 
 // ---- device channels: the hidden state between two GPU ranks, device to device ----

@@ -140,9 +140,9 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
   // layers are cut for equal work per stage (the output head counts) rather than filling the
   // first entry; the slowest stage sets the pace of a pipeline.
+  // When an entry cannot hold its share (a GPU with a small budget), the entries fill in order.
   po.tensor_split = opt.tensor_split;
-  if (po.tensor_split.empty() && devices.size() > 1) po.tensor_split = balanced_split(shape, devices.size());
-  const Plan p = plan(shape, devices, po);
+  const Plan p = plan_pipeline(shape, devices, po);
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   BATON_CHECK(!p.stages.empty());
   // The planner may clamp n_batch (to n_ctx × n_seq); buffers follow the plan.

@@ -306,6 +306,18 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   return p;
 }
 
+Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options) {
+  if (!options.tensor_split.empty() || devices.size() < 2) return plan(shape, devices, options);
+  PlanOptions even = options;
+  even.tensor_split = balanced_split(shape, devices.size());
+  Plan p = plan(shape, devices, even);
+  if (p.fits) return p;
+  Plan filled = plan(shape, devices, options);
+  if (!filled.fits) return p;
+  filled.notes.push_back("equal work per stage does not fit the budgets: the entries are filled in order");
+  return filled;
+}
+
 std::vector<double> balanced_split(const ModelShape& shape, size_t n) {
   const size_t L = shape.layers.size();
   if (n == 0 || n > L) return std::vector<double>(n, 1.0);

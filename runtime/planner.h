@@ -87,6 +87,11 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 // are taken as they are. n > n_layer: n equal proportions (the planner then reports the problem).
 std::vector<double> balanced_split(const ModelShape& shape, size_t n);
 
+// The plan a pipeline loads with: options.tensor_split when given; else, for several entries,
+// equal work per stage (balanced_split) when every entry can hold its share, and otherwise the
+// entries filled in order (as `cuda:0=2GiB,cpu`: the GPU takes what fits, the CPU the rest).
+Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options);
+
 // Human table (with the shortfall when it does not fit) and JSON (bytes exact, layer ranges
 // half-open).
 std::string format_plan(const Plan& p, const ModelShape& shape);

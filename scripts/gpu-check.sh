@@ -7,7 +7,11 @@
 #          mean nothing; it shows that every step's command runs and the table comes out.
 # Environment: BATON_GPU_ARCH (default 90), BATON_GPU_BUILD (default build-gpu, build-sim with --sim),
 #              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models),
-#              BATON_GPU_SYNTH=0 (do not generate models: quick reruns).
+#              BATON_GPU_SYNTH=0 (do not generate models: quick reruns),
+#              BATON_GPU_PREBUILT=1 (no configure/build: $BATON_GPU_BUILD holds the binaries),
+#              BATON_GPU_END=S (end every step by S seconds from the start; later steps are skipped),
+#              BATON_GPU_CTEST_ARGS (more ctest arguments), BATON_GPU_KERNEL_TYPES ("Q4_0 Q4_K": the
+#              kernels step's types; default all).
 # Steps whose command does not exist yet in this tree are skipped with a note, not failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -67,10 +71,26 @@ kernels_note() {
 # The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
 best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
 
+# Time limits. BATON_GPU_END=S: no step runs past S seconds from the start (each step's limit is
+# cut to what is left, and later steps are skipped), so a lent machine's call ends with its logs.
+end_s=${BATON_GPU_END:-0}
+# limit_for LIMIT: LIMIT, or what is left before BATON_GPU_END when that is less (0: nothing left).
+limit_for() {
+  local l=$1
+  if ((end_s > 0)); then
+    local left=$((end_s - SECONDS))
+    ((left < 5)) && left=0
+    ((left < l)) && l=$left
+  fi
+  echo "$l"
+}
+
 # run NAME TIMEOUT CMD... : logs to LOG_DIR/NAME.log, records status and wall time.
 run() {
-  local name=$1 limit=$2
+  local name=$1 limit
+  limit=$(limit_for "$2")
   shift 2
+  if ((limit == 0)); then row "$name" skipped 0 "no time left (BATON_GPU_END)"; return 0; fi
   local t0=$SECONDS rc
   echo "== $name: $*" >"$logs/$name.log"
   timeout "$limit" "$@" >>"$logs/$name.log" 2>&1
@@ -97,117 +117,159 @@ has_cmd() { [[ -x $bin ]] && "$bin" "$1" --help >/dev/null 2>&1 && { [[ $# -lt 2
 skip() { row "$1" skipped 0 "$2"; }
 
 note "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), logs in $logs$([[ $sim == 1 ]] && echo ' (REHEARSAL on the CUDA simulator)')"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader \
   | tee "$logs/gpu.txt"
 
-# 1. Build (sm_$arch only, all cores).
-run configure 300 cmake -S . -B "$build" -DBATON_CUDA=$cuda_mode -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
-run build 900 cmake --build "$build" -j "$jobs"
-
-# 2. GPU tests (exit 77 = skipped: no GPU visible).
-if [[ -d $build ]]; then
-  run gpu-tests 900 ctest --test-dir "$build" -L gpu --output-on-failure
-  grep -E "tests passed|tests failed|Skipped" "$logs/gpu-tests.log" | tee -a "$logs/summary.txt"
-fi
-
-# 3. Devices and copy bandwidth.
-if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'baton devices' yet"; fi
-
-# 3b. The CUDA matmuls alone: GEMV GB/s per type and column count, and the GEMV -> GEMM cut-over
-# (what Context::gemv_max_cols should be). With --sim one small type, for the rehearsal.
-if has_cmd bench-kernels --device; then
-  if [[ $sim == 1 ]]; then kargs=(--types Q4_0 --rows 256 --cols 512 --gemv-mib 1 --reps 1); else kargs=(); fi
-  run kernels 600 "$bin" bench-kernels --device cuda:0 "${kargs[@]}"
+# 1. Build (sm_$arch only, all cores). BATON_GPU_PREBUILT=1: $build already holds the binaries
+# (built elsewhere for sm_$arch; the device-check script brings them).
+if [[ ${BATON_GPU_PREBUILT:-0} == 1 ]]; then
+  row build prebuilt 0 "$build"
 else
-  skip kernels "no 'bench-kernels --device' yet"
+  run configure 300 cmake -S . -B "$build" -DBATON_CUDA=$cuda_mode -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
+  run build 900 cmake --build "$build" -j "$jobs"
 fi
 
-# 4. llama3-8b-shaped models (Q4_0, Q4_K); with --sim a small llama.
+# 2. llama3-8b-shaped models (Q4_0, Q4_K; with --sim a small llama), written in the background
+# while the tests run: each writes $models/<file>.status with its exit code when done.
 mkdir -p "$models"
+synth_wanted=0
 if [[ ${BATON_GPU_SYNTH:-1} == 0 ]]; then
   skip synth "BATON_GPU_SYNTH=0"
 elif has_cmd synth; then
-  for t in Q4_0 Q4_K; do
-    f=$models/$shape-$t.gguf
-    if [[ -s $f ]]; then row "synth-$t" ok 0 "reused $f"; else run "synth-$t" 600 "$bin" synth "${synth_shape[@]}" --type "$t" --out "$f"; fi
-  done
+  synth_wanted=1
+  (
+    for t in Q4_0 Q4_K; do
+      f=$models/$shape-$t.gguf
+      [[ -s $f && ! -e $f.status ]] && { echo 0 >"$f.status"; continue; }
+      [[ -s $f && $(cat "$f.status") == 0 ]] && continue
+      t0=$SECONDS
+      timeout 600 "$bin" synth "${synth_shape[@]}" --type "$t" --out "$f" >"$logs/synth-$t.log" 2>&1
+      rc=$?
+      echo "$((SECONDS - t0)) s" >>"$logs/synth-$t.log"
+      echo $rc >"$f.status"
+    done
+  ) &
 else
   skip synth "no 'baton synth' yet"
 fi
-
-# 5. Benchmarks: 1 stage, 2 stages on one GPU (P2P and host-staged), 16-sequence batch on 2 stages.
-if has_cmd bench; then
-  for t in Q4_0 Q4_K; do
-    f=$models/$shape-$t.gguf
-    [[ -s $f ]] || { skip "bench-$t" "model $f missing"; continue; }
-    run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n "$tg"
-    slab=$( [[ -s $logs/kernels.log ]] && best_slab "$logs/kernels.log" "$t")
-    [[ $sim == 1 ]] && slab=1  # the rehearsal's matrices fit in any slab: rehearse the command anyway
-    if [[ -n $slab ]]; then  # prompt processing with the GEMM's best FP16 slab from the kernels step
-      run "bench-1stage-slab$slab-$t" 300 env BATON_GEMM_SLAB_MIB="$slab" "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n 0
-    fi
-    if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
-      run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
-    fi
-    if has_cmd bench --p2p; then
-      run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p "$pp" -n "$tg"
-      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p "$pp" -n "$tg"
-    else  # one link type so far: host-staged (device -> host -> device at the stage boundary)
-      run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --tensor-split 1,1 -p "$pp" -n "$tg"
-    fi
-  done
-  # GPU -> CPU spill: 2 GiB of layers on the GPU, the rest on the CPU (short runs: the CPU part is slow).
-  f=$models/$shape-Q4_0.gguf
-  if [[ -s $f ]]; then
-    run bench-spill-Q4_0 300 "$bin" bench -m "$f" --devices "cuda:0=$spill,cpu" -p 64 -n 16 -r 1 --verbose
+# have_model TYPE: waits for the background synth of TYPE (up to the time left), true when written.
+have_model() {
+  local f=$models/$shape-$1.gguf
+  ((synth_wanted)) || { [[ -s $f ]]; return; }
+  local t0=$SECONDS
+  while [[ ! -e $f.status ]] && (($(limit_for 600) > 0)); do sleep 1; done
+  if [[ -e $f.status && $(cat "$f.status") == 0 ]]; then
+    [[ -e $f.row ]] || { row "synth-$1" ok "$(tail -n 1 "$logs/synth-$1.log" 2>/dev/null | tr -d ' s')" "$f (waited $((SECONDS - t0)) s)"; touch "$f.row"; }
+    return 0
   fi
-else
-  skip bench "no 'baton bench' yet"
-fi
-if has_cmd batch && [[ -s $models/$shape-Q4_0.gguf ]]; then
-  jobs_file=$logs/batch16.jsonl
-  for i in $(seq 1 16); do echo "{\"id\": \"s$i\", \"prompt\": \"Sequence $i: count to twenty.\", \"max_tokens\": 64}"; done >"$jobs_file"
-  run batch16-2stage 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0,cuda:0 --parallel 16 \
-    --raw -i "$jobs_file" -o "$logs/batch16.out.jsonl"
-  # Sampled rows on one stage: the default settings (top_k 40) take the 256 best candidates from
-  # the device (kTopK), top_k 0 copies the full rows to the host (and sorts them there).
-  sed 's/"max_tokens": 64}/"max_tokens": 64, "top_k": 0}/' "$jobs_file" >"$logs/batch16-rows.jsonl"
-  run batch16-1stage-topk 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0 --parallel 16 \
-    --raw -i "$jobs_file" -o "$logs/batch16-topk.out.jsonl"
-  run batch16-1stage-rows 300 "$bin" batch -m "$models/$shape-Q4_0.gguf" --devices cuda:0 --parallel 16 \
-    --raw -i "$logs/batch16-rows.jsonl" -o "$logs/batch16-rows.out.jsonl"
-  # 16 sequences per decode step: dequantize + GEMM (the default cut-over, 8 columns) against two
-  # GEMV passes in a graph (BATON_GEMV_MAX_COLS=16), on the real step.
-  run batch16-1stage-gemv16 300 env BATON_GEMV_MAX_COLS=16 "$bin" batch -m "$models/$shape-Q4_0.gguf" \
-    --devices cuda:0 --parallel 16 --raw -i "$jobs_file" -o "$logs/batch16-gemv16.out.jsonl"
-else
-  skip batch16-2stage "no 'baton batch' or no model"
+  [[ -e $f.row ]] || { row "synth-$1" FAIL 0 "see synth-$1.log"; failed=1; touch "$f.row"; }
+  return 1
+}
+
+# 3. GPU tests (exit 77 = skipped: no GPU visible). BATON_GPU_CTEST_ARGS: more ctest arguments.
+if [[ -d $build ]]; then
+  # shellcheck disable=SC2086
+  run gpu-tests 900 ctest --test-dir "$build" -L gpu --output-on-failure ${BATON_GPU_CTEST_ARGS:-}
+  grep -E "tests passed|tests failed|Skipped|\*\*\*Failed|Timeout" "$logs/gpu-tests.log" | tee -a "$logs/summary.txt"
 fi
 
-# 6. The same greedy tokens with 1, 2 and 3 stages, peer-to-peer and host-staged (issue 7): the peer
+# 4. Devices and copy bandwidth.
+if has_cmd devices; then run devices 60 "$bin" devices; else skip devices "no 'baton devices' yet"; fi
+
+# 5. The same greedy tokens with 1, 2 and 3 stages, peer-to-peer and host-staged (issue 7): the peer
 # tiny model (in the tree's shared/ when present) and the 8B shape.
 same_tokens() {  # NAME MODEL: every split must print the 1-stage text
   local name=$1 model=$2 ref out cfg ok=1 t0=$SECONDS
+  if (($(limit_for 120) == 0)); then skip "$name" "no time left (BATON_GPU_END)"; return; fi
   local args=(run -m "$model" --raw -p "Once upon a time" -n 32 --temp 0)
   echo "== $name" >"$logs/$name.log"
-  ref=$(timeout 120 "$bin" "${args[@]}" --devices cuda:0 2>>"$logs/$name.log") || ok=0
+  ref=$(timeout "$(limit_for 120)" "$bin" "${args[@]}" --devices cuda:0 2>>"$logs/$name.log") || ok=0
   echo "1 stage: $ref" >>"$logs/$name.log"
   for cfg in "cuda:0,cuda:0 --p2p on" "cuda:0,cuda:0 --p2p off" "cuda:0,cuda:0,cuda:0 --p2p on" "cuda:0,cuda:0,cuda:0 --p2p off"; do
+    (($(limit_for 120) == 0)) && { ok=0; echo "$cfg: no time left" >>"$logs/$name.log"; break; }
     # shellcheck disable=SC2086
-    out=$(timeout 120 "$bin" "${args[@]}" --devices $cfg --verbose 2>>"$logs/$name.log") || ok=0
+    out=$(timeout "$(limit_for 120)" "$bin" "${args[@]}" --devices $cfg --verbose 2>>"$logs/$name.log") || ok=0
     echo "$cfg: $out" >>"$logs/$name.log"
     [[ $out == "$ref" ]] || ok=0
   done
   if [[ $ok == 1 && -n $ref ]]; then row "$name" ok $((SECONDS - t0)) "1/2/3 stages, p2p on/off: same text"
   else row "$name" FAIL $((SECONDS - t0)) "texts differ or a run failed, see $name.log"; failed=1; fi
 }
-if has_cmd run --p2p; then
-  for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do
-    [[ -s $tiny ]] && { same_tokens same-tokens-tiny "$tiny"; break; }
+tiny_model=
+for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do [[ -s $tiny ]] && { tiny_model=$tiny; break; }; done
+has_p2p=0
+has_cmd run --p2p && has_p2p=1
+if ((has_p2p)) && [[ -n $tiny_model ]]; then same_tokens same-tokens-tiny "$tiny_model"; fi
+
+# 6. Benchmarks, the most wanted first: per type 1 stage, 2 stages on one GPU (P2P and host-staged);
+# for Q4_0 also the same tokens on the 8B shape, a GPU -> CPU spill and a 16-sequence batch on 2
+# stages; then what the decode graphs save, the CUDA matmuls alone and the other batch variants.
+bench_splits() {  # TYPE MODEL
+  local t=$1 f=$2
+  run "bench-1stage-$t" 300 "$bin" bench -m "$f" --devices cuda:0 -p "$pp" -n "$tg" --verbose
+  if has_cmd bench --p2p; then
+    run "bench-2stage-p2p-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p on -p "$pp" -n "$tg"
+    run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --p2p off -p "$pp" -n "$tg"
+  else  # one link type so far: host-staged (device -> host -> device at the stage boundary)
+    run "bench-2stage-host-$t" 300 "$bin" bench -m "$f" --devices cuda:0,cuda:0 --tensor-split 1,1 -p "$pp" -n "$tg"
+  fi
+}
+f0=$models/$shape-Q4_0.gguf
+fk=$models/$shape-Q4_K.gguf
+jobs_file=$logs/batch16.jsonl
+for i in $(seq 1 16); do echo "{\"id\": \"s$i\", \"prompt\": \"Sequence $i: count to twenty.\", \"max_tokens\": 64}"; done >"$jobs_file"
+if ! has_cmd bench; then
+  skip bench "no 'baton bench' yet"
+elif have_model Q4_0; then
+  bench_splits Q4_0 "$f0"
+  ((has_p2p)) && same_tokens "same-tokens-$shape" "$f0"
+  # GPU -> CPU spill: 2 GiB of layers on the GPU, the rest on the CPU (short runs: the CPU part is slow).
+  run bench-spill-Q4_0 300 "$bin" bench -m "$f0" --devices "cuda:0=$spill,cpu" -p 64 -n 16 -r 1 --verbose
+  if has_cmd batch; then
+    run batch16-2stage 300 "$bin" batch -m "$f0" --devices cuda:0,cuda:0 --parallel 16 \
+      --raw -i "$jobs_file" -o "$logs/batch16.out.jsonl"
+  fi
+fi
+if has_cmd bench && have_model Q4_K; then bench_splits Q4_K "$fk"; fi
+if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
+  for t in Q4_0 Q4_K; do
+    have_model $t && run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
   done
-  [[ -s $models/$shape-Q4_0.gguf ]] && same_tokens "same-tokens-$shape" "$models/$shape-Q4_0.gguf"
+fi
+
+# 7. The CUDA matmuls alone: GEMV GB/s per type and column count, the GEMV -> GEMM cut-over (what
+# Context::gemv_max_cols should be) and the GEMM's fastest slab; then a 512-token prompt with that
+# slab. With --sim one small type, for the rehearsal. BATON_GPU_KERNEL_TYPES: the types (default all).
+if has_cmd bench-kernels --device; then
+  if [[ $sim == 1 ]]; then kargs=(--types Q4_0 --rows 256 --cols 512 --gemv-mib 1 --reps 1)
+  elif [[ -n ${BATON_GPU_KERNEL_TYPES:-} ]]; then read -ra kt <<<"$BATON_GPU_KERNEL_TYPES"; kargs=(--types "${kt[@]}")
+  else kargs=(); fi
+  run kernels 600 "$bin" bench-kernels --device cuda:0 "${kargs[@]}"
 else
-  skip same-tokens "no 'baton run --p2p' yet"
+  skip kernels "no 'bench-kernels --device' yet"
+fi
+for t in Q4_0 Q4_K; do
+  slab=$( [[ -s $logs/kernels.log ]] && best_slab "$logs/kernels.log" "$t")
+  [[ $sim == 1 ]] && slab=1  # the rehearsal's matrices fit in any slab: rehearse the command anyway
+  if [[ -n $slab ]] && has_cmd bench && have_model $t; then
+    run "bench-1stage-slab$slab-$t" 300 env BATON_GEMM_SLAB_MIB="$slab" "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p "$pp" -n 0
+  fi
+done
+
+# 8. Batches on one stage: the default sampling (top_k 40) takes the 256 best candidates from the
+# device (kTopK), top_k 0 copies the full rows to the host (and sorts them there); and 16 sequences
+# per decode step as dequantize + GEMM (the default cut-over, 8 columns) against two GEMV passes in
+# a graph (BATON_GEMV_MAX_COLS=16), on the real step.
+if has_cmd batch && have_model Q4_0; then
+  sed 's/"max_tokens": 64}/"max_tokens": 64, "top_k": 0}/' "$jobs_file" >"$logs/batch16-rows.jsonl"
+  run batch16-1stage-topk 300 "$bin" batch -m "$f0" --devices cuda:0 --parallel 16 \
+    --raw -i "$jobs_file" -o "$logs/batch16-topk.out.jsonl"
+  run batch16-1stage-rows 300 "$bin" batch -m "$f0" --devices cuda:0 --parallel 16 \
+    --raw -i "$logs/batch16-rows.jsonl" -o "$logs/batch16-rows.out.jsonl"
+  run batch16-1stage-gemv16 300 env BATON_GEMV_MAX_COLS=16 "$bin" batch -m "$f0" \
+    --devices cuda:0 --parallel 16 --raw -i "$jobs_file" -o "$logs/batch16-gemv16.out.jsonl"
+else
+  skip batch16 "no 'baton batch' or no model"
 fi
 
 # 7. GPU ranks of the distributed pipeline (issue 10), when this machine has mpirun: two ranks on
@@ -216,9 +278,9 @@ fi
 # naming NCCL within the time limit, not hang.
 mpi_run=(mpirun --oversubscribe --bind-to none -np 2)
 [[ $(id -u) == 0 ]] && mpi_run+=(--allow-run-as-root)
-tiny_model=
-for tiny in shared/peer/logits/tiny-q4_0.gguf ../shared/peer/logits/tiny-q4_0.gguf; do [[ -s $tiny ]] && { tiny_model=$tiny; break; }; done
-if command -v mpirun >/dev/null && has_cmd run --distributed && [[ -n $tiny_model ]] \
+if (($(limit_for 400) < 400)); then
+  skip distributed-gpu "too little time left (BATON_GPU_END)"
+elif command -v mpirun >/dev/null && has_cmd run --distributed && [[ -n $tiny_model ]] \
    && ! "$bin" run --distributed -m "$tiny_model" -p x 2>&1 | grep -q "built without MPI"; then
   t0=$SECONDS
   args=(run -m "$tiny_model" --raw -p "Once upon a time" -n 32 --temp 0 --devices cuda:0)
@@ -236,6 +298,10 @@ if command -v mpirun >/dev/null && has_cmd run --distributed && [[ -n $tiny_mode
 else
   skip distributed-gpu "no mpirun, no MPI in this build, or no peer tiny model"
 fi
+
+# A model still being written when time ran out: stop it.
+jobs -p | xargs -r kill 2>/dev/null
+pkill -f "$bin synth" 2>/dev/null
 
 # Short table last.
 {

@@ -532,7 +532,15 @@ TEST_CASE("KV conversion is byte-identical to the CPU's, commit writes the ring 
     const auto got = to_host<uint8_t>(dk, rowb * n);
     std::vector<uint8_t> ref(rowb * n);
     for (int r = 0; r < n; r++) cpu::kv_convert(kt, x.data() + size_t(r) * src_stride, ref.data() + size_t(r) * rowb, width);
-    CHECK(got == ref);
+    size_t bad = 0, first = got.size();
+    for (size_t i = 0; i < got.size(); i++)
+      if (got[i] != ref[i]) bad++, first = std::min(first, i);
+    std::string where;
+    if (bad) where = "first at byte " + std::to_string(first) + " (byte " + std::to_string(first % rowb) + " of row " +
+                     std::to_string(first / rowb) + "): " + std::to_string(got[first]) + " instead of " +
+                     std::to_string(ref[first]);
+    INFO(type_name(kt) << ": " << bad << " of " << got.size() << " bytes differ; " << where);
+    CHECK(bad == 0);
   }
 }
 

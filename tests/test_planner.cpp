@@ -573,3 +573,34 @@ TEST_CASE("balanced_split weighs multiply-adds, not bytes, when the shape has el
   for (auto& l : s.layers) l.weight_elems = 0;  // no element counts: bytes decide
   CHECK(balanced_split(s, 2) == std::vector<double>{22, 8});
 }
+
+TEST_CASE("a pipeline's plan takes equal work per stage when it fits, else fills in order") {
+  const ModelShape s = shape_from_preset(find_preset("llama3-8b"), GgmlType::Q4_0);
+  PlanOptions o;
+  o.n_ctx = 64;
+  o.n_batch = 64;
+  // Two roomy entries: equal work (the head counts with the second stage's layers).
+  const Plan even = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
+  check_structure(even, s, o);
+  REQUIRE(even.fits);
+  REQUIRE(even.stages.size() == 2);
+  CHECK(even.policy == "tensor-split");
+  CHECK(even.stages[0].n_layers() >= 16);
+  // A GPU of 2 GiB cannot hold half of the model: it takes what fits, the CPU the rest (as the
+  // GPU check's `cuda:0=2GiB,cpu` run on an H200, which equal work alone refused as short).
+  const std::vector<DeviceSpec> small = {gpu(2 * GiB, 512 * MiB), cpu(64 * GiB)};
+  o.tensor_split = balanced_split(s, 2);
+  REQUIRE_FALSE(plan(s, small, o).fits);
+  o.tensor_split.clear();
+  const Plan filled = plan_pipeline(s, small, o);
+  check_structure(filled, s, o);
+  REQUIRE(filled.fits);
+  REQUIRE(filled.stages.size() == 2);
+  CHECK(filled.stages[0].n_layers() > 0);
+  CHECK(filled.stages[0].n_layers() < 16);
+  CHECK(filled.stages[0].free_bytes() < int64_t(per_layer(s, o, filled.stages[0].layer_end)));
+  CHECK_THAT(format_plan(filled, s), Catch::Contains("filled in order"));
+  // An explicit split is taken as it is, even when it does not fit.
+  o.tensor_split = {1, 1};
+  CHECK_FALSE(plan_pipeline(s, small, o).fits);
+}

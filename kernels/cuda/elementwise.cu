@@ -112,14 +112,14 @@ __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
   const float amax = warp_max(fabsf(x));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  uint8_t* o = p.dst + size_t(r) * p.dst_row + size_t(blk) * sizeof(BlockQ8_0);
-  const float qr = roundf(x * id);  // half away from zero, as quant/quantize.cpp
-  o[2 + lane] = uint8_t(int8_t(fminf(127.0f, fmaxf(-127.0f, qr))));
-  if (lane == 0) {
-    const uint16_t h = __half_as_ushort(__float2half_rn(d));
-    o[0] = uint8_t(h & 0xFF);  // blocks are 34 bytes: only byte alignment is guaranteed
-    o[1] = uint8_t(h >> 8);
-  }
+  // Blocks are 34 bytes, so 2-byte aligned (kv_convert_launch checks the rows): the block is
+  // written in 16-bit words, the scale by lane 0 and each pair of codes by the even lane. (Byte
+  // stores of the scale read back with its low byte 0 on an H200, CUDA 13.0: every block wrong.)
+  uint16_t* o = reinterpret_cast<uint16_t*>(p.dst + size_t(r) * p.dst_row + size_t(blk) * sizeof(BlockQ8_0));
+  const int q = int(fminf(127.0f, fmaxf(-127.0f, roundf(x * id))));  // half away from zero, as quant/quantize.cpp
+  const int q_next = __shfl_down_sync(kFullMask, q, 1);
+  if (lane % 2 == 0) o[1 + lane / 2] = uint16_t((q & 0xFF) | ((q_next & 0xFF) << 8));
+  if (lane == 0) o[0] = __half_as_ushort(__float2half_rn(d));
 }
 
 static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const KvRows* v, int n) {
@@ -132,6 +132,9 @@ static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const 
   } else if (type == GgmlType::Q8_0) {
     for (int w : {k.width, v ? v->width : 32})
       if (w % 32) input_error(cat("CUDA kv_convert: Q8_0 rows need a multiple of 32 values, got ", w));
+    for (const KvRows* r : {&k, v})
+      if (r && (reinterpret_cast<uintptr_t>(r->dst) % 2 || r->dst_row % 2))
+        input_error("CUDA kv_convert: Q8_0 rows must start at even addresses");
     kv_q8_kernel<<<dim3(unsigned(ceil_div(width * n, 256)), parts), 256, 0, s>>>(k, v ? *v : k, n);
   } else {
     input_error(cat("CUDA kv_convert: KV type ", type_name(type), " is not F16 or Q8_0"));
@@ -149,20 +152,29 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 }
 
 // Block per token: K then V row, byte copies (rows are not 16-byte multiples for Q8_0).
+// Block per token and part (blockIdx.y: k or v): its staged row to its cell, in 16-byte words
+// when the rows allow (they do for F16 and Q8_0 rows of multiples of 128 values), else bytes.
 __global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t* v_new,
                                  const int32_t* row, const int32_t* seq, const int32_t* pos) {
   const int t = blockIdx.x;
+  const bool is_v = blockIdx.y;
   const size_t cell = size_t(seq[t]) * kv.n_cells + size_t(pos[t] % kv.n_cells);
-  const uint8_t* ks = k_new + size_t(row[t]) * kv.k_row;
-  const uint8_t* vs = v_new + size_t(row[t]) * kv.v_row;
-  for (size_t i = threadIdx.x; i < kv.k_row; i += blockDim.x) kv.k[cell * kv.k_row + i] = ks[i];
-  for (size_t i = threadIdx.x; i < kv.v_row; i += blockDim.x) kv.v[cell * kv.v_row + i] = vs[i];
+  const size_t rb = is_v ? kv.v_row : kv.k_row;
+  const uint8_t* __restrict__ src = (is_v ? v_new : k_new) + size_t(row[t]) * rb;
+  uint8_t* __restrict__ dst = (is_v ? kv.v : kv.k) + cell * rb;
+  if (rb % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    return;
+  }
+  for (size_t i = threadIdx.x; i < rb; i += blockDim.x) dst[i] = src[i];
 }
 
 void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
                const int32_t* row, const int32_t* seq, const int32_t* pos, int n) {
   if (n <= 0) return;
-  kv_commit_kernel<<<n, 256, 0, static_cast<cudaStream_t>(c.stream())>>>(kv, k_new, v_new, row, seq, pos);
+  kv_commit_kernel<<<dim3(unsigned(n), 2u), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(kv, k_new, v_new, row, seq,
+                                                                                           pos);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,6 @@
 // RMSNorm and RoPE (adjacent pairs and NeoX halves), as kernels/cpu/ops.cpp computes them.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -6,28 +8,65 @@ namespace baton::cuda {
 
 // One block per row; float sums in a fixed tree order. With d: x += d first (the residual add,
 // written back), then the norm of the sum. With qs: y's 8-bit activations too (n a multiple of
-// 32, so a warp's 32 values are one block of them).
-__global__ void rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
-                                int8_t* __restrict__ qs, float2* __restrict__ ds) {
+// 32, so a warp's 32 values are one block of them). Rows of up to kNormPer values per thread are
+// read once into registers, every load issued before any is used (a decode step's single row
+// is one block: its loads must overlap, not queue); longer rows loop and read x twice.
+constexpr int kNormPer = 8, kNormMaxThreads = 1024;
+__global__ void __launch_bounds__(kNormMaxThreads)
+rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
+                int8_t* __restrict__ qs, float2* __restrict__ ds) {
   float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
+  const float* dr = d ? d + int64_t(blockIdx.x) * n : nullptr;
+  const bool cached = n <= kNormPer * int(blockDim.x);
+  float v[kNormPer];
   float ss = 0.0f;
-  if (d) {
-    const float* dr = d + int64_t(blockIdx.x) * n;
+  if (cached) {
+#pragma unroll
+    for (int k = 0; k < kNormPer; k++) {
+      const int i = threadIdx.x + k * blockDim.x;
+      v[k] = i < n ? xr[i] : 0.0f;
+    }
+    if (dr) {
+#pragma unroll
+      for (int k = 0; k < kNormPer; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n) v[k] += dr[i];
+      }
+#pragma unroll
+      for (int k = 0; k < kNormPer; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n) xr[i] = v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPer; k++) ss += v[k] * v[k];
+  } else if (dr) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = xr[i] + dr[i];
-      xr[i] = v;
-      ss += v * v;
+      const float s = xr[i] + dr[i];
+      xr[i] = s;
+      ss += s * s;
     }
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   }
   ss = block_sum(ss);  // also orders the x writes above before the reads below (same thread anyway)
   const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+  if (cached) {
+#pragma unroll
+    for (int k = 0; k < kNormPer; k++) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i >= n) break;  // whole warps: n and blockDim.x are multiples of 32 where qs is used
+      const float o = w ? v[k] * inv * w[i] : v[k] * inv;
+      yr[i] = o;
+      if (qs) q8_store(o, int64_t(blockIdx.x) * n + i, qs, ds);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = w ? xr[i] * inv * w[i] : xr[i] * inv;
-    yr[i] = v;
-    if (qs) q8_store(v, int64_t(blockIdx.x) * n + i, qs, ds);  // whole warps: n % 32 == 0
+    const float o = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    yr[i] = o;
+    if (qs) q8_store(o, int64_t(blockIdx.x) * n + i, qs, ds);  // whole warps: n % 32 == 0
   }
 }
 
@@ -35,7 +74,8 @@ static void rms_norm_launch(Context& c, float* x, const float* d, const float* w
                             Q8Act q8) {
   if (rows <= 0 || n <= 0) return;
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA rms_norm: 8-bit activations of rows of ", n, " (not a multiple of 32)"));
-  const int threads = n >= 1024 ? 256 : (n >= 256 ? 128 : 32);
+  // About 4 values per thread (8 at most, up to 8192 per row), whole warps.
+  const int threads = int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, 4), 32) * 32)));
   rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, d, w, y, n, eps, q8.qs,
                                                                               reinterpret_cast<float2*>(q8.ds));
   CUDA_CHECK_LAUNCH();
@@ -50,25 +90,25 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
   rms_norm_launch(c, x, d, w, y, rows, n, eps, q8);
 }
 
-// Block per token (blockIdx.y: q or k); thread i handles pair i of every head (cos/sin computed
-// once, in double).
-__global__ void rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
-                            const float* __restrict__ freqs, bool neox) {
+// Thread per rotated pair of one head: blockIdx.x the token, blockIdx.y q or k, thread j of the
+// blocks along z the pair j % (rope_dim / 2) of head j / (rope_dim / 2). cos/sin in double.
+constexpr int kRopeThreads = 256;
+__global__ void __launch_bounds__(kRopeThreads)
+rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
+            const float* __restrict__ freqs, bool neox) {
   const int half = rope_dim / 2;
-  const int i = threadIdx.x;
-  if (i >= half) return;
   const RopeRows p = blockIdx.y ? k : q;
-  float* xt = p.x + size_t(blockIdx.x) * p.stride;
+  const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
+  if (j >= half * p.n_head) return;
+  const int h = j / half, i = j % half;
   double sd, cd;
   sincos(double(pos[blockIdx.x]) * double(freqs[i]), &sd, &cd);
   const float cs = float(cd), sn = float(sd);
   const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-  for (int h = 0; h < p.n_head; h++) {
-    float* v = xt + size_t(h) * head_dim;
-    const float a = v[i0], b = v[i1];
-    v[i0] = a * cs - b * sn;
-    v[i1] = a * sn + b * cs;
-  }
+  float* v = p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim;
+  const float a = v[i0], b = v[i1];
+  v[i0] = a * cs - b * sn;
+  v[i1] = a * sn + b * cs;
 }
 
 static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,
@@ -76,10 +116,10 @@ static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_
   if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
   if (n_tok <= 0) return;
-  const int threads = (rope_dim / 2 + 31) / 32 * 32;
-  const dim3 grid(unsigned(n_tok), k ? 2u : 1u);
-  rope_kernel<<<grid, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(q, k ? *k : q, head_dim, rope_dim, pos,
-                                                                          freqs, neox);
+  const int heads = std::max(q.n_head, k ? k->n_head : 0);
+  const dim3 grid(unsigned(n_tok), k ? 2u : 1u, unsigned(ceil_div(int64_t(heads) * (rope_dim / 2), kRopeThreads)));
+  rope_kernel<<<grid, kRopeThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(q, k ? *k : q, head_dim, rope_dim, pos,
+                                                                               freqs, neox);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,8 +27,23 @@ __global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __rest
   const float* x = logits + size_t(blockIdx.x) * n_vocab;
   float bv = -INFINITY;
   int bi = INT32_MAX;
-  for (int i = threadIdx.x; i < n_vocab; i += blockDim.x)
-    if (better(x[i], i, bv, bi)) { bv = x[i]; bi = i; }
+  // kArgmaxLoads loads in flight per thread (one block reads the whole row: a loop of single
+  // loads waits out the memory latency 125 times for a 128k vocabulary). The order of the
+  // comparisons does not matter: better() is a total order.
+  constexpr int kArgmaxLoads = 8;
+  for (int i0 = threadIdx.x; i0 < n_vocab; i0 += kArgmaxLoads * blockDim.x) {
+    float v[kArgmaxLoads];
+#pragma unroll
+    for (int k = 0; k < kArgmaxLoads; k++) {
+      const int i = i0 + k * int(blockDim.x);
+      v[k] = i < n_vocab ? x[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kArgmaxLoads; k++) {
+      const int i = i0 + k * int(blockDim.x);
+      if (i < n_vocab && better(v[k], i, bv, bi)) { bv = v[k]; bi = i; }
+    }
+  }
   for (int o = 16; o > 0; o >>= 1) {
     const float v = __shfl_xor_sync(kFullMask, bv, o);
     const int i = __shfl_xor_sync(kFullMask, bi, o);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs the GPU check with the binaries scripts/device-bundle.sh packed, on a GPU machine that has
+# the NVIDIA driver and cuBLAS but cannot build Baton. Ends by SECONDS seconds (default 480) and
+# copies the logs to OUT_DIR as gpu-logs.tgz and summary.txt. With `-- CMD...`, runs CMD instead
+# of the GPU check, in the same setting (binaries unpacked, library path set).
+# Usage: scripts/device-check.sh [SECONDS] [OUT_DIR] [-- CMD...]   (OUT_DIR default: $OUT, else /tmp/gpu-out)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+root=$(pwd)
+args=()
+while (($#)) && [[ $1 != -- ]]; do args+=("$1"); shift; done
+[[ ${1:-} == -- ]] && shift
+budget=${args[0]:-480}
+out=${args[1]:-${OUT:-/tmp/gpu-out}}
+mkdir -p "$out"
+[[ -s .dev/bundle.tar.xz ]] || { echo "device-check: no .dev/bundle.tar.xz (run scripts/device-bundle.sh first)" >&2; exit 2; }
+tar -xJf .dev/bundle.tar.xz
+
+# The test binaries find the sources and the peer data by the paths they were built with.
+src=$(cat .dev/source-dir)
+if [[ $src != "$root" ]]; then
+  mkdir -p "$(dirname "$src")"
+  [[ -e $src ]] || ln -s "$root" "$src"
+fi
+peer_parent=$(dirname "$src")/shared
+[[ -e $peer_parent ]] || ln -s "$root/.dev/shared" "$peer_parent"
+[[ -e ../shared ]] || ln -s "$root/.dev/shared" ../shared 2>/dev/null
+
+# cuBLAS: the toolkit's, else a Python package's.
+export LD_LIBRARY_PATH=$root/.dev/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ldd build-dev/baton | grep -q "not found"; then
+  for d in $(find /usr /opt -name 'libcublas.so.13*' -printf '%h\n' 2>/dev/null | sort -u); do
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+  done
+fi
+ldd build-dev/baton | grep -E "not found|cublas|cudart"
+{
+  nvidia-smi
+  nvidia-smi topo -m
+  uname -a; grep -m1 "model name" /proc/cpuinfo; nproc; free -g
+} >"$out/machine.txt" 2>&1
+if (($#)); then
+  export OUT=$out
+  "$@"
+  exit
+fi
+
+BATON_GPU_BUILD=build-dev BATON_GPU_PREBUILT=1 BATON_GPU_END=$budget BATON_GPU_MODELS=/tmp/baton-models \
+  BATON_GPU_CTEST_ARGS="-E test_cuda_resources -j 4" BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" \
+  scripts/gpu-check.sh /tmp/gpu-logs
+rc=$?
+tar -czf "$out/gpu-logs.tgz" -C /tmp gpu-logs
+cp /tmp/gpu-logs/summary.txt "$out/"
+exit $rc
