@@ -293,8 +293,9 @@ struct CudaLayers {
 
 // Tuning knobs of cuda::Context, for measuring them on a GPU (scripts/gpu-check.sh) without a
 // rebuild: BATON_GEMV_MAX_COLS, the GEMV -> GEMM cut-over (steps of at most that many tokens are
-// also the ones replayed from graphs), and BATON_GEMM_SLAB_MIB, the FP16 slab of the GEMM. The
-// slab may only shrink: the planner charges the default's scratch (gpu_ops_scratch_bytes).
+// also the ones replayed from graphs), BATON_GEMM_SLAB_MIB, the FP16 slab of the GEMM (it may
+// only shrink: the planner charges the default's scratch, gpu_ops_scratch_bytes), and BATON_PDL=0,
+// which launches GEMVs plainly instead of as programmatic dependent launches (Context::early_launch).
 static int env_setting(const char* name, int lo, int hi, int dflt, const char* what) {
   const char* e = std::getenv(name);
   if (!e || !*e) return dflt;
@@ -325,6 +326,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.use_graphs = opt.cuda_graphs;
   g.n_ctx = opt.n_ctx;
   g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
+  g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
   const int slab_mib = int(g.ctx.gemm_slab_bytes >> 20);
   g.ctx.gemm_slab_bytes = size_t(env_setting("BATON_GEMM_SLAB_MIB", 1, slab_mib, slab_mib, "MiB")) << 20;
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());

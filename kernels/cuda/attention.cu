@@ -108,12 +108,25 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
     l = l * corr + warp_sum(pj);
 #pragma unroll
     for (int i = 0; i < R; i++) o[i] *= corr;
-    const int nk = min(32, ke - k0);
-    for (int jj = 0; jj < nk; jj++) {  // lanes = dims: coalesced value rows
-      const float w = __shfl_sync(kFullMask, pj, jj);
-      const uint8_t* vr = kv_row(a.v_new, a.kv.v, a.kv.v_row, a.kv.n_cells, k0 + jj, s, first, row0);
+    const int nk = min(32, ke - k0);  // the same for the whole warp
+    // Lanes = dims: coalesced value rows, kVGroup rows loaded before any is used (one row at a
+    // time would wait out the memory latency once per key); summed in key order.
+    constexpr int kVGroup = D >= 128 ? 4 : 8;
+    for (int jj0 = 0; jj0 < nk; jj0 += kVGroup) {
+      float vv[kVGroup][R];
 #pragma unroll
-      for (int i = 0; i < R; i++) o[i] += w * KvRead<Q8>::at(vr, g * D + lane + 32 * i);
+      for (int u = 0; u < kVGroup; u++) {
+        const uint8_t* vr = kv_row(a.v_new, a.kv.v, a.kv.v_row, a.kv.n_cells, k0 + min(jj0 + u, nk - 1), s, first, row0);
+#pragma unroll
+        for (int i = 0; i < R; i++) vv[u][i] = KvRead<Q8>::at(vr, g * D + lane + 32 * i);
+      }
+#pragma unroll
+      for (int u = 0; u < kVGroup; u++) {
+        const float w = __shfl_sync(kFullMask, pj, (jj0 + u) & 31);
+        if (jj0 + u < nk)
+#pragma unroll
+          for (int i = 0; i < R; i++) o[i] += w * vv[u][i];
+      }
     }
     m = m_new;
   }

@@ -85,6 +85,48 @@ __device__ __forceinline__ void q8_store(float v, int64_t i, int8_t* __restrict_
   if (threadIdx.x % 32 == 0) ds[i / 32] = make_float2(d, d * float(sum));
 }
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and in the simulator, which runs the
+// kernels of a stream one after the other). A kernel launched with launch_early() may start before
+// the kernel ahead of it on the stream has finished: griddep_wait() blocks until that kernel is
+// done and its writes are visible, so nothing it writes may be read, and nothing it reads may be
+// written, before the call. griddep_release() (early in a kernel) lets such a dependent launch.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// kernel<<<grid, block, 0, s>>>(args...), as a programmatic dependent launch when `early` (see
+// above: the kernel must call griddep_wait() before it touches its predecessor's data).
+template <class... P, class... A>
+void launch_early(bool early, void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A... args) {
+#ifdef __CUDA_SIM__
+  (void)early;
+  kernel<<<grid, block, 0, s>>>(args...);
+#else
+  if (!early) {
+    kernel<<<grid, block, 0, s>>>(args...);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+#endif
+}
+
 // Sum over a whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the total.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float part[32];

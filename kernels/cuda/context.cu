@@ -267,6 +267,7 @@ Context::Context(int device, void* stream) : device_(device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   int cc_major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  early_launch = cc_major >= 9;
   try {
     if (stream) {
       stream_ = stream;

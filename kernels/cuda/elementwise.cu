@@ -28,6 +28,7 @@ template <Ew op>
 __global__ void ew_kernel(const float* a, const float* b, float* y, float s, int64_t n, int8_t* __restrict__ qs,
                           float2* __restrict__ ds) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  griddep_release();  // a GEMV after this (the down projection after the gate) may start
   if (i >= n) return;
   const float v = ew<op>(a[i], b ? b[i] : 0.0f, s);
   y[i] = v;

@@ -16,6 +16,7 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
                                     int8_t* __restrict__ qs, float2* __restrict__ ds) {
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
+  griddep_release();  // the GEMV after this may start loading its weights
   if (b >= n_blocks) return;  // whole warps leave together
   q8_store(x[b * 32 + lane], b * 32 + lane, qs, ds);
 }
@@ -86,6 +87,7 @@ gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
 #pragma unroll
       for (int k = 0; k < T::unroll; k++)  // all loads first: they overlap in flight
         if (u0 + k * step < n_units) w[k] = T::load(r, cols, u0 + k * step);
+      griddep_wait();  // the activations come from the op before (weights are read-only)
 #pragma unroll
       for (int k = 0; k < T::unroll; k++)
         if (u0 + k * step < n_units)
@@ -142,7 +144,8 @@ static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int c
   const size_t stride = W[0]->row_stride;
   const int64_t cols = W[0]->cols;
   switch (n) {
-#define BATON_NC(N) case N: gemv_kernel<T, N><<<grid, kGemvThreads, 0, s>>>(segs, stride, cols, act); break;
+#define BATON_NC(N) \
+  case N: launch_early(c.early_launch, gemv_kernel<T, N>, grid, kGemvThreads, s, segs, stride, cols, act); break;
     BATON_NC(1) BATON_NC(2) BATON_NC(3) BATON_NC(4) BATON_NC(5) BATON_NC(6) BATON_NC(7) BATON_NC(8)
 #undef BATON_NC
     default: CUDA_ASSERT(false);

@@ -15,17 +15,19 @@ constexpr int kNormPer = 8, kNormMaxThreads = 1024;
 __global__ void __launch_bounds__(kNormMaxThreads)
 rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
                 int8_t* __restrict__ qs, float2* __restrict__ ds) {
+  griddep_release();  // the GEMV after the norm may start loading its weights
   float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
   const float* dr = d ? d + int64_t(blockIdx.x) * n : nullptr;
   const bool cached = n <= kNormPer * int(blockDim.x);
-  float v[kNormPer];
+  float v[kNormPer], wv[kNormPer];  // wv: the weights, loaded with x (they do not depend on the sum)
   float ss = 0.0f;
   if (cached) {
 #pragma unroll
     for (int k = 0; k < kNormPer; k++) {
       const int i = threadIdx.x + k * blockDim.x;
       v[k] = i < n ? xr[i] : 0.0f;
+      wv[k] = i < n && w ? w[i] : 1.0f;
     }
     if (dr) {
 #pragma unroll
@@ -57,7 +59,7 @@ rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y,
     for (int k = 0; k < kNormPer; k++) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i >= n) break;  // whole warps: n and blockDim.x are multiples of 32 where qs is used
-      const float o = w ? v[k] * inv * w[i] : v[k] * inv;
+      const float o = w ? v[k] * inv * wv[k] : v[k] * inv;
       yr[i] = o;
       if (qs) q8_store(o, int64_t(blockIdx.x) * n + i, qs, ds);
     }

@@ -85,6 +85,10 @@ class Context {
   // The FP16 copy of a weight is made in row slabs of at most this many bytes (L2-sized slabs
   // keep the scratch small; the whole matrix is never expanded at once unless it fits).
   size_t gemm_slab_bytes = size_t(64) << 20;
+  // GEMVs are launched as programmatic dependent launches (Hopper and later; BATON_PDL=0 turns it
+  // off): a GEMV's blocks start while the op before it (a norm, a gate, quantize_act) still runs,
+  // load their weights, and wait for that op only before they read the activations.
+  bool early_launch = false;
 
  private:
   void release();  // frees what the constructor got so far (it may throw half-way)
