@@ -59,19 +59,21 @@ std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devic
   return Pipeline::load(path, o);
 }
 
-// Every logits row of: two prompts in one batch (sequence 0: 40 tokens, sequence 1: 9), then 12
+// Every logits row of: two prompts in one batch (sequence 0: 40 tokens, sequence 1: 20), then 12
 // decode steps of both sequences together. The decode tokens are fixed, not each run's argmax: a
-// near tie that flips between devices would otherwise send the runs down different texts.
+// near tie that flips between devices would otherwise send the runs down different texts. Both
+// prompts are longer than gemv_max_cols (16), so a pipeline's micro-batch of one sequence takes
+// the same matmul path (GEMM) as the one-stage batch of both.
 std::vector<float> run(Pipeline& p) {
   const int V = p.n_vocab();
   std::vector<float> all;
   Batch b;
   for (int i = 0; i < 40; ++i) b.add((3 + 7 * i) % V, i, 0, true);
-  for (int i = 0; i < 9; ++i) b.add((11 + 5 * i) % V, i, 1, true);
+  for (int i = 0; i < 20; ++i) b.add((11 + 5 * i) % V, i, 1, true);
   std::vector<float> out(size_t(b.n_logits()) * size_t(V));
   p.decode(b, out.data());
   all.insert(all.end(), out.begin(), out.end());
-  int len[2] = {40, 9};
+  int len[2] = {40, 20};
   for (int step = 0; step < 12; ++step) {
     Batch d;
     for (int s = 0; s < 2; ++s) d.add((17 + 13 * step + 5 * s) % V, len[s]++, s, true);
@@ -183,7 +185,7 @@ void check_env_knob(const char* name, std::initializer_list<const char*> good, s
 }  // namespace
 
 TEST_CASE("a GEMV/GEMM cut-over moved by BATON_GEMV_MAX_COLS gives the same logits; a bad value is refused") {
-  // 64: the 49-token prompt step too takes the GEMV passes and a graph (split attention only).
+  // 64: the 60-token prompt step too takes the GEMV passes and a graph (split attention only).
   check_env_knob("BATON_GEMV_MAX_COLS", {"1", "64"}, {"0"});
 }
 

@@ -75,9 +75,12 @@ class Context {
   // Counts the scratch's reallocations: a graph captured before one holds the old address.
   uint64_t scratch_generation() const { return scratch_generation_; }
 
-  // Tuning, to be measured on the target GPU (scripts/gpu-check.sh): matmuls with at most
-  // gemv_max_cols columns take the fused GEMV path, wider ones dequantize to FP16 + cuBLAS.
-  int gemv_max_cols = 8;
+  // Tuning, measured on the target GPU (scripts/gpu-check.sh): matmuls with at most
+  // gemv_max_cols columns take the fused GEMV path, wider ones dequantize to FP16 + cuBLAS. On an
+  // H200 the GEMV (in launches of 8 columns) is faster up to 23 columns for Q4_0, Q4_K and Q8_0
+  // and up to 15 for Q6_K; a 16-sequence decode step of the 8B shape ran 1.36x faster at 16 than
+  // at 8 (docs/BENCHMARKS.md, "H200").
+  int gemv_max_cols = 16;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.
