@@ -258,16 +258,16 @@ done
 
 # 8. Batches on one stage: the default sampling (top_k 40) takes the 256 best candidates from the
 # device (kTopK), top_k 0 copies the full rows to the host (and sorts them there); and 16 sequences
-# per decode step as dequantize + GEMM (the default cut-over, 8 columns) against two GEMV passes in
-# a graph (BATON_GEMV_MAX_COLS=16), on the real step.
+# per decode step as dequantize + GEMM (BATON_GEMV_MAX_COLS=8) against the default's two GEMV
+# passes in a graph (gemv_max_cols 16), on the real step.
 if has_cmd batch && have_model Q4_0; then
   sed 's/"max_tokens": 64}/"max_tokens": 64, "top_k": 0}/' "$jobs_file" >"$logs/batch16-rows.jsonl"
   run batch16-1stage-topk 300 "$bin" batch -m "$f0" --devices cuda:0 --parallel 16 \
     --raw -i "$jobs_file" -o "$logs/batch16-topk.out.jsonl"
   run batch16-1stage-rows 300 "$bin" batch -m "$f0" --devices cuda:0 --parallel 16 \
     --raw -i "$logs/batch16-rows.jsonl" -o "$logs/batch16-rows.out.jsonl"
-  run batch16-1stage-gemv16 300 env BATON_GEMV_MAX_COLS=16 "$bin" batch -m "$f0" \
-    --devices cuda:0 --parallel 16 --raw -i "$jobs_file" -o "$logs/batch16-gemv16.out.jsonl"
+  run batch16-1stage-gemm 300 env BATON_GEMV_MAX_COLS=8 "$bin" batch -m "$f0" \
+    --devices cuda:0 --parallel 16 --raw -i "$jobs_file" -o "$logs/batch16-gemm.out.jsonl"
 else
   skip batch16 "no 'baton batch' or no model"
 fi
