@@ -152,9 +152,9 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
   kv_convert_launch(c, type, k, &v, n);
 }
 
-// Block per token: K then V row, byte copies (rows are not 16-byte multiples for Q8_0).
 // Block per token and part (blockIdx.y: k or v): its staged row to its cell, in 16-byte words
-// when the rows allow (they do for F16 and Q8_0 rows of multiples of 128 values), else bytes.
+// when the rows allow (F16 rows of a multiple of 8 values, Q8_0 rows of a multiple of 256), else
+// bytes.
 __global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t* v_new,
                                  const int32_t* row, const int32_t* seq, const int32_t* pos) {
   const int t = blockIdx.x;
