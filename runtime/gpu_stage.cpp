@@ -5,7 +5,9 @@
 #include "runtime/gpu_stage.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <tuple>
@@ -89,6 +91,21 @@ struct GpuStage::Impl {
   std::map<GraphKey, cuda::Graph> graphs;
   uint64_t graph_scratch = 0;  // the scratch generation the graphs were captured with
   GpuStage::Stats stats;
+
+  // BATON_STEP_TRACE=1: host time per step in each phase of forward(), printed when the stage
+  // goes (what a step waits for on the host: a copy that blocks, a slow graph launch, the sync).
+  struct Trace {
+    bool on = false;
+    uint64_t steps = 0;
+    double ns[5] = {};  // inputs, link in, ops, link out, results (with the wait for the GPU)
+    std::chrono::steady_clock::time_point t;
+    void mark(int phase) {
+      if (!on) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (phase >= 0) ns[phase] += double(std::chrono::duration_cast<std::chrono::nanoseconds>(now - t).count());
+      t = now;
+    }
+  } trace;
 
   GpuLink* in = nullptr;   // device link from the previous stage (nullptr: host memory)
   GpuLink* out = nullptr;  // device link to the next stage
@@ -327,6 +344,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.n_ctx = opt.n_ctx;
   g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
+  g.ctx.mma_prefill = g.ctx.mma_prefill && env_setting("BATON_MMA_ATTN", 0, 1, 1, "0 or 1") == 1;
+  g.trace.on = env_setting("BATON_STEP_TRACE", 0, 1, 0, "0 or 1") == 1;
   const int slab_mib = int(g.ctx.gemm_slab_bytes >> 20);
   g.ctx.gemm_slab_bytes = size_t(env_setting("BATON_GEMM_SLAB_MIB", 1, slab_mib, slab_mib, "MiB")) << 20;
   g.k_row = row_bytes(opt.kv_type, cfg.n_embd_k());
@@ -446,7 +465,17 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.ctx.synchronize();
 }
 
-GpuStage::~GpuStage() = default;
+GpuStage::~GpuStage() {
+  const Impl::Trace& t = impl_->trace;
+  if (t.on && t.steps > 0) {
+    const double k = 1e-3 / double(t.steps);
+    std::fprintf(stderr,
+                 "step trace cuda:%d layers [%d, %d): %llu steps, host us per step: inputs %.1f, link in %.1f, "
+                 "ops %.1f, link out %.1f, results %.1f\n",
+                 impl_->ctx.device(), impl_->begin, impl_->end, (unsigned long long)t.steps, t.ns[0] * k, t.ns[1] * k,
+                 t.ns[2] * k, t.ns[3] * k, t.ns[4] * k);
+  }
+}
 
 void GpuStage::forward(const Batch& batch, float* x, float* logits) {
   Handoff h;
@@ -485,6 +514,8 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   const ModelConfig& c = g.c;
   const int n = batch.size();
   BATON_CHECK(n >= 1 && n <= g.n_batch);
+  g.trace.mark(-1);
+  g.trace.steps += g.trace.on;
   g.ctx.make_current();
 
   // Staging rows are the batch rows: the attention and commit kernels read a sequence's staged
@@ -523,6 +554,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   }
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
+  g.trace.mark(0);
   if (!plan_.has_embedding) {
     if (in_guard.slot >= 0) {
       g.in->receive(in_guard.slot, g.x, xbytes);
@@ -533,6 +565,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       cuda::copy_to_device(g.ctx, g.x, x, xbytes);
     }
   }
+  g.trace.mark(1);
   const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
   // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
   // not copy vocabulary rows to the host); kTopK rows: the K best ids and logits; full rows only
@@ -582,6 +615,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   } else {
     record();
   }
+  g.trace.mark(2);
 
   if (plan_.has_output) {
     if (any_argmax) {
@@ -609,6 +643,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     // Enqueued behind the step: the next stage's stream waits for it on the device, and this
     // stream's next step runs after it, so nothing here waits for the GPU.
     h.out_slot = g.out->send(g.x, xbytes);
+    g.trace.mark(3);
     return;
   } else if (g.net_out) {
     g.net_out->send(g.x, xbytes);  // the same: the stream orders the next step after the send
@@ -617,6 +652,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     cuda::copy_to_host(g.ctx, x, g.x, xbytes);
   }
   g.ctx.synchronize();
+  g.trace.mark(4);
 }
 
 uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }

@@ -650,9 +650,10 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
 TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
   std::mt19937 rng(9);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
-    for (int hd : {32, 64, 128, 256}) {
-      for (int window : {0, 13}) {
-        const int n = 37, pos0 = 20, row0 = 2, s = 1;  // 20 cached positions, 37 staged rows
+    for (int hd : {32, 64, 96, 128, 256}) {
+      for (auto [window, n] : {std::pair{0, 37}, std::pair{13, 37}, std::pair{0, 150}, std::pair{45, 150}}) {
+        if (n > 37 && hd != 64 && hd != 256) continue;  // several query blocks and key tiles: one mma size, the F32 kernel
+        const int pos0 = 20, row0 = 2, s = 1;  // 20 cached positions, n staged rows
         std::vector<int32_t> pos(n), seq(n, s), first(n, pos0), rows(n, row0);
         std::iota(pos.begin(), pos.end(), pos0);
         AttnCase C(kt, hd, row0 + n, rng);
@@ -675,8 +676,11 @@ TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
         g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
         g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
         cu::attention_prefill(ctx(), g, s, pos0, row0);
-        INFO(type_name(kt) << " head_dim " << hd << " window " << window);
-        check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention_prefill");
+        INFO(type_name(kt) << " head_dim " << hd << " window " << window << " tokens " << n);
+        // Up to 128 the tensor cores take Q (scaled) and the probabilities in F16: a few 1e-4 off
+        // the F32 reference at most (2.5e-4 seen); the F32 kernel (256) is within float rounding.
+        const float tol = hd <= 128 && ctx().mma_prefill ? 1e-3f : 2e-5f;
+        check_close(to_host<float>(dout, ref.size()), ref, tol, "attention_prefill");
       }
     }
   }

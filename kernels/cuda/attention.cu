@@ -72,6 +72,8 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   __shared__ float sm_m[4];
   __shared__ float sm_l[4];
   __shared__ float sm_o[4][D];
+  griddep_release();
+  griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int p = a.pos[t], s = a.seq[t], first = a.first[t], row0 = a.row0[t];
@@ -158,6 +160,8 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
 
 template <int D>
 __global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, float* out, size_t out_stride) {
+  griddep_release();
+  griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const float* p = part + (size_t(t) * gridDim.y + h) * n_split * (D + 2);
   float M = -INFINITY;
@@ -282,6 +286,209 @@ attn_prefill_kernel(AttentionArgs a, int seq, int pos0, int row0) {
   }
 }
 
+// ---- tensor-core prefill (head sizes up to 128) ----
+//
+// mma.sync m16n8k16 (sm_80+): D (16x8, F32) += A (16x16, F16, row-major) * B (16x8, F16, column-
+// major). Lane l, with g = l / 4 and t = l % 4, holds A's rows g (regs 0, 2) and g + 8 (1, 3) at
+// columns 2t, 2t+1 (0, 1) and 2t+8, 2t+9 (2, 3); B's column g at rows 2t, 2t+1 (b0) and 2t+8, 2t+9
+// (b1); D's rows g (0, 1) and g + 8 (2, 3) at columns 2t, 2t+1. The lower half of a register is
+// the element of the lower index. The simulator computes the same from the lanes' registers.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto lo = [](uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w))); };
+  auto hi = [](uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w >> 16))); };
+  float A[2][16], B[2][16];  // A: rows g, g + 8; B: columns 2t, 2t + 1
+  for (int tt = 0; tt < 4; tt++) {
+    const uint64_t a01 = __shfl_sync(kFullMask, uint64_t(a[0]) | (uint64_t(a[1]) << 32), g * 4 + tt);
+    const uint64_t a23 = __shfl_sync(kFullMask, uint64_t(a[2]) | (uint64_t(a[3]) << 32), g * 4 + tt);
+    for (int r = 0; r < 2; r++) {
+      const uint32_t w01 = uint32_t(a01 >> (32 * r)), w23 = uint32_t(a23 >> (32 * r));
+      A[r][2 * tt] = lo(w01), A[r][2 * tt + 1] = hi(w01), A[r][2 * tt + 8] = lo(w23), A[r][2 * tt + 9] = hi(w23);
+    }
+    for (int c = 0; c < 2; c++) {
+      const uint64_t b = __shfl_sync(kFullMask, uint64_t(b0) | (uint64_t(b1) << 32), (2 * t + c) * 4 + tt);
+      B[c][2 * tt] = lo(uint32_t(b)), B[c][2 * tt + 1] = hi(uint32_t(b));
+      B[c][2 * tt + 8] = lo(uint32_t(b >> 32)), B[c][2 * tt + 9] = hi(uint32_t(b >> 32));
+    }
+  }
+  for (int k = 0; k < 16; k++) {
+    d[0] += A[0][k] * B[0][k];
+    d[1] += A[0][k] * B[1][k];
+    d[2] += A[1][k] * B[0][k];
+    d[3] += A[1][k] * B[1][k];
+  }
+#endif
+}
+
+// Eight consecutive K or V values of a cache row as F16 (four registers).
+template <bool Q8>
+__device__ __forceinline__ uint4 load8_f16(const uint8_t* row, int e0) {
+  if constexpr (!Q8) {
+    return *reinterpret_cast<const uint4*>(row + size_t(e0) * 2);  // rows are 16-byte aligned
+  } else {
+    float v[8];
+    KvRead<true>::load8(row, e0, v);
+    return make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]), pack_half2(v[6], v[7]));
+  }
+}
+
+// A warp takes 16 queries (4 warps: 64 per block) of one head; key/value tiles of 32 positions go
+// through shared memory as F16 (K row-major, V transposed, so that both B operands are one 32-bit
+// load per register, on distinct banks). Scores, softmax and the output in F32; Q (pre-scaled)
+// and the probabilities enter the tensor cores as F16.
+constexpr int kMmaWarps = 4, kMmaBQ = 16 * kMmaWarps, kMmaBK = 32;
+
+template <int D, bool Q8>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+attn_prefill_mma_kernel(AttentionArgs a, int seq, int pos0, int row0) {
+  constexpr int KS = D / 16;       // k-steps of Q K^T over the head
+  constexpr int NT = D / 8;        // n-tiles of the output
+  constexpr int KP = D + 8;        // Ks row pitch (halves)
+  constexpr int VP = kMmaBK + 8;   // Vt row pitch (halves)
+  __shared__ uint4 ks_raw[kMmaBK * KP / 8];
+  __shared__ uint4 vt_raw[D * VP / 8];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(ks_raw);
+  uint16_t* Vt = reinterpret_cast<uint16_t*>(vt_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y, gk = h / (a.n_head / a.kv.n_head_kv);
+  const int qb = int(blockIdx.x) * kMmaBQ, q0 = qb + warp * 16;  // run indices
+  const int q_last = min(a.n_tokens, qb + kMmaBQ) - 1;
+
+  uint32_t qa[KS][4];  // this warp's 16 queries times the scale, as A fragments
+  {
+    const float* r0 = a.q + size_t(min(q0 + g, a.n_tokens - 1)) * a.q_stride + size_t(h) * D;
+    const float* r1 = a.q + size_t(min(q0 + g + 8, a.n_tokens - 1)) * a.q_stride + size_t(h) * D;
+    const float sc = a.scale;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const int c = ks * 16 + 2 * t;
+      qa[ks][0] = pack_half2(r0[c] * sc, r0[c + 1] * sc);
+      qa[ks][1] = pack_half2(r1[c] * sc, r1[c + 1] * sc);
+      qa[ks][2] = pack_half2(r0[c + 8] * sc, r0[c + 9] * sc);
+      qa[ks][3] = pack_half2(r1[c + 8] * sc, r1[c + 9] * sc);
+    }
+  }
+  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  const int hi = pos0 + q_last;  // last key any query of the block sees
+  const int lo = a.window > 0 ? max(0, pos0 + qb - a.window + 1) : 0;
+  const int warp_hi = pos0 + min(q0 + 15, q_last);  // this warp's last visible key
+  const int warp_lo = a.window > 0 ? pos0 + q0 - a.window + 1 : 0;  // below every window of the warp
+  for (int k0 = lo; k0 <= hi; k0 += kMmaBK) {
+    __syncthreads();  // the previous tile is no longer read
+    for (int i = threadIdx.x; i < kMmaBK * (D / 8); i += blockDim.x) {
+      const int jj = i % kMmaBK, e0 = (i / kMmaBK) * 8, j = k0 + jj;  // lanes: consecutive keys
+      uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
+      if (j <= hi) {
+        kw = load8_f16<Q8>(kv_row(a.k_new, a.kv.k, a.kv.k_row, a.kv.n_cells, j, seq, pos0, row0), gk * D + e0);
+        vw = load8_f16<Q8>(kv_row(a.v_new, a.kv.v, a.kv.v_row, a.kv.n_cells, j, seq, pos0, row0), gk * D + e0);
+      }
+      *reinterpret_cast<uint4*>(Ks + jj * KP + e0) = kw;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const uint32_t w = word(vw, k);
+        Vt[(e0 + 2 * k) * VP + jj] = uint16_t(w);
+        Vt[(e0 + 2 * k + 1) * VP + jj] = uint16_t(w >> 16);
+      }
+    }
+    __syncthreads();
+    if (q0 >= a.n_tokens || k0 > warp_hi || k0 + kMmaBK - 1 < warp_lo) continue;  // nothing visible here
+
+    float s[4][4];  // scores: n-tile n holds keys k0 + 8n + 2t, +1 for rows g, g + 8
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const uint16_t* kr = Ks + (n * 8 + g) * KP + 2 * t;
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++)
+        mma_16816(s[n], qa[ks], *reinterpret_cast<const uint32_t*>(kr + ks * 16),
+                  *reinterpret_cast<const uint32_t*>(kr + ks * 16 + 8));
+    }
+    // Mask, then the online softmax of rows g (r = 0) and g + 8 (r = 1); a row's 32 scores are
+    // spread over the 4 lanes of its group.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int qi = q0 + g + 8 * r, pq = pos0 + qi;
+      const int lo_q = a.window > 0 ? max(0, pq - a.window + 1) : 0;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int j = k0 + 8 * n + 2 * t + c;
+          const bool ok = qi < a.n_tokens && j <= pq && j >= lo_q;
+          float& v = s[n][2 * r + c];
+          v = ok ? v : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m[r], mx);
+      float corr = 1.0f, sum = 0.0f;
+      if (m_new != -INFINITY) {  // else nothing visible yet: p = 0, o and l stay
+        corr = expf(m[r] - m_new);
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            float& v = s[n][2 * r + c];
+            v = expf(v - m_new);  // -inf: 0
+            sum += v;
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 4; n++) s[n][2 * r] = s[n][2 * r + 1] = 0.0f;
+      }
+      l[r] = l[r] * corr + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        o[n][2 * r] *= corr;
+        o[n][2 * r + 1] *= corr;
+      }
+    }
+    // O += P V, P as A fragments (two k-steps of 16 keys).
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        const uint16_t* vr = Vt + (n * 8 + g) * VP + kk * 16 + 2 * t;
+        mma_16816(o[n], pa, *reinterpret_cast<const uint32_t*>(vr), *reinterpret_cast<const uint32_t*>(vr + 8));
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float L = l[r];
+    L += __shfl_xor_sync(kFullMask, L, 1);
+    L += __shfl_xor_sync(kFullMask, L, 2);
+    const int qi = q0 + g + 8 * r;
+    if (qi >= a.n_tokens) continue;
+    float* out = a.out + size_t(qi) * a.out_stride + size_t(h) * D + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      out[8 * n] = o[n][2 * r] / L;
+      out[8 * n + 1] = o[n][2 * r + 1] / L;
+    }
+  }
+}
+
 void check_args(const AttentionArgs& a) {
   const KvLayer& kv = a.kv;
   if (kv.type != GgmlType::F16 && kv.type != GgmlType::Q8_0)
@@ -339,10 +546,11 @@ void attention(Context& c, const AttentionArgs& a, int max_len) {
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;
-    attn_split_kernel<DD, decltype(q8)::value>
-        <<<dim3(a.n_tokens, a.n_head, n_split), kAttnThreads, 0, s>>>(a, chunk, part);
+    launch_early(c.early_launch, attn_split_kernel<DD, decltype(q8)::value>, dim3(a.n_tokens, a.n_head, n_split),
+                 kAttnThreads, s, a, chunk, part);
     CUDA_CHECK_LAUNCH();
-    attn_combine_kernel<DD><<<dim3(a.n_tokens, a.n_head), DD, 0, s>>>(part, n_split, a.out, a.out_stride);
+    launch_early(c.early_launch, attn_combine_kernel<DD>, dim3(a.n_tokens, a.n_head), DD, s, part, n_split, a.out,
+                 a.out_stride);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -353,6 +561,14 @@ void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, in
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;
+    if constexpr (DD <= 128) {  // tensor cores (the output tile of a 256-wide head would not fit in registers)
+      if (c.mma_prefill) {
+        attn_prefill_mma_kernel<DD, decltype(q8)::value>
+            <<<dim3(ceil_div(a.n_tokens, kMmaBQ), a.n_head), kMmaWarps * 32, 0, s>>>(a, seq, pos0, row0);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
     const unsigned tiles = ceil_div(a.n_tokens, Tile<DD>::BQ);
     attn_prefill_kernel<DD, decltype(q8)::value><<<dim3(tiles, a.n_head), kAttnThreads, 0, s>>>(a, seq, pos0, row0);
     CUDA_CHECK_LAUNCH();

@@ -29,6 +29,7 @@ __global__ void ew_kernel(const float* a, const float* b, float* y, float s, int
                           float2* __restrict__ ds) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   griddep_release();  // a GEMV after this (the down projection after the gate) may start
+  griddep_wait();
   if (i >= n) return;
   const float v = ew<op>(a[i], b ? b[i] : 0.0f, s);
   y[i] = v;
@@ -39,8 +40,8 @@ template <Ew op>
 void launch_ew(Context& c, const float* a, const float* b, float* y, float s, int64_t n, Q8Act q8 = {}) {
   if (n <= 0) return;
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA gate: 8-bit activations of ", n, " values (not a multiple of 32)"));
-  ew_kernel<op><<<ceil_div(n, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(a, b, y, s, n, q8.qs,
-                                                                                   reinterpret_cast<float2*>(q8.ds));
+  launch_early(c.early_launch, ew_kernel<op>, ceil_div(n, 256), 256, static_cast<cudaStream_t>(c.stream()), a, b, y, s, n,
+               q8.qs, reinterpret_cast<float2*>(q8.ds));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -61,6 +62,8 @@ void softcap(Context& c, float* y, float cap, int64_t n) { launch_ew<Ew::Softcap
 template <class T>
 __global__ void embed_kernel(const uint8_t* __restrict__ W, size_t stride, int64_t cols,
                              const int32_t* __restrict__ ids, int n, float s, float* __restrict__ out) {
+  griddep_release();
+  griddep_wait();
   const int units = int(cols / T::unit);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * units) return;
@@ -77,8 +80,8 @@ __global__ void embed_kernel(const uint8_t* __restrict__ W, size_t stride, int64
 template <class T>
 static void embed_type(Context& c, const Weight& W, const int32_t* ids, int n, float* out, float s) {
   const int64_t total = int64_t(n) * (W.cols / T::unit);
-  embed_kernel<T><<<ceil_div(total, 128), 128, 0, static_cast<cudaStream_t>(c.stream())>>>(
-      static_cast<const uint8_t*>(W.data), W.row_stride, W.cols, ids, n, s, out);
+  launch_early(c.early_launch, embed_kernel<T>, ceil_div(total, 128), 128, static_cast<cudaStream_t>(c.stream()),
+               static_cast<const uint8_t*>(W.data), W.row_stride, W.cols, ids, n, s, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -96,6 +99,8 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
 // F16: thread per value. Q8_0: warp per 32-value block, d = max|x|/127 stored as fp16, the
 // same arithmetic as the CPU reference quantizer (byte-identical blocks). blockIdx.y: k or v.
 __global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
+  griddep_release();
+  griddep_wait();
   const KvRows p = blockIdx.y ? v : k;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(p.width) * n) return;
@@ -104,6 +109,8 @@ __global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
 }
 
 __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
+  griddep_release();
+  griddep_wait();
   const KvRows p = blockIdx.y ? v : k;
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32, nb = p.width / 32;
@@ -129,14 +136,14 @@ static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const 
   const int64_t width = std::max(k.width, v ? v->width : 0);
   const unsigned parts = v ? 2u : 1u;
   if (type == GgmlType::F16) {
-    kv_f16_kernel<<<dim3(unsigned(ceil_div(width * n, 256)), parts), 256, 0, s>>>(k, v ? *v : k, n);
+    launch_early(c.early_launch, kv_f16_kernel, dim3(unsigned(ceil_div(width * n, 256)), parts), 256, s, k, v ? *v : k, n);
   } else if (type == GgmlType::Q8_0) {
     for (int w : {k.width, v ? v->width : 32})
       if (w % 32) input_error(cat("CUDA kv_convert: Q8_0 rows need a multiple of 32 values, got ", w));
     for (const KvRows* r : {&k, v})
       if (r && (reinterpret_cast<uintptr_t>(r->dst) % 2 || r->dst_row % 2))
         input_error("CUDA kv_convert: Q8_0 rows must start at even addresses");
-    kv_q8_kernel<<<dim3(unsigned(ceil_div(width * n, 256)), parts), 256, 0, s>>>(k, v ? *v : k, n);
+    launch_early(c.early_launch, kv_q8_kernel, dim3(unsigned(ceil_div(width * n, 256)), parts), 256, s, k, v ? *v : k, n);
   } else {
     input_error(cat("CUDA kv_convert: KV type ", type_name(type), " is not F16 or Q8_0"));
   }
@@ -157,6 +164,8 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 // bytes.
 __global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t* v_new,
                                  const int32_t* row, const int32_t* seq, const int32_t* pos) {
+  griddep_release();
+  griddep_wait();
   const int t = blockIdx.x;
   const bool is_v = blockIdx.y;
   const size_t cell = size_t(seq[t]) * kv.n_cells + size_t(pos[t] % kv.n_cells);
@@ -174,8 +183,8 @@ __global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t
 void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
                const int32_t* row, const int32_t* seq, const int32_t* pos, int n) {
   if (n <= 0) return;
-  kv_commit_kernel<<<dim3(unsigned(n), 2u), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(kv, k_new, v_new, row, seq,
-                                                                                           pos);
+  launch_early(c.early_launch, kv_commit_kernel, dim3(unsigned(n), 2u), 256, static_cast<cudaStream_t>(c.stream()), kv,
+               k_new, v_new, row, seq, pos);
   CUDA_CHECK_LAUNCH();
 }
 

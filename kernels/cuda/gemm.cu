@@ -82,33 +82,53 @@ size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n) {
   return gemm_scratch_bytes(c, W, n);
 }
 
-void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
-  if (!cuda_supports(W.type) || W.row_stride != packed_row_bytes(W.type, W.cols))
-    input_error(cat("CUDA gemm: bad weight (", type_name(W.type), " ", W.rows, " x ", W.cols, ")"));
-  if (n <= 0) return;
-  if (W.cols > INT32_MAX || W.rows > INT32_MAX)
-    input_error(cat("CUDA gemm: weight ", W.rows, " x ", W.cols, " too large for cuBLAS"));
-  const int64_t slab = slab_rows(c, W);
-  auto* base = static_cast<uint8_t*>(c.scratch(gemm_scratch_bytes(c, W, n)));  // also when n <= gemv_max_cols
+// Matrices of one width that multiply the same X (q, k and v; gate and up) share its FP16 copy:
+// converted once, again only where the next matrix wants the other rounding (q8 or not).
+void gemm_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n) {
+  if (n <= 0 || count <= 0) return;
+  size_t bytes = 0;
+  for (int i = 0; i < count; i++) {
+    const Weight& w = *W[i];
+    if (!cuda_supports(w.type) || w.row_stride != packed_row_bytes(w.type, w.cols))
+      input_error(cat("CUDA gemm: bad weight (", type_name(w.type), " ", w.rows, " x ", w.cols, ")"));
+    if (w.cols > INT32_MAX || w.rows > INT32_MAX)
+      input_error(cat("CUDA gemm: weight ", w.rows, " x ", w.cols, " too large for cuBLAS"));
+    if (w.cols != W[0]->cols)
+      input_error(cat("CUDA gemm: matrices of one input differ in width (", W[0]->cols, " and ", w.cols, ")"));
+    bytes = std::max(bytes, gemm_scratch_bytes(c, w, n));
+  }
+  const int64_t cols = W[0]->cols, nx = int64_t(n) * cols;
+  auto* base = static_cast<uint8_t*>(c.scratch(bytes));  // also when n <= gemv_max_cols
   __half* xh = reinterpret_cast<__half*>(base);
-  __half* wh = reinterpret_cast<__half*>(base + align256(size_t(n) * W.cols * 2));
+  __half* wh = reinterpret_cast<__half*>(base + align256(size_t(nx) * 2));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
-  const int64_t nx = int64_t(n) * W.cols;
-  const bool q8 = q8_activations(W.type);
-  act_to_f16_kernel<<<ceil_div(nx, 256), 256, 0, s>>>(X, nx, q8, xh);
-  CUDA_CHECK_LAUNCH();
-
   cublasHandle_t h = static_cast<cublasHandle_t>(c.cublas());
   const float alpha = 1.0f, beta = 0.0f;
-  for (int64_t r0 = 0; r0 < W.rows; r0 += slab) {
-    const int64_t nr = std::min(slab, W.rows - r0);
-    dequantize_f16(c, W, r0, nr, reinterpret_cast<uint16_t*>(wh));
-    // Column-major view: the slab is cols x nr (lda = cols), X is cols x n, Y is rows x n.
-    // Y[r0 .. r0+nr, :] = slab^T · X.
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, int(W.cols), &alpha, wh,
-                              CUDA_R_16F, int(W.cols), xh, CUDA_R_16F, int(W.cols), &beta, Y + r0,
-                              CUDA_R_32F, int(W.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  int x_q8 = -1;  // the rounding xh holds (-1: none yet)
+  for (int i = 0; i < count; i++) {
+    const Weight& w = *W[i];
+    const bool q8 = q8_activations(w.type);
+    if (x_q8 != int(q8)) {
+      act_to_f16_kernel<<<ceil_div(nx, 256), 256, 0, s>>>(X, nx, q8, xh);
+      CUDA_CHECK_LAUNCH();
+      x_q8 = int(q8);
+    }
+    const int64_t slab = slab_rows(c, w);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += slab) {
+      const int64_t nr = std::min(slab, w.rows - r0);
+      dequantize_f16(c, w, r0, nr, reinterpret_cast<uint16_t*>(wh));
+      // Column-major view: the slab is cols x nr (lda = cols), X is cols x n, Y is rows x n.
+      // Y[r0 .. r0+nr, :] = slab^T · X.
+      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, int(cols), &alpha, wh, CUDA_R_16F, int(cols),
+                                xh, CUDA_R_16F, int(cols), &beta, Y[i] + r0, CUDA_R_32F, int(w.rows), CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    }
   }
+}
+
+void gemm(Context& c, const Weight& W, const float* X, int n, float* Y) {
+  const Weight* w = &W;
+  gemm_n(c, &w, &Y, 1, X, n);
 }
 
 }  // namespace baton::cuda

@@ -17,6 +17,7 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   griddep_release();  // the GEMV after this may start loading its weights
+  griddep_wait();
   if (b >= n_blocks) return;  // whole warps leave together
   q8_store(x[b * 32 + lane], b * 32 + lane, qs, ds);
 }
@@ -36,8 +37,8 @@ void quantize_act(Context& c, const float* x, int64_t cols, int n, int8_t* qs, f
   if (cols % 32 != 0) input_error(cat("CUDA quantize_act: ", cols, " values per row is not a multiple of 32"));
   const int64_t blocks = cols / 32 * n;
   if (blocks == 0) return;
-  quantize_act_kernel<<<ceil_div(blocks * 32, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(
-      x, blocks, qs, reinterpret_cast<float2*>(ds));
+  launch_early(c.early_launch, quantize_act_kernel, ceil_div(blocks * 32, 256), 256,
+               static_cast<cudaStream_t>(c.stream()), x, blocks, qs, reinterpret_cast<float2*>(ds));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -59,6 +60,7 @@ template <class T, int NC>
 __global__ void __launch_bounds__(kGemvThreads)
 gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   __shared__ float part[kGemvThreads / 32][NC];
+  griddep_release();  // the op after may be launched (it waits for this one to finish)
   // This block's segment, by selects (an indexed kernel parameter could go to local memory);
   // its Y is picked only at the end, to keep it out of registers during the loop.
   const int si = (segs.n > 2 && int(blockIdx.x) >= segs.s[2].block0) ? 2
@@ -216,18 +218,15 @@ void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool x
 }
 
 void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
-  if (n <= c.gemv_max_cols) {
-    const Weight* ws[8];
-    float* ys[8];
-    int k = 0;
-    for (const MatmulOut& o : outs) {
-      CUDA_ASSERT(k < 8);
-      ws[k] = o.W, ys[k] = o.Y, k++;
-    }
-    gemv_n(c, ws, ys, k, X, n, x_q8);
-  } else {
-    for (const MatmulOut& o : outs) gemm(c, *o.W, X, n, o.Y);
+  const Weight* ws[8];
+  float* ys[8];
+  int k = 0;
+  for (const MatmulOut& o : outs) {
+    CUDA_ASSERT(k < 8);
+    ws[k] = o.W, ys[k] = o.Y, k++;
   }
+  if (n <= c.gemv_max_cols) gemv_n(c, ws, ys, k, X, n, x_q8);
+  else gemm_n(c, ws, ys, k, X, n);
 }
 
 }  // namespace baton::cuda

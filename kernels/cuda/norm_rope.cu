@@ -16,6 +16,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
                 int8_t* __restrict__ qs, float2* __restrict__ ds) {
   griddep_release();  // the GEMV after the norm may start loading its weights
+  griddep_wait();     // launched early itself: x and d come from the ops before
   float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
   const float* dr = d ? d + int64_t(blockIdx.x) * n : nullptr;
@@ -78,8 +79,8 @@ static void rms_norm_launch(Context& c, float* x, const float* d, const float* w
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA rms_norm: 8-bit activations of rows of ", n, " (not a multiple of 32)"));
   // About 4 values per thread (8 at most, up to 8192 per row), whole warps.
   const int threads = int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, 4), 32) * 32)));
-  rms_norm_kernel<<<rows, threads, 0, static_cast<cudaStream_t>(c.stream())>>>(x, d, w, y, n, eps, q8.qs,
-                                                                              reinterpret_cast<float2*>(q8.ds));
+  launch_early(c.early_launch, rms_norm_kernel, rows, threads, static_cast<cudaStream_t>(c.stream()), x, d, w, y, n, eps,
+               q8.qs, reinterpret_cast<float2*>(q8.ds));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -98,6 +99,8 @@ constexpr int kRopeThreads = 256;
 __global__ void __launch_bounds__(kRopeThreads)
 rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
             const float* __restrict__ freqs, bool neox) {
+  griddep_release();
+  griddep_wait();
   const int half = rope_dim / 2;
   const RopeRows p = blockIdx.y ? k : q;
   const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
@@ -120,8 +123,8 @@ static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_
   if (n_tok <= 0) return;
   const int heads = std::max(q.n_head, k ? k->n_head : 0);
   const dim3 grid(unsigned(n_tok), k ? 2u : 1u, unsigned(ceil_div(int64_t(heads) * (rope_dim / 2), kRopeThreads)));
-  rope_kernel<<<grid, kRopeThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(q, k ? *k : q, head_dim, rope_dim, pos,
-                                                                               freqs, neox);
+  launch_early(c.early_launch, rope_kernel, grid, kRopeThreads, static_cast<cudaStream_t>(c.stream()), q, k ? *k : q,
+               head_dim, rope_dim, pos, freqs, neox);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -88,10 +88,14 @@ class Context {
   // The FP16 copy of a weight is made in row slabs of at most this many bytes (L2-sized slabs
   // keep the scratch small; the whole matrix is never expanded at once unless it fits).
   size_t gemm_slab_bytes = size_t(64) << 20;
-  // GEMVs are launched as programmatic dependent launches (Hopper and later; BATON_PDL=0 turns it
-  // off): a GEMV's blocks start while the op before it (a norm, a gate, quantize_act) still runs,
-  // load their weights, and wait for that op only before they read the activations.
+  // The ops of a decode step are launched as programmatic dependent launches (Hopper and later;
+  // BATON_PDL=0 turns it off): each kernel lets the next one launch as soon as all its blocks run,
+  // so the launch latency hides behind the kernel before. Every kernel waits for its predecessor
+  // (griddepcontrol.wait) before it touches data; GEMVs first load their weights, which no op writes.
   bool early_launch = false;
+  // attention_prefill runs on the tensor cores (mma.sync, sm_80+) for head sizes up to 128;
+  // BATON_MMA_ATTN=0 takes the F32 kernel instead (for measuring one against the other).
+  bool mma_prefill = true;
 
  private:
   void release();  // frees what the constructor got so far (it may throw half-way)
@@ -266,6 +270,8 @@ void gemv(Context& c, const Weight& W, const float* X, int n, float* Y);
 // Dequantize to FP16 (row slabs) and cublasGemmEx with FP32 accumulation and output. X goes to
 // FP16 too, saturated at ±65504.
 void gemm(Context& c, const Weight& W, const float* X, int n, float* Y);
+// gemm of `count` matrices of one width on the same X (Y[i] = W[i] X): X goes to FP16 once.
+void gemm_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n);
 // Scratch matmul needs for n columns (that of the path it takes).
 size_t matmul_scratch_bytes(const Context& c, const Weight& W, int n);
 // Rows [row0, row0 + nrows) of W as FP16 (nrows × cols), used by gemm; exposed for tests.

@@ -24,6 +24,8 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 __global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __restrict__ logits, int n_vocab, int32_t* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
+  griddep_release();
+  griddep_wait();
   const float* x = logits + size_t(blockIdx.x) * n_vocab;
   float bv = -INFINITY;
   int bi = INT32_MAX;
@@ -99,6 +101,8 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
   __shared__ int warp_counts[32];
   __shared__ float cv[kMaxTopK];
   __shared__ int ci[kMaxTopK];
+  griddep_release();
+  griddep_wait();
   const float* x = logits + size_t(blockIdx.x) * n_vocab;
   if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_remaining = k; }
 
@@ -152,7 +156,7 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
 void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out) {
   if (n <= 0) return;
   if (n_vocab <= 0) input_error(cat("CUDA argmax: empty rows (n_vocab ", n_vocab, ")"));
-  argmax_kernel<<<n, kSelThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(logits, n_vocab, out);
+  launch_early(c.early_launch, argmax_kernel, n, kSelThreads, static_cast<cudaStream_t>(c.stream()), logits, n_vocab, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -160,7 +164,8 @@ void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* 
   if (k < 1 || k > kMaxTopK || k > n_vocab)
     input_error(cat("CUDA top_k: k = ", k, " must be within 1..", std::min(kMaxTopK, n_vocab)));
   if (n <= 0) return;
-  top_k_kernel<<<n, kSelThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(logits, n_vocab, k, idx, val);
+  launch_early(c.early_launch, top_k_kernel, n, kSelThreads, static_cast<cudaStream_t>(c.stream()), logits, n_vocab, k,
+               idx, val);
   CUDA_CHECK_LAUNCH();
 }
 

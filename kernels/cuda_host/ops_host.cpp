@@ -344,6 +344,10 @@ void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool) 
   else gemm(c, W, X, n, Y);
 }
 
+void gemm_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n) {
+  for (int i = 0; i < count; ++i) gemm(c, *W[i], X, n, Y[i]);
+}
+
 void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool) {
   for (const MatmulOut& o : outs) matmul(c, *o.W, X, n, o.Y);
 }
