@@ -9,6 +9,8 @@
 #              BATON_GPU_MODELS (folder for the generated models, default LOG_DIR/models),
 #              BATON_GPU_SYNTH=0 (do not generate models: quick reruns),
 #              BATON_GPU_PREBUILT=1 (no configure/build: $BATON_GPU_BUILD holds the binaries),
+#              BATON_GPU_DEPS=DIR (the build's libraries extracted from Debian packages into DIR by
+#              scripts/gpu-deps.sh, for a machine that has only CUDA, CMake and a compiler),
 #              BATON_GPU_END=S (end every step by S seconds from the start; later steps are skipped),
 #              BATON_GPU_CTEST_ARGS (more ctest arguments), BATON_GPU_KERNEL_TYPES ("Q4_0 Q4_K": the
 #              kernels step's types; default all).
@@ -122,10 +124,17 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 
 # 1. Build (sm_$arch only, all cores). BATON_GPU_PREBUILT=1: $build already holds the binaries
 # (built elsewhere for sm_$arch; the device-check script brings them).
+deps_args=()
+if [[ -n ${BATON_GPU_DEPS:-} ]]; then  # CMake finds the packages there; the linker and loader their libraries
+  deps=$(cd "$BATON_GPU_DEPS" && pwd)
+  deps_args=(-DCMAKE_PREFIX_PATH="$deps/usr")
+  export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 if [[ ${BATON_GPU_PREBUILT:-0} == 1 ]]; then
   row build prebuilt 0 "$build"
 else
-  run configure 300 cmake -S . -B "$build" -DBATON_CUDA=$cuda_mode -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release
+  run configure 300 cmake -S . -B "$build" -DBATON_CUDA=$cuda_mode -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_BUILD_TYPE=Release \
+    "${deps_args[@]}"
   run build 900 cmake --build "$build" -j "$jobs"
 fi
 

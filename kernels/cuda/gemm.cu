@@ -7,24 +7,42 @@
 
 namespace baton::cuda {
 
-// One thread per unit of the slab: load it with the GEMV loader, write its values as FP16.
+// One thread per unit of the slab: load it with the GEMV loader, expand it to FP16 in shared
+// memory; then the block's units, which cover consecutive elements of the slab (256 units: whole
+// super-blocks), go out as consecutive 16-byte words (a thread's own unit written straight out
+// would be 2..8 strided words per thread, half sectors per store). Word w of the block's span sits
+// at (w / V) * V + (w % V ^ swz(w / V)), so that eight threads storing word k of their (consecutive)
+// units hit eight different 16-byte bank groups.
+constexpr int kDequantThreads = 256;
+
 template <class T>
-__global__ void dequant_f16_kernel(const uint8_t* __restrict__ W, size_t stride, int64_t cols,
-                                   int64_t n_units_total, __half* __restrict__ dst) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_units_total) return;
-  const int units = int(cols / T::unit);
-  const int64_t r = i / units;
-  const int u = int(i % units);
-  const typename T::W w = T::load(W + r * stride, cols, u);
-  __half* out = dst + r * cols;
-  T::dequant(w, u, [&](int e0, const float (&v)[8]) {
-    uint4 pk;
-    __half2* h = reinterpret_cast<__half2*>(&pk);
+__global__ void __launch_bounds__(kDequantThreads)
+dequant_f16_kernel(const uint8_t* __restrict__ W, size_t stride, int64_t cols, int64_t n_units_total,
+                   __half* __restrict__ dst) {
+  constexpr int V = T::unit / 8;  // 16-byte words of FP16 per unit
+  __shared__ uint4 tile[kDequantThreads * V];
+  auto swz = [](int t) { return (t * V / 8) % V; };
+  const int64_t i0 = int64_t(blockIdx.x) * kDequantThreads, i = i0 + threadIdx.x;
+  if (i < n_units_total) {
+    const int units = int(cols / T::unit);
+    const int64_t r = i / units;
+    const int u = int(i % units);
+    const typename T::W w = T::load(W + r * stride, cols, u);
+    const int64_t base = r * cols - i0 * T::unit;  // row start, in elements from the block's first
+    T::dequant(w, u, [&](int e0, const float (&v)[8]) {
+      uint4 pk;
+      __half2* h = reinterpret_cast<__half2*>(&pk);
 #pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(out + e0) = pk;  // 16-byte store: e0 and cols are multiples of 8
-  });
+      for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+      const int word = int((base + e0) / 8);  // a unit's elements need not be consecutive (Q6_K)
+      tile[(word / V) * V + ((word % V) ^ swz(word / V))] = pk;
+    });
+  }
+  __syncthreads();
+  const int64_t left = n_units_total - i0;
+  const int n = int(left < kDequantThreads ? left : kDequantThreads) * V;
+  uint4* out = reinterpret_cast<uint4*>(dst) + i0 * V;  // unit i starts at element i * unit
+  for (int k = threadIdx.x; k < n; k += kDequantThreads) out[k] = tile[(k / V) * V + ((k % V) ^ swz(k / V))];
 }
 
 // The activations in FP16. With q8 (quantized weights) each block of 32 is first rounded to the
@@ -47,7 +65,7 @@ static void dequant_type(Context& c, const Weight& W, int64_t row0, int64_t nrow
   const int64_t total = nrows * (W.cols / T::unit);
   if (total == 0) return;
   const uint8_t* w = static_cast<const uint8_t*>(W.data) + row0 * W.row_stride;
-  dequant_f16_kernel<T><<<ceil_div(total, 256), 256, 0, static_cast<cudaStream_t>(c.stream())>>>(
+  dequant_f16_kernel<T><<<ceil_div(total, kDequantThreads), kDequantThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(
       w, W.row_stride, W.cols, total, dst);
   CUDA_CHECK_LAUNCH();
 }
