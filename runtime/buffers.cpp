@@ -71,7 +71,8 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   const uint64_t gemm = (B * cols * 2 + 255) / 256 * 256 + slab;
   const uint64_t gemv = 8 * (cols + (cols + 31) / 32 * 8 + 64);  // 8-bit activations of 8 columns
   const uint64_t d = std::max(s.head_dim_k, s.head_dim_v);
-  const uint64_t attention = (4 * kPlanMaxSms + B * s.n_head) * (d + 2) * 4;  // tokens x heads x splits
+  // Split partials (tokens x heads x splits), after the output's 8-bit activations (cuda::attention).
+  const uint64_t attention = (4 * kPlanMaxSms + B * s.n_head) * (d + 2) * 4 + (B * attn_width * 5 / 4 + 511) / 256 * 256;
   const uint64_t mib = uint64_t(1) << 20;
   return (std::max({gemm, gemv, attention}) + mib - 1) / mib * mib;
 }

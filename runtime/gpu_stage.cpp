@@ -64,7 +64,11 @@ struct GpuStage::Impl {
   float *x = nullptr, *xb = nullptr, *xb2 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *hb = nullptr,
         *hb2 = nullptr, *logits = nullptr;
   uint8_t *k_new = nullptr, *v_new = nullptr;
+  // tok .. row0 and the commits' arrays are slices of `ints` (a step's n entries each, packed n
+  // apart: one copy per step), set by forward() for the step's token count.
   int32_t *tok = nullptr, *pos = nullptr, *seq = nullptr, *first = nullptr, *row0 = nullptr;
+  int32_t* ints = nullptr;
+  std::vector<int32_t> h_ints;
   int32_t* ids = nullptr;          // argmax of each output row (kArgmaxOnly)
   std::vector<int32_t> h_ids;
   int top_k = 0;                   // K of a kTopK row (top_k_candidates)
@@ -180,6 +184,7 @@ struct CudaLayers {
   // Launches the pending op; `X`, `cols`, `n_cols`: the GEMV about to read X (0: none). Returns
   // whether X's 8-bit activations are in the scratch.
   bool flush(const float* X = nullptr, int64_t cols = 0, int n_cols = 0) {
+    q8_of = nullptr;  // any op after the attention: its 8-bit output may be overwritten
     Pending p = pending;
     pending = {};
     if (p.kind == Pending::None) return false;
@@ -214,8 +219,16 @@ struct CudaLayers {
     flush();
     pending = {Pending::Norm, x, d, w, out, rows, n};
   }
+  // The attention's output rows whose 8-bit activations its combine kernel wrote (cuda::attention
+  // with q8_out), for the output projection right after it.
+  const float* q8_of = nullptr;
+  int q8_rows = 0;
+  int64_t q8_cols = 0;
+  bool take_q8(const float* X, int64_t cols, int n) const { return X == q8_of && n == q8_rows && cols == q8_cols; }
+
   void matmul(const cuda::Weight& W, const float* X, int n, float* Y) {
-    const bool x_q8 = flush_for({&W}, X, n);
+    const bool ready = take_q8(X, W.cols, n);
+    const bool x_q8 = flush_for({&W}, X, n) || ready;
     cuda::matmul(g.ctx, W, X, n, Y, x_q8);
   }
   void matmul_qkv(const GpuLayer& L, int n) {
@@ -256,10 +269,8 @@ struct CudaLayers {
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
     const float* fr = g.freqs.at(c.freqs(l).data());
     const bool neox = c.rope_style == RopeStyle::NeoX;
-    cuda::rope_qk(g.ctx, {q, size_t(nq), c.n_head}, {k, size_t(nk), c.n_head_kv}, n, c.head_dim_k, c.rope_dim, g.pos,
-                  fr, neox);
-    cuda::kv_convert_kv(g.ctx, g.kv_type, {k, size_t(nk), g.k_new, g.k_row, nk}, {v, size_t(nv), g.v_new, g.v_row, nv},
-                        n);
+    cuda::rope_stage(g.ctx, g.kv_type, {q, size_t(nq), c.n_head}, {k, size_t(nk), g.k_new, g.k_row, nk},
+                     {v, size_t(nv), g.v_new, g.v_row, nv}, n, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
   }
 
   void attention(int l, int n) {
@@ -278,6 +289,19 @@ struct CudaLayers {
       s.pos = a.pos + t0, s.seq = a.seq + t0, s.first = a.first + t0, s.row0 = a.row0 + t0;
       cuda::attention(g.ctx, s, max_len);
     };
+    // Only split attention over the whole batch (a decode step; always in a graph): its combine
+    // also writes the 8-bit activations the output projection's GEMV reads.
+    bool whole_split = true;
+    for (const SeqRun& r : runs) whole_split &= r.n < g.ctx.prefill_min_tokens;
+    const cuda::Weight& wo = layer(l).wo;
+    const int64_t cols = int64_t(a.n_head) * a.kv.head_dim;
+    if (whole_split && n <= g.ctx.gemv_max_cols && cuda::q8_activations(wo.type) && wo.cols == cols &&
+        a.out_stride == size_t(cols)) {
+      cuda::attention(g.ctx, a, max_len, true);
+      commit(a);
+      q8_of = a.out, q8_rows = n, q8_cols = cols;
+      return;
+    }
     int pending = 0;  // first row not yet attended
     for (const SeqRun& r : runs) {
       if (r.n < g.ctx.prefill_min_tokens) continue;
@@ -291,6 +315,9 @@ struct CudaLayers {
       pending = r.t0 + r.n;
     }
     split(pending, n);
+    commit(a);
+  }
+  void commit(const cuda::AttentionArgs& a) {
     const auto it = g.commits.find(a.kv.n_cells);
     const int n_commit = commit_n[size_t(std::distance(g.commits.begin(), it))];
     cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, it->second.row, it->second.seq, it->second.pos, n_commit);
@@ -436,16 +463,17 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
       g.h_top_vals.reserve(B * size_t(g.top_k));
     }
   }
-  for (int32_t** a : {&g.tok, &g.pos, &g.seq, &g.first, &g.row0}) *a = g.alloc_n<int32_t>(B);
   g.h_first.resize(B);
   g.h_row0.resize(B);
   g.h_row.resize(B);
   for (const cuda::KvLayer& L : g.kv) {
     if (g.commits.count(L.n_cells)) continue;
     Impl::Commit& cm = g.commits[L.n_cells];
-    for (int32_t** a : {&cm.row, &cm.seq, &cm.pos}) *a = g.alloc_n<int32_t>(B);
     for (std::vector<int32_t>* h : {&cm.h_row, &cm.h_seq, &cm.h_pos}) h->reserve(B);
   }
+  const size_t n_ints = (5 + 3 * g.commits.size()) * B;
+  g.ints = g.alloc_n<int32_t>(n_ints);
+  g.h_ints.reserve(n_ints);
 
   // The ops' shared scratch (activation quants, FP16 slabs, attention split partials), reserved
   // now for the widest step so that no op grows it (which would synchronize) during a step.
@@ -528,12 +556,21 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       fail(ErrorKind::Usage, "CUDA stage: the tokens of sequence {} are not contiguous in the batch", batch.seq[size_t(t)]);
     max_len = std::max(max_len, batch.pos[size_t(t)] + 1);
   }
-  const size_t ib = size_t(n) * sizeof(int32_t);
-  cuda::copy_to_device(g.ctx, g.tok, batch.token.data(), ib);
-  cuda::copy_to_device(g.ctx, g.pos, batch.pos.data(), ib);
-  cuda::copy_to_device(g.ctx, g.seq, batch.seq.data(), ib);
-  cuda::copy_to_device(g.ctx, g.first, g.h_first.data(), ib);
-  cuda::copy_to_device(g.ctx, g.row0, g.h_row0.data(), ib);
+  // The step's int arrays: slice k of the packed host array (n entries from k * n) goes to the
+  // same slice of g.ints, all in one copy. A graph is captured per token count, so its pointers
+  // are those of every later step of its shape.
+  const size_t N = size_t(n);
+  g.h_ints.resize((5 + 3 * g.commits.size()) * N);
+  size_t slot = 0;
+  auto put = [&](const int32_t* src, size_t count) {
+    std::copy_n(src, count, g.h_ints.data() + slot * N);
+    return g.ints + N * slot++;
+  };
+  g.tok = put(batch.token.data(), N);
+  g.pos = put(batch.pos.data(), N);
+  g.seq = put(batch.seq.data(), N);
+  g.first = put(g.h_first.data(), N);
+  g.row0 = put(g.h_row0.data(), N);
   std::vector<int32_t> last;  // per sequence, its last position in the batch
   last_positions(batch, g.n_seq, last);
   for (auto& [n_cells, cm] : g.commits) {
@@ -547,11 +584,11 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       cm.h_pos.push_back(batch.pos[size_t(t)]);
     }
     cm.n = int(cm.h_row.size());
-    const size_t cb = size_t(cm.n) * sizeof(int32_t);
-    cuda::copy_to_device(g.ctx, cm.row, cm.h_row.data(), cb);
-    cuda::copy_to_device(g.ctx, cm.seq, cm.h_seq.data(), cb);
-    cuda::copy_to_device(g.ctx, cm.pos, cm.h_pos.data(), cb);
+    cm.row = put(cm.h_row.data(), size_t(cm.n));
+    cm.seq = put(cm.h_seq.data(), size_t(cm.n));
+    cm.pos = put(cm.h_pos.data(), size_t(cm.n));
   }
+  cuda::copy_to_device(g.ctx, g.ints, g.h_ints.data(), slot * N * sizeof(int32_t));  // pageable: copied before return
 
   const size_t xbytes = size_t(n) * size_t(c.n_embd) * sizeof(float);
   g.trace.mark(0);

@@ -520,6 +520,42 @@ TEST_CASE("rope_qk and kv_convert_kv equal two single calls") {
   }
 }
 
+// The decode step's fused launch: rope on q and k, then k and v staged, as the three calls do,
+// byte for byte; k's F32 rows untouched (GQA shapes, both rope styles, partial rotation).
+TEST_CASE("rope_stage equals rope_qk then kv_convert_kv") {
+  std::mt19937 rng(16);
+  const int n_tok = 5, hq = 8, hk = 2;
+  const std::vector<int32_t> pos = {3, 4, 5, 900, 70001};
+  auto dp = to_dev(pos);
+  for (int head_dim : {64, 128})
+    for (bool neox : {false, true})
+      for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+        const int rope_dim = head_dim == 64 ? 64 : 96, wk = hk * head_dim, wv = hk * head_dim;
+        const size_t sq = size_t(hq * head_dim) + 32, sk = size_t(wk) + 32, sv = size_t(wv) + 64;  // padded rows
+        std::vector<float> freqs(size_t(rope_dim / 2));
+        for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
+        auto df = to_dev(freqs);
+        const auto q = random_floats(sq * n_tok, rng), k = random_floats(sk * n_tok, rng, -2.0f, 2.0f);
+        const auto v = random_floats(sv * n_tok, rng, -2.0f, 2.0f);
+        const size_t rk = row_bytes(kt, wk), rv = row_bytes(kt, wv);
+        auto q1 = to_dev(q), k1 = to_dev(k), q2 = to_dev(q), k2 = to_dev(k), dv = to_dev(v);
+        cu::DeviceBuffer kn1(rk * n_tok), vn1(rv * n_tok), kn2(rk * n_tok), vn2(rv * n_tok);
+        cu::rope_qk(ctx(), {q1.as<float>(), sq, hq}, {k1.as<float>(), sk, hk}, n_tok, head_dim, rope_dim, dp.as<int32_t>(),
+                    df.as<float>(), neox);
+        cu::kv_convert_kv(ctx(), kt, {k1.as<float>(), sk, kn1.as<uint8_t>(), rk, wk},
+                          {dv.as<float>(), sv, vn1.as<uint8_t>(), rv, wv}, n_tok);
+        cu::rope_stage(ctx(), kt, {q2.as<float>(), sq, hq}, {k2.as<float>(), sk, kn2.as<uint8_t>(), rk, wk},
+                       {dv.as<float>(), sv, vn2.as<uint8_t>(), rv, wv}, n_tok, head_dim, rope_dim, dp.as<int32_t>(),
+                       df.as<float>(), neox);
+        INFO(type_name(kt) << " head_dim " << head_dim << " neox " << neox);
+        CHECK(to_host<float>(q1, q.size()) == to_host<float>(q2, q.size()));
+        CHECK(to_host<uint8_t>(kn1, rk * n_tok) == to_host<uint8_t>(kn2, rk * n_tok));
+        CHECK(to_host<uint8_t>(vn1, rv * n_tok) == to_host<uint8_t>(vn2, rv * n_tok));
+        CHECK(to_host<float>(k2, k.size()) == k);  // the F32 rows as they were
+        CHECK(to_host<float>(q1, q.size()) != q);  // it did rotate
+      }
+}
+
 TEST_CASE("KV conversion is byte-identical to the CPU's, commit writes the ring cells") {
   std::mt19937 rng(7);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
@@ -641,6 +677,21 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
           cu::attention(ctx(), g, max_len);
           INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len);
           check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention");
+          // With q8_out the combine also leaves the output's 8-bit activations where the output
+          // projection's GEMV takes them: the same bytes as quantize_act, the same output.
+          cu::attention(ctx(), g, max_len, true);
+          const size_t m = qs * size_t(n);
+          const cu::Q8Act q8 = cu::q8_scratch(ctx(), int64_t(qs), n);
+          std::vector<int8_t> got_q(m);
+          std::vector<float> got_d(m / 16);
+          cu::copy_to_host(ctx(), got_q.data(), q8.qs, m);
+          cu::copy_to_host(ctx(), got_d.data(), q8.ds, got_d.size() * 4);
+          ctx().synchronize();
+          check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention with q8_out");
+          cu::DeviceBuffer rq(m), rd(got_d.size() * 4);
+          cu::quantize_act(ctx(), dout.as<float>(), int64_t(qs), n, rq.as<int8_t>(), rd.as<float>());
+          CHECK(to_host<int8_t>(rq, m) == got_q);
+          CHECK(to_host<float>(rd, got_d.size()) == got_d);
         }
       }
     }

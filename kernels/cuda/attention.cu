@@ -158,8 +158,10 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   }
 }
 
+// With qs: out's 8-bit activations too (rows of gridDim.y * D values, a warp's 32 values one block).
 template <int D>
-__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, float* out, size_t out_stride) {
+__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, float* out, size_t out_stride,
+                                    int8_t* __restrict__ qs, float2* __restrict__ ds) {
   griddep_release();
   griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -174,7 +176,9 @@ __global__ void attn_combine_kernel(const float* __restrict__ part, int n_split,
     L += w * p[s * (D + 2) + 1];
     acc += w * p[s * (D + 2) + 2 + d];
   }
-  out[size_t(t) * out_stride + size_t(h) * D + d] = acc / L;
+  const float o = acc / L;
+  out[size_t(t) * out_stride + size_t(h) * D + d] = o;
+  if (qs) q8_store(o, (int64_t(t) * gridDim.y + h) * D + d, qs, ds);
 }
 
 // ---- tiled prefill ----
@@ -528,21 +532,31 @@ int split_chunk(const Context& c, int n_tokens, int n_head, int max_len) {
 
 }  // namespace
 
+// The scratch: the output's 8-bit activations where q8_scratch puts them, then the split partials.
+static size_t q8_area(int n_tokens, int n_head, int head_dim) {
+  return (q8_act_bytes(int64_t(n_head) * head_dim, n_tokens) + 255) / 256 * 256;
+}
+
 size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len) {
   if (n_tokens <= 0 || max_len <= 0) return 0;
   const int chunk = split_chunk(c, n_tokens, n_head, max_len);
   const int n_split = (max_len + chunk - 1) / chunk;
-  return size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
+  return q8_area(n_tokens, n_head, head_dim) + size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
 }
 
-void attention(Context& c, const AttentionArgs& a, int max_len) {
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out) {
   check_args(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(cat("CUDA attention: max_len ", max_len, " must be positive"));
   const int D = a.kv.head_dim;
+  const int64_t cols = int64_t(a.n_head) * D;
+  if (q8_out && a.out_stride != size_t(cols))
+    input_error(cat("CUDA attention: 8-bit activations of output rows ", a.out_stride, " apart (not ", cols, ")"));
   const int chunk = split_chunk(c, a.n_tokens, a.n_head, max_len);
   const int n_split = (max_len + chunk - 1) / chunk;
-  float* part = static_cast<float*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, D, max_len)));
+  auto* base = static_cast<uint8_t*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, D, max_len)));
+  float* part = reinterpret_cast<float*>(base + q8_area(a.n_tokens, a.n_head, D));
+  const Q8Act act = q8_out ? q8_scratch(c, cols, a.n_tokens) : Q8Act{};  // at base: no reallocation
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;
@@ -550,7 +564,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len) {
                  kAttnThreads, s, a, chunk, part);
     CUDA_CHECK_LAUNCH();
     launch_early(c.early_launch, attn_combine_kernel<DD>, dim3(a.n_tokens, a.n_head), DD, s, part, n_split, a.out,
-                 a.out_stride);
+                 a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds));
     CUDA_CHECK_LAUNCH();
   });
 }

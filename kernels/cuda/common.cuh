@@ -146,6 +146,12 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
   return __uint_as_float(uint32_t(b) << 16);
 }
 
+// The rotation of pair (a, b) by the angle with cosine c and sine s: (a·c − b·s, a·s + b·c), each
+// product rounded before the sum (never fused), so that every kernel that rotates gets the same bits.
+__device__ __forceinline__ float2 rotate_pair(float a, float b, float c, float s) {
+  return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace baton::cuda

@@ -98,25 +98,12 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
 
 // F16: thread per value. Q8_0: warp per 32-value block, d = max|x|/127 stored as fp16, the
 // same arithmetic as the CPU reference quantizer (byte-identical blocks). blockIdx.y: k or v.
-__global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
-  griddep_release();
-  griddep_wait();
-  const KvRows p = blockIdx.y ? v : k;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(p.width) * n) return;
-  const int r = int(i / p.width), e = int(i % p.width);
-  reinterpret_cast<__half*>(p.dst + size_t(r) * p.dst_row)[e] = __float2half_rn(p.src[size_t(r) * p.src_stride + e]);
+__device__ __forceinline__ void kv_store_f16(const KvRows& p, int r, int e, float x) {
+  reinterpret_cast<__half*>(p.dst + size_t(r) * p.dst_row)[e] = __float2half_rn(x);
 }
 
-__global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
-  griddep_release();
-  griddep_wait();
-  const KvRows p = blockIdx.y ? v : k;
-  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32, nb = p.width / 32;
-  if (b >= int64_t(nb) * n) return;  // whole warps leave together
-  const int r = int(b / nb), blk = int(b % nb);
-  const float x = p.src[size_t(r) * p.src_stride + size_t(blk) * 32 + lane];
+// Value x of element blk * 32 + lane of row r; the whole warp holds the block.
+__device__ __forceinline__ void kv_store_q8(const KvRows& p, int r, int blk, int lane, float x) {
   const float amax = warp_max(fabsf(x));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -128,6 +115,74 @@ __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
   const int q_next = __shfl_down_sync(kFullMask, q, 1);
   if (lane % 2 == 0) o[1 + lane / 2] = uint16_t((q & 0xFF) | ((q_next & 0xFF) << 8));
   if (lane == 0) o[0] = __half_as_ushort(__float2half_rn(d));
+}
+
+__global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
+  griddep_release();
+  griddep_wait();
+  const KvRows p = blockIdx.y ? v : k;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(p.width) * n) return;
+  const int r = int(i / p.width), e = int(i % p.width);
+  kv_store_f16(p, r, e, p.src[size_t(r) * p.src_stride + e]);
+}
+
+__global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
+  griddep_release();
+  griddep_wait();
+  const KvRows p = blockIdx.y ? v : k;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, nb = p.width / 32;
+  if (b >= int64_t(nb) * n) return;  // whole warps leave together
+  const int r = int(b / nb), blk = int(b % nb);
+  kv_store_q8(p, r, blk, lane, p.src[size_t(r) * p.src_stride + size_t(blk) * 32 + lane]);
+}
+
+// The decode step's rope and staging in one launch: blockIdx.x the token, blockIdx.y the part.
+// q (0): rotated in place, a thread per pair (as rope_kernel). k (1): a thread per value of the
+// row, its rotated value computed from its pair in the F32 row (left as it was) and stored as the
+// KV type, warps of 32 values for Q8_0. v (2): stored as the KV type.
+template <bool Q8>
+__global__ void __launch_bounds__(256)
+rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
+                  const float* __restrict__ freqs, bool neox) {
+  griddep_release();
+  griddep_wait();
+  const int t = blockIdx.x, half = rope_dim / 2;
+  const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
+  auto angle = [&](int i, float& cs, float& sn) {
+    double sd, cd;
+    sincos(double(pos[t]) * double(freqs[i]), &sd, &cd);
+    cs = float(cd), sn = float(sd);
+  };
+  if (blockIdx.y == 0) {
+    if (j >= half * q.n_head) return;
+    const int h = j / half, i = j % half;
+    float cs, sn;
+    angle(i, cs, sn);
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    float* x = q.x + size_t(t) * q.stride + size_t(h) * head_dim;
+    const float2 r = rotate_pair(x[i0], x[i1], cs, sn);
+    x[i0] = r.x;
+    x[i1] = r.y;
+    return;
+  }
+  const KvRows p = blockIdx.y == 1 ? k : v;
+  if ((Q8 ? j - int(threadIdx.x % 32) : j) >= p.width) return;  // Q8_0: whole warps (widths are multiples of 32)
+  const float* src = p.src + size_t(t) * p.src_stride;
+  float x = src[j];
+  const int e = j % head_dim;
+  if (blockIdx.y == 1 && e < rope_dim) {
+    const bool first = neox ? e < half : e % 2 == 0;
+    const int i = neox ? e % half : e / 2;
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    float cs, sn;
+    angle(i, cs, sn);
+    const float2 r = rotate_pair(src[j - e + i0], src[j - e + i1], cs, sn);
+    x = first ? r.x : r.y;
+  }
+  if constexpr (Q8) kv_store_q8(p, t, j / 32, j % 32, x);
+  else kv_store_f16(p, t, j, x);
 }
 
 static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const KvRows* v, int n) {
@@ -157,6 +212,32 @@ void kv_convert(Context& c, GgmlType type, const float* src, size_t src_stride, 
 
 void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, int n) {
   kv_convert_launch(c, type, k, &v, n);
+}
+
+void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox) {
+  if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
+    input_error(cat("CUDA rope_stage: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
+  if (type != GgmlType::F16 && type != GgmlType::Q8_0)
+    input_error(cat("CUDA rope_stage: KV type ", type_name(type), " is not F16 or Q8_0"));
+  if (k.width % head_dim != 0)
+    input_error(cat("CUDA rope_stage: k rows of ", k.width, " values are not whole heads of ", head_dim));
+  if (type == GgmlType::Q8_0) {
+    for (int w : {k.width, v.width})
+      if (w % 32) input_error(cat("CUDA rope_stage: Q8_0 rows need a multiple of 32 values, got ", w));
+    for (const KvRows* r : {&k, &v})
+      if (reinterpret_cast<uintptr_t>(r->dst) % 2 || r->dst_row % 2)
+        input_error("CUDA rope_stage: Q8_0 rows must start at even addresses");
+  }
+  if (n_tok <= 0) return;
+  const int64_t most = std::max<int64_t>({int64_t(q.n_head) * (rope_dim / 2), k.width, v.width});
+  const dim3 grid(unsigned(n_tok), 3u, ceil_div(most, 256));
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  if (type == GgmlType::Q8_0)
+    launch_early(c.early_launch, rope_stage_kernel<true>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
+  else
+    launch_early(c.early_launch, rope_stage_kernel<false>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
+  CUDA_CHECK_LAUNCH();
 }
 
 // Block per token and part (blockIdx.y: k or v): its staged row to its cell, in 16-byte words

@@ -111,9 +111,9 @@ rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* _
   const float cs = float(cd), sn = float(sd);
   const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
   float* v = p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim;
-  const float a = v[i0], b = v[i1];
-  v[i0] = a * cs - b * sn;
-  v[i1] = a * sn + b * cs;
+  const float2 r = rotate_pair(v[i0], v[i1], cs, sn);
+  v[i0] = r.x;
+  v[i1] = r.y;
 }
 
 static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,

@@ -339,6 +339,11 @@ struct KvRows {
   int width;
 };
 void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, int n);
+// The decode step's rope and staging in one launch: q rotated in place (as rope_qk), k's rows
+// rotated and stored as `type` (the F32 rows k.src stay as they were), v's rows stored; the same
+// bytes as rope_qk on q and k, then kv_convert_kv. k.width: whole heads of head_dim.
+void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox);
 // Copies staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t]) for t < n (the commit
 // after attention).
 void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
@@ -366,7 +371,9 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
 // the keys split over several blocks so that long contexts fill the GPU (flash-decoding), then
 // merged. max_len (host): an upper bound of pos[t] + 1 over the batch (pass n_ctx when capturing a
 // graph); it fixes the number of splits.
-void attention(Context& c, const AttentionArgs& a, int max_len);
+// q8_out: the output's 8-bit activations too, where q8_scratch(c, n_head * head_dim, n_tokens) puts
+// them (the GEMV of the output projection then takes them: x_q8); out rows must be contiguous.
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false);
 // Scratch attention() takes for n_tokens queries of n_head heads over at most max_len keys (the
 // split partials), so that a stage can reserve it before its first step.
 size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len);

@@ -512,6 +512,15 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
   kv_convert(c, type, v.src, v.src_stride, v.dst, v.dst_row, v.width, n);
 }
 
+void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox) {
+  std::vector<float> kr(size_t(n_tok) * size_t(k.width));  // k rotated; its F32 rows stay as they were
+  for (int t = 0; t < n_tok; ++t)
+    std::copy_n(k.src + size_t(t) * k.src_stride, k.width, kr.data() + size_t(t) * size_t(k.width));
+  rope_qk(c, q, {kr.data(), size_t(k.width), k.width / head_dim}, n_tok, head_dim, rope_dim, pos, freqs, neox);
+  kv_convert_kv(c, type, {kr.data(), size_t(k.width), k.dst, k.dst_row, k.width}, v, n_tok);
+}
+
 void kv_commit(Context&, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new, const int32_t* row,
                const int32_t* seq, const int32_t* pos, int n) {
   if (n <= 0) return;
@@ -534,7 +543,8 @@ size_t attention_scratch_bytes(const Context&, int n_tokens, int, int head_dim, 
   return (size_t(max_len) + 2 * size_t(head_dim)) * sizeof(float);
 }
 
-void attention(Context& c, const AttentionArgs& a, int max_len) {
+// q8_out changes nothing here: the emulated GEMV quantizes its input itself.
+void attention(Context& c, const AttentionArgs& a, int max_len, bool) {
   check_attention(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(fmt::format("CUDA attention: max_len {} must be positive", max_len));
