@@ -113,7 +113,7 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
     const int nk = min(32, ke - k0);  // the same for the whole warp
     // Lanes = dims: coalesced value rows, kVGroup rows loaded before any is used (one row at a
     // time would wait out the memory latency once per key); summed in key order.
-    constexpr int kVGroup = D >= 128 ? 4 : 8;
+    constexpr int kVGroup = D >= 256 ? 4 : D >= 128 ? 8 : 16;
     for (int jj0 = 0; jj0 < nk; jj0 += kVGroup) {
       float vv[kVGroup][R];
 #pragma unroll
