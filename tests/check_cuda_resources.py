@@ -30,12 +30,13 @@ MAX_THREADS = [
     (r"gemv_kernel<", 128),                                   # kGemvThreads
     (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
+    (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
     (r"(top_k|argmax)_kernel\(", 1024),                       # kSelThreads
-    (r"rms_norm_kernel\(", 256),                              # 32, 128 or 256 by row width
-    (r"rope_kernel\(", 128),                                  # rope_dim / 2, rounded up to 32
+    (r"rms_norm_kernel\(", 1024),                             # about 4 values per thread, up to kNormMaxThreads
+    (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),
     (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("
-     r"|quantize_act_kernel\()", 256),
+     r"|quantize_act_kernel\(|copy_words_kernel\()", 256),
 ]
 
 # Local memory measured and left alone (docs/GPU.md, "Registers and local memory"): bytes of stack
