@@ -3,8 +3,9 @@
 //  - attention(): one query per (token, head); the keys are split over gridDim.z blocks
 //    (flash-decoding) that each keep a running max/sum, merged by a second kernel. Any batch.
 //  - attention_prefill(): a run of one sequence; a block takes a tile of queries of one head and
-//    walks key/value tiles through shared memory with an online softmax (no score matrix).
-// Scores and sums in F32; K/V are F16 or Q8_0 and expanded to F32 on load.
+//    walks key/value tiles through shared memory with an online softmax (no score matrix): on the
+//    tensor cores for heads up to 128 (Q, K, V and the probabilities as F16), else in F32.
+// Scores and sums in F32; K/V are F16 or Q8_0 in the cache, expanded on load.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
