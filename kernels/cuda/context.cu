@@ -1,7 +1,5 @@
 // Context (device, stream, cuBLAS handle, scratch), device buffers and the error path.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -128,29 +126,7 @@ void copy_to_device(Context& c, void* dst, const void* host, size_t bytes) {
 void copy_to_host(Context& c, void* host, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(c.stream())));
 }
-// BATON_LINK_COPY=kernel: device-to-device and peer copies of whole 16-byte words as a kernel
-// instead of cudaMemcpyAsync (a measurement switch for the links' cost, scripts/device runs).
-__global__ void copy_words_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
-}
-static bool copy_as_kernel(void* dst, const void* src, size_t bytes) {
-  static const bool on = [] {
-    const char* e = std::getenv("BATON_LINK_COPY");
-    return e && std::string(e) == "kernel";
-  }();
-  return on && bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-}
-static void copy_kernel(Context& c, void* dst, const void* src, size_t bytes) {
-  const size_t n = bytes / 16;
-  if (n == 0) return;
-  copy_words_kernel<<<unsigned(std::min<size_t>(ceil_div(int64_t(n), 256), 1024)), 256, 0,
-                      static_cast<cudaStream_t>(c.stream())>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
-  CUDA_CHECK_LAUNCH();
-}
-
 void copy_on_device(Context& c, void* dst, const void* src, size_t bytes) {
-  if (copy_as_kernel(dst, src, bytes)) return copy_kernel(c, dst, src, bytes);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(c.stream())));
 }
 
@@ -275,7 +251,6 @@ void enable_peer(int a, int b) {
 
 void copy_peer(Context& src, void* dst, int dst_device, const void* src_ptr, size_t bytes) {
   cudaStream_t s = static_cast<cudaStream_t>(src.stream());
-  if (copy_as_kernel(dst, src_ptr, bytes)) return copy_kernel(src, dst, src_ptr, bytes);  // peer access is on
   if (dst_device == src.device()) CUDA_CHECK(cudaMemcpyAsync(dst, src_ptr, bytes, cudaMemcpyDeviceToDevice, s));
   else CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src_ptr, src.device(), bytes, s));
 }
