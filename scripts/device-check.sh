@@ -23,18 +23,25 @@ budget=${args[0]:-480}
 out=${args[1]:-${OUT:-/tmp/gpu-out}}
 mkdir -p "$out"
 [[ -e ../shared ]] || ln -s "$root/.dev/shared" ../shared 2>/dev/null  # the peer data (device-bundle.sh copies it)
-if ((build)); then
-  [[ -d .dev/deps ]] || { echo "device-check: no .dev/deps (run scripts/gpu-deps.sh first)" >&2; exit 2; }
-  {
-    nvidia-smi
-    uname -a; grep -m1 "model name" /proc/cpuinfo; nproc; free -g; cmake --version | head -1; c++ --version | head -1
-  } >"$out/machine.txt" 2>&1
-  BATON_GPU_DEPS=.dev/deps BATON_GPU_BUILD=build-gpu BATON_GPU_END=$budget BATON_GPU_MODELS=/tmp/baton-models \
-    BATON_GPU_CTEST_ARGS="-j 4" BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" scripts/gpu-check.sh /tmp/gpu-logs
-  rc=$?
+{
+  nvidia-smi
+  nvidia-smi topo -m
+  uname -a; grep -m1 "model name" /proc/cpuinfo; nproc; free -g; cmake --version | head -1; c++ --version | head -1
+} >"$out/machine.txt" 2>&1
+
+# check VAR=VALUE...: scripts/gpu-check.sh in that environment, its logs to $out.
+check() {
+  env "$@" BATON_GPU_END="$budget" BATON_GPU_MODELS=/tmp/baton-models \
+    BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" scripts/gpu-check.sh /tmp/gpu-logs
+  local rc=$?
   tar -czf "$out/gpu-logs.tgz" -C /tmp gpu-logs
   cp /tmp/gpu-logs/summary.txt "$out/"
   exit $rc
+}
+
+if ((build)); then
+  [[ -d .dev/deps ]] || { echo "device-check: no .dev/deps (run scripts/gpu-deps.sh first)" >&2; exit 2; }
+  check BATON_GPU_DEPS=.dev/deps BATON_GPU_BUILD=build-gpu BATON_GPU_CTEST_ARGS="-j 4"
 fi
 [[ -s .dev/bundle.tar.xz ]] || { echo "device-check: no .dev/bundle.tar.xz (run scripts/device-bundle.sh first)" >&2; exit 2; }
 tar -xJf .dev/bundle.tar.xz
@@ -47,7 +54,6 @@ if [[ $src != "$root" ]]; then
 fi
 peer_parent=$(dirname "$src")/shared
 [[ -e $peer_parent ]] || ln -s "$root/.dev/shared" "$peer_parent"
-[[ -e ../shared ]] || ln -s "$root/.dev/shared" ../shared 2>/dev/null
 
 # cuBLAS: the toolkit's, else a Python package's.
 export LD_LIBRARY_PATH=$root/.dev/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -57,21 +63,9 @@ if ldd build-dev/baton | grep -q "not found"; then
   done
 fi
 ldd build-dev/baton | grep -E "not found|cublas|cudart"
-{
-  nvidia-smi
-  nvidia-smi topo -m
-  uname -a; grep -m1 "model name" /proc/cpuinfo; nproc; free -g
-} >"$out/machine.txt" 2>&1
 if (($#)); then
   export OUT=$out
   "$@"
   exit
 fi
-
-BATON_GPU_BUILD=build-dev BATON_GPU_PREBUILT=1 BATON_GPU_END=$budget BATON_GPU_MODELS=/tmp/baton-models \
-  BATON_GPU_CTEST_ARGS="-E test_cuda_resources -j 4" BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" \
-  scripts/gpu-check.sh /tmp/gpu-logs
-rc=$?
-tar -czf "$out/gpu-logs.tgz" -C /tmp gpu-logs
-cp /tmp/gpu-logs/summary.txt "$out/"
-exit $rc
+check BATON_GPU_BUILD=build-dev BATON_GPU_PREBUILT=1 BATON_GPU_CTEST_ARGS="-E test_cuda_resources -j 4"
