@@ -152,6 +152,23 @@ __device__ __forceinline__ float2 rotate_pair(float a, float b, float c, float s
   return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
 }
 
+// RoPE: pair i of a head is elements (2i, 2i + 1), or (i, i + half) NeoX-style, rotated by the
+// angle pos · freq (taken in double, as on the CPU). rope_rotate returns the pair's new values.
+__device__ __forceinline__ float2 rope_rotate(const float* head, int i, int half, bool neox, int pos, float freq,
+                                              int& i0, int& i1) {
+  i0 = neox ? i : 2 * i;
+  i1 = neox ? i + half : 2 * i + 1;
+  double sd, cd;
+  sincos(double(pos) * double(freq), &sd, &cd);
+  return rotate_pair(head[i0], head[i1], float(cd), float(sd));
+}
+__device__ __forceinline__ void rope_in_place(float* head, int i, int half, bool neox, int pos, float freq) {
+  int i0, i1;
+  const float2 r = rope_rotate(head, i, half, neox, pos, freq, i0, i1);
+  head[i0] = r.x;
+  head[i1] = r.y;
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace baton::cuda

@@ -150,21 +150,10 @@ rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, co
   griddep_wait();
   const int t = blockIdx.x, half = rope_dim / 2;
   const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
-  auto angle = [&](int i, float& cs, float& sn) {
-    double sd, cd;
-    sincos(double(pos[t]) * double(freqs[i]), &sd, &cd);
-    cs = float(cd), sn = float(sd);
-  };
   if (blockIdx.y == 0) {
     if (j >= half * q.n_head) return;
     const int h = j / half, i = j % half;
-    float cs, sn;
-    angle(i, cs, sn);
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    float* x = q.x + size_t(t) * q.stride + size_t(h) * head_dim;
-    const float2 r = rotate_pair(x[i0], x[i1], cs, sn);
-    x[i0] = r.x;
-    x[i1] = r.y;
+    rope_in_place(q.x + size_t(t) * q.stride + size_t(h) * head_dim, i, half, neox, pos[t], freqs[i]);
     return;
   }
   const KvRows p = blockIdx.y == 1 ? k : v;
@@ -173,13 +162,10 @@ rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, co
   float x = src[j];
   const int e = j % head_dim;
   if (blockIdx.y == 1 && e < rope_dim) {
-    const bool first = neox ? e < half : e % 2 == 0;
-    const int i = neox ? e % half : e / 2;
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    float cs, sn;
-    angle(i, cs, sn);
-    const float2 r = rotate_pair(src[j - e + i0], src[j - e + i1], cs, sn);
-    x = first ? r.x : r.y;
+    const int i = neox ? e % half : e / 2;  // e's pair, and e its first or second element
+    int i0, i1;
+    const float2 r = rope_rotate(src + (j - e), i, half, neox, pos[t], freqs[i], i0, i1);
+    x = e == i0 ? r.x : r.y;
   }
   if constexpr (Q8) kv_store_q8(p, t, j / 32, j % 32, x);
   else kv_store_f16(p, t, j, x);

@@ -106,14 +106,7 @@ rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* _
   const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
   if (j >= half * p.n_head) return;
   const int h = j / half, i = j % half;
-  double sd, cd;
-  sincos(double(pos[blockIdx.x]) * double(freqs[i]), &sd, &cd);
-  const float cs = float(cd), sn = float(sd);
-  const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-  float* v = p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim;
-  const float2 r = rotate_pair(v[i0], v[i1], cs, sn);
-  v[i0] = r.x;
-  v[i1] = r.y;
+  rope_in_place(p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim, i, half, neox, pos[blockIdx.x], freqs[i]);
 }
 
 static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,
