@@ -297,8 +297,7 @@ struct CudaLayers {
     const int64_t cols = int64_t(a.n_head) * a.kv.head_dim;
     if (whole_split && n <= g.ctx.gemv_max_cols && cuda::q8_activations(wo.type) && wo.cols == cols &&
         a.out_stride == size_t(cols)) {
-      cuda::attention(g.ctx, a, max_len, true);
-      commit(a);
+      cuda::attention(g.ctx, a, max_len, true, commit_args(a));  // the commit in its last launch
       q8_of = a.out, q8_rows = n, q8_cols = cols;
       return;
     }
@@ -317,11 +316,12 @@ struct CudaLayers {
     split(pending, n);
     commit(a);
   }
-  void commit(const cuda::AttentionArgs& a) {
+  cuda::KvCommit commit_args(const cuda::AttentionArgs& a) const {
     const auto it = g.commits.find(a.kv.n_cells);
     const int n_commit = commit_n[size_t(std::distance(g.commits.begin(), it))];
-    cuda::kv_commit(g.ctx, a.kv, g.k_new, g.v_new, it->second.row, it->second.seq, it->second.pos, n_commit);
+    return {g.k_new, g.v_new, it->second.row, it->second.seq, it->second.pos, n_commit};
   }
+  void commit(const cuda::AttentionArgs& a) { cuda::kv_commit(g.ctx, a.kv, commit_args(a)); }
 
   int gather_logit_rows() {
     flush();
@@ -370,6 +370,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.use_graphs = opt.cuda_graphs;
   g.n_ctx = opt.n_ctx;
   g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
+  g.ctx.gemv_rows_per_warp = env_setting("BATON_GEMV_ROWS", 1, 2, g.ctx.gemv_rows_per_warp, "1 or 2");
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
   g.ctx.mma_prefill = g.ctx.mma_prefill && env_setting("BATON_MMA_ATTN", 0, 1, 1, "0 or 1") == 1;
   g.trace.on = env_setting("BATON_STEP_TRACE", 0, 1, 0, "0 or 1") == 1;

@@ -6,6 +6,8 @@
 #   .dev/bundle.tar.xz     build-dev/{baton,tests/test_cuda_*,tests/test_peer_logits,CTest files}, .dev/lib/*
 #   .dev/shared/peer/logits the peer tiny model and llama.cpp's logits (tests and same-token runs)
 #   .dev/source-dir        the source path the test binaries were built with
+#   .dev/baton-base.xz     with BATON_BUNDLE_BASE=REV: REV's baton (built in a worktree, build-dev-base),
+#                          for the check's decode A/B against this tree (BATON_GPU_BASE_BIN)
 # Then, on the GPU machine, in a copy of this tree that has .dev/: scripts/device-check.sh.
 #   BATON_GPU_ARCH  CUDA architecture (default 90)
 set -euo pipefail
@@ -35,4 +37,17 @@ for t in "${targets[@]:1}"; do files+=("$build/tests/$t"); done
 # One xz stream with a large window: the test binaries share most of their bytes (the kernels).
 tar -cf - "${files[@]}" .dev/lib | xz -T0 -9 --lzma2=dict=192MiB >.dev/bundle.tar.xz
 ls -l .dev/lib
+rm -f .dev/baton-base.xz
+if [[ -n ${BATON_BUNDLE_BASE:-} ]]; then
+  base_src=$(pwd)/build-dev-base/src
+  rm -rf "$base_src"
+  git worktree prune
+  git worktree add --detach "$base_src" "$BATON_BUNDLE_BASE" >/dev/null
+  cmake -S "$base_src" -B build-dev-base/build -DBATON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DCMAKE_BUILD_TYPE=Release -DBATON_MPI=OFF -DBATON_NCCL=OFF >/dev/null
+  cmake --build build-dev-base/build -j "$(nproc)" --target baton
+  xz -T0 -9 <build-dev-base/build/baton >.dev/baton-base.xz
+  git worktree remove --force "$base_src"
+  echo "base: $(git rev-parse --short "$BATON_BUNDLE_BASE") -> .dev/baton-base.xz"
+fi
 du -sh .dev/bundle.tar.xz .dev/shared

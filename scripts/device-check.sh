@@ -29,9 +29,15 @@ mkdir -p "$out"
   uname -a; grep -m1 "model name" /proc/cpuinfo; nproc; free -g; cmake --version | head -1; c++ --version | head -1
 } >"$out/machine.txt" 2>&1
 
+# Another tree's baton for the decode A/B (device-bundle.sh with BATON_BUNDLE_BASE=REV).
+base=()
+if [[ -s .dev/baton-base.xz ]]; then
+  xz -dc .dev/baton-base.xz >/tmp/baton-base && chmod +x /tmp/baton-base && base=(BATON_GPU_BASE_BIN=/tmp/baton-base)
+fi
+
 # check VAR=VALUE...: scripts/gpu-check.sh in that environment, its logs to $out.
 check() {
-  env "$@" BATON_GPU_END="$budget" BATON_GPU_MODELS=/tmp/baton-models \
+  env "$@" "${base[@]}" BATON_GPU_END="$budget" BATON_GPU_MODELS=/tmp/baton-models \
     BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" scripts/gpu-check.sh /tmp/gpu-logs
   local rc=$?
   tar -czf "$out/gpu-logs.tgz" -C /tmp gpu-logs

@@ -13,7 +13,8 @@
 #              scripts/gpu-deps.sh, for a machine that has only CUDA, CMake and a compiler),
 #              BATON_GPU_END=S (end every step by S seconds from the start; later steps are skipped),
 #              BATON_GPU_CTEST_ARGS (more ctest arguments), BATON_GPU_KERNEL_TYPES ("Q4_0 Q4_K": the
-#              kernels step's types; default all).
+#              kernels step's types; default all), BATON_GPU_BASE_BIN (another tree's baton: decode
+#              A/B against it, alternating).
 # Steps whose command does not exist yet in this tree are skipped with a note, not failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -63,12 +64,13 @@ bench_note() {
 # fastest FP16 slab of the 512-column GEMM.
 kernels_note() {
   awk '$1 == "gemv" && $3 == 1 { pct[$2] = $6 }
+       $1 == "gemv2r" && $3 == 1 { pct2[$2] = "/" $6 }
        $1 == "cut-over" { t = $2; sub(":", "", t); n = ($NF == "columns" && $(NF-1) ~ /^[0-9]+$/) ? $(NF-1) : ">128"
                           if ($0 ~ /already at 8/) n = "<=8"; if ($0 ~ /GEMV faster up to/) n = ">128"
                           cut[t] = n; order[++k] = t }
        $1 == "slab" { t = $2; sub(":", "", t); slab[t] = ($NF == "MiB") ? $(NF-1) "M" : "all" }
-       END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s cut %s slab %s", sep, t, pct[t], cut[t], slab[t]; sep = "; " } }' "$1" \
-    | cut -c1-90
+       END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s%s cut %s slab %s", sep, t, pct[t], pct2[t], cut[t], slab[t]; sep = "; " } }' "$1" \
+    | cut -c1-130
 }
 # The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
 best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
@@ -244,6 +246,26 @@ if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
   for t in Q4_0 Q4_K; do
     have_model $t && run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
   done
+fi
+
+# Two rows per GEMV warp (Context::gemv_rows_per_warp, BATON_GEMV_ROWS=2; not the default until
+# measured) on the real decode step. And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
+# one scripts/device-bundle.sh packs from BATON_BUNDLE_BASE=REV): the same decode with it and with
+# this tree's, alternating (base, new, base, new), so a change is a ratio measured in one run.
+if has_cmd bench; then
+  for t in Q4_0 Q4_K; do
+    have_model $t && run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+  done
+  base_bin=${BATON_GPU_BASE_BIN:-}
+  if [[ -n $base_bin && -x $base_bin ]]; then
+    for t in Q4_0 Q4_K; do
+      have_model $t || continue
+      for round in 1 2; do
+        run "bench-ab$round-base-$t" 300 "$base_bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p "$pp" -n "$tg"
+        run "bench-ab$round-new-$t" 300 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p "$pp" -n "$tg"
+      done
+    done
+  fi
 fi
 
 # 7. The CUDA matmuls alone: GEMV GB/s per type and column count, the GEMV -> GEMM cut-over (what

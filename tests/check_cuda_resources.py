@@ -32,7 +32,7 @@ MAX_THREADS = [
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
     (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
     (r"(top_k|argmax)_kernel\(", 1024),                       # kSelThreads
-    (r"rms_norm_kernel\(", 1024),                             # about 4 values per thread, up to kNormMaxThreads
+    (r"rms_norm_kernel<", 1024),                              # V values per thread, up to kNormMaxThreads
     (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),
     (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("
@@ -42,7 +42,6 @@ MAX_THREADS = [
 # Local memory measured and left alone (docs/GPU.md, "Registers and local memory"): bytes of stack
 # frame allowed. Everything else must have none.
 LOCAL_ALLOWED = [
-    (r"attn_split_kernel<(64|96), false>", 8),                # 8 bytes, F16 cache
     (r"(rope_kernel|rope_stage_kernel<)", 40),                # double sincos: its slow path for huge angles
 ]
 

@@ -253,29 +253,78 @@ TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed typ
   }
 }
 
+// Context::gemv_rows_per_warp = 2 (a warp takes two rows of matrices tall enough for a warp per
+// row): each row is summed in the same order, so the product is the one-row-per-warp product bit
+// for bit, also for an odd row count (the last warp's second row is missing) and for q, k and v
+// in one launch. Wider launches (3 columns) keep one row per warp.
+TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
+  std::mt19937 rng(16);
+  const int64_t rows = 4501, cols = 1024;
+  for (GgmlType t : kTypes) {
+    INFO(type_name(t));
+    const auto w = random_weights(t, rows, cols, rng);
+    cu::Weight W;
+    cu::DeviceBuffer keep = cu::upload_weight(t, w.data(), rows, cols, W);
+    const cu::Weight W2 = W;  // a second "matrix" over the same rows, for matmul_n
+    for (int n : {1, 2, 3}) {
+      INFO(n << " columns");
+      auto dx = to_dev(random_floats(size_t(cols * n), rng));
+      std::vector<std::vector<float>> got;
+      for (int rpw : {1, 2}) {
+        ctx().gemv_rows_per_warp = rpw;
+        cu::DeviceBuffer y(size_t(rows * n) * 4), ya(size_t(rows * n) * 4), yb(size_t(rows * n) * 4);
+        cu::matmul(ctx(), W, dx.as<float>(), n, y.as<float>());
+        cu::matmul_n(ctx(), {{&W, ya.as<float>()}, {&W2, yb.as<float>()}}, dx.as<float>(), n);
+        got.push_back(to_host<float>(y, size_t(rows * n)));
+        CHECK(to_host<float>(ya, size_t(rows * n)) == got.back());
+        CHECK(to_host<float>(yb, size_t(rows * n)) == got.back());
+      }
+      ctx().gemv_rows_per_warp = 1;
+      CHECK(std::all_of(got[0].begin(), got[0].end(), [](float v) { return std::isfinite(v) && v != 0.0f; }));
+      CHECK(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 // The norms and gates can write the next GEMV's 8-bit activations along with their output
 // (cuda::Q8Act): the same bytes quantize_act writes, and a matmul told so (x_q8) gives the product
 // of quantizing X itself, bit for bit.
 TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, and the GEMV that takes them") {
   std::mt19937 rng(15);
-  const int64_t cols = 768;  // 24 blocks of 32 (3 Q4_K superblocks): rms_norm runs 128 threads, the gate 256
+  // Rows of 768 values (24 blocks of 32): rms_norm runs 192 threads of 4 values; 800: its last warp
+  // a quarter full; 9216: rows longer than its registers hold (it loops); `skew`: the vectors one
+  // float past 16-byte alignment, so the kernels take one value per thread.
+  struct Shape { int64_t cols; int skew; };
+  for (const Shape sh : {Shape{768, 0}, Shape{800, 0}, Shape{9216, 0}, Shape{768, 1}})
   for (int n : {1, 3, 8}) {
+    const int64_t cols = sh.cols;
     const size_t m = size_t(cols) * size_t(n);
     const auto x = random_floats(m, rng, -3.0f, 3.0f), d = random_floats(m, rng), u = random_floats(m, rng);
     const auto w = random_floats(size_t(cols), rng, 0.5f, 1.5f);
-    auto dw = to_dev(w), du = to_dev(u);
-    const auto wt = random_weights(GgmlType::Q4_K, 300, cols, rng);
+    auto skewed = [&](const std::vector<float>& v) {  // on the device, sh.skew floats into the buffer
+      std::vector<float> s(size_t(sh.skew), 0.0f);
+      s.insert(s.end(), v.begin(), v.end());
+      return to_dev(s);
+    };
+    auto dw = skewed(w), du = skewed(u);
+    const GgmlType wt_type = cols % 256 == 0 ? GgmlType::Q4_K : GgmlType::Q4_0;
+    const auto wt = random_weights(wt_type, 300, cols, rng);
     cu::Weight W;
-    cu::DeviceBuffer keep = cu::upload_weight(GgmlType::Q4_K, wt.data(), 300, cols, W);
+    cu::DeviceBuffer keep = cu::upload_weight(wt_type, wt.data(), 300, cols, W);
     for (int op = 0; op < 4; op++) {  // rms_norm, add_rms_norm, silu_gate, gelu_tanh_gate
-      INFO("op " << op << ", " << n << " columns");
-      auto dx = to_dev(x), dd = to_dev(d);
-      cu::DeviceBuffer dy(m * 4);
+      INFO("op " << op << ", rows of " << cols << ", skew " << sh.skew << ", " << n << " columns");
+      auto dx = skewed(x), dd = skewed(d);
+      cu::DeviceBuffer dy_buf((m + size_t(sh.skew)) * 4);
+      float* const px = dx.as<float>() + sh.skew;
+      float* const pd = dd.as<float>() + sh.skew;
+      float* const pw = dw.as<float>() + sh.skew;
+      float* const pu = du.as<float>() + sh.skew;
+      float* const py = dy_buf.as<float>() + sh.skew;
       const cu::Q8Act q8 = cu::q8_scratch(ctx(), cols, n);
-      if (op == 0) cu::rms_norm(ctx(), dx.as<float>(), dw.as<float>(), dy.as<float>(), n, int(cols), 1e-6f, q8);
-      if (op == 1) cu::add_rms_norm(ctx(), dx.as<float>(), dd.as<float>(), dw.as<float>(), dy.as<float>(), n, int(cols), 1e-6f, q8);
-      if (op == 2) cu::silu_gate(ctx(), dx.as<float>(), du.as<float>(), dy.as<float>(), int64_t(m), q8);
-      if (op == 3) cu::gelu_tanh_gate(ctx(), dx.as<float>(), du.as<float>(), dy.as<float>(), int64_t(m), q8);
+      if (op == 0) cu::rms_norm(ctx(), px, pw, py, n, int(cols), 1e-6f, q8);
+      if (op == 1) cu::add_rms_norm(ctx(), px, pd, pw, py, n, int(cols), 1e-6f, q8);
+      if (op == 2) cu::silu_gate(ctx(), px, pu, py, int64_t(m), q8);
+      if (op == 3) cu::gelu_tanh_gate(ctx(), px, pu, py, int64_t(m), q8);
       // What the op left in the scratch, against quantize_act of its output.
       std::vector<int8_t> qs(m);
       std::vector<float> ds(m / 16);  // a (d, d * sum) pair per 32 values
@@ -283,14 +332,14 @@ TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, 
       cu::copy_to_host(ctx(), ds.data(), q8.ds, ds.size() * 4);
       ctx().synchronize();
       cu::DeviceBuffer rq(m), rd(ds.size() * 4);
-      cu::quantize_act(ctx(), dy.as<float>(), cols, n, rq.as<int8_t>(), rd.as<float>());
+      cu::quantize_act(ctx(), py, cols, n, rq.as<int8_t>(), rd.as<float>());
       CHECK(to_host<int8_t>(rq, m) == qs);
       CHECK(to_host<float>(rd, ds.size()) == ds);
       CHECK(std::count(qs.begin(), qs.end(), int8_t(0)) < int64_t(m / 4));  // not an empty buffer (GELU has many near 0)
       // The GEMV on the staged activations (nothing has used the scratch since the op) and on X.
       cu::DeviceBuffer y1(300 * size_t(n) * 4), y2(300 * size_t(n) * 4), y3(300 * size_t(n) * 4);
-      cu::matmul(ctx(), W, dy.as<float>(), n, y1.as<float>(), true);
-      cu::matmul(ctx(), W, dy.as<float>(), n, y2.as<float>());
+      cu::matmul(ctx(), W, py, n, y1.as<float>(), true);
+      cu::matmul(ctx(), W, py, n, y2.as<float>());
       const auto a = to_host<float>(y1, 300 * size_t(n)), b = to_host<float>(y2, 300 * size_t(n));
       CHECK(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -298,7 +347,7 @@ TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, 
       const std::vector<int8_t> zeros(m, 0);
       const cu::Q8Act z = cu::q8_scratch(ctx(), cols, n);
       cu::copy_to_device(ctx(), z.qs, zeros.data(), m);
-      cu::matmul(ctx(), W, dy.as<float>(), n, y3.as<float>(), true);
+      cu::matmul(ctx(), W, py, n, y3.as<float>(), true);
       CHECK(to_host<float>(y3, 300 * size_t(n)) != b);
     }
   }
@@ -419,7 +468,7 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
     INFO(what << ": " << bad << " of " << a.size() << " values off");
     CHECK(bad == 0);
   };
-  for (int n : {7, 64, 576, 2049}) {
+  for (int n : {7, 64, 576, 2049, 4096, 9000}) {  // 4 values a thread from 576; loops for 2049 and 9000
     const int rows = 5;
     auto x = random_floats(size_t(rows * n), rng, -4.0f, 4.0f);
     auto w = random_floats(size_t(n), rng, 0.5f, 1.5f);
@@ -692,6 +741,32 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
           cu::quantize_act(ctx(), dout.as<float>(), int64_t(qs), n, rq.as<int8_t>(), rd.as<float>());
           CHECK(to_host<int8_t>(rq, m) == got_q);
           CHECK(to_host<float>(rd, got_d.size()) == got_d);
+          // The commit in the combine's launch (a decode step's): the same output, and the staged
+          // rows in their cells, as kv_commit after the attention leaves them.
+          std::vector<int32_t> crow(static_cast<size_t>(n));
+          for (int t = 0; t < n; t++) crow[size_t(t)] = t;
+          auto dcrow = to_dev(crow);
+          const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), dcrow.as<int32_t>(), g.seq, g.pos, n};
+          std::vector<uint8_t> want_k = C.k, want_v = C.v;
+          for (int t = 0; t < n; t++) {
+            const size_t cell = size_t(seq[size_t(t)]) * C.n_cells + size_t(pos[size_t(t)] % C.n_cells);
+            std::memcpy(want_k.data() + cell * C.k_row, C.k_new.data() + size_t(t) * C.k_row, C.k_row);
+            std::memcpy(want_v.data() + cell * C.k_row, C.v_new.data() + size_t(t) * C.k_row, C.k_row);
+          }
+          for (bool fused : {true, false}) {
+            INFO((fused ? "commit in the combine" : "kv_commit"));
+            if (fused) {
+              cu::attention(ctx(), g, max_len, true, cm);
+            } else {
+              cu::attention(ctx(), g, max_len, true);
+              cu::kv_commit(ctx(), g.kv, cm);
+            }
+            check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention with the commit");
+            CHECK(to_host<uint8_t>(C.dk, want_k.size()) == want_k);
+            CHECK(to_host<uint8_t>(C.dv, want_v.size()) == want_v);
+            cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());  // the history back
+            cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+          }
         }
       }
     }

@@ -31,6 +31,45 @@ struct KvRead {
       return half_bits_to_float(uint16_t(b[0] | (b[1] << 8))) * float(int8_t(b[2 + e % 32]));
     }
   }
+  // Elements e0..e0+R-1 (e0 a multiple of R): one load of 2R bytes for an F16 row, the block's
+  // scale and R/2 two-byte loads for a Q8_0 row (R a power of two: the run is in one block);
+  // element by element for other R.
+  template <int R>
+  __device__ static void load_run(const uint8_t* row, int e0, float (&v)[R]) {
+    if constexpr ((R & (R - 1)) != 0 || R == 1) {
+#pragma unroll
+      for (int i = 0; i < R; i++) v[i] = at(row, e0 + i);
+    } else if constexpr (!Q8) {
+      uint32_t w[R / 2];  // rows are 16-byte aligned, so the run is 2R-byte aligned
+      const uint8_t* p = row + size_t(e0) * 2;
+      if constexpr (R == 2) {
+        w[0] = *reinterpret_cast<const uint32_t*>(p);
+      } else if constexpr (R == 4) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        w[0] = x.x, w[1] = x.y;
+      } else {
+        static_assert(R == 8);
+        const uint4 x = *reinterpret_cast<const uint4*>(p);
+        w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+      }
+#pragma unroll
+      for (int k = 0; k < R / 2; k++) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+      }
+    } else {
+      const uint8_t* b = row + (e0 / 32) * 34;
+      const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(b));  // even offsets
+      const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + e0 % 32);
+#pragma unroll
+      for (int k = 0; k < R / 2; k++) {
+        const uint16_t two = q[k];
+        v[2 * k] = d * float(int8_t(two & 0xFF));
+        v[2 * k + 1] = d * float(int8_t(two >> 8));
+      }
+    }
+  }
   // Elements e0..e0+7 (e0 a multiple of 8).
   __device__ static void load8(const uint8_t* row, int e0, float (&v)[8]) {
     if constexpr (!Q8) {
@@ -68,20 +107,36 @@ __device__ __forceinline__ const uint8_t* kv_row(const uint8_t* staged, const ui
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kAttnThreads)
 attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
-  constexpr int R = D / 32;  // dims per lane: d = lane + 32 i
+  constexpr int R = D / 32;  // dims per lane: d = R lane + i
   __shared__ float qs[D];
   __shared__ float sm_m[4];
   __shared__ float sm_l[4];
   __shared__ float sm_o[4][D];
   griddep_release();
-  griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The int arrays are the step's inputs (copied before its first kernel), not an op's output.
   const int p = a.pos[t], s = a.seq[t], first = a.first[t], row0 = a.row0[t];
   const int g = h / (a.n_head / a.kv.n_head_kv);
   const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
   // The last split runs to the end, so a max_len below pos + 1 costs speed, not correctness.
   const int kb = max(lo, sp * chunk), ke = sp == n_split - 1 ? p + 1 : min(p + 1, (sp + 1) * chunk);
+  {
+    // While the ops before finish (q comes from them), the L2 fetches this block's cached keys
+    // and values (no op of the step writes cells before the commit, which follows this kernel):
+    // the head group's slice of each row, in 128-byte lines.
+    constexpr int len = Q8 ? (D / 32) * 34 : D * 2, lines = len / 128 + 2;  // lines a slice may touch
+    const size_t off = size_t(g) * len;
+    const int cached_end = min(ke, first);
+    for (int i = threadIdx.x; i < (cached_end - kb) * lines; i += blockDim.x) {
+      const int j = kb + i / lines;
+      const size_t cell = size_t(s) * a.kv.n_cells + size_t(j % a.kv.n_cells);
+      const size_t at = off + size_t(min(128 * (i % lines), len - 1));  // the last: the slice's last byte
+      prefetch_l2(a.kv.k + cell * a.kv.k_row + at);
+      prefetch_l2(a.kv.v + cell * a.kv.v_row + at);
+    }
+  }
+  griddep_wait();
 
   for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = a.q[size_t(t) * a.q_stride + size_t(h) * D + d];
   __syncthreads();
@@ -112,16 +167,16 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
 #pragma unroll
     for (int i = 0; i < R; i++) o[i] *= corr;
     const int nk = min(32, ke - k0);  // the same for the whole warp
-    // Lanes = dims: coalesced value rows, kVGroup rows loaded before any is used (one row at a
-    // time would wait out the memory latency once per key); summed in key order.
+    // Lanes = runs of R dims: coalesced value rows (one load per lane and row where R allows),
+    // kVGroup rows loaded before any is used (one row at a time would wait out the memory
+    // latency once per key); summed in key order.
     constexpr int kVGroup = D >= 256 ? 4 : D >= 128 ? 8 : 16;
     for (int jj0 = 0; jj0 < nk; jj0 += kVGroup) {
       float vv[kVGroup][R];
 #pragma unroll
       for (int u = 0; u < kVGroup; u++) {
         const uint8_t* vr = kv_row(a.v_new, a.kv.v, a.kv.v_row, a.kv.n_cells, k0 + min(jj0 + u, nk - 1), s, first, row0);
-#pragma unroll
-        for (int i = 0; i < R; i++) vv[u][i] = KvRead<Q8>::at(vr, g * D + lane + 32 * i);
+        KvRead<Q8>::template load_run<R>(vr, g * D + R * lane, vv[u]);
       }
 #pragma unroll
       for (int u = 0; u < kVGroup; u++) {
@@ -139,7 +194,7 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
     sm_l[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < R; i++) sm_o[warp][lane + 32 * i] = o[i];
+  for (int i = 0; i < R; i++) sm_o[warp][R * lane + i] = o[i];
   __syncthreads();
   float M = -INFINITY;
   for (int w = 0; w < 4; w++) M = fmaxf(M, sm_m[w]);
@@ -159,14 +214,45 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   }
 }
 
-// With qs: out's 8-bit activations too (rows of gridDim.y * D values, a warp's 32 values one block).
+// Staged row row[t] of k (is_v false) or v to its cell, by the block's threads: 16-byte words when
+// the rows allow (F16 rows of a multiple of 8 values, Q8_0 rows of a multiple of 256), else bytes.
+__device__ __forceinline__ void commit_row(const KvLayer& kv, const KvCommit& m, int t, bool is_v) {
+  const size_t cell = size_t(m.seq[t]) * kv.n_cells + size_t(m.pos[t] % kv.n_cells);
+  const size_t rb = is_v ? kv.v_row : kv.k_row;
+  const uint8_t* __restrict__ src = (is_v ? m.v_new : m.k_new) + size_t(m.row[t]) * rb;
+  uint8_t* __restrict__ dst = (is_v ? kv.v : kv.k) + cell * rb;
+  if (rb % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    return;
+  }
+  for (size_t i = threadIdx.x; i < rb; i += blockDim.x) dst[i] = src[i];
+}
+
+// Block per token and part (blockIdx.y: k or v).
+__global__ void kv_commit_kernel(KvLayer kv, KvCommit m) {
+  griddep_release();
+  griddep_wait();
+  commit_row(kv, m, blockIdx.x, blockIdx.y);
+}
+
+// Block (t, h) merges the splits of token t, head h (thread per output value). With qs: out's
+// 8-bit activations too (rows of n_head * D values, a warp's 32 values one block). Blocks
+// (t, n_head) and (t, n_head + 1), t < m.n, do the commit's k and v rows: every split has read
+// the cache by now (this kernel waits for them), so the new rows may overwrite old cells.
 template <int D>
-__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, float* out, size_t out_stride,
-                                    int8_t* __restrict__ qs, float2* __restrict__ ds) {
+__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, int n_tokens, int n_head, float* out,
+                                    size_t out_stride, int8_t* __restrict__ qs, float2* __restrict__ ds, KvLayer kv,
+                                    KvCommit m) {
   griddep_release();
   griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const float* p = part + (size_t(t) * gridDim.y + h) * n_split * (D + 2);
+  if (h >= n_head) {
+    if (t < m.n) commit_row(kv, m, t, h > n_head);
+    return;
+  }
+  if (t >= n_tokens) return;
+  const float* p = part + (size_t(t) * n_head + h) * n_split * (D + 2);
   float M = -INFINITY;
   for (int s = 0; s < n_split; s++) M = fmaxf(M, p[s * (D + 2)]);
   float acc = 0.0f, L = 0.0f;
@@ -179,7 +265,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ part, int n_split,
   }
   const float o = acc / L;
   out[size_t(t) * out_stride + size_t(h) * D + d] = o;
-  if (qs) q8_store(o, (int64_t(t) * gridDim.y + h) * D + d, qs, ds);
+  if (qs) q8_store(o, (int64_t(t) * n_head + h) * D + d, qs, ds);
 }
 
 // ---- tiled prefill ----
@@ -545,7 +631,7 @@ size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int h
   return q8_area(n_tokens, n_head, head_dim) + size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
 }
 
-void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out) {
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, const KvCommit& commit) {
   check_args(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(cat("CUDA attention: max_len ", max_len, " must be positive"));
@@ -564,10 +650,18 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out) {
     launch_early(c.early_launch, attn_split_kernel<DD, decltype(q8)::value>, dim3(a.n_tokens, a.n_head, n_split),
                  kAttnThreads, s, a, chunk, part);
     CUDA_CHECK_LAUNCH();
-    launch_early(c.early_launch, attn_combine_kernel<DD>, dim3(a.n_tokens, a.n_head), DD, s, part, n_split, a.out,
-                 a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds));
+    const dim3 grid(unsigned(std::max(a.n_tokens, commit.n)), unsigned(a.n_head + (commit.n > 0 ? 2 : 0)));
+    launch_early(c.early_launch, attn_combine_kernel<DD>, grid, DD, s, part, n_split, a.n_tokens, a.n_head, a.out,
+                 a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds), a.kv, commit);
     CUDA_CHECK_LAUNCH();
   });
+}
+
+void kv_commit(Context& c, const KvLayer& kv, const KvCommit& m) {
+  if (m.n <= 0) return;
+  launch_early(c.early_launch, kv_commit_kernel, dim3(unsigned(m.n), 2u), 256, static_cast<cudaStream_t>(c.stream()), kv,
+               m);
+  CUDA_CHECK_LAUNCH();
 }
 
 void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, int row0) {

@@ -75,14 +75,41 @@ __device__ __forceinline__ int warp_q8(float v, float& d) {
   return amax > 0.0f ? __float2int_rn(v / d) : 0;
 }
 
-// The 8-bit activation of value v at flat index i (a warp holds 32 consecutive values, starting at
-// a multiple of 32): writes quantize_act's q and (d, d * sum), computed as quantize_act computes them.
+// The 8-bit activations of V consecutive values per lane, v[e] at flat index i0 + e: 32 / V lanes
+// (i0 of the first a multiple of 32) make one block of quantize_act's grid, computed as it does
+// (d = max|x| / 127, q = round(x / d), d·Σq; a max and an integer sum, so the same bytes however
+// the lanes hold them). Every lane of the warp calls it (the reductions shuffle the whole warp);
+// `live` false: a lane past the end, whose whole group of 32 / V lanes is past it, stores nothing.
+// V = 4: three shuffle rounds per reduction instead of five, one 4-byte store of quants.
+template <int V>
+__device__ __forceinline__ void q8_store_v(const float (&v)[V], int64_t i0, bool live, int8_t* __restrict__ qs,
+                                           float2* __restrict__ ds) {
+  static_assert(V == 1 || V == 4);
+  constexpr int G = 32 / V;  // lanes per block of 32 values
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V; e++) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+  const float d = amax / 127.0f;
+  int q[V], sum = 0;
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    q[e] = amax > 0.0f ? __float2int_rn(v[e] / d) : 0;
+    sum += q[e];
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
+  if (!live) return;
+  if constexpr (V == 4) *reinterpret_cast<char4*>(qs + i0) = make_char4(q[0], q[1], q[2], q[3]);
+  else qs[i0] = int8_t(q[0]);
+  if (threadIdx.x % G == 0) ds[i0 / 32] = make_float2(d, d * float(sum));
+}
+
+// One value per lane: a warp holds 32 consecutive values, starting at a multiple of 32.
 __device__ __forceinline__ void q8_store(float v, int64_t i, int8_t* __restrict__ qs, float2* __restrict__ ds) {
-  float d;
-  const int q = warp_q8(v, d);
-  qs[i] = int8_t(q);
-  const int sum = warp_sum(q);
-  if (threadIdx.x % 32 == 0) ds[i / 32] = make_float2(d, d * float(sum));
+  const float a[1] = {v};
+  q8_store_v<1>(a, i, true, qs, ds);
 }
 
 // Programmatic dependent launch (sm_90+; no-ops elsewhere and in the simulator, which runs the
@@ -98,6 +125,15 @@ __device__ __forceinline__ void griddep_wait() {
 __device__ __forceinline__ void griddep_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Asks the L2 for the 128-byte line holding p (no register waits for it; a no-op in the simulator).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
 #endif
 }
 

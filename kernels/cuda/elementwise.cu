@@ -1,5 +1,5 @@
 // Elementwise ops (gates, residual add, scale, softcap), the embedding row lookup and the KV
-// cache conversion/commit. Memory-bound one-pass kernels: 16-byte accesses where alignment allows.
+// cache conversion. Memory-bound one-pass kernels: 16-byte accesses where alignment allows.
 #include <algorithm>
 
 #include "kernels/cuda/ops.h"
@@ -23,25 +23,42 @@ __device__ __forceinline__ float ew(float a, float b, float s) {
   return s * tanhf(a / s);  // Softcap
 }
 
-// With qs: y's 8-bit activations too (n a multiple of 32: whole warps pass the bound).
-template <Ew op>
+// Thread per V consecutive values (V = 4: 16-byte accesses, and a block of 8-bit activations is 8
+// lanes). With qs: y's 8-bit activations too (n a multiple of 32: whole groups pass the bound).
+template <Ew op, int V>
 __global__ void ew_kernel(const float* a, const float* b, float* y, float s, int64_t n, int8_t* __restrict__ qs,
                           float2* __restrict__ ds) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   griddep_release();  // a GEMV after this (the down projection after the gate) may start
   griddep_wait();
-  if (i >= n) return;
-  const float v = ew<op>(a[i], b ? b[i] : 0.0f, s);
-  y[i] = v;
-  if (qs) q8_store(v, i, qs, ds);
+  if (i - int64_t(threadIdx.x % 32) * V >= n) return;  // whole warps leave together
+  const bool live = i < n;
+  float v[V] = {};
+  if (live) {
+    if constexpr (V == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(a + i);
+      const float4 z = b ? *reinterpret_cast<const float4*>(b + i) : float4{};
+      v[0] = ew<op>(x.x, z.x, s), v[1] = ew<op>(x.y, z.y, s), v[2] = ew<op>(x.z, z.z, s), v[3] = ew<op>(x.w, z.w, s);
+      *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      v[0] = ew<op>(a[i], b ? b[i] : 0.0f, s);
+      y[i] = v[0];
+    }
+  }
+  if (qs) q8_store_v<V>(v, i, live, qs, ds);
 }
 
 template <Ew op>
 void launch_ew(Context& c, const float* a, const float* b, float* y, float s, int64_t n, Q8Act q8 = {}) {
   if (n <= 0) return;
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA gate: 8-bit activations of ", n, " values (not a multiple of 32)"));
-  launch_early(c.early_launch, ew_kernel<op>, ceil_div(n, 256), 256, static_cast<cudaStream_t>(c.stream()), a, b, y, s, n,
-               q8.qs, reinterpret_cast<float2*>(q8.ds));
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  cudaStream_t st = static_cast<cudaStream_t>(c.stream());
+  auto* ds = reinterpret_cast<float2*>(q8.ds);
+  if (n % 4 == 0 && aligned(a) && aligned(y) && (!b || aligned(b)))
+    launch_early(c.early_launch, ew_kernel<op, 4>, ceil_div(n / 4, 256), 256, st, a, b, y, s, n, q8.qs, ds);
+  else
+    launch_early(c.early_launch, ew_kernel<op, 1>, ceil_div(n, 256), 256, st, a, b, y, s, n, q8.qs, ds);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -223,35 +240,6 @@ void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, c
     launch_early(c.early_launch, rope_stage_kernel<true>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
   else
     launch_early(c.early_launch, rope_stage_kernel<false>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
-  CUDA_CHECK_LAUNCH();
-}
-
-// Block per token and part (blockIdx.y: k or v): its staged row to its cell, in 16-byte words
-// when the rows allow (F16 rows of a multiple of 8 values, Q8_0 rows of a multiple of 256), else
-// bytes.
-__global__ void kv_commit_kernel(KvLayer kv, const uint8_t* k_new, const uint8_t* v_new,
-                                 const int32_t* row, const int32_t* seq, const int32_t* pos) {
-  griddep_release();
-  griddep_wait();
-  const int t = blockIdx.x;
-  const bool is_v = blockIdx.y;
-  const size_t cell = size_t(seq[t]) * kv.n_cells + size_t(pos[t] % kv.n_cells);
-  const size_t rb = is_v ? kv.v_row : kv.k_row;
-  const uint8_t* __restrict__ src = (is_v ? v_new : k_new) + size_t(row[t]) * rb;
-  uint8_t* __restrict__ dst = (is_v ? kv.v : kv.k) + cell * rb;
-  if (rb % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    return;
-  }
-  for (size_t i = threadIdx.x; i < rb; i += blockDim.x) dst[i] = src[i];
-}
-
-void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
-               const int32_t* row, const int32_t* seq, const int32_t* pos, int n) {
-  if (n <= 0) return;
-  launch_early(c.early_launch, kv_commit_kernel, dim3(unsigned(n), 2u), 256, static_cast<cudaStream_t>(c.stream()), kv,
-               k_new, v_new, row, seq, pos);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@ namespace baton::cuda {
 
 constexpr int kGemvThreads = 128;  // 4 warps
 constexpr int kGemvMaxCols = 8;
+constexpr int kGemvPairMaxCols = 2;  // widest launch that pairs rows (registers: RPW × NC sums)
 
 // One warp per 32-value block: d = max|x| / 127, q = round(x / d), plus d·Σq for the offsets.
 __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks,
@@ -56,7 +57,10 @@ struct GemvSegs {
   int n;
 };
 
-template <class T, int NC>
+// RPW rows per warp (1, or 2 when every segment has a warp per row): a warp loads RPW rows'
+// units before it uses any (twice the bytes in flight per warp) and reads each activation block
+// once for them (the same __ldg addresses; half the activation loads per weight byte).
+template <class T, int NC, int RPW>
 __global__ void __launch_bounds__(kGemvThreads)
 gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   __shared__ float part[kGemvThreads / 32][NC];
@@ -70,49 +74,62 @@ gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   const GemvSeg& g2 = segs.s[2];
   const uint8_t* __restrict__ W = si == 2 ? g2.W : si == 1 ? g1.W : g0.W;
   const int rows = si == 2 ? g2.rows : si == 1 ? g1.rows : g0.rows;
-  const int wpr = si == 2 ? g2.wpr : si == 1 ? g1.wpr : g0.wpr;
+  const int wpr = RPW > 1 ? 1 : si == 2 ? g2.wpr : si == 1 ? g1.wpr : g0.wpr;
   const int block0 = si == 2 ? g2.block0 : si == 1 ? g1.block0 : g0.block0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = (int(blockIdx.x) - block0) * (kGemvThreads / 32 / wpr) + warp / wpr;
+  const int row = ((int(blockIdx.x) - block0) * (kGemvThreads / 32 / wpr) + warp / wpr) * RPW;
   const int sub = warp % wpr;
   const int n_units = int(cols / T::unit);
   const int step = 32 * wpr;
 
-  float acc[NC];
+  float acc[RPW][NC];
 #pragma unroll
-  for (int j = 0; j < NC; j++) acc[j] = 0.0f;
+  for (int r = 0; r < RPW; r++)
+#pragma unroll
+    for (int j = 0; j < NC; j++) acc[r][j] = 0.0f;
 
   if (row < rows) {
-    const uint8_t* r = W + size_t(row) * stride;
+    const uint8_t* rp[RPW];
+    rp[0] = W + size_t(row) * stride;
+#pragma unroll
+    for (int r = 1; r < RPW; r++) rp[r] = row + r < rows ? rp[r - 1] + stride : rp[r - 1];  // a missing row: the last again
     for (int u0 = sub * 32 + lane; u0 < n_units; u0 += step * T::unroll) {
-      typename T::W w[T::unroll];
+      typename T::W w[RPW][T::unroll];
 #pragma unroll
       for (int k = 0; k < T::unroll; k++)  // all loads first: they overlap in flight
-        if (u0 + k * step < n_units) w[k] = T::load(r, cols, u0 + k * step);
+        if (u0 + k * step < n_units)
+#pragma unroll
+          for (int r = 0; r < RPW; r++) w[r][k] = T::load(rp[r], cols, u0 + k * step);
       griddep_wait();  // the activations come from the op before (weights are read-only)
 #pragma unroll
       for (int k = 0; k < T::unroll; k++)
         if (u0 + k * step < n_units)
 #pragma unroll
-          for (int j = 0; j < NC; j++) acc[j] += T::dot(w[k], act, j, u0 + k * step);
+          for (int j = 0; j < NC; j++)
+#pragma unroll
+            for (int r = 0; r < RPW; r++) acc[r][j] += T::dot(w[r][k], act, j, u0 + k * step);
     }
   }
 #pragma unroll
-  for (int j = 0; j < NC; j++) acc[j] = warp_sum(acc[j]);
+  for (int r = 0; r < RPW; r++)
+#pragma unroll
+    for (int j = 0; j < NC; j++) acc[r][j] = warp_sum(acc[r][j]);
   float* __restrict__ Y = si == 2 ? g2.Y : si == 1 ? g1.Y : g0.Y;
   const int64_t ldy = rows;
   if (wpr == 1) {
-    if (row < rows && lane < NC) {
-      float v = acc[0];
 #pragma unroll
-      for (int j = 1; j < NC; j++) if (lane == j) v = acc[j];
-      Y[int64_t(lane) * ldy + row] = v;
-    }
+    for (int r = 0; r < RPW; r++)
+      if (row + r < rows && lane < NC) {
+        float v = acc[r][0];
+#pragma unroll
+        for (int j = 1; j < NC; j++) if (lane == j) v = acc[r][j];
+        Y[int64_t(lane) * ldy + row + r] = v;
+      }
     return;
   }
   if (lane == 0)
 #pragma unroll
-    for (int j = 0; j < NC; j++) part[warp][j] = acc[j];
+    for (int j = 0; j < NC; j++) part[warp][j] = acc[0][j];
   __syncthreads();
   if (sub == 0 && row < rows && lane < NC) {
     float v = 0.0f;
@@ -133,24 +150,36 @@ template <class T>
 static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int count, const Act& act, int n) {
   CUDA_ASSERT(count >= 1 && count <= kMaxSegs);
   const int n_units = int(W[0]->cols / T::unit);
+  int wpr[kMaxSegs];
+  bool one_warp = true;  // every segment a warp per row: rows may pair up (Context::gemv_rows_per_warp)
+  for (int i = 0; i < count; i++) {
+    wpr[i] = warps_per_row(c, W[i]->rows, n_units);
+    one_warp &= wpr[i] == 1;
+  }
+  const int rpw = one_warp && n <= kGemvPairMaxCols ? c.gemv_rows_per_warp : 1;
   GemvSegs segs{};
   segs.n = count;
   int blocks = 0;
   for (int i = 0; i < count; i++) {
-    const int wpr = warps_per_row(c, W[i]->rows, n_units);
-    segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), wpr, blocks};
-    blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr));
+    segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), wpr[i], blocks};
+    blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr[i] * rpw));
   }
   const unsigned grid = unsigned(blocks);
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   const size_t stride = W[0]->row_stride;
   const int64_t cols = W[0]->cols;
-  switch (n) {
+  auto go = [&](auto kernel) { launch_early(c.early_launch, kernel, grid, kGemvThreads, s, segs, stride, cols, act); };
+  if (rpw == 2) {
+    if (n == 1) go(gemv_kernel<T, 1, 2>);
+    else go(gemv_kernel<T, 2, 2>);
+  } else {
+    switch (n) {
 #define BATON_NC(N) \
-  case N: launch_early(c.early_launch, gemv_kernel<T, N>, grid, kGemvThreads, s, segs, stride, cols, act); break;
-    BATON_NC(1) BATON_NC(2) BATON_NC(3) BATON_NC(4) BATON_NC(5) BATON_NC(6) BATON_NC(7) BATON_NC(8)
+  case N: go(gemv_kernel<T, N, 1>); break;
+      BATON_NC(1) BATON_NC(2) BATON_NC(3) BATON_NC(4) BATON_NC(5) BATON_NC(6) BATON_NC(7) BATON_NC(8)
 #undef BATON_NC
-    default: CUDA_ASSERT(false);
+      default: CUDA_ASSERT(false);
+    }
   }
   CUDA_CHECK_LAUNCH();
 }

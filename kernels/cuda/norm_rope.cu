@@ -8,10 +8,28 @@ namespace baton::cuda {
 
 // One block per row; float sums in a fixed tree order. With d: x += d first (the residual add,
 // written back), then the norm of the sum. With qs: y's 8-bit activations too (n a multiple of
-// 32, so a warp's 32 values are one block of them). Rows of up to kNormPer values per thread are
-// read once into registers, every load issued before any is used (a decode step's single row
-// is one block: its loads must overlap, not queue); longer rows loop and read x twice.
-constexpr int kNormPer = 8, kNormMaxThreads = 1024;
+// 32). A thread holds V consecutive values of each slice of V·blockDim (V = 4: 16-byte loads and
+// stores, and a block of 8-bit activations is 8 lanes, q8_store_v). Rows of up to kNormSlices
+// slices are read once into registers, every load issued before any is used (a decode step's
+// single row is one block: its loads must overlap, not queue); longer rows loop and read x twice.
+constexpr int kNormSlices = 2, kNormMaxThreads = 1024;
+
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    v[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else *p = v[0];
+}
+
+template <int V>
 __global__ void __launch_bounds__(kNormMaxThreads)
 rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
                 int8_t* __restrict__ qs, float2* __restrict__ ds) {
@@ -20,56 +38,80 @@ rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y,
   float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
   const float* dr = d ? d + int64_t(blockIdx.x) * n : nullptr;
-  const bool cached = n <= kNormPer * int(blockDim.x);
-  float v[kNormPer], wv[kNormPer];  // wv: the weights, loaded with x (they do not depend on the sum)
-  float ss = 0.0f;
-  if (cached) {
+  const int per = V * int(blockDim.x), i_first = V * int(threadIdx.x);
+  const int warp_first = V * int(threadIdx.x / 32 * 32);  // the warp's first value in a slice
+  // Writes value run [i, i + V) of the output (and its 8-bit activations); called by whole warps
+  // when qs (i uniform up to the lane: the warp is past the end only as a whole).
+  auto put = [&](int i, const float (&v)[V], const float (&wv)[V], float inv) {
+    float o[V];
 #pragma unroll
-    for (int k = 0; k < kNormPer; k++) {
-      const int i = threadIdx.x + k * blockDim.x;
-      v[k] = i < n ? xr[i] : 0.0f;
-      wv[k] = i < n && w ? w[i] : 1.0f;
+    for (int e = 0; e < V; e++) o[e] = w ? v[e] * inv * wv[e] : v[e] * inv;
+    if (i < n) store_v<V>(yr + i, o);
+    if (qs) q8_store_v<V>(o, int64_t(blockIdx.x) * n + i, i < n, qs, ds);
+  };
+  float ss = 0.0f;
+  if (n <= kNormSlices * per) {
+    float v[kNormSlices][V], wv[kNormSlices][V];  // wv: the weights, loaded with x (they do not depend on the sum)
+#pragma unroll
+    for (int k = 0; k < kNormSlices; k++) {
+      const int i = i_first + k * per;
+#pragma unroll
+      for (int e = 0; e < V; e++) v[k][e] = 0.0f, wv[k][e] = 1.0f;
+      if (i < n) {
+        load_v<V>(xr + i, v[k]);
+        if (w) load_v<V>(w + i, wv[k]);
+      }
     }
     if (dr) {
 #pragma unroll
-      for (int k = 0; k < kNormPer; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < n) v[k] += dr[i];
-      }
+      for (int k = 0; k < kNormSlices; k++) {
+        const int i = i_first + k * per;
+        if (i >= n) continue;
+        float dv[V];
+        load_v<V>(dr + i, dv);
 #pragma unroll
-      for (int k = 0; k < kNormPer; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < n) xr[i] = v[k];
+        for (int e = 0; e < V; e++) v[k][e] += dv[e];
+        store_v<V>(xr + i, v[k]);
       }
     }
 #pragma unroll
-    for (int k = 0; k < kNormPer; k++) ss += v[k] * v[k];
-  } else if (dr) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float s = xr[i] + dr[i];
-      xr[i] = s;
-      ss += s * s;
-    }
-  } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  }
-  ss = block_sum(ss);  // also orders the x writes above before the reads below (same thread anyway)
-  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-  if (cached) {
+    for (int k = 0; k < kNormSlices; k++)
 #pragma unroll
-    for (int k = 0; k < kNormPer; k++) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i >= n) break;  // whole warps: n and blockDim.x are multiples of 32 where qs is used
-      const float o = w ? v[k] * inv * wv[k] : v[k] * inv;
-      yr[i] = o;
-      if (qs) q8_store(o, int64_t(blockIdx.x) * n + i, qs, ds);
+      for (int e = 0; e < V; e++) ss += v[k][e] * v[k][e];
+    ss = block_sum(ss);  // also orders the x writes above before the reads below (same thread anyway)
+    const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+#pragma unroll
+    for (int k = 0; k < kNormSlices; k++) {
+      if (warp_first + k * per >= n) break;  // the whole warp
+      put(i_first + k * per, v[k], wv[k], inv);
     }
     return;
   }
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float o = w ? xr[i] * inv * w[i] : xr[i] * inv;
-    yr[i] = o;
-    if (qs) q8_store(o, int64_t(blockIdx.x) * n + i, qs, ds);  // whole warps: n % 32 == 0
+  for (int i = i_first; i < n; i += per) {
+    float v[V];
+    load_v<V>(xr + i, v);
+    if (dr) {
+      float dv[V];
+      load_v<V>(dr + i, dv);
+#pragma unroll
+      for (int e = 0; e < V; e++) v[e] += dv[e];
+      store_v<V>(xr + i, v);
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) ss += v[e] * v[e];
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int i0 = warp_first; i0 < n; i0 += per) {  // whole warps
+    const int i = i0 + (i_first - warp_first);
+    float v[V], wv[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) v[e] = 0.0f, wv[e] = 1.0f;
+    if (i < n) {
+      load_v<V>(xr + i, v);
+      if (w) load_v<V>(w + i, wv);
+    }
+    put(i, v, wv, inv);
   }
 }
 
@@ -77,10 +119,15 @@ static void rms_norm_launch(Context& c, float* x, const float* d, const float* w
                             Q8Act q8) {
   if (rows <= 0 || n <= 0) return;
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA rms_norm: 8-bit activations of rows of ", n, " (not a multiple of 32)"));
-  // About 4 values per thread (8 at most, up to 8192 per row), whole warps.
-  const int threads = int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, 4), 32) * 32)));
-  launch_early(c.early_launch, rms_norm_kernel, rows, threads, static_cast<cudaStream_t>(c.stream()), x, d, w, y, n, eps,
-               q8.qs, reinterpret_cast<float2*>(q8.ds));
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = n % 4 == 0 && aligned(x) && aligned(y) && (!d || aligned(d)) && (!w || aligned(w));
+  const int V = vec ? 4 : 1;
+  // About V values per thread (kNormSlices·V at most, up to kNormSlices·V·1024 per row), whole warps.
+  const int threads = int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, V), 32) * 32)));
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  auto* ds = reinterpret_cast<float2*>(q8.ds);
+  if (vec) launch_early(c.early_launch, rms_norm_kernel<4>, rows, threads, s, x, d, w, y, n, eps, q8.qs, ds);
+  else launch_early(c.early_launch, rms_norm_kernel<1>, rows, threads, s, x, d, w, y, n, eps, q8.qs, ds);
   CUDA_CHECK_LAUNCH();
 }
 

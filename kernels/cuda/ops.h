@@ -81,6 +81,11 @@ class Context {
   // and up to 15 for Q6_K; a 16-sequence decode step of the 8B shape ran 1.36x faster at 16 than
   // at 8 (docs/BENCHMARKS.md, "H200").
   int gemv_max_cols = 16;
+  // Rows per warp of a GEMV launch of 1 or 2 columns over matrices of a warp per row: 1, or 2 (a
+  // warp loads two rows' weights before using any and reads each activation block once for
+  // both). BATON_GEMV_ROWS=2 picks 2; `baton bench-kernels` measures both. Not yet measured on a
+  // GPU: 1 until it is.
+  int gemv_rows_per_warp = 1;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.
@@ -344,10 +349,15 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 // bytes as rope_qk on q and k, then kv_convert_kv. k.width: whole heads of head_dim.
 void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
                 int rope_dim, const int32_t* pos, const float* freqs, bool neox);
-// Copies staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t]) for t < n (the commit
-// after attention).
-void kv_commit(Context& c, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new,
-               const int32_t* row, const int32_t* seq, const int32_t* pos, int n);
+// The commit after attention: staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t])
+// for t < n (device arrays).
+struct KvCommit {
+  const uint8_t* k_new = nullptr;
+  const uint8_t* v_new = nullptr;
+  const int32_t *row = nullptr, *seq = nullptr, *pos = nullptr;
+  int n = 0;
+};
+void kv_commit(Context& c, const KvLayer& kv, const KvCommit& m);
 
 struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arrays of n_tokens
   int n_tokens = 0;
@@ -373,7 +383,8 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
 // graph); it fixes the number of splits.
 // q8_out: the output's 8-bit activations too, where q8_scratch(c, n_head * head_dim, n_tokens) puts
 // them (the GEMV of the output projection then takes them: x_q8); out rows must be contiguous.
-void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false);
+// commit: the layer's commit (kv_commit on a.kv) done by the same launches, after the keys are read.
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false, const KvCommit& commit = {});
 // Scratch attention() takes for n_tokens queries of n_head heads over at most max_len keys (the
 // split partials), so that a stage can reserve it before its first step.
 size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len);
