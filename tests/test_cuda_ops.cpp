@@ -813,8 +813,10 @@ TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
 }
 
 TEST_CASE("argmax and top-k on the device skip NaN and treat -0 and +0 as equal, as the CPU does") {
-  const int n_vocab = 3000, k = 40;
   std::mt19937 rng(11);
+  for (const int n_vocab : {3000, 20000}) {  // one block per row; argmax: 3 slices of a row
+  INFO(n_vocab << " values per row");
+  const int k = 40;
   auto x = random_floats(size_t(n_vocab) * 3, rng, -20.0f, 20.0f);
   float* r0 = x.data();  // NaNs at the top and spread through the row
   r0[5] = r0[2999] = std::nanf("");
@@ -846,7 +848,8 @@ TEST_CASE("argmax and top-k on the device skip NaN and treat -0 and +0 as equal,
         if (i > found) CHECK(idx[size_t(r * k + i)] > idx[size_t(r * k + i - 1)]);
       }
     }
-    if (r == 2) CHECK(found == 30);
+    if (r == 2) CHECK(found == std::min(k, (n_vocab + 96) / 100));
+  }
   }
 }
 
@@ -864,11 +867,15 @@ TEST_CASE("argmax and top-k on the device match a host sort, ties to the lowest 
     }
     auto dx = to_dev(x);
     cu::DeviceBuffer dam(rows * 4);
-    cu::argmax(ctx(), dx.as<float>(), n_vocab, rows, dam.as<int32_t>());
-    const auto am = to_host<int32_t>(dam, rows);
-    for (int r = 0; r < rows; r++) {
-      const float* row = x.data() + size_t(r) * n_vocab;
-      CHECK(am[size_t(r)] == int(std::max_element(row, row + n_vocab) - row));  // first of the maxima
+    for (int rep = 0; rep < 2; rep++) {  // again: the long rows' counters are back at 0
+      const std::vector<int32_t> none(size_t(rows), -1);
+      cu::copy_to_device(ctx(), dam.get(), none.data(), none.size() * 4);
+      cu::argmax(ctx(), dx.as<float>(), n_vocab, rows, dam.as<int32_t>());
+      const auto am = to_host<int32_t>(dam, rows);
+      for (int r = 0; r < rows; r++) {
+        const float* row = x.data() + size_t(r) * n_vocab;
+        CHECK(am[size_t(r)] == int(std::max_element(row, row + n_vocab) - row));  // first of the maxima
+      }
     }
     for (int k : {1, 5, 40, 256}) {
       if (k > n_vocab) continue;

@@ -290,6 +290,13 @@ Context::Context(int device, void* stream) : device_(device) {
       oom_error(cat("CUDA device ", device, ": cannot allocate the cuBLAS workspace (", ws >> 20, " MiB)"));
     }
     CUBLAS_CHECK(cublasSetWorkspace(h, cublas_workspace_, ws));
+    const size_t cb = kCounters * sizeof(uint32_t);
+    if (cudaMalloc(&counters_, cb) != cudaSuccess) {
+      cudaGetLastError();
+      counters_ = nullptr;
+      oom_error(cat("CUDA device ", device, ": cannot allocate ", cb, " bytes of counters"));
+    }
+    CUDA_CHECK(cudaMemset(counters_, 0, cb));
   } catch (...) {
     release();
     throw;
@@ -303,8 +310,10 @@ void Context::release() {
   if (scratch_) cudaFree(scratch_);
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (cublas_workspace_) cudaFree(cublas_workspace_);
+  if (counters_) cudaFree(counters_);
   if (own_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   scratch_ = cublas_ = cublas_workspace_ = stream_ = nullptr;
+  counters_ = nullptr;
   own_stream_ = false;
 }
 

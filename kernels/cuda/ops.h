@@ -72,6 +72,10 @@ class Context {
   void reserve(size_t bytes);
   void* scratch(size_t bytes);
   size_t scratch_size() const { return scratch_bytes_; }
+  // kCounters zeroed device counters for kernels whose last block finishes a grid-wide reduction
+  // (it resets its counter to 0 for the next launch): allocated with the context.
+  static constexpr int kCounters = 1024;
+  uint32_t* counters() const { return counters_; }
   // Counts the scratch's reallocations: a graph captured before one holds the old address.
   uint64_t scratch_generation() const { return scratch_generation_; }
 
@@ -113,6 +117,7 @@ class Context {
   int sm_count_ = 1;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  uint32_t* counters_ = nullptr;
   uint64_t scratch_generation_ = 0;
 };
 

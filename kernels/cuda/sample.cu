@@ -1,6 +1,7 @@
 // Greedy and top-k selection on the device, so decode does not copy the vocabulary row to the
-// host every token. One block per row.
+// host every token. One block per row (argmax: several for long rows).
 //  - argmax: strided scan + tree reduction; ties go to the lowest index (as the CPU sampler).
+//    Long rows: a block per slice, the last block of a row picks from the slices' best.
 //  - top_k: radix select of the k-th largest value (4 passes of 8 bits over order-preserving
 //    keys), one collection pass in index order (ties at the threshold: lowest indices first),
 //    then a rank sort of the k candidates in shared memory.
@@ -21,48 +22,92 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-__global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __restrict__ logits, int n_vocab, int32_t* out) {
+// The best (value, index) of x[begin, end) over the block, in every thread of warp 0. kArgmaxLoads
+// loads in flight per thread (a loop of single loads waits out the memory latency once per
+// 1024 values). The order of the comparisons does not matter: better() is a total order.
+constexpr int kArgmaxLoads = 8;
+__device__ __forceinline__ void block_best(const float* __restrict__ x, int begin, int end, float& bv, int& bi) {
   __shared__ float sv[32];
   __shared__ int si[32];
-  griddep_release();
-  griddep_wait();
-  const float* x = logits + size_t(blockIdx.x) * n_vocab;
-  float bv = -INFINITY;
-  int bi = INT32_MAX;
-  // kArgmaxLoads loads in flight per thread (one block reads the whole row: a loop of single
-  // loads waits out the memory latency 125 times for a 128k vocabulary). The order of the
-  // comparisons does not matter: better() is a total order.
-  constexpr int kArgmaxLoads = 8;
-  for (int i0 = threadIdx.x; i0 < n_vocab; i0 += kArgmaxLoads * blockDim.x) {
+  bv = -INFINITY;
+  bi = INT32_MAX;
+  for (int i0 = begin + int(threadIdx.x); i0 < end; i0 += kArgmaxLoads * int(blockDim.x)) {
     float v[kArgmaxLoads];
 #pragma unroll
     for (int k = 0; k < kArgmaxLoads; k++) {
       const int i = i0 + k * int(blockDim.x);
-      v[k] = i < n_vocab ? x[i] : 0.0f;
+      v[k] = i < end ? x[i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kArgmaxLoads; k++) {
       const int i = i0 + k * int(blockDim.x);
-      if (i < n_vocab && better(v[k], i, bv, bi)) { bv = v[k]; bi = i; }
+      if (i < end && better(v[k], i, bv, bi)) { bv = v[k]; bi = i; }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(kFullMask, bv, o);
-    const int i = __shfl_xor_sync(kFullMask, bi, o);
-    if (better(v, i, bv, bi)) { bv = v; bi = i; }
-  }
+  auto warp_best = [&] {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(kFullMask, bv, o);
+      const int i = __shfl_xor_sync(kFullMask, bi, o);
+      if (better(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+  };
+  warp_best();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
   __syncthreads();
   if (warp == 0) {
     bv = lane < int(blockDim.x / 32) ? sv[lane] : -INFINITY;
     bi = lane < int(blockDim.x / 32) ? si[lane] : INT32_MAX;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float v = __shfl_xor_sync(kFullMask, bv, o);
-      const int i = __shfl_xor_sync(kFullMask, bi, o);
-      if (better(v, i, bv, bi)) { bv = v; bi = i; }
-    }
-    if (lane == 0) out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;  // all NaN: token 0
+    warp_best();
+  }
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __restrict__ logits, int n_vocab, int32_t* out) {
+  griddep_release();
+  griddep_wait();
+  float bv;
+  int bi;
+  block_best(logits + size_t(blockIdx.x) * n_vocab, 0, n_vocab, bv, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;  // all NaN: token 0
+}
+
+// Block (s, r) takes slice s of row r (one block would read a 128k row at one SM's bandwidth):
+// its best goes to part[r][s], and the block that finishes a row last (counters[r] counts them)
+// picks the row's best from the slices' and resets the counter. The same token as argmax_kernel.
+__global__ void __launch_bounds__(kSelThreads)
+argmax_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, float2* part, uint32_t* counters,
+                    int32_t* out) {
+  __shared__ bool last;
+  griddep_release();
+  griddep_wait();
+  const int s = blockIdx.x, r = blockIdx.y, n_split = gridDim.x;
+  float bv;
+  int bi;
+  block_best(logits + size_t(r) * n_vocab, s * chunk, min(n_vocab, (s + 1) * chunk), bv, bi);
+  if (threadIdx.x == 0) {
+    part[size_t(r) * n_split + s] = make_float2(bv, __int_as_float(bi));
+    __threadfence();  // the slice's best is visible before the count says so
+    last = atomicAdd(&counters[r], 1u) == uint32_t(n_split - 1);
+  }
+  __syncthreads();
+  if (!last || threadIdx.x >= 32) return;
+  __threadfence();
+  bv = -INFINITY;
+  bi = INT32_MAX;
+  for (int k = int(threadIdx.x); k < n_split; k += 32) {
+    const float2 p = __ldcg(&part[size_t(r) * n_split + k]);  // from the L2: other blocks wrote it
+    const int i = __float_as_int(p.y);
+    if (better(p.x, i, bv, bi)) { bv = p.x; bi = i; }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, bv, o);
+    const int i = __shfl_xor_sync(kFullMask, bi, o);
+    if (better(v, i, bv, bi)) { bv = v; bi = i; }
+  }
+  if (threadIdx.x == 0) {
+    out[r] = bi == INT32_MAX ? 0 : bi;
+    counters[r] = 0;  // for the next launch
   }
 }
 
@@ -153,10 +198,26 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
 
 }  // namespace
 
+static size_t argmax_scratch_bytes(int n_vocab, int n) {
+  const int64_t chunk = int64_t(kArgmaxLoads) * kSelThreads;
+  const int64_t split = (int64_t(n_vocab) + chunk - 1) / chunk;
+  return split > 1 && n <= Context::kCounters ? size_t(split) * size_t(n) * sizeof(float2) : 0;
+}
+
 void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out) {
   if (n <= 0) return;
   if (n_vocab <= 0) input_error(cat("CUDA argmax: empty rows (n_vocab ", n_vocab, ")"));
-  launch_early(c.early_launch, argmax_kernel, n, kSelThreads, static_cast<cudaStream_t>(c.stream()), logits, n_vocab, out);
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  // Rows longer than one pass of a block (8192 values) take a block per 8192-value slice.
+  const size_t part = argmax_scratch_bytes(n_vocab, n);
+  if (part == 0) {
+    launch_early(c.early_launch, argmax_kernel, n, kSelThreads, s, logits, n_vocab, out);
+  } else {
+    const int chunk = kArgmaxLoads * kSelThreads;
+    const dim3 grid(ceil_div(n_vocab, chunk), unsigned(n));
+    launch_early(c.early_launch, argmax_split_kernel, grid, kSelThreads, s, logits, n_vocab, chunk,
+                 static_cast<float2*>(c.scratch(part)), c.counters(), out);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

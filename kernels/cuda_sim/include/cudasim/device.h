@@ -119,6 +119,10 @@ inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 
 template <class T>
 inline T __ldg(const T* p) { return *p; }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
+// Blocks run one after another: every write is visible to the blocks after it.
+inline void __threadfence() {}
 
 inline int __dp4a(int a, int b, int c) {  // four signed byte products
   for (int i = 0; i < 4; i++) c += int(int8_t(a >> (8 * i))) * int(int8_t(b >> (8 * i)));
