@@ -488,6 +488,9 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (g.end > g.begin)
     for (int n = 1; n <= opt.n_batch; ++n)  // the split count depends on the token count
       scratch = std::max(scratch, cuda::attention_scratch_bytes(g.ctx, n, cfg.n_head, cfg.head_dim_k, opt.n_ctx));
+  if (plan.has_output)
+    scratch = std::max(scratch, cuda::sampling_scratch_bytes(int(cfg.n_vocab), int(std::min<size_t>(B, cuda::Context::kCounters)),
+                                                             std::max(1, g.top_k)));
   // What the planner charged (a bound for any GPU), unless this GPU needs more.
   scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output));
   g.ctx.reserve(scratch);

@@ -31,7 +31,7 @@ MAX_THREADS = [
     (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
     (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
-    (r"(top_k|argmax|argmax_split)_kernel\(", 1024),          # kSelThreads
+    (r"(top_k|argmax)(_split)?_kernel\(", 1024),             # kSelThreads
     (r"rms_norm_kernel<", 1024),                              # V values per thread, up to kNormMaxThreads
     (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),

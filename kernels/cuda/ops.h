@@ -74,7 +74,7 @@ class Context {
   size_t scratch_size() const { return scratch_bytes_; }
   // kCounters zeroed device counters for kernels whose last block finishes a grid-wide reduction
   // (it resets its counter to 0 for the next launch): allocated with the context.
-  static constexpr int kCounters = 1024;
+  static constexpr int kCounters = 64;  // also the most rows argmax/top_k split (runtime/buffers.cpp)
   uint32_t* counters() const { return counters_; }
   // Counts the scratch's reallocations: a graph captured before one holds the old address.
   uint64_t scratch_generation() const { return scratch_generation_; }
@@ -408,5 +408,7 @@ void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out);
 // idx and val are n × k. NaNs come last: a row with fewer than k other values ends with NaN
 // entries (where the CPU's top_k returns fewer than k).
 void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* idx, float* val);
+// Scratch argmax and top_k (k candidates) take for n rows of n_vocab (slices of long rows).
+size_t sampling_scratch_bytes(int n_vocab, int n, int k);
 
 }  // namespace baton::cuda

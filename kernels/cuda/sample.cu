@@ -4,7 +4,8 @@
 //    Long rows: a block per slice, the last block of a row picks from the slices' best.
 //  - top_k: radix select of the k-th largest value (4 passes of 8 bits over order-preserving
 //    keys), one collection pass in index order (ties at the threshold: lowest indices first),
-//    then a rank sort of the k candidates in shared memory.
+//    then a rank sort of the k candidates in shared memory. Long rows: the same per slice, and
+//    the row's last block selects from the slices' candidates.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -137,8 +138,12 @@ __device__ __forceinline__ int block_rank(bool flag, int& total, int* warp_count
   return before + in_warp;
 }
 
-__global__ void __launch_bounds__(kSelThreads)
-top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_out, float* val_out) {
+// The k best of n values (value load(i), index id(i); ids rise with i among equal values) to
+// idx_out/val_out, best first: a radix select of the k-th largest key (4 passes of 8 bits), one
+// collection pass in i order (ties at the threshold: lowest ids first), a rank sort in shared
+// memory. The whole block calls it.
+template <class Load, class Id>
+__device__ __forceinline__ void block_top_k(int n, int k, Load load, Id id, int32_t* idx_out, float* val_out) {
   __shared__ int hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ uint32_t s_mask;
@@ -146,17 +151,15 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
   __shared__ int warp_counts[32];
   __shared__ float cv[kMaxTopK];
   __shared__ int ci[kMaxTopK];
-  griddep_release();
-  griddep_wait();
-  const float* x = logits + size_t(blockIdx.x) * n_vocab;
+  __syncthreads();  // the shared arrays may still be read by a previous call
   if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_remaining = k; }
 
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     const uint32_t prefix = s_prefix, mask = s_mask;
-    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x) {
-      const uint32_t u = order_key(x[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t u = order_key(load(i));
       if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
     }
     __syncthreads();
@@ -173,15 +176,16 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
   const int need_eq = s_remaining, n_greater = k - need_eq;
 
   int base_gt = 0, base_eq = 0;
-  for (int i0 = 0; i0 < n_vocab; i0 += blockDim.x) {
+  for (int i0 = 0; i0 < n; i0 += blockDim.x) {
     const int i = i0 + threadIdx.x;
-    const uint32_t u = i < n_vocab ? order_key(x[i]) : 0;
-    const bool gt = i < n_vocab && u > thr, eq = i < n_vocab && u == thr;
+    const float v = i < n ? load(i) : 0.0f;
+    const uint32_t u = i < n ? order_key(v) : 0;
+    const bool gt = i < n && u > thr, eq = i < n && u == thr;
     int tot_gt, tot_eq;
     const int r_gt = block_rank(gt, tot_gt, warp_counts);
     const int r_eq = block_rank(eq, tot_eq, warp_counts);
-    if (gt) { cv[base_gt + r_gt] = x[i]; ci[base_gt + r_gt] = i; }
-    if (eq && base_eq + r_eq < need_eq) { cv[n_greater + base_eq + r_eq] = x[i]; ci[n_greater + base_eq + r_eq] = i; }
+    if (gt) { cv[base_gt + r_gt] = v; ci[base_gt + r_gt] = id(i); }
+    if (eq && base_eq + r_eq < need_eq) { cv[n_greater + base_eq + r_eq] = v; ci[n_greater + base_eq + r_eq] = id(i); }
     base_gt += tot_gt;
     base_eq += tot_eq;
   }
@@ -191,9 +195,55 @@ top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_
     const int i = ci[threadIdx.x];
     int rank = 0;
     for (int j = 0; j < k; j++) rank += better(cv[j], ci[j], v, i);
-    idx_out[size_t(blockIdx.x) * k + rank] = i;
-    val_out[size_t(blockIdx.x) * k + rank] = v;
+    idx_out[rank] = i;
+    val_out[rank] = v;
   }
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kSelThreads)
+top_k_kernel(const float* __restrict__ logits, int n_vocab, int k, int32_t* idx_out, float* val_out) {
+  griddep_release();
+  griddep_wait();
+  const float* x = logits + size_t(blockIdx.x) * n_vocab;
+  block_top_k(n_vocab, k, [&](int i) { return x[i]; }, [](int i) { return i; }, idx_out + size_t(blockIdx.x) * k,
+              val_out + size_t(blockIdx.x) * k);
+}
+
+// Block (s, r) takes slice s of row r: its k best (fewer when the slice is shorter: the rest
+// (NaN, INT32_MAX), which ranks after everything) go to the row's candidates, slice after slice.
+// The block that finishes a row last (counters[r]) selects the row's k best from the candidates
+// (every one of them is among its slice's k best) and resets the counter. As top_k_kernel: the
+// candidates of equal value stand in index order (slices in order, each best first, ties by index).
+__global__ void __launch_bounds__(kSelThreads)
+top_k_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, int k, int32_t* cand_idx, float* cand_val,
+                   uint32_t* counters, int32_t* idx_out, float* val_out) {
+  __shared__ bool last;
+  griddep_release();
+  griddep_wait();
+  const int s = blockIdx.x, r = blockIdx.y, n_split = gridDim.x;
+  const int begin = s * chunk, len = min(n_vocab, begin + chunk) - begin, ks = min(k, len);
+  const float* x = logits + size_t(r) * n_vocab + begin;
+  int32_t* ri = cand_idx + (size_t(r) * n_split + s) * k;
+  float* rv = cand_val + (size_t(r) * n_split + s) * k;
+  block_top_k(len, ks, [&](int i) { return x[i]; }, [&](int i) { return begin + i; }, ri, rv);
+  for (int j = ks + int(threadIdx.x); j < k; j += blockDim.x) {
+    ri[j] = INT32_MAX;
+    rv[j] = __int_as_float(0x7fc00000);  // NaN
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // the slice's candidates are visible before the count says so
+    last = atomicAdd(&counters[r], 1u) == uint32_t(n_split - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int32_t* ai = cand_idx + size_t(r) * n_split * k;  // other blocks wrote them: from the L2
+  const float* av = cand_val + size_t(r) * n_split * k;
+  block_top_k(n_split * k, k, [&](int i) { return __ldcg(av + i); }, [&](int i) { return __ldcg(ai + i); },
+              idx_out + size_t(r) * k, val_out + size_t(r) * k);
+  if (threadIdx.x == 0) counters[r] = 0;  // for the next launch
 }
 
 }  // namespace
@@ -221,12 +271,35 @@ void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out) {
   CUDA_CHECK_LAUNCH();
 }
 
+// Slices of long rows for top_k: kTopKChunk values each (a few passes of a block; the merge reads
+// n_split * k candidates).
+constexpr int kTopKChunk = 16384;
+static int top_k_split(int n_vocab, int n, int k) {
+  const int split = int(ceil_div(n_vocab, kTopKChunk));
+  return split > 1 && n <= Context::kCounters && int64_t(split) * k < n_vocab ? split : 1;
+}
+
+size_t sampling_scratch_bytes(int n_vocab, int n, int k) {
+  const int split = top_k_split(n_vocab, n, k);
+  const size_t top = split > 1 ? size_t(split) * size_t(n) * size_t(k) * (sizeof(int32_t) + sizeof(float)) : 0;
+  return std::max(top, argmax_scratch_bytes(n_vocab, n));
+}
+
 void top_k(Context& c, const float* logits, int n_vocab, int n, int k, int32_t* idx, float* val) {
   if (k < 1 || k > kMaxTopK || k > n_vocab)
     input_error(cat("CUDA top_k: k = ", k, " must be within 1..", std::min(kMaxTopK, n_vocab)));
   if (n <= 0) return;
-  launch_early(c.early_launch, top_k_kernel, n, kSelThreads, static_cast<cudaStream_t>(c.stream()), logits, n_vocab, k,
-               idx, val);
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  const int split = top_k_split(n_vocab, n, k);
+  if (split == 1) {
+    launch_early(c.early_launch, top_k_kernel, n, kSelThreads, s, logits, n_vocab, k, idx, val);
+  } else {
+    const size_t m = size_t(split) * size_t(n) * size_t(k);
+    auto* cand = static_cast<uint8_t*>(c.scratch(m * (sizeof(int32_t) + sizeof(float))));
+    launch_early(c.early_launch, top_k_split_kernel, dim3(unsigned(split), unsigned(n)), kSelThreads, s, logits, n_vocab,
+                 kTopKChunk, k, reinterpret_cast<int32_t*>(cand), reinterpret_cast<float*>(cand + m * sizeof(int32_t)),
+                 c.counters(), idx, val);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
