@@ -75,12 +75,12 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   const uint64_t attention = (4 * kPlanMaxSms + B * s.n_head) * (d + 2) * 4 + (B * attn_width * 5 / 4 + 511) / 256 * 256;
   // Sampling on the device (kernels/cuda/sample.cu): the slices' candidates of long rows, for up to
   // Context::kCounters (64) rows: top_k's 16384-value slices (k ids and logits each), argmax's
-  // 8192-value slices (one pair each).
+  // 2048-value slices (one pair each).
   uint64_t sampling = 0;
   if (on_last_stage) {
     const uint64_t V = s.n_vocab, n = std::min<uint64_t>(B, 64);
     const uint64_t K = uint64_t(std::max(1, top_k_candidates(int(s.n_vocab))));
-    const uint64_t split_k = (V + 16383) / 16384, split_a = (V + 8191) / 8192;
+    const uint64_t split_k = (V + 16383) / 16384, split_a = (V + 2047) / 2048;
     if (split_k > 1 && split_k * K < V) sampling = split_k * n * K * 8;
     if (split_a > 1) sampling = std::max(sampling, split_a * n * 8);
   }

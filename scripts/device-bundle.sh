@@ -39,15 +39,18 @@ tar -cf - "${files[@]}" .dev/lib | xz -T0 -9 --lzma2=dict=192MiB >.dev/bundle.ta
 ls -l .dev/lib
 rm -f .dev/baton-base.xz
 if [[ -n ${BATON_BUNDLE_BASE:-} ]]; then
+  # A worktree of the base commit, kept (with its build) for the next bundle of the same base.
   base_src=$(pwd)/build-dev-base/src
-  rm -rf "$base_src"
-  git worktree prune
-  git worktree add --detach "$base_src" "$BATON_BUNDLE_BASE" >/dev/null
+  base_rev=$(git rev-parse "$BATON_BUNDLE_BASE^{commit}")
+  if [[ $(git -C "$base_src" rev-parse HEAD 2>/dev/null) != "$base_rev" ]]; then
+    rm -rf build-dev-base
+    git worktree prune
+    git worktree add --detach "$base_src" "$base_rev" >/dev/null
+  fi
   cmake -S "$base_src" -B build-dev-base/build -DBATON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     -DCMAKE_BUILD_TYPE=Release -DBATON_MPI=OFF -DBATON_NCCL=OFF >/dev/null
   cmake --build build-dev-base/build -j "$(nproc)" --target baton
   xz -T0 -9 <build-dev-base/build/baton >.dev/baton-base.xz
-  git worktree remove --force "$base_src"
-  echo "base: $(git rev-parse --short "$BATON_BUNDLE_BASE") -> .dev/baton-base.xz"
+  echo "base: $(git rev-parse --short "$base_rev") -> .dev/baton-base.xz"
 fi
 du -sh .dev/bundle.tar.xz .dev/shared

@@ -248,13 +248,16 @@ if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
   done
 fi
 
-# Two rows per GEMV warp (Context::gemv_rows_per_warp, BATON_GEMV_ROWS=2; not the default until
-# measured) on the real decode step. And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
+# The GEMV's shape on the real decode step (not the default until measured): one warp per row
+# everywhere (BATON_GEMV_SPLIT=0: the short q/k/v, output and down projections otherwise split
+# rows over 2-4 warps), and two rows per warp (BATON_GEMV_ROWS=2). And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
 # one scripts/device-bundle.sh packs from BATON_BUNDLE_BASE=REV): the same decode with it and with
 # this tree's, alternating (base, new, base, new), so a change is a ratio measured in one run.
 if has_cmd bench; then
   for t in Q4_0 Q4_K; do
-    have_model $t && run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+    have_model $t || continue
+    run "bench-1stage-nosplit-$t" 300 env BATON_GEMV_SPLIT=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+    run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
   done
   base_bin=${BATON_GPU_BASE_BIN:-}
   if [[ -n $base_bin && -x $base_bin ]]; then

@@ -31,8 +31,9 @@ MAX_THREADS = [
     (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
     (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
-    (r"(top_k|argmax)(_split)?_kernel\(", 1024),             # kSelThreads
-    (r"rms_norm_kernel<", 1024),                              # V values per thread, up to kNormMaxThreads
+    (r"(top_k|argmax|top_k_split)_kernel\(", 1024),          # kSelThreads
+    (r"argmax_split_kernel\(", 256),                          # kSliceThreads
+    (r"rms_norm_kernel<", 1024),                              # 4 slices of V values per thread, up to kNormMaxThreads
     (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),
     (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("

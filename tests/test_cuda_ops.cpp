@@ -253,35 +253,54 @@ TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed typ
   }
 }
 
-// Context::gemv_rows_per_warp = 2 (a warp takes two rows of matrices tall enough for a warp per
-// row): each row is summed in the same order, so the product is the one-row-per-warp product bit
-// for bit, also for an odd row count (the last warp's second row is missing) and for q, k and v
-// in one launch. Wider launches (3 columns) keep one row per warp.
+// Context::gemv_rows_per_warp = 2 (a warp takes two rows, every row one warp): each row is summed
+// in the same order as with one row per warp and no split rows (gemv_split_rows off), so the
+// products are equal bit for bit: an odd row count (the last warp's second row is missing), short
+// matrices (which split their rows by default), and q, k and v of three heights in one launch.
+// Wider launches (3 columns) keep one row per warp. Both forms stay within the CPU's bounds.
 TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
   std::mt19937 rng(16);
-  const int64_t rows = 4501, cols = 1024;
+  const int64_t cols = 1024;
+  const int64_t heights[3] = {4501, 37, 300};
   for (GgmlType t : kTypes) {
     INFO(type_name(t));
-    const auto w = random_weights(t, rows, cols, rng);
-    cu::Weight W;
-    cu::DeviceBuffer keep = cu::upload_weight(t, w.data(), rows, cols, W);
-    const cu::Weight W2 = W;  // a second "matrix" over the same rows, for matmul_n
+    std::vector<cu::DeviceBuffer> keep;
+    cu::Weight W[3];
+    std::vector<std::vector<float>> Wf;
+    for (int i = 0; i < 3; i++) {
+      const auto w = random_weights(t, heights[i], cols, rng);
+      Wf.push_back(dequantize(t, w, heights[i], cols));
+      keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
+    }
     for (int n : {1, 2, 3}) {
       INFO(n << " columns");
-      auto dx = to_dev(random_floats(size_t(cols * n), rng));
-      std::vector<std::vector<float>> got;
-      for (int rpw : {1, 2}) {
-        ctx().gemv_rows_per_warp = rpw;
-        cu::DeviceBuffer y(size_t(rows * n) * 4), ya(size_t(rows * n) * 4), yb(size_t(rows * n) * 4);
-        cu::matmul(ctx(), W, dx.as<float>(), n, y.as<float>());
-        cu::matmul_n(ctx(), {{&W, ya.as<float>()}, {&W2, yb.as<float>()}}, dx.as<float>(), n);
-        got.push_back(to_host<float>(y, size_t(rows * n)));
-        CHECK(to_host<float>(ya, size_t(rows * n)) == got.back());
-        CHECK(to_host<float>(yb, size_t(rows * n)) == got.back());
+      const auto X = random_floats(size_t(cols * n), rng);
+      auto dx = to_dev(X);
+      std::vector<std::vector<float>> got[2];  // [form][matrix]: separate launches, then one matmul_n
+      for (int form = 0; form < 2; form++) {
+        ctx().gemv_split_rows = false;
+        ctx().gemv_rows_per_warp = form == 0 ? 1 : 2;
+        std::vector<cu::DeviceBuffer> y, yn;
+        for (int i = 0; i < 3; i++) {
+          y.emplace_back(size_t(heights[i] * n) * 4);
+          yn.emplace_back(size_t(heights[i] * n) * 4);
+          cu::matmul(ctx(), W[i], dx.as<float>(), n, y.back().as<float>());
+        }
+        cu::matmul_n(ctx(), {{&W[0], yn[0].as<float>()}, {&W[1], yn[1].as<float>()}, {&W[2], yn[2].as<float>()}},
+                     dx.as<float>(), n);
+        for (int i = 0; i < 3; i++) {
+          got[form].push_back(to_host<float>(y[size_t(i)], size_t(heights[i] * n)));
+          CHECK(to_host<float>(yn[size_t(i)], size_t(heights[i] * n)) == got[form].back());
+        }
       }
+      ctx().gemv_split_rows = true;
       ctx().gemv_rows_per_warp = 1;
-      CHECK(std::all_of(got[0].begin(), got[0].end(), [](float v) { return std::isfinite(v) && v != 0.0f; }));
-      CHECK(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0);
+      for (int i = 0; i < 3; i++) {
+        const auto& a = got[0][size_t(i)];
+        const auto& b = got[1][size_t(i)];
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        check_product(t, Wf[size_t(i)], X, heights[i], cols, n, b, false, "two rows per warp");
+      }
     }
   }
 }
@@ -291,11 +310,11 @@ TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
 // of quantizing X itself, bit for bit.
 TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, and the GEMV that takes them") {
   std::mt19937 rng(15);
-  // Rows of 768 values (24 blocks of 32): rms_norm runs 192 threads of 4 values; 800: its last warp
-  // a quarter full; 9216: rows longer than its registers hold (it loops); `skew`: the vectors one
-  // float past 16-byte alignment, so the kernels take one value per thread.
+  // Rows of 768 values (24 blocks of 32): rms_norm runs 64 threads of 3 float4s; 800: a quarter
+  // of a warp in its last slice; 16896: rows longer than its registers hold (it loops); `skew`:
+  // the vectors one float past 16-byte alignment, so the kernels take one value per thread.
   struct Shape { int64_t cols; int skew; };
-  for (const Shape sh : {Shape{768, 0}, Shape{800, 0}, Shape{9216, 0}, Shape{768, 1}})
+  for (const Shape sh : {Shape{768, 0}, Shape{800, 0}, Shape{16896, 0}, Shape{768, 1}})
   for (int n : {1, 3, 8}) {
     const int64_t cols = sh.cols;
     const size_t m = size_t(cols) * size_t(n);
@@ -468,7 +487,7 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
     INFO(what << ": " << bad << " of " << a.size() << " values off");
     CHECK(bad == 0);
   };
-  for (int n : {7, 64, 576, 2049, 4096, 9000}) {  // 4 values a thread from 576; loops for 2049 and 9000
+  for (int n : {7, 64, 576, 2049, 4096, 9000, 17001, 20000}) {  // float4s from 576; loops from 17001
     const int rows = 5;
     auto x = random_floats(size_t(rows * n), rng, -4.0f, 4.0f);
     auto w = random_floats(size_t(n), rng, 0.5f, 1.5f);
@@ -814,8 +833,8 @@ TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
 
 TEST_CASE("argmax and top-k on the device skip NaN and treat -0 and +0 as equal, as the CPU does") {
   std::mt19937 rng(11);
-  // 3000: one block per row; 20000: argmax in 3 slices, top_k in 2; 16394: top_k's last slice of
-  // 10 values (fewer than k: padded).
+  // 3000: argmax in 2 slices, top_k in one block per row; 20000: argmax in 10 slices, top_k in 2;
+  // 16394: top_k's last slice of 10 values (fewer than k: padded).
   for (const int n_vocab : {3000, 20000, 16394}) {
   INFO(n_vocab << " values per row");
   const int k = 40;

@@ -71,28 +71,7 @@ struct KvRead {
     }
   }
   // Elements e0..e0+7 (e0 a multiple of 8).
-  __device__ static void load8(const uint8_t* row, int e0, float (&v)[8]) {
-    if constexpr (!Q8) {
-      const uint4 w = *reinterpret_cast<const uint4*>(row + size_t(e0) * 2);  // rows are 16-byte aligned
-      const __half2* h = reinterpret_cast<const __half2*>(&w);
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const float2 f = __half22float2(h[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-      }
-    } else {
-      const uint8_t* b = row + (e0 / 32) * 34;
-      const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(b));  // even offsets
-      const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + e0 % 32);
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const uint16_t two = q[k];
-        v[2 * k] = d * float(int8_t(two & 0xFF));
-        v[2 * k + 1] = d * float(int8_t(two >> 8));
-      }
-    }
-  }
+  __device__ static void load8(const uint8_t* row, int e0, float (&v)[8]) { load_run<8>(row, e0, v); }
 };
 
 // Row of position j for a query of sequence s whose batch rows start at position `first`.

@@ -57,7 +57,7 @@ struct GemvSegs {
   int n;
 };
 
-// RPW rows per warp (1, or 2 when every segment has a warp per row): a warp loads RPW rows'
+// RPW rows per warp (1, or 2: then every segment has a warp per row): a warp loads RPW rows'
 // units before it uses any (twice the bytes in flight per warp) and reads each activation block
 // once for them (the same __ldg addresses; half the activation loads per weight byte).
 template <class T, int NC, int RPW>
@@ -138,10 +138,11 @@ gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   }
 }
 
-// Warps per row: enough warps in flight to cover the memory latency even for short matrices.
+// Warps per row: enough warps in flight to cover the memory latency even for short matrices
+// (unless Context::gemv_split_rows is off, or rows pair up: then one).
 static int warps_per_row(const Context& c, int64_t rows, int n_units) {
   const int64_t target = int64_t(c.sm_count()) * 32;
-  if (n_units <= 32 || rows >= target) return 1;
+  if (!c.gemv_split_rows || c.gemv_rows_per_warp > 1 || n_units <= 32 || rows >= target) return 1;
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
 }
 
@@ -151,12 +152,8 @@ static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int c
   CUDA_ASSERT(count >= 1 && count <= kMaxSegs);
   const int n_units = int(W[0]->cols / T::unit);
   int wpr[kMaxSegs];
-  bool one_warp = true;  // every segment a warp per row: rows may pair up (Context::gemv_rows_per_warp)
-  for (int i = 0; i < count; i++) {
-    wpr[i] = warps_per_row(c, W[i]->rows, n_units);
-    one_warp &= wpr[i] == 1;
-  }
-  const int rpw = one_warp && n <= kGemvPairMaxCols ? c.gemv_rows_per_warp : 1;
+  for (int i = 0; i < count; i++) wpr[i] = warps_per_row(c, W[i]->rows, n_units);  // 1 when rows pair up
+  const int rpw = n <= kGemvPairMaxCols ? c.gemv_rows_per_warp : 1;
   GemvSegs segs{};
   segs.n = count;
   int blocks = 0;

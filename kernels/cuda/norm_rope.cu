@@ -12,7 +12,10 @@ namespace baton::cuda {
 // stores, and a block of 8-bit activations is 8 lanes, q8_store_v). Rows of up to kNormSlices
 // slices are read once into registers, every load issued before any is used (a decode step's
 // single row is one block: its loads must overlap, not queue); longer rows loop and read x twice.
-constexpr int kNormSlices = 2, kNormMaxThreads = 1024;
+// Blocks are as small as that allows (256 threads for 4096 values): launched early behind a
+// GEMV, a block can only start on an SM with that many threads' registers free, and a 1024-thread
+// block waits for most of an SM's GEMV blocks to finish.
+constexpr int kNormSlices = 4, kNormMaxThreads = 1024;
 
 template <int V>
 __device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
@@ -122,8 +125,9 @@ static void rms_norm_launch(Context& c, float* x, const float* d, const float* w
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = n % 4 == 0 && aligned(x) && aligned(y) && (!d || aligned(d)) && (!w || aligned(w));
   const int V = vec ? 4 : 1;
-  // About V values per thread (kNormSlices·V at most, up to kNormSlices·V·1024 per row), whole warps.
-  const int threads = int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, V), 32) * 32)));
+  // kNormSlices·V values per thread (up to kNormSlices·V·1024 per row), whole warps.
+  const int threads =
+      int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, V * kNormSlices), 32) * 32)));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   auto* ds = reinterpret_cast<float2*>(q8.ds);
   if (vec) launch_early(c.early_launch, rms_norm_kernel<4>, rows, threads, s, x, d, w, y, n, eps, q8.qs, ds);

@@ -85,10 +85,13 @@ class Context {
   // and up to 15 for Q6_K; a 16-sequence decode step of the 8B shape ran 1.36x faster at 16 than
   // at 8 (docs/BENCHMARKS.md, "H200").
   int gemv_max_cols = 16;
-  // Rows per warp of a GEMV launch of 1 or 2 columns over matrices of a warp per row: 1, or 2 (a
-  // warp loads two rows' weights before using any and reads each activation block once for
-  // both). BATON_GEMV_ROWS=2 picks 2; `baton bench-kernels` measures both. Not yet measured on a
-  // GPU: 1 until it is.
+  // The GEMV's shape, both to be measured on a GPU (scripts/gpu-check.sh runs the decode bench each
+  // way): gemv_split_rows: matrices with fewer rows than 32 per SM give each row 2 or 4 warps
+  // (BATON_GEMV_SPLIT=0: always one); gemv_rows_per_warp 2 (BATON_GEMV_ROWS=2): each warp of a
+  // launch of 1 or 2 columns takes two rows, loading both rows' weights before using any and
+  // reading each activation block once for both (no split rows then). `baton bench-kernels`
+  // prints one and two rows per warp.
+  bool gemv_split_rows = true;
   int gemv_rows_per_warp = 1;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode

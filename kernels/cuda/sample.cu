@@ -14,6 +14,7 @@ namespace baton::cuda {
 namespace {
 
 constexpr int kSelThreads = 1024;
+constexpr int kSliceThreads = 256;  // argmax's blocks per slice: small, to start beside the GEMV before
 constexpr int kMaxTopK = 256;
 
 // Whether (v, i) ranks before (bv, bi): larger value, then lower index; NaN ranks after every
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kSelThreads) argmax_kernel(const float* __rest
 // Block (s, r) takes slice s of row r (one block would read a 128k row at one SM's bandwidth):
 // its best goes to part[r][s], and the block that finishes a row last (counters[r] counts them)
 // picks the row's best from the slices' and resets the counter. The same token as argmax_kernel.
-__global__ void __launch_bounds__(kSelThreads)
+__global__ void __launch_bounds__(kSliceThreads)
 argmax_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, float2* part, uint32_t* counters,
                     int32_t* out) {
   __shared__ bool last;
@@ -249,7 +250,7 @@ top_k_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, int
 }  // namespace
 
 static size_t argmax_scratch_bytes(int n_vocab, int n) {
-  const int64_t chunk = int64_t(kArgmaxLoads) * kSelThreads;
+  const int64_t chunk = int64_t(kArgmaxLoads) * kSliceThreads;
   const int64_t split = (int64_t(n_vocab) + chunk - 1) / chunk;
   return split > 1 && n <= Context::kCounters ? size_t(split) * size_t(n) * sizeof(float2) : 0;
 }
@@ -258,14 +259,14 @@ void argmax(Context& c, const float* logits, int n_vocab, int n, int32_t* out) {
   if (n <= 0) return;
   if (n_vocab <= 0) input_error(cat("CUDA argmax: empty rows (n_vocab ", n_vocab, ")"));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
-  // Rows longer than one pass of a block (8192 values) take a block per 8192-value slice.
+  // Rows longer than one pass of a slice's block (2048 values) take a block per 2048-value slice.
   const size_t part = argmax_scratch_bytes(n_vocab, n);
   if (part == 0) {
     launch_early(c.early_launch, argmax_kernel, n, kSelThreads, s, logits, n_vocab, out);
   } else {
-    const int chunk = kArgmaxLoads * kSelThreads;
+    const int chunk = kArgmaxLoads * kSliceThreads;
     const dim3 grid(ceil_div(n_vocab, chunk), unsigned(n));
-    launch_early(c.early_launch, argmax_split_kernel, grid, kSelThreads, s, logits, n_vocab, chunk,
+    launch_early(c.early_launch, argmax_split_kernel, grid, kSliceThreads, s, logits, n_vocab, chunk,
                  static_cast<float2*>(c.scratch(part)), c.counters(), out);
   }
   CUDA_CHECK_LAUNCH();
