@@ -306,6 +306,19 @@ else
   skip batch16 "no 'baton batch' or no model"
 fi
 
+# compute-sanitizer (with the toolkit) on the kernel tests, when time is left: memcheck on all of
+# test_cuda_ops, racecheck (shared-memory hazards) on the kernels that share memory across warps.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [[ $sim == 1 || ! -x $sanitizer || ! -x $build/tests/test_cuda_ops ]]; then
+  skip sanitizer "no GPU, no compute-sanitizer or no test_cuda_ops"
+elif (($(limit_for 240) < 240)); then
+  skip sanitizer "too little time left (BATON_GPU_END)"
+else
+  run sanitizer-memcheck 240 "$sanitizer" --tool memcheck --error-exitcode 1 "$build/tests/test_cuda_ops"
+  run sanitizer-racecheck 240 "$sanitizer" --tool racecheck --error-exitcode 1 "$build/tests/test_cuda_ops" \
+    "norms and gates*,attention*,argmax*,rms_norm*"
+fi
+
 # 7. GPU ranks of the distributed pipeline (issue 10), when this machine has mpirun: two ranks on
 # cuda:0 through host memory (BATON_NCCL=0) must print the 1-stage text; with NCCL on, two ranks on
 # one GPU cannot form a pair (NCCL refuses a duplicate device), and the job must end with an error
