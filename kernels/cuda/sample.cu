@@ -232,11 +232,9 @@ top_k_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, int
     ri[j] = INT32_MAX;
     rv[j] = __int_as_float(0x7fc00000);  // NaN
   }
+  __threadfence();  // every thread's candidates are visible on the device before the count says so
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // the slice's candidates are visible before the count says so
-    last = atomicAdd(&counters[r], 1u) == uint32_t(n_split - 1);
-  }
+  if (threadIdx.x == 0) last = atomicAdd(&counters[r], 1u) == uint32_t(n_split - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
