@@ -876,6 +876,26 @@ TEST_CASE("argmax and top-k on the device skip NaN and treat -0 and +0 as equal,
   }
 }
 
+// A new Context's first argmax of long rows: the slices' counters must be zero on its stream
+// before any kernel runs (a memset on the legacy stream, which a non-blocking stream does not wait
+// for, lost this race on the simulator).
+TEST_CASE("a fresh context's first argmax over slices finds the maximum") {
+  std::mt19937 rng(12);
+  const int n_vocab = 50000, rows = 2;
+  const auto x = random_floats(size_t(n_vocab) * rows, rng, -5.0f, 5.0f);
+  cu::Context c(0);
+  cu::DeviceBuffer dx(x.size() * 4), dam(rows * 4);
+  cu::copy_to_device(c, dx.get(), x.data(), x.size() * 4);
+  cu::argmax(c, dx.as<float>(), n_vocab, rows, dam.as<int32_t>());
+  std::vector<int32_t> am(rows);
+  cu::copy_to_host(c, am.data(), dam.get(), rows * 4);
+  c.synchronize();
+  for (int r = 0; r < rows; r++) {
+    const float* row = x.data() + size_t(r) * n_vocab;
+    CHECK(am[size_t(r)] == int(std::max_element(row, row + n_vocab) - row));
+  }
+}
+
 TEST_CASE("argmax and top-k on the device match a host sort, ties to the lowest index") {
   std::mt19937 rng(10);
   for (int n_vocab : {1, 37, 1000, 262144}) {

@@ -296,7 +296,10 @@ Context::Context(int device, void* stream) : device_(device) {
       counters_ = nullptr;
       oom_error(cat("CUDA device ", device, ": cannot allocate ", cb, " bytes of counters"));
     }
-    CUDA_CHECK(cudaMemset(counters_, 0, cb));
+    // On the context's stream: a plain cudaMemset goes to the legacy default stream, which a
+    // non-blocking stream does not wait for (the simulator's lazy streams ran a kernel first).
+    CUDA_CHECK(cudaMemsetAsync(counters_, 0, cb, static_cast<cudaStream_t>(stream_)));
+    CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
   } catch (...) {
     release();
     throw;
