@@ -655,13 +655,13 @@ namespace {
 // and KV head, its cells' rows): the same values, laid out as each backend reads them.
 struct AttnCase {
   GgmlType type;
-  int head_dim, n_head = 8, n_kv = 2, n_cells = 80, n_seq = 2;
+  int head_dim, n_cells, n_head = 8, n_kv = 2, n_seq = 2;
   size_t k_row = 0;
   std::vector<uint8_t> k, v, k_new, v_new;
   std::vector<uint8_t> k_hm, v_hm;  // the CPU's head-major copies of k and v
   cu::DeviceBuffer dk, dv, dkn, dvn;
 
-  AttnCase(GgmlType t, int hd, int staged_rows, std::mt19937& rng) : type(t), head_dim(hd) {
+  AttnCase(GgmlType t, int hd, int staged_rows, std::mt19937& rng, int cells = 80) : type(t), head_dim(hd), n_cells(cells) {
     const int width = n_kv * head_dim;
     k_row = row_bytes(type, width);
     auto fill = [&](std::vector<uint8_t>& dst, int rows) {
@@ -718,12 +718,14 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
   std::mt19937 rng(8);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
     for (int hd : {32, 64, 96, 128, 256}) {
-      for (int window : {0, 9}) {
-        // Sequence 0 decodes one token at position 75; sequence 1 runs positions 3..9 (staged).
-        std::vector<int32_t> pos = {75, 3, 4, 5, 6, 7, 8, 9}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
-        std::vector<int32_t> first = {75, 3, 3, 3, 3, 3, 3, 3}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
+      for (int window : {0, 9, 300}) {
+        // Sequence 0 decodes one token at position 75 (or 900: keys in many splits, a window of
+        // 300 in several); sequence 1 runs positions 3..9 (staged).
+        const int p0 = window == 300 || hd == 128 ? 900 : 75;
+        std::vector<int32_t> pos = {p0, 3, 4, 5, 6, 7, 8, 9}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
+        std::vector<int32_t> first = {p0, 3, 3, 3, 3, 3, 3, 3}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
         const int n = int(pos.size());
-        AttnCase C(kt, hd, n, rng);
+        AttnCase C(kt, hd, n, rng, p0 + 5);
         const size_t qs = size_t(C.n_head * hd);
         auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
         std::vector<float> ref(qs * n);
@@ -741,7 +743,7 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
         g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
         g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
         g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
-        for (int max_len : {76, 2000}) {  // one split, and many (mostly empty) splits
+        for (int max_len : {p0 + 1, 2000}) {  // as many splits as fill the GPU, at most one per 128 keys
           cu::attention(ctx(), g, max_len);
           INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len);
           check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention");

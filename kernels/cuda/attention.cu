@@ -85,7 +85,7 @@ __device__ __forceinline__ const uint8_t* kv_row(const uint8_t* staged, const ui
 
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kAttnThreads)
-attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
+attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
   constexpr int R = D / 32;  // dims per lane: d = R lane + i
   __shared__ float qs[D];
   __shared__ float sm_m[4];
@@ -98,8 +98,11 @@ attn_split_kernel(AttentionArgs a, int chunk, float* __restrict__ part) {
   const int p = a.pos[t], s = a.seq[t], first = a.first[t], row0 = a.row0[t];
   const int g = h / (a.n_head / a.kv.n_head_kv);
   const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  // The last split runs to the end, so a max_len below pos + 1 costs speed, not correctness.
-  const int kb = max(lo, sp * chunk), ke = sp == n_split - 1 ? p + 1 : min(p + 1, (sp + 1) * chunk);
+  // The token's keys [lo, p] in n_split runs of a multiple of kSplitKeys (a block's four warps take
+  // 32 keys each per pass): the splits follow the token's length, not max_len (a graph captured
+  // for n_ctx would leave most of them empty and give the rest many passes).
+  const int per = ((p + 1 - lo + n_split - 1) / n_split + kSplitKeys - 1) / kSplitKeys * kSplitKeys;
+  const int kb = lo + sp * per, ke = min(p + 1, kb + per);
   {
     // While the ops before finish (q comes from them), the L2 fetches this block's cached keys
     // and values (no op of the step writes cells before the commit, which follows this kernel):
@@ -587,13 +590,12 @@ void with_head(const KvLayer& kv, F&& f) {
   }
 }
 
-// Keys per split: a multiple of kSplitKeys, chosen so that tokens × heads × splits fills the GPU.
-int split_chunk(const Context& c, int n_tokens, int n_head, int max_len) {
+// Splits per query: enough that tokens × heads × splits fills the GPU, and no more than max_len
+// keys give runs of kSplitKeys.
+int split_count(const Context& c, int n_tokens, int n_head, int max_len) {
   const int64_t blocks = int64_t(n_tokens) * n_head;
   const int64_t want = std::max<int64_t>(1, (int64_t(c.sm_count()) * 4 + blocks - 1) / blocks);
-  int64_t chunk = (max_len + want - 1) / want;
-  chunk = (chunk + kSplitKeys - 1) / kSplitKeys * kSplitKeys;
-  return int(std::max<int64_t>(kSplitKeys, chunk));
+  return int(std::min<int64_t>(want, (int64_t(max_len) + kSplitKeys - 1) / kSplitKeys));
 }
 
 }  // namespace
@@ -605,8 +607,7 @@ static size_t q8_area(int n_tokens, int n_head, int head_dim) {
 
 size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len) {
   if (n_tokens <= 0 || max_len <= 0) return 0;
-  const int chunk = split_chunk(c, n_tokens, n_head, max_len);
-  const int n_split = (max_len + chunk - 1) / chunk;
+  const int n_split = split_count(c, n_tokens, n_head, max_len);
   return q8_area(n_tokens, n_head, head_dim) + size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
 }
 
@@ -618,8 +619,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
   const int64_t cols = int64_t(a.n_head) * D;
   if (q8_out && a.out_stride != size_t(cols))
     input_error(cat("CUDA attention: 8-bit activations of output rows ", a.out_stride, " apart (not ", cols, ")"));
-  const int chunk = split_chunk(c, a.n_tokens, a.n_head, max_len);
-  const int n_split = (max_len + chunk - 1) / chunk;
+  const int n_split = split_count(c, a.n_tokens, a.n_head, max_len);
   auto* base = static_cast<uint8_t*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, D, max_len)));
   float* part = reinterpret_cast<float*>(base + q8_area(a.n_tokens, a.n_head, D));
   const Q8Act act = q8_out ? q8_scratch(c, cols, a.n_tokens) : Q8Act{};  // at base: no reallocation
@@ -627,7 +627,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;
     launch_early(c.early_launch, attn_split_kernel<DD, decltype(q8)::value>, dim3(a.n_tokens, a.n_head, n_split),
-                 kAttnThreads, s, a, chunk, part);
+                 kAttnThreads, s, a, part);
     CUDA_CHECK_LAUNCH();
     const dim3 grid(unsigned(std::max(a.n_tokens, commit.n)), unsigned(a.n_head + (commit.n > 0 ? 2 : 0)));
     launch_early(c.early_launch, attn_combine_kernel<DD>, grid, DD, s, part, n_split, a.n_tokens, a.n_head, a.out,

@@ -521,9 +521,11 @@ void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, c
   kv_convert_kv(c, type, {kr.data(), size_t(k.width), k.dst, k.dst_row, k.width}, v, n_tok);
 }
 
-void kv_commit(Context&, const KvLayer& kv, const uint8_t* k_new, const uint8_t* v_new, const int32_t* row,
-               const int32_t* seq, const int32_t* pos, int n) {
+void kv_commit(Context&, const KvLayer& kv, const KvCommit& m) {
+  const int n = m.n;
   if (n <= 0) return;
+  const int32_t *row = m.row, *seq = m.seq, *pos = m.pos;
+  const uint8_t *k_new = m.k_new, *v_new = m.v_new;
   // The kernel copies the tokens' rows in parallel: two tokens writing one cell leave either.
   std::vector<size_t> cells(static_cast<size_t>(n));
   for (int t = 0; t < n; ++t) cells[size_t(t)] = size_t(seq[t]) * size_t(kv.n_cells) + size_t(pos[t] % kv.n_cells);
@@ -543,13 +545,15 @@ size_t attention_scratch_bytes(const Context&, int n_tokens, int, int head_dim, 
   return (size_t(max_len) + 2 * size_t(head_dim)) * sizeof(float);
 }
 
-// q8_out changes nothing here: the emulated GEMV quantizes its input itself.
-void attention(Context& c, const AttentionArgs& a, int max_len, bool) {
+// q8_out changes nothing here: the emulated GEMV quantizes its input itself. The commit follows
+// the attention, as in the combine kernel.
+void attention(Context& c, const AttentionArgs& a, int max_len, bool, const KvCommit& commit) {
   check_attention(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(fmt::format("CUDA attention: max_len {} must be positive", max_len));
   auto* buf = static_cast<float*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, a.kv.head_dim, max_len)));
   for (int t = 0; t < a.n_tokens; ++t) attend(a, t, a.pos[t], a.seq[t], a.first[t], a.row0[t], max_len, buf);
+  kv_commit(c, a.kv, commit);
 }
 
 void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, int row0) {
@@ -561,6 +565,8 @@ void attention_prefill(Context& c, const AttentionArgs& a, int seq, int pos0, in
 }
 
 // ---- Sampling ----
+
+size_t sampling_scratch_bytes(int, int, int) { return 0; }  // the emulation samples in place
 
 void argmax(Context&, const float* logits, int n_vocab, int n, int32_t* out) {
   if (n <= 0) return;
