@@ -24,6 +24,15 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
+// The best (value, index) over the warp, in every lane.
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, bv, o);
+    const int i = __shfl_xor_sync(kFullMask, bi, o);
+    if (better(v, i, bv, bi)) { bv = v; bi = i; }
+  }
+}
+
 // The best (value, index) of x[begin, end) over the block, in every thread of warp 0. kArgmaxLoads
 // loads in flight per thread (a loop of single loads waits out the memory latency once per
 // 1024 values). The order of the comparisons does not matter: better() is a total order.
@@ -46,21 +55,14 @@ __device__ __forceinline__ void block_best(const float* __restrict__ x, int begi
       if (i < end && better(v[k], i, bv, bi)) { bv = v[k]; bi = i; }
     }
   }
-  auto warp_best = [&] {
-    for (int o = 16; o > 0; o >>= 1) {
-      const float v = __shfl_xor_sync(kFullMask, bv, o);
-      const int i = __shfl_xor_sync(kFullMask, bi, o);
-      if (better(v, i, bv, bi)) { bv = v; bi = i; }
-    }
-  };
-  warp_best();
+  warp_best(bv, bi);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
   __syncthreads();
   if (warp == 0) {
     bv = lane < int(blockDim.x / 32) ? sv[lane] : -INFINITY;
     bi = lane < int(blockDim.x / 32) ? si[lane] : INT32_MAX;
-    warp_best();
+    warp_best(bv, bi);
   }
 }
 
@@ -102,11 +104,7 @@ argmax_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk, fl
     const int i = __float_as_int(p.y);
     if (better(p.x, i, bv, bi)) { bv = p.x; bi = i; }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(kFullMask, bv, o);
-    const int i = __shfl_xor_sync(kFullMask, bi, o);
-    if (better(v, i, bv, bi)) { bv = v; bi = i; }
-  }
+  warp_best(bv, bi);
   if (threadIdx.x == 0) {
     out[r] = bi == INT32_MAX ? 0 : bi;
     counters[r] = 0;  // for the next launch
