@@ -1,7 +1,8 @@
 // `baton bench-kernels --device cuda:N`: the CUDA matmuls on their own. The device's copy
 // bandwidth first (the roofline the GEMV is held against), then per weight type
 //   - GEMV at 1, 2, 4 and 8 columns: GB/s of weight bytes, and its share of that bandwidth;
-//     at 1 and 2 columns also with two rows per warp ("gemv2r", Context::gemv_rows_per_warp);
+//     at 1 and 2 columns also with two rows per warp ("gemv2r", Context::gemv_rows_per_warp),
+//     and at 1, 2 and 4 columns as the streamed grid ("gemvS", Context::gemv_stream);
 //   - GEMV (8 columns per pass) against dequantize + cuBLAS GEMM from 8 to 128 columns: the
 //     column count from which the GEMM is faster, i.e. what Context::gemv_max_cols should be;
 //   - the GEMM at 512 columns (a prompt chunk) with FP16 slabs of 8 MiB to the whole matrix: the
@@ -155,6 +156,11 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
     c.gemv_rows_per_warp = 2;
     for (int n : {1, 2}) row("gemv2r", n, time_sweep(c, o.reps, true, gemv_sweep(n)));
     c.gemv_rows_per_warp = rpw;
+    // The streamed grid (Context::gemv_stream), when the matrix has a row for every warp it holds.
+    const bool stream = c.gemv_stream;
+    c.gemv_stream = true;
+    for (int n : {1, 2, 4}) row("gemvS", n, time_sweep(c, o.reps, true, gemv_sweep(n)));
+    c.gemv_stream = stream;
     // The cut-over: from which column count is dequantize + GEMM faster than GEMV passes?
     int cut = 0;
     std::string line;

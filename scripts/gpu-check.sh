@@ -65,12 +65,13 @@ bench_note() {
 kernels_note() {
   awk '$1 == "gemv" && $3 == 1 { pct[$2] = $6 }
        $1 == "gemv2r" && $3 == 1 { pct2[$2] = "/" $6 }
+       $1 == "gemvS" && $3 == 1 { pct3[$2] = "/" $6 }
        $1 == "cut-over" { t = $2; sub(":", "", t); n = ($NF == "columns" && $(NF-1) ~ /^[0-9]+$/) ? $(NF-1) : ">128"
                           if ($0 ~ /already at 8/) n = "<=8"; if ($0 ~ /GEMV faster up to/) n = ">128"
                           cut[t] = n; order[++k] = t }
        $1 == "slab" { t = $2; sub(":", "", t); slab[t] = ($NF == "MiB") ? $(NF-1) "M" : "all" }
-       END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s%s cut %s slab %s", sep, t, pct[t], pct2[t], cut[t], slab[t]; sep = "; " } }' "$1" \
-    | cut -c1-130
+       END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s%s%s cut %s slab %s", sep, t, pct[t], pct2[t], pct3[t], cut[t], slab[t]; sep = "; " } }' "$1" \
+    | cut -c1-170
 }
 # The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
 best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
@@ -250,7 +251,7 @@ fi
 
 # The GEMV's shape on the real decode step (not the default until measured): one warp per row
 # everywhere (BATON_GEMV_SPLIT=0: the short q/k/v, output and down projections otherwise split
-# rows over 2-4 warps), and two rows per warp (BATON_GEMV_ROWS=2). And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
+# rows over 2-4 warps), two rows per warp (BATON_GEMV_ROWS=2) and the streamed grid (BATON_GEMV_STREAM=1). And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
 # one scripts/device-bundle.sh packs from BATON_BUNDLE_BASE=REV): the same decode with it and with
 # this tree's, alternating (base, new, base, new), so a change is a ratio measured in one run.
 if has_cmd bench; then
@@ -258,6 +259,7 @@ if has_cmd bench; then
     have_model $t || continue
     run "bench-1stage-nosplit-$t" 300 env BATON_GEMV_SPLIT=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+    run "bench-1stage-stream-$t" 300 env BATON_GEMV_STREAM=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
   done
   base_bin=${BATON_GPU_BASE_BIN:-}
   if [[ -n $base_bin && -x $base_bin ]]; then

@@ -28,6 +28,7 @@ import tempfile
 # that matches none of these fails the check: add it here with its block size.
 MAX_THREADS = [
     (r"gemv_kernel<", 128),                                   # kGemvThreads
+    (r"gemv_stream_kernel<", 128),                            # kGemvThreads
     (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
     (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
@@ -86,7 +87,7 @@ def gemv_loads(ptx):
     out = []
     for body in re.split(r"\n(?=(?:\.visible |\.weak )?\.entry )", ptx):
         m = re.match(r"(?:\.visible |\.weak )?\.entry (\S+)\(", body)
-        if not m or "gemv_kernel" not in m.group(1):
+        if not m or not re.search(r"gemv_(?:stream_)?kernel", m.group(1)):
             continue
         wide = narrow = byte_loads = 0
         for vec, elem in re.findall(r"\bld\.global(?:\.nc)?(?:\.L1::\w+)?(?:\.L2::\w+)?(\.v[248])?\.([usbf](?:8|16|32|64))\b", body):
@@ -192,7 +193,7 @@ def main():
         with open(a.keep, "w") as f:
             f.write(report)
     kernels = parse(report)
-    gemv = [k for k in kernels if "gemv_kernel<" in k["name"]]
+    gemv = [k for k in kernels if re.search(r"gemv_(?:stream_)?kernel<", k["name"])]
     # The parse itself: 11 weight types x 1..8 columns of GEMV, and the other families.
     if len(gemv) < 88 or len(kernels) < 120:
         sys.exit(f"check_cuda_resources: parsed only {len(kernels)} kernels ({len(gemv)} GEMV) from ptxas's report")
@@ -212,7 +213,7 @@ def main():
         sys.exit(f"check_cuda_resources: {len(loads)} GEMV kernels in the PTX, {len(gemv)} in ptxas's report")
     by_type = {}
     for name, wide, narrow, _ in loads:
-        t = re.search(r"gemv_kernel<baton::cuda::(\w+(?:<[^>]*>)?)", name)
+        t = re.search(r"gemv_(?:stream_)?kernel<baton::cuda::(\w+(?:<[^>]*>)?)", name)
         key = TYPE_NAMES.get(t.group(1), t.group(1)) if t else name
         by_type[key] = min(by_type.get(key, 1.0), wide / max(1, wide + narrow))
     print("GEMV global loads in 16-byte instructions (share of the bytes in a kernel's load instructions, "

@@ -305,6 +305,56 @@ TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
   }
 }
 
+// Context::gemv_stream (a grid of one wave, each warp a run of rows, its next batch of weights
+// loaded before the current one is summed): each row still sums in one warp in the same order, so
+// the products equal one row per warp bit for bit. Rows 5120 wide take 2-5 batches per lane (the
+// last one partial); a grid of 64 warps gives each 17 rows, crossing from q to k to v inside a run,
+// one of 300 warps 4 rows (its last warp fewer), and 5 columns run the 5-column kernel.
+TEST_CASE("streamed GEMV equals one row per warp, bit for bit") {
+  std::mt19937 rng(17);
+  const int64_t cols = 5120;
+  const int64_t heights[3] = {700, 37, 300};
+  for (GgmlType t : kTypes) {
+    INFO(type_name(t));
+    std::vector<cu::DeviceBuffer> keep;
+    cu::Weight W[3];
+    std::vector<std::vector<float>> Wf;
+    for (int i = 0; i < 3; i++) {
+      const auto w = random_weights(t, heights[i], cols, rng);
+      Wf.push_back(dequantize(t, w, heights[i], cols));
+      keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
+    }
+    for (int n : {1, 2, 5}) {
+      INFO(n << " columns");
+      const auto X = random_floats(size_t(cols * n), rng);
+      auto dx = to_dev(X);
+      std::vector<std::vector<float>> want;
+      for (int warps : {0, 64, 300}) {  // 0: the plain kernel, one warp per row
+        INFO(warps << " warps");
+        ctx().gemv_split_rows = warps == 0 ? false : true;
+        ctx().gemv_stream = warps > 0;
+        ctx().gemv_stream_warps = warps;
+        std::vector<cu::DeviceBuffer> y;
+        for (int i = 0; i < 3; i++) y.emplace_back(size_t(heights[i] * n) * 4);
+        cu::matmul_n(ctx(), {{&W[0], y[0].as<float>()}, {&W[1], y[1].as<float>()}, {&W[2], y[2].as<float>()}},
+                     dx.as<float>(), n);
+        for (int i = 0; i < 3; i++) {
+          const auto got = to_host<float>(y[size_t(i)], size_t(heights[i] * n));
+          if (warps == 0) {
+            check_product(t, Wf[size_t(i)], X, heights[i], cols, n, got, false, "one row per warp");
+            want.push_back(got);
+          } else {
+            CHECK(std::memcmp(got.data(), want[size_t(i)].data(), got.size() * sizeof(float)) == 0);
+          }
+        }
+      }
+      ctx().gemv_split_rows = true;
+      ctx().gemv_stream = false;
+      ctx().gemv_stream_warps = 0;
+    }
+  }
+}
+
 // The norms and gates can write the next GEMV's 8-bit activations along with their output
 // (cuda::Q8Act): the same bytes quantize_act writes, and a matmul told so (x_q8) gives the product
 // of quantizing X itself, bit for bit.

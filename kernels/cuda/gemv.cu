@@ -6,6 +6,8 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant.cuh"
 
+#include <atomic>
+
 namespace baton::cuda {
 
 constexpr int kGemvThreads = 128;  // 4 warps
@@ -138,12 +140,123 @@ gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
   }
 }
 
+// The streamed form (Context::gemv_stream): a grid no larger than the GPU holds at once, each warp
+// a run of `per_warp` consecutive rows of all segments, each row whole in one warp (the same sums
+// in the same order as one warp per row, gemv_split_rows off). The warp loads the next batch of
+// units (T::unroll per lane) before it sums the current one, also across a row's end: two batches
+// in flight per warp all the time, and no block starts after the first wave.
+// (Launch bounds with 1 block per SM: left to itself ptxas capped some column counts at 96 registers
+// and spilled; two batches of weights in registers need more, and the grid is sized by occupancy.)
+template <class T, int NC>
+__global__ void __launch_bounds__(kGemvThreads, 1)
+gemv_stream_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act, int total, int per_warp) {
+  griddep_release();  // the op after may be launched (it waits for this one to finish)
+  const int lane = threadIdx.x % 32;
+  const int first = int((int64_t(blockIdx.x) * kGemvThreads + threadIdx.x) / 32) * per_warp;
+  const int end = min(first + per_warp, total);
+  if (first >= end) return;  // whole warps
+  const int n_units = int(cols / T::unit);
+  constexpr int kBatch = 32 * T::unroll;  // units per batch of a warp
+  const int n_batches = (n_units + kBatch - 1) / kBatch;
+  const GemvSeg& g0 = segs.s[0];
+  const GemvSeg& g1 = segs.s[1];
+  const GemvSeg& g2 = segs.s[2];
+  const int row1 = g0.rows, row2 = g0.rows + g1.rows;  // the first rows of segments 1 and 2
+  auto seg_of = [&](int r) { return (segs.n > 2 && r >= row2) ? 2 : (segs.n > 1 && r >= row1) ? 1 : 0; };
+  auto row_ptr = [&](int r) {  // fields by selects (see gemv_kernel)
+    const int si = seg_of(r);
+    const uint8_t* W = si == 2 ? g2.W : si == 1 ? g1.W : g0.W;
+    return W + size_t(r - (si == 2 ? row2 : si == 1 ? row1 : 0)) * stride;
+  };
+  using Wt = typename T::W;
+  auto load = [&](Wt (&w)[T::unroll], const uint8_t* rp, int b) {
+#pragma unroll
+    for (int k = 0; k < T::unroll; k++) {
+      const int u = b * kBatch + k * 32 + lane;
+      if (u < n_units) w[k] = T::load(rp, cols, u);
+    }
+  };
+  float acc[NC];
+#pragma unroll
+  for (int j = 0; j < NC; j++) acc[j] = 0.0f;
+  int r = first, b = 0;
+  const uint8_t* rp = row_ptr(r);
+  // Sums batch b of row r from `cur` after loading the next position's batch into `nxt`; finishes
+  // row r at its last batch. False when the warp's rows are done.
+  auto stage = [&](const Wt (&cur)[T::unroll], Wt (&nxt)[T::unroll]) {
+    int nb = b + 1, nr = r;
+    const uint8_t* nrp = rp;
+    if (nb == n_batches) {
+      nb = 0, nr++;
+      if (nr < end) nrp = row_ptr(nr);
+    }
+    if (nr < end) load(nxt, nrp, nb);
+#pragma unroll
+    for (int k = 0; k < T::unroll; k++) {
+      const int u = b * kBatch + k * 32 + lane;
+      if (u < n_units)
+#pragma unroll
+        for (int j = 0; j < NC; j++) acc[j] += T::dot(cur[k], act, j, u);
+    }
+    if (nb == 0) {  // row r is summed
+#pragma unroll
+      for (int j = 0; j < NC; j++) acc[j] = warp_sum(acc[j]);
+      const int si = seg_of(r);
+      float* __restrict__ Y = si == 2 ? g2.Y : si == 1 ? g1.Y : g0.Y;
+      const int64_t ldy = si == 2 ? g2.rows : si == 1 ? g1.rows : g0.rows;
+      const int row = r - (si == 2 ? row2 : si == 1 ? row1 : 0);
+      if (lane < NC) {
+        float v = acc[0];
+#pragma unroll
+        for (int j = 1; j < NC; j++) if (lane == j) v = acc[j];
+        Y[int64_t(lane) * ldy + row] = v;
+      }
+#pragma unroll
+      for (int j = 0; j < NC; j++) acc[j] = 0.0f;
+    }
+    r = nr, b = nb, rp = nrp;
+    return r < end;
+  };
+  Wt w0[T::unroll], w1[T::unroll];
+  load(w0, rp, 0);
+  griddep_wait();  // the activations come from the op before (weights are read-only)
+  while (stage(w0, w1) && stage(w1, w0)) {
+  }
+}
+
 // Warps per row: enough warps in flight to cover the memory latency even for short matrices
 // (unless Context::gemv_split_rows is off, or rows pair up: then one).
 static int warps_per_row(const Context& c, int64_t rows, int n_units) {
   const int64_t target = int64_t(c.sm_count()) * 32;
   if (!c.gemv_split_rows || c.gemv_rows_per_warp > 1 || n_units <= 32 || rows >= target) return 1;
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
+}
+
+// The streamed form's launch, when the rows are at least one per warp the GPU holds at once
+// (shorter matrices keep gemv_kernel, whose split rows give them more warps): false otherwise.
+template <class T>
+static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, size_t stride, int64_t cols,
+                        const Act& act) {
+  void (*kernels[kGemvMaxCols])(GemvSegs, size_t, int64_t, Act, int, int) = {
+      gemv_stream_kernel<T, 1>, gemv_stream_kernel<T, 2>, gemv_stream_kernel<T, 3>, gemv_stream_kernel<T, 4>,
+      gemv_stream_kernel<T, 5>, gemv_stream_kernel<T, 6>, gemv_stream_kernel<T, 7>, gemv_stream_kernel<T, 8>};
+  CUDA_ASSERT(n >= 1 && n <= kGemvMaxCols);
+  static std::atomic<int> per_sm[kGemvMaxCols];  // blocks an SM holds, per column count (0: not asked yet)
+  int bps = per_sm[n - 1].load(std::memory_order_relaxed);
+  if (bps == 0) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kernels[n - 1], kGemvThreads, 0));
+    bps = std::max(bps, 1);
+    per_sm[n - 1].store(bps, std::memory_order_relaxed);
+  }
+  const int64_t resident =  // warps
+      c.gemv_stream_warps > 0 ? c.gemv_stream_warps : int64_t(c.sm_count()) * bps * (kGemvThreads / 32);
+  if (total < resident) return false;
+  const int per_warp = int(ceil_div(total, resident));
+  const unsigned grid = unsigned(ceil_div(ceil_div(total, per_warp), kGemvThreads / 32));
+  launch_early(c.early_launch, kernels[n - 1], grid, kGemvThreads, static_cast<cudaStream_t>(c.stream()), segs,
+               stride, cols, act, total, per_warp);
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 // One launch for `count` matrices of type T (same width) and the activations act.
@@ -156,15 +269,17 @@ static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int c
   const int rpw = n <= kGemvPairMaxCols ? c.gemv_rows_per_warp : 1;
   GemvSegs segs{};
   segs.n = count;
-  int blocks = 0;
+  int blocks = 0, total = 0;
   for (int i = 0; i < count; i++) {
     segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), wpr[i], blocks};
     blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr[i] * rpw));
+    total += int(W[i]->rows);
   }
-  const unsigned grid = unsigned(blocks);
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   const size_t stride = W[0]->row_stride;
   const int64_t cols = W[0]->cols;
+  if (c.gemv_stream && stream_rows(c, T{}, n, total, segs, stride, cols, act)) return;
+  const unsigned grid = unsigned(blocks);
   auto go = [&](auto kernel) { launch_early(c.early_launch, kernel, grid, kGemvThreads, s, segs, stride, cols, act); };
   if (rpw == 2) {
     if (n == 1) go(gemv_kernel<T, 1, 2>);

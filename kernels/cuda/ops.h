@@ -93,6 +93,11 @@ class Context {
   // prints one and two rows per warp.
   bool gemv_split_rows = true;
   int gemv_rows_per_warp = 1;
+  // gemv_stream (BATON_GEMV_STREAM=1), also to be measured: matrices with at least one row per warp
+  // the GPU holds at once take a grid of one wave, each warp a run of rows whose next batch of
+  // weights it loads before summing the current one (rows whole in one warp, as without split rows).
+  bool gemv_stream = false;
+  int gemv_stream_warps = 0;  // the streamed grid's warps; 0: as many as the GPU holds at once (tests set it)
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.

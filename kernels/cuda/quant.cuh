@@ -1,6 +1,8 @@
 // Per-type device code for the packed weight layout (layout.h): how one thread loads a "unit" of a
 // row with 16-byte loads, dots it with 8-bit activations (dp4a) or F32 activations, and expands it
-// to floats. Units are small (8..64 elements) so that consecutive lanes read consecutive bytes.
+// to floats. A loaded W holds the bytes as they came (scales as raw half bits): no instruction
+// waits for a load until dot() or dequant() uses it, so a kernel can keep loads in flight while it
+// sums earlier units. Units are small (8..64 elements) so that consecutive lanes read consecutive bytes.
 // The list of types lives in BATON_CUDA_WEIGHT_TYPES; with_weight_type() is the one switch over it.
 // Compiled by a host compiler (no __CUDACC__) the same code runs on the CPU with plain C++
 // stand-ins for the intrinsics (host_emulation.h), so tests check the bit logic without a GPU.
@@ -55,10 +57,11 @@ struct TQ4_0 {
   static constexpr GgmlType type = GgmlType::Q4_0;
   static constexpr int unit = 32, unroll = 4;
   static constexpr bool q8 = true;
-  struct W { uint4 q; float d; };
+  struct W { uint4 q; uint32_t dh; };  // dh: the half bits of d
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
-    return {ld16(row + u * 16), half_bits_to_float(ld2(row + cols / 2 + u * 2))};
+    return {ld16(row + u * 16), ld2(row + cols / 2 + u * 2)};
   }
+  BATON_DEV static float d(const W& w) { return half_bits_to_float(uint16_t(w.dh)); }
   BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
@@ -68,13 +71,13 @@ BATON_UNROLL
       s = __dp4a(int((word(w.q, t) >> 4) & kLo4), word(x1, t), s);  // elements 16+4t..
     }
     const float2 ds = a.d(j)[u];
-    return w.d * (ds.x * float(s) - 8.0f * ds.y);
+    return d(w) * (ds.x * float(s) - 8.0f * ds.y);
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
 BATON_UNROLL
     for (int g = 0; g < 4; g++)  // g < 2: low nibbles of bytes 8g.., else high nibbles
       BATON_PUT8(put, u * 32 + 8 * g,
-                 w.d * (float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) - 8.0f));
+                 d(w) * (float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) - 8.0f));
   }
 };
 
@@ -82,11 +85,12 @@ struct TQ4_1 {
   static constexpr GgmlType type = GgmlType::Q4_1;
   static constexpr int unit = 32, unroll = 4;
   static constexpr bool q8 = true;
-  struct W { uint4 q; float d, m; };
+  struct W { uint4 q; uint32_t dm; };  // dm: the half bits of d (low) and m (high)
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
-    const uint32_t dm = ld4(row + cols / 2 + u * 4);
-    return {ld16(row + u * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16))};
+    return {ld16(row + u * 16), ld4(row + cols / 2 + u * 4)};
   }
+  BATON_DEV static float d(const W& w) { return half_bits_to_float(uint16_t(w.dm)); }
+  BATON_DEV static float m(const W& w) { return half_bits_to_float(uint16_t(w.dm >> 16)); }
   BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
@@ -96,13 +100,13 @@ BATON_UNROLL
       s = __dp4a(int((word(w.q, t) >> 4) & kLo4), word(x1, t), s);
     }
     const float2 ds = a.d(j)[u];
-    return w.d * ds.x * float(s) + w.m * ds.y;
+    return d(w) * ds.x * float(s) + m(w) * ds.y;
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
 BATON_UNROLL
     for (int g = 0; g < 4; g++)
       BATON_PUT8(put, u * 32 + 8 * g,
-                 w.d * float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) + w.m);
+                 d(w) * float((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) + m(w));
   }
 };
 
@@ -119,35 +123,41 @@ struct TQ5 {
   static constexpr GgmlType type = Min ? GgmlType::Q5_1 : GgmlType::Q5_0;
   static constexpr int unit = 32, unroll = 4;
   static constexpr bool q8 = true;
-  struct W { uint4 q; float d, m; uint32_t qh; };
+  // dm: the half bits of d (low) and, for Q5_1, m (high); qh: the fifth bits, in two halves for
+  // Q5_0 (its 6-byte scale run leaves them 2-byte aligned)
+  struct W { uint4 q; uint32_t dm, qh0, qh1; };
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     if constexpr (Min) {
       const uint8_t* s = row + cols / 2 + u * 8;
-      const uint32_t dm = ld4(s);
-      return {ld16(row + u * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16)), ld4(s + 4)};
+      return {ld16(row + u * 16), ld4(s), ld4(s + 4), 0u};
     } else {
       const uint8_t* s = row + cols / 2 + u * 6;
-      return {ld16(row + u * 16), half_bits_to_float(ld2(s)), 0.0f, uint32_t(ld2(s + 2)) | (uint32_t(ld2(s + 4)) << 16)};
+      return {ld16(row + u * 16), ld2(s), ld2(s + 2), ld2(s + 4)};
     }
   }
+  BATON_DEV static float d(const W& w) { return half_bits_to_float(uint16_t(w.dm)); }
+  BATON_DEV static float m(const W& w) { return Min ? half_bits_to_float(uint16_t(w.dm >> 16)) : 0.0f; }
+  BATON_DEV static uint32_t qh(const W& w) { return Min ? w.qh0 : w.qh0 | (w.qh1 << 16); }
   BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
+    const uint32_t h = qh(w);
     int s = 0;
 BATON_UNROLL
     for (int t = 0; t < 4; t++) {
-      s = __dp4a(int((word(w.q, t) & kLo4) | fifth_bits(w.qh, 4 * t)), word(x0, t), s);
-      s = __dp4a(int(((word(w.q, t) >> 4) & kLo4) | fifth_bits(w.qh, 16 + 4 * t)), word(x1, t), s);
+      s = __dp4a(int((word(w.q, t) & kLo4) | fifth_bits(h, 4 * t)), word(x0, t), s);
+      s = __dp4a(int(((word(w.q, t) >> 4) & kLo4) | fifth_bits(h, 16 + 4 * t)), word(x1, t), s);
     }
     const float2 ds = a.d(j)[u];
-    if constexpr (Min) return w.d * ds.x * float(s) + w.m * ds.y;
-    else return w.d * (ds.x * float(s) - 16.0f * ds.y);
+    if constexpr (Min) return d(w) * ds.x * float(s) + m(w) * ds.y;
+    else return d(w) * (ds.x * float(s) - 16.0f * ds.y);
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+    const uint32_t h = qh(w);
 BATON_UNROLL
     for (int g = 0; g < 4; g++)  // element e = 8g + i: nibble of byte e & 15, fifth bit e of qh
       BATON_PUT8(put, u * 32 + 8 * g,
-                 w.d * (float(((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) |
-                              (((w.qh >> (8 * g + i_)) & 1) << 4)) - (Min ? 0.0f : 16.0f)) + w.m);
+                 d(w) * (float(((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15) |
+                               (((h >> (8 * g + i_)) & 1) << 4)) - (Min ? 0.0f : 16.0f)) + m(w));
   }
 };
 using TQ5_0 = TQ5<false>;
@@ -157,10 +167,11 @@ struct TQ8_0 {
   static constexpr GgmlType type = GgmlType::Q8_0;
   static constexpr int unit = 32, unroll = 2;
   static constexpr bool q8 = true;
-  struct W { uint4 q0, q1; float d; };
+  struct W { uint4 q0, q1; uint32_t dh; };  // dh: the half bits of d
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
-    return {ld16(row + u * 32), ld16(row + u * 32 + 16), half_bits_to_float(ld2(row + cols + u * 2))};
+    return {ld16(row + u * 32), ld16(row + u * 32 + 16), ld2(row + cols + u * 2)};
   }
+  BATON_DEV static float d(const W& w) { return half_bits_to_float(uint16_t(w.dh)); }
   BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
     const int4 x0 = ld16s(a.q(j) + u * 32), x1 = ld16s(a.q(j) + u * 32 + 16);
     int s = 0;
@@ -169,13 +180,13 @@ BATON_UNROLL
       s = __dp4a(int(word(w.q0, t)), word(x0, t), s);
       s = __dp4a(int(word(w.q1, t)), word(x1, t), s);
     }
-    return w.d * a.d(j)[u].x * float(s);
+    return d(w) * a.d(j)[u].x * float(s);
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
 BATON_UNROLL
     for (int g = 0; g < 4; g++)
       BATON_PUT8(put, u * 32 + 8 * g,
-                 w.d * float(int8_t(byte_of(g < 2 ? w.q0 : w.q1, (8 * g + i_) & 15))));
+                 d(w) * float(int8_t(byte_of(g < 2 ? w.q0 : w.q1, (8 * g + i_) & 15))));
   }
 };
 
@@ -298,13 +309,14 @@ struct TQ6_K {
   static constexpr GgmlType type = GgmlType::Q6_K;
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
-  struct W { uint4 la, lb, hh, sc; float d; };
+  struct W { uint4 la, lb, hh, sc; uint32_t dh; };  // dh: the half bits of the super-block's d
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
     const uint8_t* b = row + sb * 208;
     return {ld16(b + 64 * n + 16 * h), ld16(b + 64 * n + 32 + 16 * h), ld16(b + 128 + 32 * n + 16 * h),
-            ld16(b + 192), half_bits_to_float(ld2(row + (cols / 256) * 208 + sb * 2))};
+            ld16(b + 192), ld2(row + (cols / 256) * 208 + sb * 2)};
   }
+  BATON_DEV static float d(const W& w) { return half_bits_to_float(uint16_t(w.dh)); }
   // Signed 6-bit values (q - 32) of group m, byte-lane word t.
   BATON_DEV static int q6(const W& w, int m, int t) {
     const uint32_t la = word(w.la, t), lb = word(w.lb, t), h = word(w.hh, t);
@@ -334,7 +346,7 @@ BATON_UNROLL
       for (int t = 0; t < 4; t++) s = __dp4a(q6(w, m, t), word(xm, t), s);
       acc += scale(w, u, m) * ds[m].x * float(s);
     }
-    return w.d * acc;
+    return d(w) * acc;
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
@@ -343,7 +355,7 @@ BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // group m = g/2, words 2(g&1), 2(g&1)+1
       const int m = g >> 1, t0 = 2 * (g & 1);
       const int lo_w = q6(w, m, t0), hi_w = q6(w, m, t0 + 1);
-      const float dd = w.d * scale(w, u, m);
+      const float dd = d(w) * scale(w, u, m);
       BATON_PUT8(put, e0 + 32 * m + 8 * (g & 1),
                  dd * float(int8_t(((i_ < 4 ? lo_w : hi_w) >> (8 * (i_ & 3))) & 0xFF)));
     }
