@@ -67,23 +67,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// The 8-bit grid of the integer paths, one warp per 32 values: d = max|x| / 127, q = round(x / d)
-// (ties to even). quantize_act stores q and d; the GEMM's activations take q * d.
-__device__ __forceinline__ int warp_q8(float v, float& d) {
-  const float amax = warp_max(fabsf(v));
-  d = amax / 127.0f;
-  return amax > 0.0f ? __float2int_rn(v / d) : 0;
-}
-
-// The 8-bit activations of V consecutive values per lane, v[e] at flat index i0 + e: 32 / V lanes
-// (i0 of the first a multiple of 32) make one block of quantize_act's grid, computed as it does
-// (d = max|x| / 127, q = round(x / d), d·Σq; a max and an integer sum, so the same bytes however
-// the lanes hold them). Every lane of the warp calls it (the reductions shuffle the whole warp);
-// `live` false: a lane past the end, whose whole group of 32 / V lanes is past it, stores nothing.
-// V = 4: three shuffle rounds per reduction instead of five, one 4-byte store of quants.
+// The 8-bit grid of the integer paths for V consecutive values per lane, 32 / V lanes (the first
+// at a multiple of 32 values) to a block: d = max|x| / 127, q = round(x / d), ties to even (a max:
+// the same grid however the lanes hold the block). Every lane of the warp calls it (the max
+// shuffles the whole warp). The GEMM's FP16 activations take q * d.
 template <int V>
-__device__ __forceinline__ void q8_store_v(const float (&v)[V], int64_t i0, bool live, int8_t* __restrict__ qs,
-                                           float2* __restrict__ ds) {
+__device__ __forceinline__ float q8_grid(const float (&v)[V], int (&q)[V]) {
   static_assert(V == 1 || V == 4);
   constexpr int G = 32 / V;  // lanes per block of 32 values
   float amax = 0.0f;
@@ -92,12 +81,23 @@ __device__ __forceinline__ void q8_store_v(const float (&v)[V], int64_t i0, bool
 #pragma unroll
   for (int o = G / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
   const float d = amax / 127.0f;
-  int q[V], sum = 0;
 #pragma unroll
-  for (int e = 0; e < V; e++) {
-    q[e] = amax > 0.0f ? __float2int_rn(v[e] / d) : 0;
-    sum += q[e];
-  }
+  for (int e = 0; e < V; e++) q[e] = amax > 0.0f ? __float2int_rn(v[e] / d) : 0;
+  return d;
+}
+
+// quantize_act's 8-bit activations of v[e] at flat index i0 + e (the grid above, d and d·Σq per
+// block; an integer sum, so the same bytes however the lanes hold them); `live` false: a lane past
+// the end, whose whole group of 32 / V lanes is past it, stores nothing. V = 4: three shuffle
+// rounds per reduction instead of five, one 4-byte store of quants.
+template <int V>
+__device__ __forceinline__ void q8_store_v(const float (&v)[V], int64_t i0, bool live, int8_t* __restrict__ qs,
+                                           float2* __restrict__ ds) {
+  constexpr int G = 32 / V;
+  int q[V], sum = 0;
+  const float d = q8_grid<V>(v, q);
+#pragma unroll
+  for (int e = 0; e < V; e++) sum += q[e];
 #pragma unroll
   for (int o = G / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
   if (!live) return;

@@ -53,8 +53,10 @@ __global__ void act_to_f16_kernel(const float* __restrict__ x, int64_t n, bool q
   if (i >= n) return;
   float v = x[i];
   if (q8) {
-    float d;
-    v = float(warp_q8(v, d)) * d;
+    const float a[1] = {v};
+    int q[1];
+    const float d = q8_grid<1>(a, q);
+    v = float(q[0]) * d;
   }
   // Saturate: an activation past FP16's range becomes ±65504, not inf (and then NaN in Y).
   y[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));

@@ -144,12 +144,15 @@ gemv_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act) {
 // a run of `per_warp` consecutive rows of all segments, each row whole in one warp (the same sums
 // in the same order as one warp per row, gemv_split_rows off). The warp loads the next batch of
 // units (T::unroll per lane) before it sums the current one, also across a row's end: two batches
-// in flight per warp all the time, and no block starts after the first wave.
+// in flight per warp all the time, and no block starts after the first wave. Before it waits for
+// the op before (launched early, while that op runs and the HBM has little to do), each warp asks
+// the L2 for the first `prefetch` bytes of its run of rows (Context::gemv_prefetch_bytes over the
+// grid): the weights that a wave of early blocks could otherwise only start loading one batch of.
 // (Launch bounds with 1 block per SM: left to itself ptxas capped some column counts at 96 registers
 // and spilled; two batches of weights in registers need more, and the grid is sized by occupancy.)
 template <class T, int NC>
 __global__ void __launch_bounds__(kGemvThreads, 1)
-gemv_stream_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act, int total, int per_warp) {
+gemv_stream_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act, int total, int per_warp, int prefetch) {
   griddep_release();  // the op after may be launched (it waits for this one to finish)
   const int lane = threadIdx.x % 32;
   const int first = int((int64_t(blockIdx.x) * kGemvThreads + threadIdx.x) / 32) * per_warp;
@@ -219,6 +222,12 @@ gemv_stream_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act, int tota
   };
   Wt w0[T::unroll], w1[T::unroll];
   load(w0, rp, 0);
+  if (prefetch > 0) {  // the run's bytes up to its segment's end: contiguous
+    const int si = seg_of(first);
+    const int seg_end = si == 0 ? (segs.n > 1 ? row1 : total) : si == 1 ? (segs.n > 2 ? row2 : total) : total;
+    const size_t bytes = min(size_t(min(end, seg_end) - first) * stride, size_t(prefetch));
+    for (size_t off = size_t(lane) * 128; off < bytes; off += 32 * 128) prefetch_l2(rp + off);
+  }
   griddep_wait();  // the activations come from the op before (weights are read-only)
   while (stage(w0, w1) && stage(w1, w0)) {
   }
@@ -237,7 +246,7 @@ static int warps_per_row(const Context& c, int64_t rows, int n_units) {
 template <class T>
 static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, size_t stride, int64_t cols,
                         const Act& act) {
-  void (*kernels[kGemvMaxCols])(GemvSegs, size_t, int64_t, Act, int, int) = {
+  void (*kernels[kGemvMaxCols])(GemvSegs, size_t, int64_t, Act, int, int, int) = {
       gemv_stream_kernel<T, 1>, gemv_stream_kernel<T, 2>, gemv_stream_kernel<T, 3>, gemv_stream_kernel<T, 4>,
       gemv_stream_kernel<T, 5>, gemv_stream_kernel<T, 6>, gemv_stream_kernel<T, 7>, gemv_stream_kernel<T, 8>};
   CUDA_ASSERT(n >= 1 && n <= kGemvMaxCols);
@@ -252,9 +261,12 @@ static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, s
       c.gemv_stream_warps > 0 ? c.gemv_stream_warps : int64_t(c.sm_count()) * bps * (kGemvThreads / 32);
   if (total < resident) return false;
   const int per_warp = int(ceil_div(total, resident));
-  const unsigned grid = unsigned(ceil_div(ceil_div(total, per_warp), kGemvThreads / 32));
+  const int64_t warps = ceil_div(total, per_warp);
+  const unsigned grid = unsigned(ceil_div(warps, kGemvThreads / 32));
+  const int64_t run_bytes = int64_t(per_warp) * int64_t(stride);
+  const int prefetch = int(std::min<int64_t>(int64_t(c.gemv_prefetch_bytes) / warps, run_bytes));
   launch_early(c.early_launch, kernels[n - 1], grid, kGemvThreads, static_cast<cudaStream_t>(c.stream()), segs,
-               stride, cols, act, total, per_warp);
+               stride, cols, act, total, per_warp, prefetch);
   CUDA_CHECK_LAUNCH();
   return true;
 }

@@ -98,6 +98,9 @@ class Context {
   // weights it loads before summing the current one (rows whole in one warp, as without split rows).
   bool gemv_stream = false;
   int gemv_stream_warps = 0;  // the streamed grid's warps; 0: as many as the GPU holds at once (tests set it)
+  // The streamed GEMV asks the L2 for up to this many bytes of its weights before it waits for the
+  // op before it (BATON_GEMV_PREFETCH_MIB; 0: none): an 8B step's q/k/v whole, a quarter of gate/up.
+  size_t gemv_prefetch_bytes = size_t(16) << 20;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.
