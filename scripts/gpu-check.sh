@@ -357,10 +357,10 @@ pkill -f "$bin synth" 2>/dev/null
 # Short table last.
 {
   echo
-  printf '%-26s %-8s %6s  %s\n' step status secs note
+  printf '%-28s %-8s %6s  %s\n' step status secs note
   for r in "${rows[@]}"; do
     IFS='|' read -r a b c d <<<"$r"
-    printf '%-26s %-8s %6s  %s\n' "$a" "$b" "$c" "$d"
+    printf '%-28s %-8s %6s  %s\n' "$a" "$b" "$c" "$d"
   done
 } | tee -a "$logs/summary.txt"
 exit $failed
