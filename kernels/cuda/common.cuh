@@ -67,6 +67,24 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// V consecutive floats (V = 4: one 16-byte access, p 16-byte aligned; or V = 1).
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
+  static_assert(V == 1 || V == 4);
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    v[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
+  static_assert(V == 1 || V == 4);
+  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else *p = v[0];
+}
+
 // The 8-bit grid of the integer paths for V consecutive values per lane, 32 / V lanes (the first
 // at a multiple of 32 values) to a block: d = max|x| / 127, q = round(x / d), ties to even (a max:
 // the same grid however the lanes hold the block). Every lane of the warp calls it (the max

@@ -35,15 +35,12 @@ __global__ void ew_kernel(const float* a, const float* b, float* y, float s, int
   const bool live = i < n;
   float v[V] = {};
   if (live) {
-    if constexpr (V == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(a + i);
-      const float4 z = b ? *reinterpret_cast<const float4*>(b + i) : float4{};
-      v[0] = ew<op>(x.x, z.x, s), v[1] = ew<op>(x.y, z.y, s), v[2] = ew<op>(x.z, z.z, s), v[3] = ew<op>(x.w, z.w, s);
-      *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-      v[0] = ew<op>(a[i], b ? b[i] : 0.0f, s);
-      y[i] = v[0];
-    }
+    float x[V], z[V] = {};
+    load_v<V>(a + i, x);
+    if (b) load_v<V>(b + i, z);
+#pragma unroll
+    for (int e = 0; e < V; e++) v[e] = ew<op>(x[e], z[e], s);
+    store_v<V>(y + i, v);
   }
   if (qs) q8_store_v<V>(v, i, live, qs, ds);
 }

@@ -18,21 +18,6 @@ namespace baton::cuda {
 constexpr int kNormSlices = 4, kNormMaxThreads = 1024;
 
 template <int V>
-__device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
-  if constexpr (V == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(p);
-    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-  } else {
-    v[0] = *p;
-  }
-}
-template <int V>
-__device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
-  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else *p = v[0];
-}
-
-template <int V>
 __global__ void __launch_bounds__(kNormMaxThreads)
 rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
                 int8_t* __restrict__ qs, float2* __restrict__ ds) {
