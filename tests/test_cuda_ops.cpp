@@ -253,6 +253,21 @@ TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed typ
   }
 }
 
+// Three random matrices of one type and width (q, k and v of the GEMV shape tests): on the device,
+// and dequantized for the CPU's product.
+struct Matrices3 {
+  std::vector<cu::DeviceBuffer> keep;
+  cu::Weight W[3];
+  std::vector<std::vector<float>> Wf;
+  Matrices3(GgmlType t, const int64_t (&heights)[3], int64_t cols, std::mt19937& rng) {
+    for (int i = 0; i < 3; i++) {
+      const auto w = random_weights(t, heights[i], cols, rng);
+      Wf.push_back(dequantize(t, w, heights[i], cols));
+      keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
+    }
+  }
+};
+
 // Context::gemv_rows_per_warp = 2 (a warp takes two rows, every row one warp): each row is summed
 // in the same order as with one row per warp and no split rows (gemv_split_rows off), so the
 // products are equal bit for bit: an odd row count (the last warp's second row is missing), short
@@ -264,14 +279,9 @@ TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
   const int64_t heights[3] = {4501, 37, 300};
   for (GgmlType t : kTypes) {
     INFO(type_name(t));
-    std::vector<cu::DeviceBuffer> keep;
-    cu::Weight W[3];
-    std::vector<std::vector<float>> Wf;
-    for (int i = 0; i < 3; i++) {
-      const auto w = random_weights(t, heights[i], cols, rng);
-      Wf.push_back(dequantize(t, w, heights[i], cols));
-      keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
-    }
+    const Matrices3 m(t, heights, cols, rng);
+    const cu::Weight(&W)[3] = m.W;
+    const auto& Wf = m.Wf;
     for (int n : {1, 2, 3}) {
       INFO(n << " columns");
       const auto X = random_floats(size_t(cols * n), rng);
@@ -316,14 +326,9 @@ TEST_CASE("streamed GEMV equals one row per warp, bit for bit") {
   const int64_t heights[3] = {700, 37, 300};
   for (GgmlType t : kTypes) {
     INFO(type_name(t));
-    std::vector<cu::DeviceBuffer> keep;
-    cu::Weight W[3];
-    std::vector<std::vector<float>> Wf;
-    for (int i = 0; i < 3; i++) {
-      const auto w = random_weights(t, heights[i], cols, rng);
-      Wf.push_back(dequantize(t, w, heights[i], cols));
-      keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
-    }
+    const Matrices3 m(t, heights, cols, rng);
+    const cu::Weight(&W)[3] = m.W;
+    const auto& Wf = m.Wf;
     for (int n : {1, 2, 5}) {
       INFO(n << " columns");
       const auto X = random_floats(size_t(cols * n), rng);
