@@ -253,44 +253,46 @@ TEST_CASE("matmul_n equals separate matmuls, bit for bit, for same and mixed typ
   }
 }
 
-// Three random matrices of one type and width (q, k and v of the GEMV shape tests): on the device,
-// and dequantized for the CPU's product.
-struct Matrices3 {
-  std::vector<cu::DeviceBuffer> keep;
-  cu::Weight W[3];
-  std::vector<std::vector<float>> Wf;
-  Matrices3(GgmlType t, const int64_t (&heights)[3], int64_t cols, std::mt19937& rng) {
+// The GEMV's other shapes against one warp per row (gemv_split_rows off): gemv_rows_per_warp = 2
+// (a warp loads two rows before it sums either; launches of 1-2 columns) and gemv_stream (a grid
+// of one wave, each warp a run of rows with its next batch of weights loaded before the current one
+// is summed). Each row still sums in one warp in the same order, so the products are equal bit for
+// bit, from separate launches and from one matmul_n. Rows 5120 wide take 2-5 batches per lane (the
+// last one partial); 701 and 37 rows leave the last warp of a pair one row; a streamed grid of 64
+// warps gives each 17 rows, crossing from q to k to v inside a run, one of 300 warps 4 (its last
+// warp fewer); 5 columns run the 5-column kernels. All within the CPU's bounds.
+TEST_CASE("GEMV with two rows per warp or streamed equals one row per warp, bit for bit") {
+  std::mt19937 rng(16);
+  const int64_t cols = 5120;
+  const int64_t heights[3] = {701, 37, 300};
+  struct Form {
+    const char* name;
+    int rows_per_warp, stream_warps;  // stream_warps 0: not streamed
+  };
+  const Form forms[] = {{"one row per warp", 1, 0}, {"two rows per warp", 2, 0}, {"streamed, 64 warps", 1, 64},
+                        {"streamed, 300 warps", 1, 300}};
+  for (GgmlType t : kTypes) {
+    INFO(type_name(t));
+    std::vector<cu::DeviceBuffer> keep;
+    cu::Weight W[3];
+    std::vector<std::vector<float>> Wf;
     for (int i = 0; i < 3; i++) {
       const auto w = random_weights(t, heights[i], cols, rng);
       Wf.push_back(dequantize(t, w, heights[i], cols));
       keep.push_back(cu::upload_weight(t, w.data(), heights[i], cols, W[i]));
     }
-  }
-};
-
-// Context::gemv_rows_per_warp = 2 (a warp takes two rows, every row one warp): each row is summed
-// in the same order as with one row per warp and no split rows (gemv_split_rows off), so the
-// products are equal bit for bit: an odd row count (the last warp's second row is missing), short
-// matrices (which split their rows by default), and q, k and v of three heights in one launch.
-// Wider launches (3 columns) keep one row per warp. Both forms stay within the CPU's bounds.
-TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
-  std::mt19937 rng(16);
-  const int64_t cols = 1024;
-  const int64_t heights[3] = {4501, 37, 300};
-  for (GgmlType t : kTypes) {
-    INFO(type_name(t));
-    const Matrices3 m(t, heights, cols, rng);
-    const cu::Weight(&W)[3] = m.W;
-    const auto& Wf = m.Wf;
-    for (int n : {1, 2, 3}) {
+    for (int n : {1, 2, 5}) {
       INFO(n << " columns");
       const auto X = random_floats(size_t(cols * n), rng);
       auto dx = to_dev(X);
-      std::vector<std::vector<float>> got[2];  // [form][matrix]: separate launches, then one matmul_n
-      for (int form = 0; form < 2; form++) {
+      std::vector<std::vector<float>> want;  // [matrix], from the first form
+      for (const Form& f : forms) {
+        INFO(f.name);
         ctx().gemv_split_rows = false;
-        ctx().gemv_rows_per_warp = form == 0 ? 1 : 2;
-        std::vector<cu::DeviceBuffer> y, yn;
+        ctx().gemv_rows_per_warp = f.rows_per_warp;
+        ctx().gemv_stream = f.stream_warps > 0;
+        ctx().gemv_stream_warps = f.stream_warps;
+        std::vector<cu::DeviceBuffer> y, yn;  // separate launches, one matmul_n
         for (int i = 0; i < 3; i++) {
           y.emplace_back(size_t(heights[i] * n) * 4);
           yn.emplace_back(size_t(heights[i] * n) * 4);
@@ -299,54 +301,10 @@ TEST_CASE("GEMV with two rows per warp equals one row per warp, bit for bit") {
         cu::matmul_n(ctx(), {{&W[0], yn[0].as<float>()}, {&W[1], yn[1].as<float>()}, {&W[2], yn[2].as<float>()}},
                      dx.as<float>(), n);
         for (int i = 0; i < 3; i++) {
-          got[form].push_back(to_host<float>(y[size_t(i)], size_t(heights[i] * n)));
-          CHECK(to_host<float>(yn[size_t(i)], size_t(heights[i] * n)) == got[form].back());
-        }
-      }
-      ctx().gemv_split_rows = true;
-      ctx().gemv_rows_per_warp = 1;
-      for (int i = 0; i < 3; i++) {
-        const auto& a = got[0][size_t(i)];
-        const auto& b = got[1][size_t(i)];
-        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-        check_product(t, Wf[size_t(i)], X, heights[i], cols, n, b, false, "two rows per warp");
-      }
-    }
-  }
-}
-
-// Context::gemv_stream (a grid of one wave, each warp a run of rows, its next batch of weights
-// loaded before the current one is summed): each row still sums in one warp in the same order, so
-// the products equal one row per warp bit for bit. Rows 5120 wide take 2-5 batches per lane (the
-// last one partial); a grid of 64 warps gives each 17 rows, crossing from q to k to v inside a run,
-// one of 300 warps 4 rows (its last warp fewer), and 5 columns run the 5-column kernel.
-TEST_CASE("streamed GEMV equals one row per warp, bit for bit") {
-  std::mt19937 rng(17);
-  const int64_t cols = 5120;
-  const int64_t heights[3] = {700, 37, 300};
-  for (GgmlType t : kTypes) {
-    INFO(type_name(t));
-    const Matrices3 m(t, heights, cols, rng);
-    const cu::Weight(&W)[3] = m.W;
-    const auto& Wf = m.Wf;
-    for (int n : {1, 2, 5}) {
-      INFO(n << " columns");
-      const auto X = random_floats(size_t(cols * n), rng);
-      auto dx = to_dev(X);
-      std::vector<std::vector<float>> want;
-      for (int warps : {0, 64, 300}) {  // 0: the plain kernel, one warp per row
-        INFO(warps << " warps");
-        ctx().gemv_split_rows = warps == 0 ? false : true;
-        ctx().gemv_stream = warps > 0;
-        ctx().gemv_stream_warps = warps;
-        std::vector<cu::DeviceBuffer> y;
-        for (int i = 0; i < 3; i++) y.emplace_back(size_t(heights[i] * n) * 4);
-        cu::matmul_n(ctx(), {{&W[0], y[0].as<float>()}, {&W[1], y[1].as<float>()}, {&W[2], y[2].as<float>()}},
-                     dx.as<float>(), n);
-        for (int i = 0; i < 3; i++) {
           const auto got = to_host<float>(y[size_t(i)], size_t(heights[i] * n));
-          if (warps == 0) {
-            check_product(t, Wf[size_t(i)], X, heights[i], cols, n, got, false, "one row per warp");
+          CHECK(to_host<float>(yn[size_t(i)], size_t(heights[i] * n)) == got);
+          if (want.size() < 3) {
+            check_product(t, Wf[size_t(i)], X, heights[i], cols, n, got, false, f.name);
             want.push_back(got);
           } else {
             CHECK(std::memcmp(got.data(), want[size_t(i)].data(), got.size() * sizeof(float)) == 0);
@@ -354,6 +312,7 @@ TEST_CASE("streamed GEMV equals one row per warp, bit for bit") {
         }
       }
       ctx().gemv_split_rows = true;
+      ctx().gemv_rows_per_warp = 1;
       ctx().gemv_stream = false;
       ctx().gemv_stream_warps = 0;
     }
