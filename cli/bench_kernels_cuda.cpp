@@ -159,6 +159,7 @@ int run_cuda_kernel_bench(const CudaKernelBench& o) {
     // The streamed grid (Context::gemv_stream), when the matrix has a row for every warp it holds.
     const bool stream = c.gemv_stream;
     c.gemv_stream = true;
+    cuda::gemv_stream_prepare();  // the sweeps are captured
     for (int n : {1, 2, 4}) row("gemvS", n, time_sweep(c, o.reps, true, gemv_sweep(n)));
     c.gemv_stream = stream;
     // The cut-over: from which column count is dequantize + GEMM faster than GEMV passes?

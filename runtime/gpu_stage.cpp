@@ -373,6 +373,10 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.ctx.gemv_rows_per_warp = env_setting("BATON_GEMV_ROWS", 1, 2, g.ctx.gemv_rows_per_warp, "1 or 2");
   g.ctx.gemv_split_rows = env_setting("BATON_GEMV_SPLIT", 0, 1, 1, "0 or 1") == 1;
   g.ctx.gemv_stream = env_setting("BATON_GEMV_STREAM", 0, 1, 0, "0 or 1") == 1;
+  if (g.ctx.gemv_stream) {  // its occupancy asked before any capture
+    g.ctx.make_current();
+    cuda::gemv_stream_prepare();
+  }
   const int prefetch_mib = int(g.ctx.gemv_prefetch_bytes >> 20);
   g.ctx.gemv_prefetch_bytes = size_t(env_setting("BATON_GEMV_PREFETCH_MIB", 0, 1024, prefetch_mib, "MiB")) << 20;
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;

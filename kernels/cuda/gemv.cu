@@ -241,22 +241,42 @@ static int warps_per_row(const Context& c, int64_t rows, int n_units) {
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
 }
 
+using StreamKernel = void (*)(GemvSegs, size_t, int64_t, Act, int, int, int);
+template <class T>
+static StreamKernel stream_kernel(int n) {
+  static constexpr StreamKernel k[kGemvMaxCols] = {
+      gemv_stream_kernel<T, 1>, gemv_stream_kernel<T, 2>, gemv_stream_kernel<T, 3>, gemv_stream_kernel<T, 4>,
+      gemv_stream_kernel<T, 5>, gemv_stream_kernel<T, 6>, gemv_stream_kernel<T, 7>, gemv_stream_kernel<T, 8>};
+  CUDA_ASSERT(n >= 1 && n <= kGemvMaxCols);
+  return k[n - 1];
+}
+
+// Blocks of gemv_stream_kernel<T, n> an SM holds, asked once (gemv_stream_prepare asks for all).
+template <class T>
+static int stream_blocks_per_sm(int n) {
+  static std::atomic<int> per_sm[kGemvMaxCols];  // 0: not asked yet
+  int bps = per_sm[n - 1].load(std::memory_order_relaxed);
+  if (bps == 0) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, stream_kernel<T>(n), kGemvThreads, 0));
+    bps = std::max(bps, 1);
+    per_sm[n - 1].store(bps, std::memory_order_relaxed);
+  }
+  return bps;
+}
+
+void gemv_stream_prepare() {
+#define BATON_PREPARE(T) \
+  for (int n = 1; n <= kGemvMaxCols; n++) stream_blocks_per_sm<T>(n);
+  BATON_CUDA_WEIGHT_TYPES(BATON_PREPARE)
+#undef BATON_PREPARE
+}
+
 // The streamed form's launch, when the rows are at least one per warp the GPU holds at once
 // (shorter matrices keep gemv_kernel, whose split rows give them more warps): false otherwise.
 template <class T>
 static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, size_t stride, int64_t cols,
                         const Act& act) {
-  void (*kernels[kGemvMaxCols])(GemvSegs, size_t, int64_t, Act, int, int, int) = {
-      gemv_stream_kernel<T, 1>, gemv_stream_kernel<T, 2>, gemv_stream_kernel<T, 3>, gemv_stream_kernel<T, 4>,
-      gemv_stream_kernel<T, 5>, gemv_stream_kernel<T, 6>, gemv_stream_kernel<T, 7>, gemv_stream_kernel<T, 8>};
-  CUDA_ASSERT(n >= 1 && n <= kGemvMaxCols);
-  static std::atomic<int> per_sm[kGemvMaxCols];  // blocks an SM holds, per column count (0: not asked yet)
-  int bps = per_sm[n - 1].load(std::memory_order_relaxed);
-  if (bps == 0) {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kernels[n - 1], kGemvThreads, 0));
-    bps = std::max(bps, 1);
-    per_sm[n - 1].store(bps, std::memory_order_relaxed);
-  }
+  const int bps = stream_blocks_per_sm<T>(n);
   const int64_t resident =  // warps
       c.gemv_stream_warps > 0 ? c.gemv_stream_warps : int64_t(c.sm_count()) * bps * (kGemvThreads / 32);
   if (total < resident) return false;
@@ -265,7 +285,7 @@ static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, s
   const unsigned grid = unsigned(ceil_div(warps, kGemvThreads / 32));
   const int64_t run_bytes = int64_t(per_warp) * int64_t(stride);
   const int prefetch = int(std::min<int64_t>(int64_t(c.gemv_prefetch_bytes) / warps, run_bytes));
-  launch_early(c.early_launch, kernels[n - 1], grid, kGemvThreads, static_cast<cudaStream_t>(c.stream()), segs,
+  launch_early(c.early_launch, stream_kernel<T>(n), grid, kGemvThreads, static_cast<cudaStream_t>(c.stream()), segs,
                stride, cols, act, total, per_warp, prefetch);
   CUDA_CHECK_LAUNCH();
   return true;

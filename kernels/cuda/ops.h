@@ -288,6 +288,10 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
 // F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
 // stage and the scratch are). Any n (launched 8 columns at a time).
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y);
+// Asks the driver once for the streamed GEMV's blocks per SM (Context::gemv_stream), for every
+// weight type and column count, on the current device: done before a decode graph is captured, so
+// that the capture itself only launches.
+void gemv_stream_prepare();
 // Dequantize to FP16 (row slabs) and cublasGemmEx with FP32 accumulation and output. X goes to
 // FP16 too, saturated at ±65504.
 void gemm(Context& c, const Weight& W, const float* X, int n, float* Y);

@@ -352,6 +352,8 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
   for (const MatmulOut& o : outs) matmul(c, *o.W, X, n, o.Y);
 }
 
+void gemv_stream_prepare() {}  // no kernels to ask about
+
 // What the dp4a kernel computes: the activations quantized once to 8-bit blocks of 32
 // (quantize_act), each block's dot with the weights scaled by its d (the (d, d * sum) pair covers
 // the weights' minimums); float weights take the F32 activations.
