@@ -73,6 +73,20 @@ kernels_note() {
        END { for (i = 1; i <= k; i++) { t = order[i]; printf "%s%s %s%s%s cut %s slab %s", sep, t, pct[t], pct2[t], pct3[t], cut[t], slab[t]; sep = "; " } }' "$1" \
     | cut -c1-170
 }
+# The decode t/s of a `baton bench` log's tg row ("" when it has none).
+tg_of() { [[ -s $1 ]] && awk -F'|' '$7 ~ /tg[0-9]+/ { split($8, t, "±"); gsub(/ /, "", t[1]); print t[1]; exit }' "$1"; }
+# The GEMV forms' decode against the default's, for type $1: "default 418.2; nosplit x1.010; ...".
+gemv_forms_note() {
+  local t=$1 base f v out
+  base=$(tg_of "$logs/bench-1stage-$t.log")
+  [[ -n $base ]] || { echo "no default decode to compare with"; return; }
+  out="default $base t/s"
+  for f in nosplit rows2 stream streamnopf; do
+    v=$(tg_of "$logs/bench-1stage-$f-$t.log")
+    [[ -n $v ]] && out+=$(awk -v f="$f" -v v="$v" -v b="$base" 'BEGIN { printf "; %s x%.3f", f, v / b }')
+  done
+  echo "$out"
+}
 # The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
 best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
 
@@ -262,6 +276,7 @@ if has_cmd bench; then
     run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-stream-$t" 300 env BATON_GEMV_STREAM=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-streamnopf-$t" 300 env BATON_GEMV_STREAM=1 BATON_GEMV_PREFETCH_MIB=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+    row "gemv-forms-$t" ok 0 "$(gemv_forms_note "$t")"
   done
   base_bin=${BATON_GPU_BASE_BIN:-}
   if [[ -n $base_bin && -x $base_bin ]]; then
