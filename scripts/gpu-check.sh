@@ -338,6 +338,22 @@ else
     "norms and gates*,attention*,argmax*,rms_norm*"
 fi
 
+# Where a decode step's time goes, kernel by kernel (Nsight Compute, when the toolkit has it and
+# time is left): three greedy tokens op by op (no graphs, so every kernel is its own launch; ncu runs
+# them one at a time, so early launch and the L2 prefetch do not show), with the default GEMV and
+# the streamed one; the log has ncu's per-kernel summary (count, mean duration).
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [[ $sim == 1 || ! -x $ncu ]] || ! have_model Q4_0; then
+  skip ncu-decode "no GPU, no ncu or no model"
+elif (($(limit_for 200) < 200)); then
+  skip ncu-decode "too little time left (BATON_GPU_END)"
+else
+  ncu_args=(--clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel)
+  run_args=(run -m "$f0" -p Hello -n 3 --temp 0 --raw --no-cuda-graphs --devices cuda:0)
+  run ncu-decode-default 100 "$ncu" "${ncu_args[@]}" "$bin" "${run_args[@]}"
+  run ncu-decode-stream 100 env BATON_GEMV_STREAM=1 "$ncu" "${ncu_args[@]}" "$bin" "${run_args[@]}"
+fi
+
 # 7. GPU ranks of the distributed pipeline (issue 10), when this machine has mpirun: two ranks on
 # cuda:0 through host memory (BATON_NCCL=0) must print the 1-stage text; with NCCL on, two ranks on
 # one GPU cannot form a pair (NCCL refuses a duplicate device), and the job must end with an error
