@@ -381,6 +381,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.ctx.gemv_prefetch_bytes = size_t(env_setting("BATON_GEMV_PREFETCH_MIB", 0, 1024, prefetch_mib, "MiB")) << 20;
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
   g.ctx.mma_prefill = g.ctx.mma_prefill && env_setting("BATON_MMA_ATTN", 0, 1, 1, "0 or 1") == 1;
+  g.ctx.fused_attention = env_setting("BATON_ATTN_FUSED", 0, 1, 1, "0 or 1") == 1;
   g.trace.on = env_setting("BATON_STEP_TRACE", 0, 1, 0, "0 or 1") == 1;
   const int slab_mib = int(g.ctx.gemm_slab_bytes >> 20);
   g.ctx.gemm_slab_bytes = size_t(env_setting("BATON_GEMM_SLAB_MIB", 1, slab_mib, slab_mib, "MiB")) << 20;

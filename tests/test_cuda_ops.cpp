@@ -757,10 +757,22 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
         g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
         g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
         g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
-        for (int max_len : {p0 + 1, 2000}) {  // as many splits as fill the GPU, at most one per 128 keys
+        // max_len: as many splits as fill the GPU, at most one per 128 keys; beyond the cells (the
+        // fused commit then waits for every block). One launch, or the combine kernel after it.
+        for (int max_len : {p0 + 1, 2000})
+        for (bool one_launch : {true, false}) {
+          ctx().fused_attention = one_launch;
           cu::attention(ctx(), g, max_len);
-          INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len);
-          check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention");
+          INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len
+                             << (one_launch ? " fused" : " with the combine kernel"));
+          const auto out = to_host<float>(dout, ref.size());
+          check_close(out, ref, 2e-5f, "attention");
+          if (one_launch) {  // the same sums in the same order
+            ctx().fused_attention = false;
+            cu::attention(ctx(), g, max_len);
+            CHECK(to_host<float>(dout, ref.size()) == out);
+            ctx().fused_attention = true;
+          }
           // With q8_out the combine also leaves the output's 8-bit activations where the output
           // projection's GEMV takes them: the same bytes as quantize_act, the same output.
           cu::attention(ctx(), g, max_len, true);
@@ -803,8 +815,61 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
             cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
           }
         }
+        ctx().fused_attention = true;
       }
     }
+  }
+}
+
+TEST_CASE("attention's commit overwrites ring cells only after every query has read them") {
+  // A ring of 10 cells with a window of 9: sequence 1 runs positions 20..26, whose commit writes
+  // cells 0..6 while its first tokens read positions 12..19 from cells 2..9; sequence 0 decodes at
+  // position 30 (its keys 22..29 from the cache, in every cell but 0 and 1).
+  std::mt19937 rng(11);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    std::vector<int32_t> pos = {30, 20, 21, 22, 23, 24, 25, 26}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
+    std::vector<int32_t> first = {30, 20, 20, 20, 20, 20, 20, 20}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
+    const int n = int(pos.size()), hd = 64, window = 9;
+    AttnCase C(kt, hd, n, rng, 10);
+    const size_t qs = size_t(C.n_head * hd);
+    auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
+    std::vector<float> ref(qs * n);
+    cpu::AttentionArgs a;
+    a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
+    a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
+    a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
+    a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view();
+    cpu::attention(a, pool());
+
+    auto dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
+    cu::DeviceBuffer dout(ref.size() * 4);
+    cu::AttentionArgs g;
+    g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+    g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
+    g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+    g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
+    std::vector<int32_t> crow = {0, 1, 2, 3, 4, 5, 6, 7};
+    auto dcrow = to_dev(crow);
+    const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), dcrow.as<int32_t>(), g.seq, g.pos, n};
+    std::vector<uint8_t> want_k = C.k, want_v = C.v;
+    for (int t = 0; t < n; t++) {
+      const size_t cell = size_t(seq[size_t(t)]) * C.n_cells + size_t(pos[size_t(t)] % C.n_cells);
+      std::memcpy(want_k.data() + cell * C.k_row, C.k_new.data() + size_t(t) * C.k_row, C.k_row);
+      std::memcpy(want_v.data() + cell * C.k_row, C.v_new.data() + size_t(t) * C.k_row, C.k_row);
+    }
+    for (bool one_launch : {true, false}) {
+      INFO(type_name(kt) << (one_launch ? " fused" : " with the combine kernel"));
+      ctx().fused_attention = one_launch;
+      for (int rep = 0; rep < 2; rep++) {  // the second: the counters were left at zero
+        cu::attention(ctx(), g, 31, true, cm);
+        check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention over a ring with the commit");
+        CHECK(to_host<uint8_t>(C.dk, want_k.size()) == want_k);
+        CHECK(to_host<uint8_t>(C.dv, want_v.size()) == want_v);
+        cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());
+        cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+      }
+    }
+    ctx().fused_attention = true;
   }
 }
 

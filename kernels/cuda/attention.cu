@@ -1,7 +1,8 @@
 // Attention over the KV cache, with the staged-batch rule of cpu::attention: the batch's own keys
 // are read from the staging rows, older positions from the cache ring.
 //  - attention(): one query per (token, head); the keys are split over gridDim.z blocks
-//    (flash-decoding) that each keep a running max/sum, merged by a second kernel. Any batch.
+//    (flash-decoding) that each keep a running max/sum, merged by the head's last split to finish
+//    (or a second kernel, Context::fused_attention off). Any batch.
 //  - attention_prefill(): a run of one sequence; a block takes a tile of queries of one head and
 //    walks key/value tiles through shared memory with an online softmax (no score matrix): on the
 //    tensor cores for heads up to 128 (Q, K, V and the probabilities as F16), else in F32.
@@ -83,14 +84,91 @@ __device__ __forceinline__ const uint8_t* kv_row(const uint8_t* staged, const ui
 
 // ---- split-K attention (decode and any batch) ----
 
+// Staged row row[t] of k (is_v false) or v to its cell, by the block's threads: 16-byte words when
+// the rows allow (F16 rows of a multiple of 8 values, Q8_0 rows of a multiple of 256), else bytes.
+__device__ __forceinline__ void commit_row(const KvLayer& kv, const KvCommit& m, int t, bool is_v) {
+  const size_t cell = size_t(m.seq[t]) * kv.n_cells + size_t(m.pos[t] % kv.n_cells);
+  const size_t rb = is_v ? kv.v_row : kv.k_row;
+  const uint8_t* __restrict__ src = (is_v ? m.v_new : m.k_new) + size_t(m.row[t]) * rb;
+  uint8_t* __restrict__ dst = (is_v ? kv.v : kv.k) + cell * rb;
+  if (rb % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    return;
+  }
+  for (size_t i = threadIdx.x; i < rb; i += blockDim.x) dst[i] = src[i];
+}
+
+// What the split kernel does with its sums. Unfused (counters null): every block writes its
+// partial (M, L, D sums) and attn_combine_kernel merges them. Fused: a head whose keys fit one
+// split writes its output at once; otherwise the head's last block to finish merges the partials
+// (counters[t * n_head + h] counts them), and the commit goes in the same launch.
+struct SplitEnd {
+  float* part = nullptr;  // (token, head, split) rows of D + 2 floats
+  uint32_t* counters = nullptr;
+  int grid_counter = 0;  // counters[grid_counter] counts the grid's blocks (the commit's wait)
+  int8_t* qs = nullptr;  // the output's 8-bit activations (rows of n_head * D values)
+  float2* ds = nullptr;
+  KvCommit commit;
+  // true: blocks (t, 0 or 1, 0) commit at once (no cell the batch reads is one it commits: no
+  // position reaches the ring's length); false: the grid's last block, after every key is read.
+  bool commit_first = false;
+};
+
+// The splits' partials of one head merged into output value d (in split order, empty ones skipped).
+// Read from the L2: other blocks wrote them.
+template <int D>
+__device__ __forceinline__ float merge_splits(const float* p, int n, int d) {
+  float M = -INFINITY;
+  for (int s = 0; s < n; s++) M = fmaxf(M, __ldcg(p + s * (D + 2)));
+  float acc = 0.0f, L = 0.0f;
+  for (int s = 0; s < n; s++) {
+    const float ms = __ldcg(p + s * (D + 2));
+    if (ms == -INFINITY) continue;
+    const float w = expf(ms - M);
+    L += w * __ldcg(p + s * (D + 2) + 1);
+    acc += w * __ldcg(p + s * (D + 2) + 2 + d);
+  }
+  return acc / L;
+}
+
+// Output value d of token t, head h (and its 8-bit activation: every lane of the warp calls this,
+// a warp's 32 values one block).
+template <int D>
+__device__ __forceinline__ void write_out(const AttentionArgs& a, const SplitEnd& e, int t, int h, int d, float o) {
+  a.out[size_t(t) * a.out_stride + size_t(h) * D + d] = o;
+  if (e.qs) q8_store(o, (int64_t(t) * a.n_head + h) * D + d, e.qs, e.ds);
+}
+
+// A fused block done with the cache: with the commit left to the grid's last block, counts itself
+// in, and the last one copies every staged row to its cell.
+__device__ __forceinline__ void grid_done(const KvLayer& kv, const SplitEnd& e, bool& last) {
+  if (!e.counters || e.commit_first || e.commit.n <= 0) return;
+  __syncthreads();  // every thread's reads are done
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&e.counters[e.grid_counter], 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int r = 0; r < e.commit.n; r++) {
+    commit_row(kv, e.commit, r, false);
+    commit_row(kv, e.commit, r, true);
+  }
+  if (threadIdx.x == 0) e.counters[e.grid_counter] = 0;  // for the next launch
+}
+
+
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kAttnThreads)
-attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
+attn_split_kernel(AttentionArgs a, SplitEnd e) {
   constexpr int R = D / 32;  // dims per lane: d = R lane + i
   __shared__ float qs[D];
   __shared__ float sm_m[4];
   __shared__ float sm_l[4];
   __shared__ float sm_o[4][D];
+  __shared__ bool last;
   griddep_release();
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, n_split = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -103,6 +181,8 @@ attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
   // for n_ctx would leave most of them empty and give the rest many passes).
   const int per = ((p + 1 - lo + n_split - 1) / n_split + kSplitKeys - 1) / kSplitKeys * kSplitKeys;
   const int kb = lo + sp * per, ke = min(p + 1, kb + per);
+  const int n_active = (p + 1 - lo + per - 1) / per;  // splits with keys: the first n_active
+  const bool fused = e.counters != nullptr;
   {
     // While the ops before finish (q comes from them), the L2 fetches this block's cached keys
     // and values (no op of the step writes cells before the commit, which follows this kernel):
@@ -119,6 +199,17 @@ attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
     }
   }
   griddep_wait();
+  if (fused) {
+    if (e.commit_first && sp == 0 && h < 2)  // no cell this batch reads is one it commits
+      for (int r = t; r < e.commit.n; r += gridDim.x)
+        if (h == 0 || a.n_head == 1) commit_row(a.kv, e.commit, r, false);
+    if (e.commit_first && sp == 0 && h == min(1, a.n_head - 1))
+      for (int r = t; r < e.commit.n; r += gridDim.x) commit_row(a.kv, e.commit, r, true);
+    if (sp >= n_active) {  // no keys: nothing to merge
+      grid_done(a.kv, e, last);
+      return;
+    }
+  }
 
   for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = a.q[size_t(t) * a.q_stride + size_t(h) * D + d];
   __syncthreads();
@@ -178,9 +269,23 @@ attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
 #pragma unroll
   for (int i = 0; i < R; i++) sm_o[warp][R * lane + i] = o[i];
   __syncthreads();
-  float M = -INFINITY;
+  float M = -INFINITY, L = 0.0f;
   for (int w = 0; w < 4; w++) M = fmaxf(M, sm_m[w]);
-  float* out = part + ((size_t(t) * gridDim.y + h) * n_split + sp) * (D + 2);
+  for (int w = 0; w < 4; w++)
+    if (sm_m[w] > -INFINITY) L += expf(sm_m[w] - M) * sm_l[w];
+  const size_t row = size_t(t) * gridDim.y + h;  // (token, head)
+  if (fused && n_active == 1) {
+    // The only split with keys: its sums are the head's (the merge would weigh them by exp(0)).
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int w = 0; w < 4; w++)
+        if (sm_m[w] > -INFINITY) acc += expf(sm_m[w] - M) * sm_o[w][d];
+      write_out<D>(a, e, t, h, d, acc / L);
+    }
+    grid_done(a.kv, e, last);
+    return;
+  }
+  float* out = e.part + (row * n_split + sp) * (D + 2);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int w = 0; w < 4; w++)
@@ -188,27 +293,24 @@ attn_split_kernel(AttentionArgs a, float* __restrict__ part) {
     out[2 + d] = acc;
   }
   if (threadIdx.x == 0) {
-    float L = 0.0f;
-    for (int w = 0; w < 4; w++)
-      if (sm_m[w] > -INFINITY) L += expf(sm_m[w] - M) * sm_l[w];
     out[0] = M;
     out[1] = L;
   }
-}
-
-// Staged row row[t] of k (is_v false) or v to its cell, by the block's threads: 16-byte words when
-// the rows allow (F16 rows of a multiple of 8 values, Q8_0 rows of a multiple of 256), else bytes.
-__device__ __forceinline__ void commit_row(const KvLayer& kv, const KvCommit& m, int t, bool is_v) {
-  const size_t cell = size_t(m.seq[t]) * kv.n_cells + size_t(m.pos[t] % kv.n_cells);
-  const size_t rb = is_v ? kv.v_row : kv.k_row;
-  const uint8_t* __restrict__ src = (is_v ? m.v_new : m.k_new) + size_t(m.row[t]) * rb;
-  uint8_t* __restrict__ dst = (is_v ? kv.v : kv.k) + cell * rb;
-  if (rb % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    return;
+  if (!fused) return;
+  // The block that finishes the head's splits last merges them (as the combine kernel).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // the partial is visible before the count says so
+    last = atomicAdd(&e.counters[row], 1u) == uint32_t(n_active - 1);
   }
-  for (size_t i = threadIdx.x; i < rb; i += blockDim.x) dst[i] = src[i];
+  __syncthreads();
+  if (last) {
+    __threadfence();
+    const float* ph = e.part + row * n_split * (D + 2);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) write_out<D>(a, e, t, h, d, merge_splits<D>(ph, n_active, d));
+    if (threadIdx.x == 0) e.counters[row] = 0;  // for the next launch
+  }
+  grid_done(a.kv, e, last);
 }
 
 // Block per token and part (blockIdx.y: k or v).
@@ -234,18 +336,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ part, int n_split,
     return;
   }
   if (t >= n_tokens) return;
-  const float* p = part + (size_t(t) * n_head + h) * n_split * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < n_split; s++) M = fmaxf(M, p[s * (D + 2)]);
-  float acc = 0.0f, L = 0.0f;
-  for (int s = 0; s < n_split; s++) {
-    const float ms = p[s * (D + 2)];
-    if (ms == -INFINITY) continue;
-    const float w = expf(ms - M);
-    L += w * p[s * (D + 2) + 1];
-    acc += w * p[s * (D + 2) + 2 + d];
-  }
-  const float o = acc / L;
+  const float o = merge_splits<D>(part + (size_t(t) * n_head + h) * n_split * (D + 2), n_split, d);
   out[size_t(t) * out_stride + size_t(h) * D + d] = o;
   if (qs) q8_store(o, (int64_t(t) * n_head + h) * D + d, qs, ds);
 }
@@ -624,11 +715,24 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
   float* part = reinterpret_cast<float*>(base + q8_area(a.n_tokens, a.n_head, D));
   const Q8Act act = q8_out ? q8_scratch(c, cols, a.n_tokens) : Q8Act{};  // at base: no reallocation
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  SplitEnd e;
+  e.part = part;
+  const int64_t heads = int64_t(a.n_tokens) * a.n_head;
+  const bool fused = c.fused_attention && heads + 1 <= Context::kAttnCounters;
+  if (fused) {
+    e.counters = c.counters() + Context::kCounters;
+    e.grid_counter = int(heads);
+    e.qs = act.qs;
+    e.ds = reinterpret_cast<float2*>(act.ds);
+    e.commit = commit;
+    e.commit_first = max_len <= a.kv.n_cells;
+  }
   with_head(a.kv, [&](auto dim, auto q8) {
     constexpr int DD = decltype(dim)::value;
     launch_early(c.early_launch, attn_split_kernel<DD, decltype(q8)::value>, dim3(a.n_tokens, a.n_head, n_split),
-                 kAttnThreads, s, a, part);
+                 kAttnThreads, s, a, e);
     CUDA_CHECK_LAUNCH();
+    if (fused) return;
     const dim3 grid(unsigned(std::max(a.n_tokens, commit.n)), unsigned(a.n_head + (commit.n > 0 ? 2 : 0)));
     launch_early(c.early_launch, attn_combine_kernel<DD>, grid, DD, s, part, n_split, a.n_tokens, a.n_head, a.out,
                  a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds), a.kv, commit);

@@ -290,7 +290,7 @@ Context::Context(int device, void* stream) : device_(device) {
       oom_error(cat("CUDA device ", device, ": cannot allocate the cuBLAS workspace (", ws >> 20, " MiB)"));
     }
     CUBLAS_CHECK(cublasSetWorkspace(h, cublas_workspace_, ws));
-    const size_t cb = kCounters * sizeof(uint32_t);
+    const size_t cb = size_t(kCounters + kAttnCounters) * sizeof(uint32_t);
     if (cudaMalloc(&counters_, cb) != cudaSuccess) {
       cudaGetLastError();
       counters_ = nullptr;

@@ -75,6 +75,9 @@ class Context {
   // kCounters zeroed device counters for kernels whose last block finishes a grid-wide reduction
   // (it resets its counter to 0 for the next launch): allocated with the context.
   static constexpr int kCounters = 64;  // also the most rows argmax/top_k split (runtime/buffers.cpp)
+  // Then kAttnCounters for attention(): one per (token, head) and one for the grid (so a batch of
+  // up to 8191 query heads takes the fused form).
+  static constexpr int kAttnCounters = 8192;
   uint32_t* counters() const { return counters_; }
   // Counts the scratch's reallocations: a graph captured before one holds the old address.
   uint64_t scratch_generation() const { return scratch_generation_; }
@@ -113,6 +116,10 @@ class Context {
   // so the launch latency hides behind the kernel before. Every kernel waits for its predecessor
   // (griddepcontrol.wait) before it touches data; GEMVs first load their weights, which no op writes.
   bool early_launch = false;
+  // attention() in one launch (BATON_ATTN_FUSED=0: two): the split that finishes a head last
+  // merges the splits' sums (a head whose keys fit one split writes its output at once), and the
+  // commit goes in the same launch; otherwise a second kernel merges and commits.
+  bool fused_attention = true;
   // attention_prefill runs on the tensor cores (mma.sync, sm_80+) for head sizes up to 128;
   // BATON_MMA_ATTN=0 takes the F32 kernel instead (for measuring one against the other).
   bool mma_prefill = true;
@@ -399,8 +406,9 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
 
 // Any batch (decode steps of many sequences, mixed with prefill runs): one query per (token, head),
 // the keys split over several blocks so that long contexts fill the GPU (flash-decoding), then
-// merged. max_len (host): an upper bound of pos[t] + 1 over the batch (pass n_ctx when capturing a
-// graph); it fixes the number of splits.
+// merged (Context::fused_attention). max_len (host): an upper bound of pos[t] + 1 over the batch
+// (pass n_ctx when capturing a graph); it fixes the number of splits, and when it is at most the
+// cache's cells no committed cell is one the batch reads (the commit need not wait for the reads).
 // q8_out: the output's 8-bit activations too, where q8_scratch(c, n_head * head_dim, n_tokens) puts
 // them (the GEMV of the output projection then takes them: x_q8); out rows must be contiguous.
 // commit: the layer's commit (kv_commit on a.kv) done by the same launches, after the keys are read.
