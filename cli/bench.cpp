@@ -1,6 +1,8 @@
 // `baton bench`: end-to-end speed of a model, in the shape of llama-bench's table so the two can
 // be read side by side. pp: one batch of p tokens from an empty cache; tg: n single-token decode
-// steps from an empty cache. Each test runs once to warm up, then r timed repetitions (mean ± sd).
+// steps from an empty cache. With a depth d (llama-bench's -d), each repetition first fills the
+// cache with d tokens, untimed, and the test runs after them ("pp512 @ d4096"). Each test runs once
+// to warm up, then r timed repetitions (mean ± sd).
 // For tg also the weight bytes streamed per token × tok/s, and that as a share of the machine's
 // measured read bandwidth. A benchmark, not a test: the tokens are random ids.
 #include <algorithm>
@@ -35,6 +37,7 @@ struct BenchOpts {
   ModelFlags model;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;  // tokens in the cache before each test
   int reps = 3;
   int parallel = 1;  // > 1: tg is that many sequences decoding together (aggregate t/s)
   bool json = false;
@@ -146,20 +149,33 @@ std::vector<double> busy_seconds(const Pipeline& p) {
   return v;
 }
 
-// The process links' time per micro-batch since `before` (distributed pipelines only).
-void link_cost(TestResult& r, const Pipeline& p, const Pipeline::LinkStats& before) {
-  const Pipeline::LinkStats now = p.link_stats();
-  if (now.micro_batches > before.micro_batches)
-    r.link_us = (now.seconds - before.seconds) * 1e6 / double(now.micro_batches - before.micro_batches);
-}
+// The context a test starts from: sequence seq emptied, then `depth` tokens decoded in batches of
+// at most `batch` (untimed).
+struct Depth {
+  std::vector<int32_t> tokens;
+  int batch = 1;
+  int n() const { return int(tokens.size()); }
+  std::string suffix() const { return tokens.empty() ? "" : fmt::format(" @ d{}", tokens.size()); }
+  void fill(Pipeline& p, int seq) const {
+    p.truncate_seq(seq);
+    std::vector<float> logits(size_t(p.n_vocab()));
+    Batch b;
+    for (int i0 = 0; i0 < n(); i0 += batch) {
+      b.clear();
+      const int i1 = std::min(n(), i0 + batch);
+      for (int i = i0; i < i1; ++i) b.add(tokens[size_t(i)], i, seq, i + 1 == i1);
+      p.decode(b, logits.data());
+    }
+  }
+};
 
-TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
-  TestResult r{fmt::format("pp{}", tokens.size()), int(tokens.size()), 0, {}};
+TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, const Depth& depth, int reps) {
+  TestResult r{fmt::format("pp{}{}", tokens.size(), depth.suffix()), int(tokens.size()), 0, {}};
   Batch b;
-  for (size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], int32_t(i), 0, i + 1 == tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], depth.n() + int32_t(i), 0, i + 1 == tokens.size());
   std::vector<float> logits(size_t(p.n_vocab()));
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up, not counted
-    p.truncate_seq(0);
+    depth.fill(p, 0);
     const double t0 = now_s();
     p.decode(b, logits.data());
     const double dt = now_s() - t0;
@@ -168,47 +184,56 @@ TestResult run_pp(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
   return r;
 }
 
-TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, int reps) {
-  TestResult r{fmt::format("tg{}", tokens.size()), 0, int(tokens.size()), {}};
+TestResult run_tg(Pipeline& p, const std::vector<int32_t>& tokens, const Depth& depth, int reps) {
+  TestResult r{fmt::format("tg{}{}", tokens.size(), depth.suffix()), 0, int(tokens.size()), {}};
   std::vector<float> logits(size_t(p.n_vocab()));
   Batch b;
   auto generate = [&](size_t n) {
-    p.truncate_seq(0);
     for (size_t i = 0; i < n; ++i) {
       b.clear();
-      b.add(tokens[i], int32_t(i), 0, true);
+      b.add(tokens[i], depth.n() + int32_t(i), 0, true);
       p.decode(b, logits.data());
     }
   };
+  depth.fill(p, 0);
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up: a few steps (as llama-bench does), not counted
-  const double c0 = cpu_s();
-  const Pipeline::LinkStats links0 = p.link_stats();
+  double cpu = 0, link_s = 0;
+  uint64_t link_batches = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    const double t0 = now_s();
+    depth.fill(p, 0);  // untimed
+    const Pipeline::LinkStats links0 = p.link_stats();
+    const double t0 = now_s(), c0 = cpu_s();
     generate(tokens.size());
     r.tps.push_back(double(tokens.size()) / (now_s() - t0));
+    cpu += cpu_s() - c0;
+    const Pipeline::LinkStats links1 = p.link_stats();
+    link_s += links1.seconds - links0.seconds;
+    link_batches += links1.micro_batches - links0.micro_batches;
   }
-  r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(reps));
-  link_cost(r, p, links0);
+  r.cpu_ms_per_token = cpu * 1e3 / double(tokens.size() * size_t(reps));
+  if (link_batches > 0) r.link_us = link_s * 1e6 / double(link_batches);
   return r;
 }
 
 // n_seq sequences generating n tokens each, kept rotating through the pipeline in as many groups
 // as it wants in flight (as the engine does): while one group's step is in the stages, the next
 // group's step is submitted. Rate: all sequences' tokens over the wall time.
-TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, int n_seq, int reps) {
-  TestResult r{fmt::format("tg{}x{}", tokens.size(), n_seq), 0, int(tokens.size()), {}};
+TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, const Depth& depth, int n_seq, int reps) {
+  TestResult r{fmt::format("tg{}x{}{}", tokens.size(), n_seq, depth.suffix()), 0, int(tokens.size()), {}};
   const size_t G = size_t(std::clamp(p.max_in_flight(), 1, n_seq));
   std::vector<std::vector<float>> logits(G);
   std::vector<Batch> batches(G);
   std::vector<uint64_t> tickets(G);
+  auto fill = [&] {
+    for (int s = 0; s < n_seq; ++s) depth.fill(p, s);
+  };
   auto generate = [&](size_t n) {
-    for (int s = 0; s < n_seq; ++s) p.truncate_seq(s);
     // Group g holds sequences g, g + G, ...; step i of group g is submitted once step i - 1 of
     // the same group is back.
     auto submit = [&](size_t g, size_t i) {
       batches[g].clear();
-      for (int s = int(g); s < n_seq; s += int(G)) batches[g].add(tokens[(i + size_t(s)) % tokens.size()], int32_t(i), s, true);
+      for (int s = int(g); s < n_seq; s += int(G))
+        batches[g].add(tokens[(i + size_t(s)) % tokens.size()], depth.n() + int32_t(i), s, true);
       logits[g].resize(size_t(batches[g].size()) * size_t(p.n_vocab()));
       tickets[g] = p.submit(batches[g], logits[g].data());
     };
@@ -219,21 +244,25 @@ TestResult run_tg_parallel(Pipeline& p, const std::vector<int32_t>& tokens, int 
         if (i < n) submit(g, i);
       }
   };
+  fill();
   generate(std::min<size_t>(tokens.size(), 8));  // warm-up, not counted
-  const double c0 = cpu_s();
-  const std::vector<double> busy0 = busy_seconds(p);
-  double wall = 0;
+  double wall = 0, cpu = 0;
+  std::vector<double> busy(p.stages().size(), 0.0);
   for (int rep = 0; rep < reps; ++rep) {
-    const double t0 = now_s();
+    fill();  // untimed
+    const std::vector<double> busy0 = busy_seconds(p);
+    const double t0 = now_s(), c0 = cpu_s();
     generate(tokens.size());
-    wall += now_s() - t0;
-    r.tps.push_back(double(tokens.size()) * n_seq / (now_s() - t0));
-  }
-  if (busy0.size() > 1) {
+    const double dt = now_s() - t0;
+    cpu += cpu_s() - c0;
+    wall += dt;
     const std::vector<double> busy1 = busy_seconds(p);
-    for (size_t k = 0; k < busy0.size(); ++k) r.stage_busy.push_back((busy1[k] - busy0[k]) / wall);
+    for (size_t k = 0; k < busy.size(); ++k) busy[k] += busy1[k] - busy0[k];
+    r.tps.push_back(double(tokens.size()) * n_seq / dt);
   }
-  r.cpu_ms_per_token = (cpu_s() - c0) * 1e3 / double(tokens.size() * size_t(n_seq) * size_t(reps));
+  if (busy.size() > 1)
+    for (double b : busy) r.stage_busy.push_back(b / wall);
+  r.cpu_ms_per_token = cpu * 1e3 / double(tokens.size() * size_t(n_seq) * size_t(reps));
   return r;
 }
 
@@ -252,12 +281,18 @@ int run(const BenchOpts& o) {
   if (o.n_prompt == 0 && o.n_gen == 0) fail(ErrorKind::Usage, "-p 0 and -n 0: nothing to measure");
   if (o.reps < 1) fail(ErrorKind::Usage, "-r {}: need at least one repetition", o.reps);
   if (o.parallel < 1) fail(ErrorKind::Usage, "--parallel {}: need at least one sequence", o.parallel);
-  if (o.model.ctx > 0 && o.model.ctx < std::max(o.n_prompt, o.n_gen))
-    fail(ErrorKind::Usage, "--ctx {} is shorter than the longest test ({} tokens)", o.model.ctx, std::max(o.n_prompt, o.n_gen));
+  if (o.depth < 0) fail(ErrorKind::Usage, "-d {}: the depth cannot be negative", o.depth);
+  const int64_t longest = int64_t(o.depth) + std::max(o.n_prompt, o.n_gen);
+  if (longest > (int64_t(1) << 24)) fail(ErrorKind::Usage, "-d {}: {} tokens of context is too many", o.depth, longest);
+  if (o.model.ctx > 0 && o.model.ctx < longest)
+    fail(ErrorKind::Usage, "--ctx {} is shorter than the longest test ({} tokens{})", o.model.ctx, longest,
+         o.depth > 0 ? fmt::format(", {} of depth", o.depth) : "");
 
+  // The depth is filled in batches of up to 512 tokens (or the prompt test's size).
+  const int depth_batch = std::max(1, std::min(o.depth, std::max(512, o.n_prompt)));
   ModelFlags mf = o.model;
-  mf.batch = std::max({1, o.n_prompt, o.parallel});  // pp is one batch, as in llama-bench's default -b
-  if (mf.ctx == 0) mf.ctx = std::max({o.n_prompt, o.n_gen, 16});
+  mf.batch = std::max({1, o.n_prompt, o.parallel, depth_batch});  // pp is one batch, as in llama-bench's default -b
+  if (mf.ctx == 0) mf.ctx = int(std::max<int64_t>(longest, 16));
   Loaded m = load_model(mf, o.parallel);
   Pipeline& p = *m.pipe;
   const ModelInfo info = describe(p);
@@ -280,9 +315,11 @@ int run(const BenchOpts& o) {
   };
 
   std::vector<TestResult> results;
-  if (o.n_prompt > 0) results.push_back(run_pp(p, draw(o.n_prompt), o.reps));
+  const Depth depth{draw(o.depth), depth_batch};
+  if (o.n_prompt > 0) results.push_back(run_pp(p, draw(o.n_prompt), depth, o.reps));
   if (o.n_gen > 0)
-    results.push_back(o.parallel > 1 ? run_tg_parallel(p, draw(o.n_gen), o.parallel, o.reps) : run_tg(p, draw(o.n_gen), o.reps));
+    results.push_back(o.parallel > 1 ? run_tg_parallel(p, draw(o.n_gen), depth, o.parallel, o.reps)
+                                     : run_tg(p, draw(o.n_gen), depth, o.reps));
   // The bandwidth the weight stream is held against: the CPU's read bandwidth, or on GPU stages
   // (all of them) the first GPU's copy bandwidth (read + write of a device-to-device copy).
   int gpu = -1;
@@ -306,7 +343,8 @@ int run(const BenchOpts& o) {
                           {"backend", backend},            {"n_threads", threads},
                           {"threads_per_stage", per_stage}, {"n_parallel", o.parallel},
                           {"test", r.name},                {"n_prompt", r.n_prompt},
-                          {"n_gen", r.n_gen},              {"repetitions", o.reps},
+                          {"n_gen", r.n_gen},              {"n_depth", o.depth},
+                          {"repetitions", o.reps},
                           {"samples_ts", r.tps},           {"avg_ts", s.mean},
                           {"stddev_ts", s.sd},            {"cpu_ms_per_token", r.cpu_ms_per_token}};
       if (!r.stage_busy.empty()) j["stage_busy"] = r.stage_busy;
@@ -324,11 +362,13 @@ int run(const BenchOpts& o) {
     return 0;
   }
 
-  std::printf("| %-22s | %10s | %10s | %-7s | %7s | %7s | %20s | %16s |\n", "model", "size", "params", "devices", "threads",
-              "test", "t/s", "weights GB/s");
+  int tw = 7;  // the test column: "tg128 @ d4096" is wider than "tg128"
+  for (const auto& r : results) tw = std::max(tw, int(r.name.size()));
+  std::printf("| %-22s | %10s | %10s | %-7s | %7s | %*s | %20s | %16s |\n", "model", "size", "params", "devices", "threads",
+              tw, "test", "t/s", "weights GB/s");
   std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: |\n", std::string(22, '-').c_str(), std::string(9, '-').c_str(),
               std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(6, '-').c_str(),
-              std::string(6, '-').c_str(), std::string(19, '-').c_str(), std::string(15, '-').c_str());
+              std::string(size_t(tw) - 1, '-').c_str(), std::string(19, '-').c_str(), std::string(15, '-').c_str());
   for (const auto& r : results) {
     const Stats s = stats(r.tps);
     std::string gbs;
@@ -336,9 +376,9 @@ int run(const BenchOpts& o) {
       const double g = double(info.bytes_per_token) * s.mean / 1e9;
       gbs = bw > 0 ? fmt::format("{:.2f} ({:.0f}%)", g, 100.0 * g / bw) : fmt::format("{:.2f}", g);
     }
-    std::fputs(fmt::format("| {:<22} | {:>10} | {:>10} | {:<7} | {:>7} | {:>7} | {:>20} | {:>16} |\n", info.label,
+    std::fputs(fmt::format("| {:<22} | {:>10} | {:>10} | {:<7} | {:>7} | {:>{}} | {:>20} | {:>16} |\n", info.label,
                            size_str(info.size_bytes), params_str(info.params), backend,
-                           per_stage.find('+') != std::string::npos ? per_stage : std::to_string(threads), r.name,
+                           per_stage.find('+') != std::string::npos ? per_stage : std::to_string(threads), r.name, tw,
                            fmt::format("{:.2f} ± {:.2f}", s.mean, s.sd), gbs)
                    .c_str(),
                stdout);
@@ -366,6 +406,9 @@ Register reg{{"bench", "Measure prompt processing and generation speed (tokens/s
     add_model_flags(app, o->model);
     app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens evaluated in one batch (0: skip pp)")->capture_default_str();
     app.add_option("-n,--n-gen", o->n_gen, "tokens generated one at a time (0: skip tg)")->capture_default_str();
+    app.add_option("-d,--depth", o->depth,
+                   "tokens in the context before each test, filled untimed (as llama-bench -d: \"tg128 @ d4096\")")
+        ->capture_default_str();
     app.add_option("-r,--repetitions", o->reps, "timed repetitions of each test (after one warm-up)")->capture_default_str();
     app.add_option("--parallel", o->parallel,
                    "tg with N sequences decoding together, pipelined over the stages (aggregate t/s)")->capture_default_str();

@@ -81,7 +81,7 @@ gemv_forms_note() {
   base=$(tg_of "$logs/bench-1stage-$t.log")
   [[ -n $base ]] || { echo "no default decode to compare with"; return; }
   out="default $base t/s"
-  for f in nosplit rows2 stream streamnopf; do
+  for f in nosplit rows2 stream streamnopf attn2; do
     v=$(tg_of "$logs/bench-1stage-$f-$t.log")
     [[ -n $v ]] && out+=$(awk -v f="$f" -v v="$v" -v b="$base" 'BEGIN { printf "; %s x%.3f", f, v / b }')
   done
@@ -266,7 +266,8 @@ fi
 # The GEMV's shape on the real decode step (not the default until measured): one warp per row
 # everywhere (BATON_GEMV_SPLIT=0: the short q/k/v, output and down projections otherwise split
 # rows over 2-4 warps), two rows per warp (BATON_GEMV_ROWS=2) and the streamed grid (BATON_GEMV_STREAM=1),
-# with and without its L2 prefetch before the wait (BATON_GEMV_PREFETCH_MIB=0). And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
+# with and without its L2 prefetch before the wait (BATON_GEMV_PREFETCH_MIB=0); and the attention
+# merged by a second kernel (BATON_ATTN_FUSED=0, session 18's default is one launch). And with BATON_GPU_BASE_BIN (another tree's baton, e.g. the
 # one scripts/device-bundle.sh packs from BATON_BUNDLE_BASE=REV): the same decode with it and with
 # this tree's, alternating (base, new, base, new), so a change is a ratio measured in one run.
 if has_cmd bench; then
@@ -276,6 +277,7 @@ if has_cmd bench; then
     run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-stream-$t" 300 env BATON_GEMV_STREAM=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-streamnopf-$t" 300 env BATON_GEMV_STREAM=1 BATON_GEMV_PREFETCH_MIB=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
+    run "bench-1stage-attn2-$t" 300 env BATON_ATTN_FUSED=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     row "gemv-forms-$t" ok 0 "$(gemv_forms_note "$t")"
   done
   base_bin=${BATON_GPU_BASE_BIN:-}

@@ -1,5 +1,5 @@
 // The user-facing commands end to end on SmolLM2-135M through the built binary: run, batch (with
-// kill -9 and --resume), and chat driven through a pseudo-terminal and through a pipe.
+// kill -9 and --resume), chat driven through a pseudo-terminal and through a pipe, and bench.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -121,6 +121,40 @@ TEST_CASE("exit codes: usage 1, model 2") {
   Out missing = run_baton("run -m /nonexistent/model.gguf -p hi");
   CHECK(missing.code == 2);
   CHECK(missing.err.find("does not exist") != std::string::npos);
+}
+
+TEST_CASE("bench: llama-bench's pp and tg, also at a depth, and its errors") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  // At a depth the tests continue a filled cache (the pipeline rejects positions that do not).
+  Out o = run_baton("bench -m " + m + " -p 16 -n 4 -d 40 -r 2 --json --no-bandwidth -t 2");
+  REQUIRE(o.code == 0);
+  std::vector<json> rows;
+  std::istringstream lines(o.out);
+  for (std::string l; std::getline(lines, l);)
+    if (!l.empty()) rows.push_back(json::parse(l));
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["test"] == "pp16 @ d40");
+  CHECK(rows[1]["test"] == "tg4 @ d40");
+  for (const json& r : rows) {
+    CHECK(r["n_depth"] == 40);
+    CHECK(r["samples_ts"].size() == 2);
+    CHECK(r["avg_ts"].get<double>() > 0);
+  }
+  CHECK(rows[1]["n_gen"] == 4);
+  Out table = run_baton("bench -m " + m + " -p 8 -n 2 -r 1 --no-bandwidth -t 2");
+  REQUIRE(table.code == 0);
+  CHECK(table.out.find(" pp8 | ") != std::string::npos);
+  CHECK(table.out.find(" tg2 | ") != std::string::npos);
+  CHECK(table.out.find(" @ d") == std::string::npos);
+  Out parallel = run_baton("bench -m " + m + " -p 0 -n 3 -d 20 --parallel 2 -r 1 --json --no-bandwidth -t 2");
+  REQUIRE(parallel.code == 0);
+  CHECK(json::parse(parallel.out)["test"] == "tg3x2 @ d20");
+  Out short_ctx = run_baton("bench -m " + m + " -p 16 -n 4 -d 40 --ctx 50");
+  CHECK(short_ctx.code == 1);
+  CHECK(short_ctx.err.find("--ctx 50 is shorter than the longest test (56 tokens, 40 of depth)") != std::string::npos);
+  CHECK(run_baton("bench -m " + m + " -d -1").code == 1);
+  CHECK(run_baton("bench -m " + m + " -p 0 -n 0").code == 1);
 }
 
 TEST_CASE("batch: good and bad lines, error records, duplicate ids") {
