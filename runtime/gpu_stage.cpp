@@ -39,8 +39,9 @@ struct GraphKey {
   int n = 0;
   std::vector<uint8_t> logits;
   std::vector<int> commit_n;
+  bool decode_only = false;  // one token per sequence: the rope and staging in the attention
   bool operator<(const GraphKey& o) const {
-    return std::tie(n, logits, commit_n) < std::tie(o.n, o.logits, o.commit_n);
+    return std::tie(n, logits, commit_n, decode_only) < std::tie(o.n, o.logits, o.commit_n, o.decode_only);
   }
 };
 constexpr size_t kMaxGraphs = 64;
@@ -160,6 +161,10 @@ struct CudaLayers {
   std::vector<int> commit_n;    // tokens each layer's commit writes, per entry of g.commits (in map order)
   int max_len;                  // an upper bound of pos + 1 over the batch (n_ctx in a graph)
   std::vector<SeqRun> runs;     // the batch's sequences in row order (empty in a graph: split attention only)
+  // Every token its sequence's only one in the step (a decode step): the attention stages each
+  // token's own key and value itself (cuda::RopeStage) when rope_and_stage comes right before it.
+  bool decode_only = false;
+  int rope_l = -1, rope_n = 0;  // a rope_and_stage waiting for the attention
   float *x = g.x, *xb = g.xb, *xb2 = g.xb2, *q = g.q, *k = g.k, *v = g.v, *hb = g.hb, *hb2 = g.hb2;
 
   const GpuLayer& layer(int l) const { return g.layers[size_t(l)]; }
@@ -185,6 +190,7 @@ struct CudaLayers {
   // whether X's 8-bit activations are in the scratch.
   bool flush(const float* X = nullptr, int64_t cols = 0, int n_cols = 0) {
     q8_of = nullptr;  // any op after the attention: its 8-bit output may be overwritten
+    if (rope_l >= 0) rope_stage(std::exchange(rope_l, -1), rope_n);
     Pending p = pending;
     pending = {};
     if (p.kind == Pending::None) return false;
@@ -265,6 +271,13 @@ struct CudaLayers {
 
   void rope_and_stage(int l, int n) {
     flush();
+    if (decode_only && g.ctx.rope_in_attention) {  // the attention right after it does it
+      rope_l = l, rope_n = n;
+      return;
+    }
+    rope_stage(l, n);
+  }
+  void rope_stage(int l, int n) {
     const ModelConfig& c = g.c;
     const int nq = c.n_embd_q(), nk = c.n_embd_k(), nv = c.n_embd_v();
     const float* fr = g.freqs.at(c.freqs(l).data());
@@ -274,6 +287,7 @@ struct CudaLayers {
   }
 
   void attention(int l, int n) {
+    const bool rope_here = std::exchange(rope_l, -1) == l;  // this layer's rope and staging still to do
     flush();
     cuda::AttentionArgs a = attention_args<cuda::AttentionArgs>(g.c, l, n, q, xb2, g.pos, g.seq, g.first, g.row0,
                                                                 g.k_new, g.v_new);
@@ -297,10 +311,17 @@ struct CudaLayers {
     const int64_t cols = int64_t(a.n_head) * a.kv.head_dim;
     if (whole_split && n <= g.ctx.gemv_max_cols && cuda::q8_activations(wo.type) && wo.cols == cols &&
         a.out_stride == size_t(cols)) {
-      cuda::attention(g.ctx, a, max_len, true, commit_args(a));  // the commit in its last launch
+      cuda::RopeStage rope;
+      if (rope_here) {
+        const ModelConfig& c = g.c;
+        rope = {k, size_t(c.n_embd_k()), v, size_t(c.n_embd_v()), c.rope_dim, g.freqs.at(c.freqs(l).data()),
+                c.rope_style == RopeStyle::NeoX};
+      }
+      cuda::attention(g.ctx, a, max_len, true, commit_args(a), rope);  // the commit in the same launches
       q8_of = a.out, q8_rows = n, q8_cols = cols;
       return;
     }
+    if (rope_here) rope_stage(l, n);
     int pending = 0;  // first row not yet attended
     for (const SeqRun& r : runs) {
       if (r.n < g.ctx.prefill_min_tokens) continue;
@@ -382,6 +403,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
   g.ctx.mma_prefill = g.ctx.mma_prefill && env_setting("BATON_MMA_ATTN", 0, 1, 1, "0 or 1") == 1;
   g.ctx.fused_attention = env_setting("BATON_ATTN_FUSED", 0, 1, 1, "0 or 1") == 1;
+  g.ctx.rope_in_attention = env_setting("BATON_ATTN_ROPE", 0, 1, 1, "0 or 1") == 1;
   g.trace.on = env_setting("BATON_STEP_TRACE", 0, 1, 0, "0 or 1") == 1;
   const int slab_mib = int(g.ctx.gemm_slab_bytes >> 20);
   g.ctx.gemm_slab_bytes = size_t(env_setting("BATON_GEMM_SLAB_MIB", 1, slab_mib, slab_mib, "MiB")) << 20;
@@ -630,6 +652,8 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   const bool graph = g.use_graphs && n <= g.ctx.gemv_max_cols;
   CudaLayers b{g, batch.logits, {}, graph ? g.n_ctx : max_len, {}};
   for (const auto& [n_cells, cm] : g.commits) b.commit_n.push_back(cm.n);
+  b.decode_only = true;
+  for (int t = 0; t < n; ++t) b.decode_only &= g.h_first[size_t(t)] == batch.pos[size_t(t)] && g.h_row0[size_t(t)] == t;
   if (!graph)
     for (int t = 0; t < n; ++t) {
       if (t == 0 || batch.seq[size_t(t)] != batch.seq[size_t(t - 1)]) b.runs.push_back({t, 0, batch.seq[size_t(t)], batch.pos[size_t(t)]});
@@ -649,7 +673,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
     }
   };
   if (graph) {
-    GraphKey key{n, b.logits, b.commit_n};
+    GraphKey key{n, b.logits, b.commit_n, b.decode_only};
     if (g.graph_scratch != g.ctx.scratch_generation()) {  // the scratch moved: the graphs point at the old one
       g.graphs.clear();
       g.graph_scratch = g.ctx.scratch_generation();

@@ -33,13 +33,13 @@ if [[ $sim == 1 ]]; then
   cuda_mode=SIM
   shape="sim-small"
   synth_shape=(--n-embd 256 --n-layer 6 --n-head 4 --n-head-kv 2 --n-ff 768 --n-vocab 4096)
-  pp=64 tg=16 spill=72MiB  # the reserve holds a 32 MiB cuBLAS workspace
+  pp=64 tg=16 depth=300 spill=72MiB  # the reserve holds a 32 MiB cuBLAS workspace
 else
   build=${BATON_GPU_BUILD:-build-gpu}
   cuda_mode=ON
   shape=llama3-8b
   synth_shape=(--shape llama3-8b)
-  pp=512 tg=128 spill=2GiB
+  pp=512 tg=128 depth=4096 spill=2GiB
 fi
 jobs=$(nproc)
 bin=$build/baton
@@ -280,6 +280,16 @@ if has_cmd bench; then
     run "bench-1stage-attn2-$t" 300 env BATON_ATTN_FUSED=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     row "gemv-forms-$t" ok 0 "$(gemv_forms_note "$t")"
   done
+  # Decode deep in a context (every head's keys over many splits, merged by the last split or by the
+  # combine kernel).
+  if has_cmd bench --depth && have_model Q4_0; then
+    f0=$models/$shape-Q4_0.gguf
+    run "bench-depth-Q4_0" 300 "$bin" bench -m "$f0" --devices cuda:0 -p 0 -n "$tg" -d "$depth"
+    run "bench-depth-attn2-Q4_0" 300 env BATON_ATTN_FUSED=0 "$bin" bench -m "$f0" --devices cuda:0 -p 0 -n "$tg" -d "$depth"
+    a=$(tg_of "$logs/bench-depth-Q4_0.log") b=$(tg_of "$logs/bench-depth-attn2-Q4_0.log")
+    [[ -n $a && -n $b ]] && row "attn-depth-Q4_0" ok 0 "$(awk -v a="$a" -v b="$b" -v d="$depth" \
+      'BEGIN { printf "tg @ d%s: one launch %s t/s, combine kernel %s (x%.3f)", d, a, b, a / b }')"
+  fi
   base_bin=${BATON_GPU_BASE_BIN:-}
   if [[ -n $base_bin && -x $base_bin ]]; then
     for t in Q4_0 Q4_K; do

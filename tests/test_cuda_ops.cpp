@@ -57,6 +57,14 @@ std::vector<T> to_host(const cu::DeviceBuffer& b, size_t n) {
   return v;
 }
 
+template <class T>
+std::vector<T> to_host_ptr(const void* p, size_t n) {
+  std::vector<T> v(n);
+  cu::copy_to_host(ctx(), v.data(), p, n * sizeof(T));
+  ctx().synchronize();
+  return v;
+}
+
 std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
@@ -871,6 +879,78 @@ TEST_CASE("attention's commit overwrites ring cells only after every query has r
     }
     ctx().fused_attention = true;
   }
+}
+
+TEST_CASE("attention with the rope and staging of a decode step equals rope_stage then attention, bit for bit") {
+  // Two sequences decoding one token each (position 75: one split; 300: keys over several when
+  // max_len allows); max_len 310 (the cells: the kernel writes each token's cell) or 2000 (the
+  // grid's last block commits the staged rows); one launch or the combine kernel after it.
+  std::mt19937 rng(12);
+  const std::vector<int32_t> pos = {75, 300}, seq = {0, 1}, first = pos, row0 = {0, 1};
+  const int n = 2;
+  auto dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0})
+    for (int hd : {64, 128, 256})
+      for (bool neox : {false, true}) {
+        const int rope_dim = neox ? hd / 2 : hd;  // partial rotary with NeoX pairs
+        AttnCase C(kt, hd, n, rng, 310);
+        const int wk = C.n_kv * hd;
+        const size_t qs = size_t(C.n_head * hd), sk = size_t(wk) + 16, sv = size_t(wk) + 48;  // padded rows
+        const auto q = random_floats(qs * n, rng), k = random_floats(sk * n, rng, -2.0f, 2.0f);
+        const auto v = random_floats(sv * n, rng, -2.0f, 2.0f);
+        std::vector<float> freqs(size_t(rope_dim / 2));
+        for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
+        auto dq = to_dev(q), dk = to_dev(k), dv = to_dev(v), df = to_dev(freqs);
+        cu::DeviceBuffer dout(qs * n * 4);
+        cu::AttentionArgs g;
+        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+        g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
+        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+        g.scale = 1.0f / std::sqrt(float(hd)); g.window = 0; g.kv = C.gpu_view();
+        const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), g.row0, g.seq, g.pos, n};
+        const cu::RopeStage rope{dk.as<float>(), sk, dv.as<float>(), sv, rope_dim, df.as<float>(), neox};
+        const size_t staged = C.k_row * n;
+        auto reset = [&] {  // the cache's history back; staged rows and output overwritten with junk
+          cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());
+          cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+          const std::vector<uint8_t> junk(staged, 0x5A);
+          cu::copy_to_device(ctx(), C.dkn.get(), junk.data(), staged);
+          cu::copy_to_device(ctx(), C.dvn.get(), junk.data(), staged);
+          const std::vector<float> nan(qs * n, NAN);
+          cu::copy_to_device(ctx(), dout.get(), nan.data(), nan.size() * 4);
+        };
+        for (int max_len : {310, 2000})
+          for (bool one_launch : {true, false}) {
+            INFO(type_name(kt) << " head_dim " << hd << (neox ? " NeoX" : "") << " rope_dim " << rope_dim << " max_len "
+                               << max_len << (one_launch ? " fused" : " with the combine kernel"));
+            ctx().fused_attention = one_launch;
+            // Reference: rope_stage (q rotated in a copy), then the attention with its commit.
+            reset();
+            auto q2 = to_dev(q);
+            cu::rope_stage(ctx(), kt, {q2.as<float>(), qs, C.n_head}, {dk.as<float>(), sk, C.dkn.as<uint8_t>(), C.k_row, wk},
+                           {dv.as<float>(), sv, C.dvn.as<uint8_t>(), C.k_row, wk}, n, hd, rope_dim, dpos.as<int32_t>(),
+                           df.as<float>(), neox);
+            cu::AttentionArgs g2 = g;
+            g2.q = q2.as<float>();
+            cu::attention(ctx(), g2, max_len, true, cm);
+            const auto want_out = to_host<float>(dout, qs * n);
+            const cu::Q8Act act = cu::q8_scratch(ctx(), int64_t(qs), n);
+            const auto want_q8 = to_host_ptr<int8_t>(act.qs, qs * n);
+            const auto want_kn = to_host<uint8_t>(C.dkn, staged), want_vn = to_host<uint8_t>(C.dvn, staged);
+            const auto want_k = to_host<uint8_t>(C.dk, C.k.size()), want_v = to_host<uint8_t>(C.dv, C.v.size());
+            // The same in one op.
+            reset();
+            cu::attention(ctx(), g, max_len, true, cm, rope);
+            CHECK(to_host<float>(dout, qs * n) == want_out);
+            CHECK(to_host_ptr<int8_t>(act.qs, qs * n) == want_q8);
+            CHECK(to_host<uint8_t>(C.dkn, staged) == want_kn);
+            CHECK(to_host<uint8_t>(C.dvn, staged) == want_vn);
+            CHECK(to_host<uint8_t>(C.dk, C.k.size()) == want_k);
+            CHECK(to_host<uint8_t>(C.dv, C.v.size()) == want_v);
+            CHECK(to_host<float>(dq, q.size()) == q);  // q read, not rotated in place
+          }
+        ctx().fused_attention = true;
+      }
 }
 
 TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {

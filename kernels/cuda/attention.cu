@@ -113,7 +113,39 @@ struct SplitEnd {
   // true: blocks (t, 0 or 1, 0) commit at once (no cell the batch reads is one it commits: no
   // position reaches the ring's length); false: the grid's last block, after every key is read.
   bool commit_first = false;
+  RopeStage rope;  // rope.k set: the step's rope and staging too (attention()'s `rope`)
 };
+
+// With e.rope: the token's own key and value, head g, from the F32 rows (k rotated) into the staged
+// row `row` and, with `cell` set, into that cache cell: the bytes rope_stage and the commit write.
+// Every thread of the block calls this (a warp per 32 values).
+template <int D, bool Q8>
+__device__ void stage_own_head(const AttentionArgs& a, const RopeStage& r, int t, int g, int p, int row, uint8_t* k_cell,
+                               uint8_t* v_cell) {
+  const float* kh = r.k + size_t(t) * r.k_stride + size_t(g) * D;
+  const float* vh = r.v + size_t(t) * r.v_stride + size_t(g) * D;
+  uint8_t* k_row = const_cast<uint8_t*>(a.k_new) + size_t(row) * a.kv.k_row;
+  uint8_t* v_row = const_cast<uint8_t*>(a.v_new) + size_t(row) * a.kv.v_row;
+  for (int e = threadIdx.x; e < D; e += blockDim.x) {  // whole warps: D is a multiple of 32
+    const float x = rope_value(kh, e, r.rope_dim, r.neox, p, r.freqs), y = vh[e];
+    const int i = g * D + e;
+    if constexpr (Q8) {
+      kv_store_q8(k_row, i / 32, i % 32, x);
+      kv_store_q8(v_row, i / 32, i % 32, y);
+      if (k_cell) {
+        kv_store_q8(k_cell, i / 32, i % 32, x);
+        kv_store_q8(v_cell, i / 32, i % 32, y);
+      }
+    } else {
+      kv_store_f16(k_row, i, x);
+      kv_store_f16(v_row, i, y);
+      if (k_cell) {
+        kv_store_f16(k_cell, i, x);
+        kv_store_f16(v_cell, i, y);
+      }
+    }
+  }
+}
 
 // The splits' partials of one head merged into output value d (in split order, empty ones skipped).
 // Read from the L2: other blocks wrote them.
@@ -144,11 +176,9 @@ __device__ __forceinline__ void write_out(const AttentionArgs& a, const SplitEnd
 // in, and the last one copies every staged row to its cell.
 __device__ __forceinline__ void grid_done(const KvLayer& kv, const SplitEnd& e, bool& last) {
   if (!e.counters || e.commit_first || e.commit.n <= 0) return;
+  __threadfence();  // the staged rows this block wrote (e.rope) are visible before it counts
   __syncthreads();  // every thread's reads are done
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(&e.counters[e.grid_counter], 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
-  }
+  if (threadIdx.x == 0) last = atomicAdd(&e.counters[e.grid_counter], 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -199,20 +229,33 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
     }
   }
   griddep_wait();
-  if (fused) {
+  const bool rope = e.rope.k != nullptr;
+  if (fused && !rope) {
     if (e.commit_first && sp == 0 && h < 2)  // no cell this batch reads is one it commits
       for (int r = t; r < e.commit.n; r += gridDim.x)
         if (h == 0 || a.n_head == 1) commit_row(a.kv, e.commit, r, false);
     if (e.commit_first && sp == 0 && h == min(1, a.n_head - 1))
       for (int r = t; r < e.commit.n; r += gridDim.x) commit_row(a.kv, e.commit, r, true);
-    if (sp >= n_active) {  // no keys: nothing to merge
-      grid_done(a.kv, e, last);
-      return;
-    }
+  }
+  if (fused && sp >= n_active) {  // no keys: nothing to merge
+    grid_done(a.kv, e, last);
+    return;
   }
 
-  for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = a.q[size_t(t) * a.q_stride + size_t(h) * D + d];
-  __syncthreads();
+  const float* qh = a.q + size_t(t) * a.q_stride + size_t(h) * D;
+  if (rope) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = rope_value(qh, d, e.rope.rope_dim, e.rope.neox, p, e.rope.freqs);
+    if (kb < ke && ke == p + 1) {  // this block reads the token's own key (the only staged one): stage it itself
+      // One block per KV head also writes the cell, when no key of the step is read from it.
+      const bool to_cell = fused && e.commit_first && e.commit.n > 0 && h % (a.n_head / a.kv.n_head_kv) == 0;
+      const size_t cell = size_t(s) * a.kv.n_cells + size_t(p % a.kv.n_cells);
+      stage_own_head<D, Q8>(a, e.rope, t, g, p, row0, to_cell ? a.kv.k + cell * a.kv.k_row : nullptr,
+                            to_cell ? a.kv.v + cell * a.kv.v_row : nullptr);
+    }
+  } else {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qh[d];
+  }
+  __syncthreads();  // qs, and the staged row's bytes this block wrote
 
   float m = -INFINITY, l = 0.0f, o[R];
 #pragma unroll
@@ -298,11 +341,9 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
   }
   if (!fused) return;
   // The block that finishes the head's splits last merges them (as the combine kernel).
+  __threadfence();  // the partial is visible before the count says so
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // the partial is visible before the count says so
-    last = atomicAdd(&e.counters[row], 1u) == uint32_t(n_active - 1);
-  }
+  if (threadIdx.x == 0) last = atomicAdd(&e.counters[row], 1u) == uint32_t(n_active - 1);
   __syncthreads();
   if (last) {
     __threadfence();
@@ -702,8 +743,18 @@ size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int h
   return q8_area(n_tokens, n_head, head_dim) + size_t(n_tokens) * n_head * n_split * (head_dim + 2) * sizeof(float);
 }
 
-void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, const KvCommit& commit) {
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, const KvCommit& commit,
+               const RopeStage& rope) {
   check_args(a);
+  if (rope.k) {
+    const int d = a.kv.head_dim;
+    if (rope.rope_dim <= 0 || rope.rope_dim % 2 != 0 || rope.rope_dim > d)
+      input_error(cat("CUDA attention: rope_dim ", rope.rope_dim, " must be even and at most the head dim ", d));
+    if (!rope.v || !rope.freqs || !a.k_new || !a.v_new) input_error("CUDA attention: rope without its v rows, frequencies or staging rows");
+    if (a.kv.type == GgmlType::Q8_0 &&
+        (reinterpret_cast<uintptr_t>(a.k_new) % 2 || reinterpret_cast<uintptr_t>(a.v_new) % 2 || a.kv.k_row % 2 || a.kv.v_row % 2))
+      input_error("CUDA attention: Q8_0 rows must start at even addresses");
+  }
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(cat("CUDA attention: max_len ", max_len, " must be positive"));
   const int D = a.kv.head_dim;
@@ -717,6 +768,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   SplitEnd e;
   e.part = part;
+  e.rope = rope;
   const int64_t heads = int64_t(a.n_tokens) * a.n_head;
   const bool fused = c.fused_attention && heads + 1 <= Context::kAttnCounters;
   if (fused) {

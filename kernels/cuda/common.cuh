@@ -223,6 +223,37 @@ __device__ __forceinline__ void rope_in_place(float* head, int i, int half, bool
   head[i1] = r.y;
 }
 
+// Element e of a head after RoPE (e ≥ rope_dim: as it is): the rotated value of e's pair, computed
+// from the unrotated head (which stays as it is), the same bits as rope_in_place.
+__device__ __forceinline__ float rope_value(const float* head, int e, int rope_dim, bool neox, int pos,
+                                            const float* freqs) {
+  if (e >= rope_dim) return head[e];
+  const int half = rope_dim / 2, i = neox ? e % half : e / 2;  // e's pair, and e its first or second element
+  int i0, i1;
+  const float2 r = rope_rotate(head, i, half, neox, pos, freqs[i], i0, i1);
+  return e == i0 ? r.x : r.y;
+}
+
+// KV cache rows (F16 or Q8_0), as cpu::kv_convert writes them. F16: element e of `row`.
+__device__ __forceinline__ void kv_store_f16(uint8_t* row, int e, float x) {
+  reinterpret_cast<__half*>(row)[e] = __float2half_rn(x);
+}
+// Q8_0: value x of element blk * 32 + lane of `row`; the whole warp holds the block, d = max|x|/127
+// stored as fp16, the same arithmetic as the CPU's quantizer (byte-identical blocks). Blocks are 34
+// bytes, so 2-byte aligned (the callers check the rows): written in 16-bit words, the scale by
+// lane 0 and each pair of codes by the even lane. (Byte stores of the scale read back with its low
+// byte 0 on an H200, CUDA 13.0: every block wrong.)
+__device__ __forceinline__ void kv_store_q8(uint8_t* row, int blk, int lane, float x) {
+  const float amax = warp_max(fabsf(x));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  uint16_t* o = reinterpret_cast<uint16_t*>(row + size_t(blk) * sizeof(BlockQ8_0));
+  const int q = int(fminf(127.0f, fmaxf(-127.0f, roundf(x * id))));  // half away from zero, as quant/quantize.cpp
+  const int q_next = __shfl_down_sync(kFullMask, q, 1);
+  if (lane % 2 == 0) o[1 + lane / 2] = uint16_t((q & 0xFF) | ((q_next & 0xFF) << 8));
+  if (lane == 0) o[0] = __half_as_ushort(__float2half_rn(d));
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace baton::cuda

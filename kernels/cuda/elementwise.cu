@@ -110,27 +110,8 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
 
 // ---- KV cache rows ----
 
-// F16: thread per value. Q8_0: warp per 32-value block, d = max|x|/127 stored as fp16, the
-// same arithmetic as the CPU reference quantizer (byte-identical blocks). blockIdx.y: k or v.
-__device__ __forceinline__ void kv_store_f16(const KvRows& p, int r, int e, float x) {
-  reinterpret_cast<__half*>(p.dst + size_t(r) * p.dst_row)[e] = __float2half_rn(x);
-}
-
-// Value x of element blk * 32 + lane of row r; the whole warp holds the block.
-__device__ __forceinline__ void kv_store_q8(const KvRows& p, int r, int blk, int lane, float x) {
-  const float amax = warp_max(fabsf(x));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  // Blocks are 34 bytes, so 2-byte aligned (kv_convert_launch checks the rows): the block is
-  // written in 16-bit words, the scale by lane 0 and each pair of codes by the even lane. (Byte
-  // stores of the scale read back with its low byte 0 on an H200, CUDA 13.0: every block wrong.)
-  uint16_t* o = reinterpret_cast<uint16_t*>(p.dst + size_t(r) * p.dst_row + size_t(blk) * sizeof(BlockQ8_0));
-  const int q = int(fminf(127.0f, fmaxf(-127.0f, roundf(x * id))));  // half away from zero, as quant/quantize.cpp
-  const int q_next = __shfl_down_sync(kFullMask, q, 1);
-  if (lane % 2 == 0) o[1 + lane / 2] = uint16_t((q & 0xFF) | ((q_next & 0xFF) << 8));
-  if (lane == 0) o[0] = __half_as_ushort(__float2half_rn(d));
-}
-
+// F16: thread per value. Q8_0: warp per 32-value block (kv_store_f16 / kv_store_q8, common.cuh).
+// blockIdx.y: k or v.
 __global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
   griddep_release();
   griddep_wait();
@@ -138,7 +119,7 @@ __global__ void kv_f16_kernel(KvRows k, KvRows v, int n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(p.width) * n) return;
   const int r = int(i / p.width), e = int(i % p.width);
-  kv_store_f16(p, r, e, p.src[size_t(r) * p.src_stride + e]);
+  kv_store_f16(p.dst + size_t(r) * p.dst_row, e, p.src[size_t(r) * p.src_stride + e]);
 }
 
 __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
@@ -149,7 +130,7 @@ __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
   const int lane = threadIdx.x % 32, nb = p.width / 32;
   if (b >= int64_t(nb) * n) return;  // whole warps leave together
   const int r = int(b / nb), blk = int(b % nb);
-  kv_store_q8(p, r, blk, lane, p.src[size_t(r) * p.src_stride + size_t(blk) * 32 + lane]);
+  kv_store_q8(p.dst + size_t(r) * p.dst_row, blk, lane, p.src[size_t(r) * p.src_stride + size_t(blk) * 32 + lane]);
 }
 
 // The decode step's rope and staging in one launch: blockIdx.x the token, blockIdx.y the part.
@@ -173,16 +154,10 @@ rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, co
   const KvRows p = blockIdx.y == 1 ? k : v;
   if ((Q8 ? j - int(threadIdx.x % 32) : j) >= p.width) return;  // Q8_0: whole warps (widths are multiples of 32)
   const float* src = p.src + size_t(t) * p.src_stride;
-  float x = src[j];
   const int e = j % head_dim;
-  if (blockIdx.y == 1 && e < rope_dim) {
-    const int i = neox ? e % half : e / 2;  // e's pair, and e its first or second element
-    int i0, i1;
-    const float2 r = rope_rotate(src + (j - e), i, half, neox, pos[t], freqs[i], i0, i1);
-    x = e == i0 ? r.x : r.y;
-  }
-  if constexpr (Q8) kv_store_q8(p, t, j / 32, j % 32, x);
-  else kv_store_f16(p, t, j, x);
+  const float x = blockIdx.y == 1 ? rope_value(src + (j - e), e, rope_dim, neox, pos[t], freqs) : src[j];
+  if constexpr (Q8) kv_store_q8(p.dst + size_t(t) * p.dst_row, j / 32, j % 32, x);
+  else kv_store_f16(p.dst + size_t(t) * p.dst_row, j, x);
 }
 
 static void kv_convert_launch(Context& c, GgmlType type, const KvRows& k, const KvRows* v, int n) {

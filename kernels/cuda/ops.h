@@ -120,6 +120,9 @@ class Context {
   // merges the splits' sums (a head whose keys fit one split writes its output at once), and the
   // commit goes in the same launch; otherwise a second kernel merges and commits.
   bool fused_attention = true;
+  // A decode step's rope and KV staging done by its attention (attention()'s RopeStage) instead of
+  // rope_stage before it (BATON_ATTN_ROPE=0: rope_stage). For the stages; the ops take what they are given.
+  bool rope_in_attention = true;
   // attention_prefill runs on the tensor cores (mma.sync, sm_80+) for head sizes up to 128;
   // BATON_MMA_ATTN=0 takes the F32 kernel instead (for measuring one against the other).
   bool mma_prefill = true;
@@ -412,7 +415,22 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
 // q8_out: the output's 8-bit activations too, where q8_scratch(c, n_head * head_dim, n_tokens) puts
 // them (the GEMV of the output projection then takes them: x_q8); out rows must be contiguous.
 // commit: the layer's commit (kv_commit on a.kv) done by the same launches, after the keys are read.
-void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false, const KvCommit& commit = {});
+// rope (a decode step's, instead of rope_stage before it): a.q is rotated as it is read (and left
+// as it is), and the blocks that read a token's own key compute that key's and value's head from
+// the F32 rows into the staged rows (a.k_new, a.v_new: row row0[t], as rope_stage writes them) and,
+// when the commit need not wait, into its cell. Only for batches of one token per sequence
+// (first[t] == pos[t]), whose commit is every token's row.
+struct RopeStage {
+  const float* k = nullptr;  // rows of n_head_kv * head_dim, k_stride floats apart
+  size_t k_stride = 0;
+  const float* v = nullptr;
+  size_t v_stride = 0;
+  int rope_dim = 0;
+  const float* freqs = nullptr;
+  bool neox = false;
+};
+void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false, const KvCommit& commit = {},
+               const RopeStage& rope = {});
 // Scratch attention() takes for n_tokens queries of n_head heads over at most max_len keys (the
 // split partials), so that a stage can reserve it before its first step.
 size_t attention_scratch_bytes(const Context& c, int n_tokens, int n_head, int head_dim, int max_len);

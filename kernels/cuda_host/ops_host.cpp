@@ -548,13 +548,28 @@ size_t attention_scratch_bytes(const Context&, int n_tokens, int, int head_dim, 
 }
 
 // q8_out changes nothing here: the emulated GEMV quantizes its input itself. The commit follows
-// the attention, as in the combine kernel.
-void attention(Context& c, const AttentionArgs& a, int max_len, bool, const KvCommit& commit) {
+// the attention, as in the combine kernel. With rope: rope_stage first, on a copy of q (the
+// kernels leave q as it is), for batches of one token per sequence only (as the kernels).
+void attention(Context& c, const AttentionArgs& a, int max_len, bool, const KvCommit& commit, const RopeStage& rope) {
   check_attention(a);
   if (a.n_tokens <= 0) return;
   if (max_len <= 0) input_error(fmt::format("CUDA attention: max_len {} must be positive", max_len));
+  AttentionArgs b = a;
+  std::vector<float> q;
+  if (rope.k) {
+    for (int t = 0; t < a.n_tokens; ++t)
+      if (a.first[t] != a.pos[t] || a.row0[t] != t)
+        input_error(fmt::format("CUDA attention with rope: token {} is not its sequence's only one in the step", t));
+    const int d = a.kv.head_dim, kw = a.kv.n_head_kv * d;
+    q.assign(a.q, a.q + size_t(a.n_tokens - 1) * a.q_stride + size_t(a.n_head) * size_t(d));
+    b.q = q.data();
+    rope_stage(c, a.kv.type, {q.data(), a.q_stride, a.n_head},
+               {rope.k, rope.k_stride, const_cast<uint8_t*>(a.k_new), a.kv.k_row, kw},
+               {rope.v, rope.v_stride, const_cast<uint8_t*>(a.v_new), a.kv.v_row, kw}, a.n_tokens, d, rope.rope_dim,
+               a.pos, rope.freqs, rope.neox);
+  }
   auto* buf = static_cast<float*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, a.kv.head_dim, max_len)));
-  for (int t = 0; t < a.n_tokens; ++t) attend(a, t, a.pos[t], a.seq[t], a.first[t], a.row0[t], max_len, buf);
+  for (int t = 0; t < a.n_tokens; ++t) attend(b, t, a.pos[t], a.seq[t], a.first[t], a.row0[t], max_len, buf);
   kv_commit(c, a.kv, commit);
 }
 
