@@ -714,11 +714,53 @@ struct AttnCase {
     kv.n_head_kv = n_kv; kv.head_dim_k = kv.head_dim_v = head_dim;
     return kv;
   }
+  // The cache after staged row t is committed to token t's cell (seq[t], pos[t]), for every t.
+  void committed(const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, std::vector<uint8_t>& ck,
+                 std::vector<uint8_t>& cv) const {
+    ck = k, cv = v;
+    for (size_t t = 0; t < pos.size(); t++) {
+      const size_t cell = size_t(seq[t]) * size_t(n_cells) + size_t(pos[t] % n_cells);
+      std::memcpy(ck.data() + cell * k_row, k_new.data() + t * k_row, k_row);
+      std::memcpy(cv.data() + cell * k_row, v_new.data() + t * k_row, k_row);
+    }
+  }
+  void restore() {  // the device cache's history back
+    cu::copy_to_device(ctx(), dk.get(), k.data(), k.size());
+    cu::copy_to_device(ctx(), dv.get(), v.data(), v.size());
+  }
   cu::KvLayer gpu_view() {
     cu::KvLayer kv;
     kv.type = type; kv.k = dk.as<uint8_t>(); kv.v = dv.as<uint8_t>(); kv.k_row = kv.v_row = k_row;
     kv.n_cells = n_cells; kv.n_head_kv = n_kv; kv.head_dim = head_dim;
     return kv;
+  }
+};
+
+// A batch of queries over an AttnCase: random q, cpu::attention's output for it (`ref`), and the
+// device's arguments (q, the int arrays and an output buffer on the device).
+struct AttnBatch {
+  std::vector<int32_t> pos, seq, first, row0;
+  int n;
+  size_t qs;
+  std::vector<float> q, ref;
+  cu::DeviceBuffer dq, dpos, dseq, dfirst, drow0, dout;
+  cu::AttentionArgs g;
+  AttnBatch(AttnCase& C, std::vector<int32_t> pos_, std::vector<int32_t> seq_, std::vector<int32_t> first_,
+            std::vector<int32_t> row0_, int window, std::mt19937& rng)
+      : pos(std::move(pos_)), seq(std::move(seq_)), first(std::move(first_)), row0(std::move(row0_)), n(int(pos.size())),
+        qs(size_t(C.n_head * C.head_dim)), q(random_floats(qs * size_t(n), rng, -1.0f, 1.0f)), ref(qs * size_t(n)) {
+    cpu::AttentionArgs a;
+    a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
+    a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
+    a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
+    a.scale = 1.0f / std::sqrt(float(C.head_dim)); a.window = window; a.kv = C.cpu_view();
+    cpu::attention(a, pool());
+    dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
+    dout = cu::DeviceBuffer(ref.size() * 4);
+    g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+    g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
+    g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+    g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
   }
 };
 
@@ -744,27 +786,14 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
         // Sequence 0 decodes one token at position 75 (or 900: keys in many splits, a window of
         // 300 in several); sequence 1 runs positions 3..9 (staged).
         const int p0 = window == 300 || hd == 128 ? 900 : 75;
-        std::vector<int32_t> pos = {p0, 3, 4, 5, 6, 7, 8, 9}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
-        std::vector<int32_t> first = {p0, 3, 3, 3, 3, 3, 3, 3}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
-        const int n = int(pos.size());
-        AttnCase C(kt, hd, n, rng, p0 + 5);
-        const size_t qs = size_t(C.n_head * hd);
-        auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
-        std::vector<float> ref(qs * n);
-        cpu::AttentionArgs a;
-        a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
-        a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
-        a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
-        a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view();
-        cpu::attention(a, pool());
-
-        auto dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
-        cu::DeviceBuffer dout(ref.size() * 4);
-        cu::AttentionArgs g;
-        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
-        g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
-        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
-        g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
+        AttnCase C(kt, hd, 8, rng, p0 + 5);
+        AttnBatch B(C, {p0, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 1, 1, 1, 1, 1, 1}, {p0, 3, 3, 3, 3, 3, 3, 3},
+                    {0, 1, 1, 1, 1, 1, 1, 1}, window, rng);
+        const int n = B.n;
+        const size_t qs = B.qs;
+        const auto& ref = B.ref;
+        cu::DeviceBuffer& dout = B.dout;
+        const cu::AttentionArgs& g = B.g;
         // max_len: as many splits as fill the GPU, at most one per 128 keys; beyond the cells (the
         // fused commit then waits for every block). One launch, or the combine kernel after it.
         for (int max_len : {p0 + 1, 2000})
@@ -802,12 +831,8 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
           for (int t = 0; t < n; t++) crow[size_t(t)] = t;
           auto dcrow = to_dev(crow);
           const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), dcrow.as<int32_t>(), g.seq, g.pos, n};
-          std::vector<uint8_t> want_k = C.k, want_v = C.v;
-          for (int t = 0; t < n; t++) {
-            const size_t cell = size_t(seq[size_t(t)]) * C.n_cells + size_t(pos[size_t(t)] % C.n_cells);
-            std::memcpy(want_k.data() + cell * C.k_row, C.k_new.data() + size_t(t) * C.k_row, C.k_row);
-            std::memcpy(want_v.data() + cell * C.k_row, C.v_new.data() + size_t(t) * C.k_row, C.k_row);
-          }
+          std::vector<uint8_t> want_k, want_v;
+          C.committed(B.pos, B.seq, want_k, want_v);
           for (bool fused : {true, false}) {
             INFO((fused ? "commit in the combine" : "kv_commit"));
             if (fused) {
@@ -819,8 +844,7 @@ TEST_CASE("attention (split over the KV cache) matches cpu::attention on mixed b
             check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention with the commit");
             CHECK(to_host<uint8_t>(C.dk, want_k.size()) == want_k);
             CHECK(to_host<uint8_t>(C.dv, want_v.size()) == want_v);
-            cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());  // the history back
-            cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+            C.restore();
           }
         }
         ctx().fused_attention = true;
@@ -835,46 +859,23 @@ TEST_CASE("attention's commit overwrites ring cells only after every query has r
   // position 30 (its keys 22..29 from the cache, in every cell but 0 and 1).
   std::mt19937 rng(11);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
-    std::vector<int32_t> pos = {30, 20, 21, 22, 23, 24, 25, 26}, seq = {0, 1, 1, 1, 1, 1, 1, 1};
-    std::vector<int32_t> first = {30, 20, 20, 20, 20, 20, 20, 20}, row0 = {0, 1, 1, 1, 1, 1, 1, 1};
-    const int n = int(pos.size()), hd = 64, window = 9;
-    AttnCase C(kt, hd, n, rng, 10);
-    const size_t qs = size_t(C.n_head * hd);
-    auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
-    std::vector<float> ref(qs * n);
-    cpu::AttentionArgs a;
-    a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
-    a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
-    a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
-    a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view();
-    cpu::attention(a, pool());
-
-    auto dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
-    cu::DeviceBuffer dout(ref.size() * 4);
-    cu::AttentionArgs g;
-    g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
-    g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
-    g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
-    g.scale = a.scale; g.window = window; g.kv = C.gpu_view();
-    std::vector<int32_t> crow = {0, 1, 2, 3, 4, 5, 6, 7};
+    AttnCase C(kt, 64, 8, rng, 10);
+    AttnBatch B(C, {30, 20, 21, 22, 23, 24, 25, 26}, {0, 1, 1, 1, 1, 1, 1, 1}, {30, 20, 20, 20, 20, 20, 20, 20},
+                {0, 1, 1, 1, 1, 1, 1, 1}, /*window=*/9, rng);
+    const std::vector<int32_t> crow = {0, 1, 2, 3, 4, 5, 6, 7};
     auto dcrow = to_dev(crow);
-    const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), dcrow.as<int32_t>(), g.seq, g.pos, n};
-    std::vector<uint8_t> want_k = C.k, want_v = C.v;
-    for (int t = 0; t < n; t++) {
-      const size_t cell = size_t(seq[size_t(t)]) * C.n_cells + size_t(pos[size_t(t)] % C.n_cells);
-      std::memcpy(want_k.data() + cell * C.k_row, C.k_new.data() + size_t(t) * C.k_row, C.k_row);
-      std::memcpy(want_v.data() + cell * C.k_row, C.v_new.data() + size_t(t) * C.k_row, C.k_row);
-    }
+    const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), dcrow.as<int32_t>(), B.g.seq, B.g.pos, B.n};
+    std::vector<uint8_t> want_k, want_v;
+    C.committed(B.pos, B.seq, want_k, want_v);
     for (bool one_launch : {true, false}) {
       INFO(type_name(kt) << (one_launch ? " fused" : " with the combine kernel"));
       ctx().fused_attention = one_launch;
       for (int rep = 0; rep < 2; rep++) {  // the second: the counters were left at zero
-        cu::attention(ctx(), g, 31, true, cm);
-        check_close(to_host<float>(dout, ref.size()), ref, 2e-5f, "attention over a ring with the commit");
+        cu::attention(ctx(), B.g, 31, true, cm);
+        check_close(to_host<float>(B.dout, B.ref.size()), B.ref, 2e-5f, "attention over a ring with the commit");
         CHECK(to_host<uint8_t>(C.dk, want_k.size()) == want_k);
         CHECK(to_host<uint8_t>(C.dv, want_v.size()) == want_v);
-        cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());
-        cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+        C.restore();
       }
     }
     ctx().fused_attention = true;
@@ -886,33 +887,28 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
   // max_len allows); max_len 310 (the cells: the kernel writes each token's cell) or 2000 (the
   // grid's last block commits the staged rows); one launch or the combine kernel after it.
   std::mt19937 rng(12);
-  const std::vector<int32_t> pos = {75, 300}, seq = {0, 1}, first = pos, row0 = {0, 1};
   const int n = 2;
-  auto dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0})
     for (int hd : {64, 128, 256})
       for (bool neox : {false, true}) {
         const int rope_dim = neox ? hd / 2 : hd;  // partial rotary with NeoX pairs
         AttnCase C(kt, hd, n, rng, 310);
+        AttnBatch B(C, {75, 300}, {0, 1}, {75, 300}, {0, 1}, 0, rng);
+        const std::vector<float>& q = B.q;
+        const size_t qs = B.qs;
+        cu::DeviceBuffer& dout = B.dout;
+        const cu::AttentionArgs& g = B.g;
         const int wk = C.n_kv * hd;
-        const size_t qs = size_t(C.n_head * hd), sk = size_t(wk) + 16, sv = size_t(wk) + 48;  // padded rows
-        const auto q = random_floats(qs * n, rng), k = random_floats(sk * n, rng, -2.0f, 2.0f);
-        const auto v = random_floats(sv * n, rng, -2.0f, 2.0f);
+        const size_t sk = size_t(wk) + 16, sv = size_t(wk) + 48;  // padded rows
+        const auto k = random_floats(sk * n, rng, -2.0f, 2.0f), v = random_floats(sv * n, rng, -2.0f, 2.0f);
         std::vector<float> freqs(size_t(rope_dim / 2));
         for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
-        auto dq = to_dev(q), dk = to_dev(k), dv = to_dev(v), df = to_dev(freqs);
-        cu::DeviceBuffer dout(qs * n * 4);
-        cu::AttentionArgs g;
-        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
-        g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
-        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
-        g.scale = 1.0f / std::sqrt(float(hd)); g.window = 0; g.kv = C.gpu_view();
+        auto dk = to_dev(k), dv = to_dev(v), df = to_dev(freqs);
         const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), g.row0, g.seq, g.pos, n};
         const cu::RopeStage rope{dk.as<float>(), sk, dv.as<float>(), sv, rope_dim, df.as<float>(), neox};
         const size_t staged = C.k_row * n;
         auto reset = [&] {  // the cache's history back; staged rows and output overwritten with junk
-          cu::copy_to_device(ctx(), C.dk.get(), C.k.data(), C.k.size());
-          cu::copy_to_device(ctx(), C.dv.get(), C.v.data(), C.v.size());
+          C.restore();
           const std::vector<uint8_t> junk(staged, 0x5A);
           cu::copy_to_device(ctx(), C.dkn.get(), junk.data(), staged);
           cu::copy_to_device(ctx(), C.dvn.get(), junk.data(), staged);
@@ -928,7 +924,7 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
             reset();
             auto q2 = to_dev(q);
             cu::rope_stage(ctx(), kt, {q2.as<float>(), qs, C.n_head}, {dk.as<float>(), sk, C.dkn.as<uint8_t>(), C.k_row, wk},
-                           {dv.as<float>(), sv, C.dvn.as<uint8_t>(), C.k_row, wk}, n, hd, rope_dim, dpos.as<int32_t>(),
+                           {dv.as<float>(), sv, C.dvn.as<uint8_t>(), C.k_row, wk}, n, hd, rope_dim, g.pos,
                            df.as<float>(), neox);
             cu::AttentionArgs g2 = g;
             g2.q = q2.as<float>();
@@ -947,7 +943,7 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
             CHECK(to_host<uint8_t>(C.dvn, staged) == want_vn);
             CHECK(to_host<uint8_t>(C.dk, C.k.size()) == want_k);
             CHECK(to_host<uint8_t>(C.dv, C.v.size()) == want_v);
-            CHECK(to_host<float>(dq, q.size()) == q);  // q read, not rotated in place
+            CHECK(to_host<float>(B.dq, q.size()) == q);  // q read, not rotated in place
           }
         ctx().fused_attention = true;
       }
