@@ -45,6 +45,7 @@ MAX_THREADS = [
 # frame allowed. Everything else must have none.
 LOCAL_ALLOWED = [
     (r"(rope_kernel|rope_stage_kernel<)", 40),                # double sincos: its slow path for huge angles
+    (r"attn_split_kernel<", 40),                              # the same sincos: a decode step's rope (session 18)
 ]
 
 STATIC_SMEM_MAX = 48 * 1024
