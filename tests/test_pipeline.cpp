@@ -13,6 +13,7 @@
 #include "helpers.h"
 #include "gguf/error.h"
 #include "model_helpers.h"
+#include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/pipeline.h"
@@ -262,6 +263,9 @@ TEST_CASE("a budget that is too small is refused before loading", "[pipeline]") 
 }
 
 TEST_CASE("CUDA stages are refused with a clear message", "[pipeline]") {
+  // Only where no GPU is visible (on a GPU, or the CUDA simulator, tests/test_cuda_stage loads them).
+  for (const ProbedDevice& d : probe_devices())
+    if (d.kind == DeviceKind::Cuda) return;
   try {
     load(test::peer("logits/tiny-q4_0.gguf"), "cuda:0,cpu");
     FAIL("loaded a CUDA stage");
