@@ -749,14 +749,19 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
   const int n_blocks = int(block_start.size());
   block_start.push_back(a.n_tokens);
 
-  // One task = one block × a group of query heads sharing a KV head. With few blocks (decode),
-  // split groups so every thread has work.
+  // One task = one block × a group of query heads sharing a KV head. A task reads each K/V vector
+  // once for all its heads (one load, `heads` FMAs), so it costs about 1 + heads; with few blocks
+  // (decode) a group is split when that shortens the busiest thread: rounds of tasks × (1 + heads).
+  // (Splitting always until every thread had two tasks read each row n_rep times: SmolLM2's 3-head
+  // groups decoded at 2048 tokens of depth 14-25 % slower on 2 threads, docs/BENCHMARKS.md.)
+  // A head's arithmetic does not depend on how many heads share its task.
+  auto cost = [&](int h) {
+    const int64_t tasks = int64_t(n_blocks) * (a.n_head / h);
+    return (tasks + pool.size() - 1) / pool.size() * (1 + h);
+  };
   int heads_per_task = n_rep;
-  while (heads_per_task > 1 && n_blocks * (a.n_head / heads_per_task) < 2 * pool.size()) {
-    int h = heads_per_task - 1;
-    while (n_rep % h) --h;
-    heads_per_task = h;
-  }
+  for (int h = n_rep - 1; h >= 1; --h)
+    if (n_rep % h == 0 && cost(h) < cost(heads_per_task)) heads_per_task = h;
   const int tasks_per_block = a.n_head / heads_per_task;
 
   pool.run(n_blocks * tasks_per_block, [&](int task, int) {
