@@ -331,7 +331,7 @@ int run(const BatchOpts& o) {
   return interrupted() ? 130 : 0;
 }
 
-Register reg{{"batch", "generate for many prompts (JSONL or text, one per line) with continuous batching", [](CLI::App& app) {
+Register reg{{"batch", "Generate for many prompts (JSONL or text, one per line) with continuous batching", [](CLI::App& app) {
   auto o = std::make_shared<BatchOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);

@@ -425,7 +425,7 @@ int run(const ChatOpts& o) {
   return chat.loop();
 }
 
-Register reg{{"chat", "talk with a model (a REPL on a terminal; one message per line when piped)", [](CLI::App& app) {
+Register reg{{"chat", "Talk with a model (a REPL on a terminal; one message per line when piped)", [](CLI::App& app) {
   auto o = std::make_shared<ChatOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);

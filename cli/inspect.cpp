@@ -291,7 +291,7 @@ int print_text(const gguf::File& f, const Opts& o) {
   return 0;
 }
 
-cli::Register reg{{"inspect", "show what a GGUF file holds: metadata, tensors, types, size", [](CLI::App& app) {
+cli::Register reg{{"inspect", "Show what a GGUF file holds: metadata, tensors, types, size", [](CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* pos = app.add_option("file", o->file, "GGUF file or known model name (e.g. smollm2-135m)");
   auto* m = app.add_option("-m,--model", o->model, "same as the positional FILE|NAME");

@@ -82,7 +82,7 @@ int run(const RunOpts& o) {
   return 0;
 }
 
-Register reg{{"run", "answer one prompt (streams to stdout; never interactive)", [](CLI::App& app) {
+Register reg{{"run", "Answer one prompt (streams to stdout; never interactive)", [](CLI::App& app) {
   auto o = std::make_shared<RunOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);

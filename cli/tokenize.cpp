@@ -83,7 +83,7 @@ int run(const Opts& o) {
   return 0;
 }
 
-cli::Register reg{{"tokenize", "print the token ids of a text (and the text of each token)", [](CLI::App& app) {
+cli::Register reg{{"tokenize", "Print the token ids of a text (and the text of each token)", [](CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model file or known name (see scripts/fetch-model.sh)")->required();
   auto* p = app.add_option("-p,--prompt", o->prompt, "text to tokenize");
