@@ -44,6 +44,7 @@ constexpr Family kFamilies[] = {
   {"llama", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0},
   {"qwen2", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0},
   {"gemma3", RopeStyle::NeoX, Activation::GeluTanh, true, true, true, false, 6},
+  {"qwen3", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0},  // q/k norms, no biases
 };
 
 }  // namespace
@@ -106,8 +107,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   const Family* fam = nullptr;
   for (const Family& x : kFamilies) if (c.arch == x.arch) fam = &x;
   if (!fam) {
-    fail(ErrorKind::Model, "{}: architecture '{}' is not supported (supported: llama, qwen2, gemma3)",
-         f.path(), c.arch);
+    std::string known;
+    for (const Family& x : kFamilies) known += fmt::format("{}{}", known.empty() ? "" : ", ", x.arch);
+    fail(ErrorKind::Model, "{}: architecture '{}' is not supported (supported: {})", f.path(), c.arch, known);
   }
 
   // Typed reads that record a problem instead of throwing.

@@ -172,6 +172,8 @@ const std::vector<ShapePreset>& shape_presets() {
     {"gemma3-270m", "gemma3", "Gemma 3 270M (tied head, 262k vocab, window 512)", 18, 640, 4, 1, 256, 2048, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
     {"gemma3-1b", "gemma3", "Gemma 3 1B (tied head, 262k vocab, window 512)", 26, 1152, 4, 1, 256, 6912, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
     {"qwen2-7b", "qwen2", "Qwen2 7B (q/k/v bias)", 28, 3584, 28, 4, 128, 18944, 152064, 32768, false, 0, 0, 1000000.f, 1e-6f, true},
+    {"qwen3-0.6b", "qwen3", "Qwen3 0.6B (tied head, q/k norms)", 28, 1024, 16, 8, 128, 3072, 151936, 40960, true, 0, 0, 1000000.f, 1e-6f, false},
+    {"qwen3-8b", "qwen3", "Qwen3 8B (q/k norms)", 36, 4096, 32, 8, 128, 12288, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false},
     {"llama3-8b", "llama", "Llama 3 8B", 32, 4096, 32, 8, 128, 14336, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
     {"llama3-70b", "llama", "Llama 3 70B", 80, 8192, 64, 8, 128, 28672, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
   };
@@ -223,6 +225,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   };
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const bool gemma = std::string_view(p.architecture) == "gemma3";
+  const bool qk_norm = gemma || std::string_view(p.architecture) == "qwen3";
 
   mat("token_embd.weight", E, V);
   for (uint32_t i = 0; i < p.n_layer; i++) {
@@ -236,7 +239,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
       vec(b + "attn_k.bias", kv);
       vec(b + "attn_v.bias", kv);
     }
-    if (gemma) {
+    if (qk_norm) {
       vec(b + "attn_q_norm.weight", p.head_dim);
       vec(b + "attn_k_norm.weight", p.head_dim);
     }

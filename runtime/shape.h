@@ -61,7 +61,7 @@ ModelShape shape_from_gguf(const gguf::File& f);
 
 struct ShapePreset {
   const char* name;          // what users type: --shape llama3-8b
-  const char* architecture;  // llama, qwen2, gemma3
+  const char* architecture;  // llama, qwen2, qwen3, gemma3
   const char* what;          // one line for --help
   uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
   bool tied;                 // no output.weight

@@ -138,7 +138,7 @@ void check_shape(const ShapePreset& p) {
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
-  need(a == "llama" || a == "qwen2" || a == "gemma3", "architecture must be llama, qwen2 or gemma3");
+  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3", "architecture must be llama, qwen2, qwen3 or gemma3");
   need(p.sliding_window == 0 || a == "gemma3", "a sliding window is only supported for gemma3");
 }
 

@@ -48,8 +48,9 @@ std::string synth(const ShapePreset& shape, GgmlType type) {
 }
 
 // Beside the peer tiny model (llama, head size 32, Q4_0), generated models with head size 64: llama
-// with Q4_0 weights, Qwen2 (q/k/v bias) with k-quants; and test::tiny_gemma3_model() (window 16,
-// every 6th layer global, Q8_0).
+// with Q4_0 weights, Qwen2 (q/k/v bias) with k-quants, Qwen3 (q/k norms, heads of 128 on a
+// 256-wide residual, tied head) with Q6_K; and test::tiny_gemma3_model() (window 16, every 6th layer
+// global, Q8_0).
 const std::string& tiny_llama() {
   static const std::string p = synth({"tiny-llama", "llama", "test", 4, 256, 4, 2, 64, 768, 2000, 2048, false, 0, 0,
                                       10000.f, 1e-5f, false}, GgmlType::Q4_0);
@@ -58,6 +59,12 @@ const std::string& tiny_llama() {
 const std::string& tiny_qwen2() {
   static const std::string p = synth({"tiny-qwen2", "qwen2", "test", 3, 256, 4, 1, 64, 512, 1500, 2048, false, 0, 0,
                                       1e6f, 1e-6f, true}, GgmlType::Q4_K);
+  return p;
+}
+
+const std::string& tiny_qwen3() {
+  static const std::string p = synth({"tiny-qwen3", "qwen3", "test", 3, 256, 4, 2, 128, 512, 1500, 2048, true, 0, 0,
+                                      1e6f, 1e-6f, false}, GgmlType::Q6_K);
   return p;
 }
 
@@ -405,8 +412,9 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
   CHECK(kind == int(ErrorKind::Usage));
 }
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2 and Gemma 3 shapes; F16 and Q8_0 KV)") {
-  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), test::tiny_gemma3_model()}) {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3 and Gemma 3 shapes; F16 and Q8_0 KV)") {
+  for (const std::string& path :
+       {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model()}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
@@ -416,13 +424,19 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2 and Gemma 3 sh
       CHECK(gpu[0]->max_rewind() == cpu[0]->max_rewind());
       const Run ref = run(cpu, m.cfg);
       const Run got = run(gpu, m.cfg, &ref.fed);
-      test::check_peer_close(ref.logits, got.logits, m.cfg.n_vocab, name_of(path) + " " + type_name(kv) + " KV, CPU vs GPU");
+      // Two approximations of the same model, not one against llama.cpp: their 8-bit activation
+      // codes come from other float arithmetic and their sums run in another order, and the CPU's
+      // order depends on its ISA. So the top-1 must hold only where the gap exceeds 0.25, as in
+      // test_cuda_stage (on an AVX2 machine tiny-llama's Q8_0 cache flipped a 0.12-0.15 gap at row
+      // 88: logits off by -0.13 and +0.03, within the peer bounds; AVX-512 kept it).
+      test::check_peer_close(ref.logits, got.logits, m.cfg.n_vocab, name_of(path) + " " + type_name(kv) + " KV, CPU vs GPU",
+                             0.25f);
     }
   }
 }
 
 TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a CPU stage the CPU's") {
-  for (const std::string& path : {tiny_llama(), tiny_qwen2(), test::tiny_gemma3_model()}) {
+  for (const std::string& path : {tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model()}) {
     const Model m(path);
     const int cut = m.cfg.n_layer / 2;
     Chain cpu = chain(m, GgmlType::F16, 0, "cpu");
@@ -436,7 +450,8 @@ TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a C
     std::printf("%s: 1 vs 2 GPU stages max|d| %.3g\n", name_of(path).c_str(), d);
     CHECK(d <= 1e-4);
     Chain spill = chain(m, GgmlType::F16, cut, "gpu", "cpu");
-    test::check_peer_close(ref.logits, run(spill, m.cfg, &ref.fed).logits, m.cfg.n_vocab, name_of(path) + " GPU + CPU vs CPU");
+    test::check_peer_close(ref.logits, run(spill, m.cfg, &ref.fed).logits, m.cfg.n_vocab, name_of(path) + " GPU + CPU vs CPU",
+                           0.25f);  // two approximations, as above
   }
 }
 

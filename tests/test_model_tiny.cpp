@@ -1,9 +1,11 @@
 // Generated tiny models (gguf::Writer, weights quantized with quantize_row) run through the fast path
 // (Pipeline: matmul kernels, F16 KV cache, staged attention) and through a plain reference forward
 // written here: weights dequantized once with the scalar oracle, all math in double, attention over
-// the whole prefix with no cache. Two families: llama (adjacent RoPE, SwiGLU, separate output) and a
+// the whole prefix with no cache. Three families: llama (adjacent RoPE, SwiGLU, separate output), a
 // gemma3-shaped one (NeoX RoPE, GeGLU, q/k norms, post-norms, embedding scale, sliding-window layers
-// with their own RoPE base, tied output).
+// with their own RoPE base, tied output) and a qwen3-shaped one (NeoX RoPE with base 1e6, SwiGLU, q/k
+// norms before the rotation, heads wider than n_embd / n_head, tied output): per Qwen3's modeling code,
+// q_norm/k_norm are RMSNorms over each head's head_dim values.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -52,7 +54,7 @@ Model make_model(const Spec& s) {
   wr.set(a + ".attention.key_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".attention.value_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
-  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "gemma3" ? 1e6f : 10000.f));
+  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
@@ -95,9 +97,11 @@ Model make_model(const Spec& s) {
     add(b + "ffn_gate.weight", s.n_ff, E, we, 0.f, true);
     add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
     add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a == "gemma3") {
+    if (a != "llama") {
       add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
+    }
+    if (a == "gemma3") {
       add(b + "post_attention_norm.weight", 1, E, 0.2f, 1.f, false);
       add(b + "post_ffw_norm.weight", 1, E, 0.2f, 1.f, false);
     }
@@ -141,7 +145,7 @@ void rope_ref(Vec& v, int n_head, int D, int pos, double base, bool neox) {
 // Logits for every position of `ids` (one sequence starting at position 0).
 std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
   const Spec& s = m.spec;
-  const bool gemma = s.arch == "gemma3";
+  const bool gemma = s.arch == "gemma3", qwen3 = s.arch == "qwen3", neox = gemma || qwen3;
   const int E = s.n_embd, D = s.head_dim, T = int(ids.size()), rep = s.n_head / s.n_head_kv;
   const double eps = 1e-6;
   auto W = [&](const std::string& n) -> const std::vector<float>& { return m.w.at(n); };
@@ -154,14 +158,14 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma ? (local ? 10000.0 : 1e6) : 10000.0;
+    const double base = gemma ? (local ? 10000.0 : 1e6) : qwen3 ? 1e6 : 10000.0;
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "attn_norm.weight").data(), 0, size_t(E), eps);
       q[size_t(t)] = matvec(W(b + "attn_q.weight"), s.n_head * D, E, h);
       k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
       v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
-      if (gemma) {
+      if (neox) {  // gemma3 and qwen3: q/k norms per head, then the rotation
         for (int hh = 0; hh < s.n_head; ++hh) {
           const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), q[size_t(t)].begin() + hh * D);
@@ -171,8 +175,8 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
           std::copy(n.begin(), n.end(), k[size_t(t)].begin() + hh * D);
         }
       }
-      rope_ref(q[size_t(t)], s.n_head, D, t, base, gemma);
-      rope_ref(k[size_t(t)], s.n_head_kv, D, t, base, gemma);
+      rope_ref(q[size_t(t)], s.n_head, D, t, base, neox);
+      rope_ref(k[size_t(t)], s.n_head_kv, D, t, base, neox);
     }
     for (int t = 0; t < T; ++t) {
       Vec o(size_t(s.n_head * D), 0.0);
@@ -212,7 +216,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
     }
   }
   std::vector<Vec> logits;
-  const std::string out = gemma ? "token_embd.weight" : "output.weight";
+  const std::string out = s.arch == "llama" ? "output.weight" : "token_embd.weight";  // gemma3, qwen3: tied
   for (int t = 0; t < T; ++t)
     logits.push_back(matvec(W(out), s.n_vocab, E, rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps)));
   return logits;
@@ -272,6 +276,18 @@ std::vector<float> run_prompt(Pipeline& p, const std::vector<int32_t>& ids, int 
   return out;
 }
 
+// Qwen3 0.6B's proportions, shrunk: heads twice as wide as n_embd / n_head, GQA 2:1.
+Spec qwen3_spec(GgmlType t) {
+  Spec s;
+  s.arch = "qwen3";
+  s.wtype = t;
+  s.n_embd = 256;
+  s.n_head = 8;
+  s.n_head_kv = 4;
+  s.head_dim = 64;
+  return s;
+}
+
 Spec gemma_spec(GgmlType t) {
   Spec s;
   s.arch = "gemma3";
@@ -287,8 +303,8 @@ Spec gemma_spec(GgmlType t) {
 
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
-    for (bool gemma : {false, true}) {
-      Spec s = gemma ? gemma_spec(t) : Spec{};
+    for (const char* arch : {"llama", "gemma3", "qwen3"}) {
+      Spec s = std::string(arch) == "gemma3" ? gemma_spec(t) : std::string(arch) == "qwen3" ? qwen3_spec(t) : Spec{};
       s.wtype = t;
       const Model m = make_model(s);
       const auto ids = prompt(s, 12, 11);
