@@ -261,6 +261,23 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     p.policy = "fill" + cap_note;
     f = fill(P, cand, budgets, max_end, 0);
     place_leftover(f, cand, U);
+    // An entry passed over for a later one: say what a single unit would have cost there.
+    for (size_t k = 0; k < cand.size(); k++) {
+      const size_t d = cand[k];
+      auto later = std::find_if(f.blocks.begin(), f.blocks.end(), [&](const Block& b) {
+        return std::find(cand.begin() + long(k) + 1, cand.end(), b.device) != cand.end();
+      });
+      const bool used = std::any_of(f.blocks.begin(), f.blocks.end(), [&](const Block& b) { return b.device == d; });
+      if (used || later == f.blocks.end() || later->begin >= max_end[d]) continue;
+      const uint64_t need = P.cost(d, later->begin, later->begin + 1);
+      p.notes.push_back(fmt::format("{} (entry {}) holds nothing: {} there would take {} (reserve {}, scratch {}), its "
+                                    "budget is {}", devices[d].label, d,
+                                    later->begin == 0 ? "the embedding and layer 0" : fmt::format("layer {}", later->begin),
+                                    format_bytes(need), format_bytes(P.reserve[d]),
+                                    format_bytes(P.scratch(d, later->begin + 1 > L) +
+                                                 (devices[d].is_gpu() && later->begin > 0 ? P.gpu_link : 0)),
+                                    format_bytes(devices[d].budget)));
+    }
   }
 
   // The blocks must tile units [0, U) in order: an internal invariant of every policy above.

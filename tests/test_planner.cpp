@@ -183,6 +183,31 @@ TEST_CASE("fill spills across two and three devices at exactly the right layer")
   }
 }
 
+TEST_CASE("an entry passed over is explained with what one layer would take there") {
+  const ModelShape s = toy(12, 10 * MiB, 3 * MiB, false, 4 * MiB);
+  PlanOptions o;
+  o.n_ctx = 256;
+  o.n_batch = 64;
+  const uint64_t first1 = stage_cost(s, o, gpu(0, 64 * MiB), 0, 0, 1, true, false);
+  // The GPU is one byte short of the embedding and layer 0 (with its reserve): all goes to the CPU.
+  const Plan p = plan(s, {gpu(first1 - 1, 64 * MiB), cpu(4 * GiB)}, o);
+  check_structure(p, s, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.stages[0].label == "cpu");
+  for (const auto& n : p.notes) UNSCOPED_INFO(n);
+  REQUIRE(p.notes.size() == 1);
+  CHECK_THAT(p.notes[0], Catch::Contains("cuda (entry 0) holds nothing: the embedding and layer 0 there would take " +
+                                         format_bytes(first1) + " (reserve 64.0 MiB"));
+  // With one byte more it takes them, and no note; an unneeded entry at the end gets none either.
+  const Plan q = plan(s, {gpu(first1, 64 * MiB), cpu(4 * GiB), cpu(4 * GiB)}, o);
+  CHECK(q.stages[0].label == "cuda");
+  CHECK(q.notes.empty());
+  const Plan r = plan(s, {cpu(4 * GiB), gpu(1 * GiB)}, o);
+  CHECK(r.stages.size() == 1);
+  CHECK(r.notes.empty());
+}
+
 TEST_CASE("layers spill to the CPU, and --no-cpu-spill refuses instead") {
   const ModelShape s = shape_from_preset(find_preset("llama3-8b"), GgmlType::Q4_K);
   PlanOptions o;
