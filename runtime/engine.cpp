@@ -160,6 +160,7 @@ void Engine::finish(Active& a, FinishReason why) {
 
 // One sampled token: stop conditions, streaming, and whether it can be evaluated next.
 void Engine::accept(Active& a, int32_t t) {
+  if (a.req.max_tokens == 0) return finish(a, FinishReason::Length);  // the prompt only, as llama.cpp's -n 0
   if (a.res.tokens.empty() && !vocab_.is_eog(t)) a.t_first = Clock::now();
   if (vocab_.is_eog(t)) return finish(a, FinishReason::Stop);
   a.res.tokens.push_back(t);

@@ -383,6 +383,26 @@ TEST_CASE("context: too long a prompt is rejected, the context end finishes with
   CHECK(!res[2].error.empty());
 }
 
+TEST_CASE("max_tokens 0 evaluates the prompt and generates nothing") {
+  ToyPipeline p(64, 2, -100.0f);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  Request r;
+  r.sampling.temperature = 0;
+  r.prompt.assign(9, 4);
+  r.max_tokens = 0;
+  std::string streamed;
+  r.on_text = [&](std::string_view s) { streamed += s; };
+  Result res = e.generate(r);
+  CHECK(res.error.empty());
+  CHECK(res.finish == FinishReason::Length);
+  CHECK(res.completion_tokens() == 0);
+  CHECK(res.text.empty());
+  CHECK(streamed.empty());
+  CHECK(res.prompt_evaluated == 9);
+  CHECK(p.seq_len(0) == 9);  // the prompt is in the cache, no generated token after it
+}
+
 TEST_CASE("cancel stops the compute and keeps the partial reply") {
   ToyPipeline p(4096, 1, -100.0f);
   ToyVocab vocab;
