@@ -9,7 +9,7 @@
 
 int main(int argc, char** argv) {
   using namespace baton;
-  CLI::App app{"baton: run quantized LLMs (GGUF) on CPUs and GPUs, split into pipeline stages"};
+  CLI::App app{"baton: run quantized LLMs (GGUF) on CPUs and GPUs, split into pipeline stages", "baton"};
   app.set_version_flag("--version", "baton 0.1.0");
   app.require_subcommand(1);
   auto& cmds = cli::registry();
@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     auto fn = c.setup(*sub);
     sub->callback([&run, fn] { run = fn; });
+  }
+  if (argc == 1) {  // bare `baton`: the overview of the commands rather than a one-line complaint
+    std::fputs(app.help().c_str(), stdout);
+    return 1;
   }
   try {
     app.parse(argc, argv);

@@ -18,10 +18,13 @@ struct RunOpts {
   SamplingFlags sampling;
   std::string prompt, file;
   bool raw = false, json = false;
+  const CLI::Option *prompt_opt = nullptr, *file_opt = nullptr;  // given at all (-p '' is an empty prompt)
 };
 
 int run(const RunOpts& o) {
-  if (o.prompt.empty() == o.file.empty()) fail(ErrorKind::Usage, "give the prompt with -p TEXT (or -p - for stdin) or -f FILE");
+  const bool has_p = o.prompt_opt->count() > 0, has_f = o.file_opt->count() > 0;
+  if (has_p && has_f) fail(ErrorKind::Usage, "give the prompt with -p or with -f, not both");
+  if (!has_p && !has_f) fail(ErrorKind::Usage, "give the prompt with -p TEXT (or -p - for stdin) or -f FILE");
   std::string prompt = !o.file.empty() ? read_text(o.file) : o.prompt == "-" ? read_text("-") : o.prompt;
   if (!o.file.empty() || o.prompt == "-")
     while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
@@ -86,8 +89,8 @@ Register reg{{"run", "Answer one prompt (streams to stdout; never interactive)",
   auto o = std::make_shared<RunOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
-  app.add_option("-p,--prompt", o->prompt, "the prompt ('-' reads it from stdin)");
-  app.add_option("-f,--file", o->file, "read the prompt from a file");
+  o->prompt_opt = app.add_option("-p,--prompt", o->prompt, "the prompt ('-' reads it from stdin)");
+  o->file_opt = app.add_option("-f,--file", o->file, "read the prompt from a file");
   app.add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
   app.add_flag("--json", o->json, "print one JSON object (text, tokens, finish_reason, timings) instead of streaming");
   return [o] { return run(*o); };

@@ -110,6 +110,10 @@ TEST_CASE("run --json prints one object with the documented fields") {
 }
 
 TEST_CASE("exit codes: usage 1, model 2") {
+  Out bare = run_baton("");  // no subcommand: the list of them, as a usage error
+  CHECK(bare.code == 1);
+  CHECK(bare.out.find("Subcommands:") != std::string::npos);
+  CHECK(bare.out.find("Answer one prompt") != std::string::npos);
   std::string m = smollm2();
   if (m.empty()) return;
   CHECK(run_baton("run -m " + m + " -p hi --no-such-flag").code == 1);
