@@ -355,13 +355,17 @@ TEST_CASE("packed: a column's bits do not depend on the column count, the thread
         matmul(p.W, x.data() + size_t(j) * size_t(cols), 1, one.data(), p1);
         CHECK(std::memcmp(one.data(), all.data() + size_t(j) * size_t(rows), one.size() * 4) == 0);
       }
-      // The SIMD tiles perform the portable kernel's operations in the same order: same bits.
-      if (detected_isa() == Isa::Avx512) {
-        set_isa_limit(Isa::Scalar);
-        matmul(p.W, x.data(), n, other.data(), p3);
-        set_isa_limit(Isa::Avx512);
+      // The SIMD tiles (AVX-512's, AVX2's where it has them) perform the portable kernel's
+      // operations in the same order: same bits.
+      set_isa_limit(Isa::Scalar);
+      matmul(p.W, x.data(), n, other.data(), p3);
+      for (Isa isa : isa_levels()) {
+        INFO("isa " << isa_name(isa));
+        set_isa_limit(isa);
+        matmul(p.W, x.data(), n, all.data(), p3);
         CHECK(std::memcmp(all.data(), other.data(), all.size() * 4) == 0);
       }
+      set_isa_limit(Isa::Avx512);
     }
   }
 }

@@ -3,7 +3,9 @@
 // when the CPU reports AVX2, FMA and F16C (see detected_isa()).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/qkernels.h"
 
@@ -25,8 +27,259 @@ struct O {
 
 #include "kernels/cpu/dot_simd.inc"
 
+namespace {
+
+// Rows 0..n-1 (n ≤ 8) of each column's 8-lane result.
+template <int NC>
+void store_half(const __m256* acc, float* y, size_t ys, int n) {
+  for (int c = 0; c < NC; c++) {
+    float* out = y + size_t(c) * ys;
+    if (n == 8) {
+      _mm256_storeu_ps(out, acc[c]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[c]);
+      std::memcpy(out, tmp, size_t(n) * sizeof(float));
+    }
+  }
+}
+
+// ---- packed (row-interleaved) tiles, see packed.h ----
+// An 8-lane vector holds half of a tile's 16 rows (bytes 0..31 of a 64-byte line are rows 0..7,
+// bytes 32..63 rows 8..15). Per output the arithmetic is the AVX-512 kernel's and the portable
+// one's: per block an exact integer sum (here pmaddubsw pairs added in 16 bits, then pmaddwd;
+// nothing saturates: u ≤ 31 against |q| ≤ 127), then f = float(s)·dx and acc = fma(f, d_r, acc)
+// (Q4_1: acc = fma(m_r, dx·Σq, acc)), blocks in order: the same bits. Q8_0 moves each weight's sign
+// onto the activation byte (psignb), so |w| ≤ 128 against |q| ≤ 127 fits as well and the sum
+// needs no offset. 16 ymm registers hold up to 4 columns × 2 halves of sums and accumulators, so
+// wider calls run in passes of 4 columns (the tiles come back from L1/L2) and 3-4 columns one
+// half at a time.
+template <GgmlType T>
+struct Packed2 {
+  static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
+  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
+  static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;  // Q8_0: signs, no offset
+  static constexpr int64_t kAhead = 8;  // tiles prefetched ahead when a tile takes long (4 columns)
+
+  static __m256i bcast(const int8_t* q) {
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+  }
+  // Bit i of m as byte i: 0x10 where set (Q5_0's fifth bit), 0 elsewhere.
+  static __m256i fifth_bits(uint32_t m) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(m)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  }
+
+  // Columns 0..NC-1 of halves H0..H0+NH-1 of one group; rows: the group's valid rows (1..16).
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* t = tiles + size_t(b) * kTile;
+      if (NC >= 4 && H0 == 0)
+        for (size_t l = 0; l < kTile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + l), _MM_HINT_T0);
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + b;
+      for (int h = 0; h < NH; h++) {
+        const uint8_t* qs = t + kQs + 32 * (H0 + h);
+        __m256i s[NC];
+        for (int c = 0; c < NC; c++) s[c] = kOff ? _mm256_set1_epi32(-kOff * x[c]->sum) : _mm256_setzero_si256();
+        if constexpr (T == GgmlType::Q8_0) {
+          for (int k = 0; k < 8; k++) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * k));
+            const __m256i u = _mm256_sign_epi8(w, w);  // |w| (-128 reads as 128 unsigned)
+            for (int c = 0; c < NC; c++)
+              s[c] = _mm256_add_epi32(
+                  s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(bcast(x[c]->q + 4 * k), w)), ones));
+          }
+        } else {
+          for (int k = 0; k < 4; k++) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * k));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if constexpr (T == GgmlType::Q5_0) {
+              uint64_t mlo, mhi;
+              std::memcpy(&mlo, t + 32 + 16 * k, 8);
+              std::memcpy(&mhi, t + 40 + 16 * k, 8);
+              lo = _mm256_or_si256(lo, fifth_bits(uint32_t(mlo >> (32 * (H0 + h)))));
+              hi = _mm256_or_si256(hi, fifth_bits(uint32_t(mhi >> (32 * (H0 + h)))));
+            }
+            for (int c = 0; c < NC; c++) {
+              const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast(x[c]->q + 4 * k)),
+                                                     _mm256_maddubs_epi16(hi, bcast(x[c]->q + 16 + 4 * k)));
+              s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(pairs, ones));
+            }
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
+        for (int c = 0; c < NC; c++) {
+          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(x[c]->d));
+          acc[h][c] = _mm256_fmadd_ps(f, dw, acc[h][c]);
+        }
+        if constexpr (T == GgmlType::Q4_1) {
+          const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h))));
+          for (int c = 0; c < NC; c++) acc[h][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x[c]->ds), acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
+      store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
+  }
+
+  template <int NC>
+  static void columns(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    if (NC <= 2 && rows > 8) return run<NC, 0, 2>(nb, tiles, a, as, y, ys, rows);
+    run<NC, 0, 1>(nb, tiles, a, as, y, ys, rows);
+    if (rows > 8) run<NC, 1, 1>(nb, tiles, a, as, y, ys, rows);
+  }
+
+  static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                      int rows) {
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+      const uint8_t* ac = a + size_t(c0) * as;
+      float* yc = y + size_t(c0) * ys;
+      switch (std::min(4, nc - c0)) {
+        case 1: columns<1>(nb, tiles, ac, as, yc, ys, rows); break;
+        case 2: columns<2>(nb, tiles, ac, as, yc, ys, rows); break;
+        case 3: columns<3>(nb, tiles, ac, as, yc, ys, rows); break;
+        default: columns<4>(nb, tiles, ac, as, yc, ys, rows); break;
+      }
+    }
+  }
+};
+
+// Q4_K, Q5_K (tile layout in packed.h and at PackedK4 in dot_avx512.cpp), one half of the rows at a
+// time, up to 4 columns per pass. Per output the AVX-512 kernel's operations: per 32-element block
+// B an exact s = Σ u·q, then acc = fma(float(s)·dx, d·sc_B, acc) and acc = fma(−dmin·mn_B, dx·Σq,
+// acc), blocks in order. The 16 row-scale vectors of a half go through the stack: 16 registers
+// would leave none for the sums.
+template <GgmlType T>
+struct PackedK42 {
+  static constexpr bool kFive = T == GgmlType::Q5_K;
+  static constexpr size_t kTile = kFive ? 16 * sizeof(BlockQ5_K) : 16 * sizeof(BlockQ4_K);
+  static constexpr size_t kQh = 256, kQs = kFive ? 768 : 256;
+
+  static __m256i bcast(const int8_t* q) {
+    int32_t v;
+    std::memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+  }
+  template <int I>
+  static __m256 byte_u(__m256i v) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * I), _mm256_set1_epi32(0xFF)));
+  }
+  // Unsigned quants of block b, line k, half h.
+  static __m256i quants(const uint8_t* t, int b, int k, int h) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i raw = load256(t + kQs + 64 * (8 * (b / 2) + k) + 32 * h);
+    __m256i u = b % 2 ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4) : _mm256_and_si256(raw, m4);
+    if constexpr (kFive) {
+      const __m256i bit = _mm256_set1_epi8(char(1 << b));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(load256(t + kQh + 64 * k + 32 * h), bit), bit);
+      u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    return u;
+  }
+
+  template <int NC, int H>
+  static void half(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    alignas(32) float dsc[8][8], nmn[8][8];
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+      const uint8_t* t = tiles + size_t(sb) * kTile;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * H)));
+      const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(),
+                                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * H))));
+      const __m256i v0 = load256(t + 64 + 32 * H), v1 = load256(t + 128 + 32 * H), v2 = load256(t + 192 + 32 * H);
+      const __m256i sc_a = _mm256_and_si256(v0, m6), mn_a = _mm256_and_si256(v1, m6);
+      const __m256i sc_b = _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), m30));
+      const __m256i mn_b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi32(v1, 2), m30));
+      _mm256_store_ps(dsc[0], _mm256_mul_ps(d, byte_u<0>(sc_a)));
+      _mm256_store_ps(dsc[1], _mm256_mul_ps(d, byte_u<1>(sc_a)));
+      _mm256_store_ps(dsc[2], _mm256_mul_ps(d, byte_u<2>(sc_a)));
+      _mm256_store_ps(dsc[3], _mm256_mul_ps(d, byte_u<3>(sc_a)));
+      _mm256_store_ps(dsc[4], _mm256_mul_ps(d, byte_u<0>(sc_b)));
+      _mm256_store_ps(dsc[5], _mm256_mul_ps(d, byte_u<1>(sc_b)));
+      _mm256_store_ps(dsc[6], _mm256_mul_ps(d, byte_u<2>(sc_b)));
+      _mm256_store_ps(dsc[7], _mm256_mul_ps(d, byte_u<3>(sc_b)));
+      _mm256_store_ps(nmn[0], _mm256_mul_ps(ndmin, byte_u<0>(mn_a)));
+      _mm256_store_ps(nmn[1], _mm256_mul_ps(ndmin, byte_u<1>(mn_a)));
+      _mm256_store_ps(nmn[2], _mm256_mul_ps(ndmin, byte_u<2>(mn_a)));
+      _mm256_store_ps(nmn[3], _mm256_mul_ps(ndmin, byte_u<3>(mn_a)));
+      _mm256_store_ps(nmn[4], _mm256_mul_ps(ndmin, byte_u<0>(mn_b)));
+      _mm256_store_ps(nmn[5], _mm256_mul_ps(ndmin, byte_u<1>(mn_b)));
+      _mm256_store_ps(nmn[6], _mm256_mul_ps(ndmin, byte_u<2>(mn_b)));
+      _mm256_store_ps(nmn[7], _mm256_mul_ps(ndmin, byte_u<3>(mn_b)));
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
+      for (int b = 0; b < 8; b++) {
+        __m256i s[NC];
+        for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k += 2) {  // two lines' pairs add in 16 bits: 4 × 31 × 127 < 2^15
+          const __m256i u0 = quants(t, b, k, H), u1 = quants(t, b, k + 1, H);
+          for (int c = 0; c < NC; c++) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(x[c][b].q + 4 * k)),
+                                                   _mm256_maddubs_epi16(u1, bcast(x[c][b].q + 4 * k + 4)));
+            s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        const __m256 ds = _mm256_load_ps(dsc[b]), nm = _mm256_load_ps(nmn[b]);
+        for (int c = 0; c < NC; c++) {
+          const ActQ8_32s& xb = x[c][b];
+          acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(xb.d)), ds, acc[c]);
+          acc[c] = _mm256_fmadd_ps(nm, _mm256_set1_ps(xb.ds), acc[c]);
+        }
+      }
+    }
+    store_half<NC>(acc, y + size_t(8 * H), ys, std::min(8, rows - 8 * H));
+  }
+
+  static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                      int rows) {
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+      const uint8_t* ac = a + size_t(c0) * as;
+      float* yc = y + size_t(c0) * ys;
+      auto go = [&](auto n) {
+        constexpr int N = decltype(n)::value;
+        half<N, 0>(nb, tiles, ac, as, yc, ys, rows);
+        if (rows > 8) half<N, 1>(nb, tiles, ac, as, yc, ys, rows);
+      };
+      switch (std::min(4, nc - c0)) {
+        case 1: go(std::integral_constant<int, 1>{}); break;
+        case 2: go(std::integral_constant<int, 2>{}); break;
+        case 3: go(std::integral_constant<int, 3>{}); break;
+        default: go(std::integral_constant<int, 4>{}); break;
+      }
+    }
+  }
+};
+
+KernelTable make_avx2_table() {
+  KernelTable t = make_simd_table();
+  t.packed[int(GgmlType::Q4_0)] = Packed2<GgmlType::Q4_0>::by_cols;
+  t.packed[int(GgmlType::Q4_1)] = Packed2<GgmlType::Q4_1>::by_cols;
+  t.packed[int(GgmlType::Q5_0)] = Packed2<GgmlType::Q5_0>::by_cols;
+  t.packed[int(GgmlType::Q8_0)] = Packed2<GgmlType::Q8_0>::by_cols;
+  t.packed[int(GgmlType::Q4_K)] = PackedK42<GgmlType::Q4_K>::by_cols;
+  t.packed[int(GgmlType::Q5_K)] = PackedK42<GgmlType::Q5_K>::by_cols;
+  return t;
+}
+
+}  // namespace
+
 const KernelTable& kernels_avx2() {
-  static const KernelTable t = make_simd_table();
+  static const KernelTable t = make_avx2_table();
   return t;
 }
 

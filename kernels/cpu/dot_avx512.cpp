@@ -548,22 +548,6 @@ void packed_by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t a
   }
 }
 
-void quant_q8_32s(const float* x, int64_t n, void* out) {
-  auto* o = static_cast<ActQ8_32s*>(out);
-  for (int64_t b = 0; b < n / 32; b++, x += 32) {
-    const float amax = amax_of(x, 32);
-    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-    __m256i s_lo, s_hi;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[b].q), quant32(x, _mm256_set1_ps(id), s_lo, s_hi));
-    const int32_t lo = hsum_i32(s_lo), hi = hsum_i32(s_hi), sum = lo + hi;
-    o[b].d = d;
-    o[b].sum = sum;
-    o[b].ds = d * float(sum);
-    o[b].sum16[0] = int16_t(lo);
-    o[b].sum16[1] = int16_t(hi);
-  }
-}
-
 KernelTable make_avx512_table() {
   KernelTable t = make_simd_table();
   t.quant[int(ActKind::Q8_32x4)] = quant_q8_32x4;
@@ -571,7 +555,6 @@ KernelTable make_avx512_table() {
   t.dot[int(GgmlType::Q4_0)] = by_columns<Q4x4<GgmlType::Q4_0>>;
   t.dot[int(GgmlType::Q4_1)] = by_columns<Q4x4<GgmlType::Q4_1>>;
   t.dot[int(GgmlType::Q8_0)] = by_columns<Q8x2>;
-  t.quant[int(ActKind::Q8_32s)] = quant_q8_32s;
   t.packed[int(GgmlType::Q4_0)] = Packed<GgmlType::Q4_0>::by_cols;
   t.packed[int(GgmlType::Q4_1)] = Packed<GgmlType::Q4_1>::by_cols;
   t.packed[int(GgmlType::Q5_0)] = Packed<GgmlType::Q5_0>::by_cols;

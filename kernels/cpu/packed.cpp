@@ -247,7 +247,13 @@ bool packing_enabled(GgmlType t) {
     const char* e = std::getenv("BATON_CPU_PACK");
     return e && std::strcmp(e, "0") == 0;
   }();
-  return !off && packable(t) && active_isa() == Isa::Avx512;
+  if (off || !packable(t)) return false;
+  switch (active_isa()) {
+    case Isa::Avx512: return true;
+    case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;  // the legacy types' tiles
+    case Isa::Scalar: break;
+  }
+  return false;
 }
 
 size_t packed_group_bytes(GgmlType t, int64_t cols) {
