@@ -159,7 +159,7 @@ struct Packed2 {
 // time, up to 4 columns per pass. Per output the AVX-512 kernel's operations: per 32-element block
 // B an exact s = Σ u·q, then acc = fma(float(s)·dx, d·sc_B, acc) and acc = fma(−dmin·mn_B, dx·Σq,
 // acc), blocks in order. The 16 row-scale vectors of a half go through the stack: 16 registers
-// would leave none for the sums.
+// would leave none for the sums. 1-2 columns take both halves per pass (one read of each tile).
 template <GgmlType T>
 struct PackedK42 {
   static constexpr bool kFive = T == GgmlType::Q5_K;
@@ -188,61 +188,71 @@ struct PackedK42 {
     return u;
   }
 
-  template <int NC, int H>
-  static void half(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
-    __m256 acc[NC];
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  // The 16 row-scale vectors of half h of tile t, into dsc/nmn.
+  static void row_scales(const uint8_t* t, int h, float (*dsc)[8], float (*nmn)[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * h)));
+    const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(),
+                                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * h))));
+    const __m256i v0 = load256(t + 64 + 32 * h), v1 = load256(t + 128 + 32 * h), v2 = load256(t + 192 + 32 * h);
+    const __m256i sc_a = _mm256_and_si256(v0, m6), mn_a = _mm256_and_si256(v1, m6);
+    const __m256i sc_b = _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), m30));
+    const __m256i mn_b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(v1, 2), m30));
+    _mm256_store_ps(dsc[0], _mm256_mul_ps(d, byte_u<0>(sc_a)));
+    _mm256_store_ps(dsc[1], _mm256_mul_ps(d, byte_u<1>(sc_a)));
+    _mm256_store_ps(dsc[2], _mm256_mul_ps(d, byte_u<2>(sc_a)));
+    _mm256_store_ps(dsc[3], _mm256_mul_ps(d, byte_u<3>(sc_a)));
+    _mm256_store_ps(dsc[4], _mm256_mul_ps(d, byte_u<0>(sc_b)));
+    _mm256_store_ps(dsc[5], _mm256_mul_ps(d, byte_u<1>(sc_b)));
+    _mm256_store_ps(dsc[6], _mm256_mul_ps(d, byte_u<2>(sc_b)));
+    _mm256_store_ps(dsc[7], _mm256_mul_ps(d, byte_u<3>(sc_b)));
+    _mm256_store_ps(nmn[0], _mm256_mul_ps(ndmin, byte_u<0>(mn_a)));
+    _mm256_store_ps(nmn[1], _mm256_mul_ps(ndmin, byte_u<1>(mn_a)));
+    _mm256_store_ps(nmn[2], _mm256_mul_ps(ndmin, byte_u<2>(mn_a)));
+    _mm256_store_ps(nmn[3], _mm256_mul_ps(ndmin, byte_u<3>(mn_a)));
+    _mm256_store_ps(nmn[4], _mm256_mul_ps(ndmin, byte_u<0>(mn_b)));
+    _mm256_store_ps(nmn[5], _mm256_mul_ps(ndmin, byte_u<1>(mn_b)));
+    _mm256_store_ps(nmn[6], _mm256_mul_ps(ndmin, byte_u<2>(mn_b)));
+    _mm256_store_ps(nmn[7], _mm256_mul_ps(ndmin, byte_u<3>(mn_b)));
+  }
+
+  // Columns 0..NC-1 of halves H0..H0+NH-1 (1 or 2 columns: both halves in one pass over the tiles).
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
-    alignas(32) float dsc[8][8], nmn[8][8];
+    alignas(32) float dsc[NH][8][8], nmn[NH][8][8];
     for (int64_t sb = 0; sb < nb / 8; sb++) {
       const uint8_t* t = tiles + size_t(sb) * kTile;
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * H)));
-      const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(),
-                                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * H))));
-      const __m256i v0 = load256(t + 64 + 32 * H), v1 = load256(t + 128 + 32 * H), v2 = load256(t + 192 + 32 * H);
-      const __m256i sc_a = _mm256_and_si256(v0, m6), mn_a = _mm256_and_si256(v1, m6);
-      const __m256i sc_b = _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), m30));
-      const __m256i mn_b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi32(v1, 2), m30));
-      _mm256_store_ps(dsc[0], _mm256_mul_ps(d, byte_u<0>(sc_a)));
-      _mm256_store_ps(dsc[1], _mm256_mul_ps(d, byte_u<1>(sc_a)));
-      _mm256_store_ps(dsc[2], _mm256_mul_ps(d, byte_u<2>(sc_a)));
-      _mm256_store_ps(dsc[3], _mm256_mul_ps(d, byte_u<3>(sc_a)));
-      _mm256_store_ps(dsc[4], _mm256_mul_ps(d, byte_u<0>(sc_b)));
-      _mm256_store_ps(dsc[5], _mm256_mul_ps(d, byte_u<1>(sc_b)));
-      _mm256_store_ps(dsc[6], _mm256_mul_ps(d, byte_u<2>(sc_b)));
-      _mm256_store_ps(dsc[7], _mm256_mul_ps(d, byte_u<3>(sc_b)));
-      _mm256_store_ps(nmn[0], _mm256_mul_ps(ndmin, byte_u<0>(mn_a)));
-      _mm256_store_ps(nmn[1], _mm256_mul_ps(ndmin, byte_u<1>(mn_a)));
-      _mm256_store_ps(nmn[2], _mm256_mul_ps(ndmin, byte_u<2>(mn_a)));
-      _mm256_store_ps(nmn[3], _mm256_mul_ps(ndmin, byte_u<3>(mn_a)));
-      _mm256_store_ps(nmn[4], _mm256_mul_ps(ndmin, byte_u<0>(mn_b)));
-      _mm256_store_ps(nmn[5], _mm256_mul_ps(ndmin, byte_u<1>(mn_b)));
-      _mm256_store_ps(nmn[6], _mm256_mul_ps(ndmin, byte_u<2>(mn_b)));
-      _mm256_store_ps(nmn[7], _mm256_mul_ps(ndmin, byte_u<3>(mn_b)));
+      for (int h = 0; h < NH; h++) row_scales(t, H0 + h, dsc[h], nmn[h]);
       const ActQ8_32s* x[NC];
       for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
       for (int b = 0; b < 8; b++) {
-        __m256i s[NC];
-        for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
-        for (int k = 0; k < 8; k += 2) {  // two lines' pairs add in 16 bits: 4 × 31 × 127 < 2^15
-          const __m256i u0 = quants(t, b, k, H), u1 = quants(t, b, k + 1, H);
-          for (int c = 0; c < NC; c++) {
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(x[c][b].q + 4 * k)),
-                                                   _mm256_maddubs_epi16(u1, bcast(x[c][b].q + 4 * k + 4)));
-            s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(pairs, ones));
+        for (int h = 0; h < NH; h++) {
+          __m256i s[NC];
+          for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+          for (int k = 0; k < 8; k += 2) {  // two lines' pairs add in 16 bits: 4 × 31 × 127 < 2^15
+            const __m256i u0 = quants(t, b, k, H0 + h), u1 = quants(t, b, k + 1, H0 + h);
+            for (int c = 0; c < NC; c++) {
+              const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(x[c][b].q + 4 * k)),
+                                                     _mm256_maddubs_epi16(u1, bcast(x[c][b].q + 4 * k + 4)));
+              s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(pairs, ones));
+            }
           }
-        }
-        const __m256 ds = _mm256_load_ps(dsc[b]), nm = _mm256_load_ps(nmn[b]);
-        for (int c = 0; c < NC; c++) {
-          const ActQ8_32s& xb = x[c][b];
-          acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(xb.d)), ds, acc[c]);
-          acc[c] = _mm256_fmadd_ps(nm, _mm256_set1_ps(xb.ds), acc[c]);
+          const __m256 ds = _mm256_load_ps(dsc[h][b]), nm = _mm256_load_ps(nmn[h][b]);
+          for (int c = 0; c < NC; c++) {
+            const ActQ8_32s& xb = x[c][b];
+            acc[h][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(xb.d)), ds, acc[h][c]);
+            acc[h][c] = _mm256_fmadd_ps(nm, _mm256_set1_ps(xb.ds), acc[h][c]);
+          }
         }
       }
     }
-    store_half<NC>(acc, y + size_t(8 * H), ys, std::min(8, rows - 8 * H));
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
+      store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
   }
 
   static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
@@ -252,8 +262,9 @@ struct PackedK42 {
       float* yc = y + size_t(c0) * ys;
       auto go = [&](auto n) {
         constexpr int N = decltype(n)::value;
-        half<N, 0>(nb, tiles, ac, as, yc, ys, rows);
-        if (rows > 8) half<N, 1>(nb, tiles, ac, as, yc, ys, rows);
+        if (N <= 2 && rows > 8) return run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
+        run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
+        if (rows > 8) run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
       };
       switch (std::min(4, nc - c0)) {
         case 1: go(std::integral_constant<int, 1>{}); break;
