@@ -272,7 +272,9 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
       const uint64_t need = P.cost(d, later->begin, later->begin + 1);
       p.notes.push_back(fmt::format("{} (entry {}) holds nothing: {} there would take {} (reserve {}, scratch {}), its "
                                     "budget is {}", devices[d].label, d,
-                                    later->begin == 0 ? "the embedding and layer 0" : fmt::format("layer {}", later->begin),
+                                    later->begin == 0   ? std::string("the embedding and layer 0")
+                                    : later->begin == L ? std::string("the output head")
+                                                        : fmt::format("layer {}", later->begin),
                                     format_bytes(need), format_bytes(P.reserve[d]),
                                     format_bytes(P.scratch(d, later->begin + 1 > L) +
                                                  (devices[d].is_gpu() && later->begin > 0 ? P.gpu_link : 0)),

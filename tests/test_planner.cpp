@@ -206,6 +206,14 @@ TEST_CASE("an entry passed over is explained with what one layer would take ther
   const Plan r = plan(s, {cpu(4 * GiB), gpu(1 * GiB)}, o);
   CHECK(r.stages.size() == 1);
   CHECK(r.notes.empty());
+  // Every layer fits the first entry, the head neither it nor the second: the note names the head.
+  const uint64_t layers = stage_cost(s, o, gpu(0), 0, 0, 12, true, false);
+  const Plan h = plan(s, {gpu(layers), gpu(1 * MiB), gpu(1 * GiB)}, o);
+  check_structure(h, s, o);
+  REQUIRE(h.stages.size() == 2);
+  CHECK(h.stages[1].device == 2);
+  REQUIRE(h.notes.size() == 1);
+  CHECK_THAT(h.notes[0], Catch::Contains("cuda (entry 1) holds nothing: the output head there would take"));
 }
 
 TEST_CASE("layers spill to the CPU, and --no-cpu-spill refuses instead") {
