@@ -29,6 +29,13 @@ struct O {
 
 namespace {
 
+// Four activation bytes broadcast to every 32-bit lane.
+__m256i bcast(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return _mm256_set1_epi32(v);
+}
+
 // Rows 0..n-1 (n ≤ 8) of each column's 8-lane result.
 template <int NC>
 void store_half(const __m256* acc, float* y, size_t ys, int n) {
@@ -51,9 +58,7 @@ void store_half(const __m256* acc, float* y, size_t ys, int n) {
 // nothing saturates: u ≤ 31 against |q| ≤ 127), then f = float(s)·dx and acc = fma(f, d_r, acc)
 // (Q4_1: acc = fma(m_r, dx·Σq, acc)), blocks in order: the same bits. Q8_0 moves each weight's sign
 // onto the activation byte (psignb), so |w| ≤ 128 against |q| ≤ 127 fits as well and the sum
-// needs no offset. 16 ymm registers hold up to 4 columns × 2 halves of sums and accumulators, so
-// wider calls run in passes of 4 columns (the tiles come back from L1/L2) and 3-4 columns one
-// half at a time.
+// needs no offset. Column passes and halves: tile_passes.
 template <GgmlType T>
 struct Packed2 {
   static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
@@ -61,11 +66,6 @@ struct Packed2 {
   static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;  // Q8_0: signs, no offset
   static constexpr int64_t kAhead = 8;  // tiles prefetched ahead when a tile takes long (4 columns)
 
-  static __m256i bcast(const int8_t* q) {
-    int32_t v;
-    std::memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
-  }
   // Bit i of m as byte i: 0x10 where set (Q5_0's fifth bit), 0 elsewhere.
   static __m256i fifth_bits(uint32_t m) {
     const __m256i spread = _mm256_shuffle_epi8(
@@ -132,45 +132,19 @@ struct Packed2 {
     for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
       store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
   }
-
-  template <int NC>
-  static void columns(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
-    if (NC <= 2 && rows > 8) return run<NC, 0, 2>(nb, tiles, a, as, y, ys, rows);
-    run<NC, 0, 1>(nb, tiles, a, as, y, ys, rows);
-    if (rows > 8) run<NC, 1, 1>(nb, tiles, a, as, y, ys, rows);
-  }
-
-  static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
-                      int rows) {
-    for (int c0 = 0; c0 < nc; c0 += 4) {
-      const uint8_t* ac = a + size_t(c0) * as;
-      float* yc = y + size_t(c0) * ys;
-      switch (std::min(4, nc - c0)) {
-        case 1: columns<1>(nb, tiles, ac, as, yc, ys, rows); break;
-        case 2: columns<2>(nb, tiles, ac, as, yc, ys, rows); break;
-        case 3: columns<3>(nb, tiles, ac, as, yc, ys, rows); break;
-        default: columns<4>(nb, tiles, ac, as, yc, ys, rows); break;
-      }
-    }
-  }
 };
 
 // Q4_K, Q5_K (tile layout in packed.h and at PackedK4 in dot_avx512.cpp), one half of the rows at a
 // time, up to 4 columns per pass. Per output the AVX-512 kernel's operations: per 32-element block
 // B an exact s = Σ u·q, then acc = fma(float(s)·dx, d·sc_B, acc) and acc = fma(−dmin·mn_B, dx·Σq,
 // acc), blocks in order. The 16 row-scale vectors of a half go through the stack: 16 registers
-// would leave none for the sums. 1-2 columns take both halves per pass (one read of each tile).
+// would leave none for the sums.
 template <GgmlType T>
 struct PackedK42 {
   static constexpr bool kFive = T == GgmlType::Q5_K;
   static constexpr size_t kTile = kFive ? 16 * sizeof(BlockQ5_K) : 16 * sizeof(BlockQ4_K);
   static constexpr size_t kQh = 256, kQs = kFive ? 768 : 256;
 
-  static __m256i bcast(const int8_t* q) {
-    int32_t v;
-    std::memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
-  }
   template <int I>
   static __m256 byte_u(__m256i v) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * I), _mm256_set1_epi32(0xFF)));
@@ -254,36 +228,40 @@ struct PackedK42 {
     for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
       store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
   }
+};
 
-  static void by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
-                      int rows) {
-    for (int c0 = 0; c0 < nc; c0 += 4) {
-      const uint8_t* ac = a + size_t(c0) * as;
-      float* yc = y + size_t(c0) * ys;
-      auto go = [&](auto n) {
-        constexpr int N = decltype(n)::value;
-        if (N <= 2 && rows > 8) return run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
-        run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
-        if (rows > 8) run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
-      };
-      switch (std::min(4, nc - c0)) {
-        case 1: go(std::integral_constant<int, 1>{}); break;
-        case 2: go(std::integral_constant<int, 2>{}); break;
-        case 3: go(std::integral_constant<int, 3>{}); break;
-        default: go(std::integral_constant<int, 4>{}); break;
-      }
+// A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
+// count: passes of up to 4 columns; 1-2 columns take both halves per pass (one read of each tile),
+// 3-4 one half at a time (their sums and accumulators fill the 16 ymm registers); the tiles of a
+// second pass or half come back from L1/L2.
+template <class K>
+void tile_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys, int rows) {
+  for (int c0 = 0; c0 < nc; c0 += 4) {
+    const uint8_t* ac = a + size_t(c0) * as;
+    float* yc = y + size_t(c0) * ys;
+    auto go = [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if (N <= 2 && rows > 8) return K::template run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
+      K::template run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
+      if (rows > 8) K::template run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
+    };
+    switch (std::min(4, nc - c0)) {
+      case 1: go(std::integral_constant<int, 1>{}); break;
+      case 2: go(std::integral_constant<int, 2>{}); break;
+      case 3: go(std::integral_constant<int, 3>{}); break;
+      default: go(std::integral_constant<int, 4>{}); break;
     }
   }
-};
+}
 
 KernelTable make_avx2_table() {
   KernelTable t = make_simd_table();
-  t.packed[int(GgmlType::Q4_0)] = Packed2<GgmlType::Q4_0>::by_cols;
-  t.packed[int(GgmlType::Q4_1)] = Packed2<GgmlType::Q4_1>::by_cols;
-  t.packed[int(GgmlType::Q5_0)] = Packed2<GgmlType::Q5_0>::by_cols;
-  t.packed[int(GgmlType::Q8_0)] = Packed2<GgmlType::Q8_0>::by_cols;
-  t.packed[int(GgmlType::Q4_K)] = PackedK42<GgmlType::Q4_K>::by_cols;
-  t.packed[int(GgmlType::Q5_K)] = PackedK42<GgmlType::Q5_K>::by_cols;
+  t.packed[int(GgmlType::Q4_0)] = tile_passes<Packed2<GgmlType::Q4_0>>;
+  t.packed[int(GgmlType::Q4_1)] = tile_passes<Packed2<GgmlType::Q4_1>>;
+  t.packed[int(GgmlType::Q5_0)] = tile_passes<Packed2<GgmlType::Q5_0>>;
+  t.packed[int(GgmlType::Q8_0)] = tile_passes<Packed2<GgmlType::Q8_0>>;
+  t.packed[int(GgmlType::Q4_K)] = tile_passes<PackedK42<GgmlType::Q4_K>>;
+  t.packed[int(GgmlType::Q5_K)] = tile_passes<PackedK42<GgmlType::Q5_K>>;
   return t;
 }
 
