@@ -99,12 +99,14 @@ std::map<std::string, nlohmann::json> batch_results(const std::string& path) {
   return m;
 }
 
-std::string write_prompts(int n) {
+// first_max_tokens > 0: the first request stops after that many tokens (its own max_tokens).
+std::string write_prompts(int n, int first_max_tokens = 0) {
   const std::string p = test::temp_dir() + "/prompts.jsonl";
   std::ofstream f(p);
   for (int i = 0; i < n; ++i) {
     nlohmann::json j{{"id", i}, {"prompt", "Once upon a time number " + std::to_string(i) + ", there lived"},
                      {"seed", 100 + i}};
+    if (i == 0 && first_max_tokens > 0) j["max_tokens"] = first_max_tokens;
     // Greedy: its rows come back as argmax ids; top_k 40 (the default): as candidates (kTopK);
     // top_k off: as full rows. All three mixed in one micro-batch.
     if (i % 3 == 0) j["temperature"] = 0;
@@ -151,7 +153,7 @@ Ended break_a_rank(int rank, int signal, const std::string& env, const std::stri
   const std::string dir = test::temp_dir();
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(rank);
   const std::string cmd = "BATON_TEST_JOB=" + tag + " " + env + " " + mpirun(3) + kBaton + " batch -m " + tiny() +
-                          " --raw -t 1 --temp 0 -n 400 --ctx 512 --parallel 4 -i " + write_prompts(400) + " -o " + dir +
+                          " --raw -t 1 --temp 0 -n 400 --ctx 512 --parallel 4 -i " + write_prompts(400, 4) + " -o " + dir +
                           "/out.jsonl --distributed " + devices + " >" + dir + "/stdout 2>" + dir + "/stderr";
   const pid_t child = fork();
   REQUIRE(child >= 0);
@@ -175,8 +177,9 @@ Ended break_a_rank(int rank, int signal, const std::string& env, const std::stri
       waitpid(job, &st, 0);
     }
   } reaper{child, tag};
-  // Mid-run: the first request has finished and the ranks are still working. (Under ASan on a
-  // loaded 2-core machine three ranks took 60 s to get there once; a healthy run takes seconds.)
+  // Mid-run: the first request (4 tokens) has finished and the ranks are still working on the
+  // others (400 tokens each). (Under ASan on a loaded 2-core machine three ranks once took 60 s
+  // to get there when the first request was as long as the others; a healthy run takes seconds.)
   const auto t_start = Clock::now();
   while (!std::filesystem::exists(dir + "/out.jsonl") || std::filesystem::file_size(dir + "/out.jsonl") == 0) {
     REQUIRE(Clock::now() - t_start < std::chrono::seconds(180));
