@@ -305,9 +305,9 @@ class Chat {
       std::fprintf(stderr, "[context full (%d tokens): %s]\n", res.n_ctx,
                    o_.on_context_full == "stop" ? "/reset to start over" : "the oldest exchanges go next turn");
     if (show_stats_)
-      std::fprintf(stderr, "[prompt %d tokens (%d new), %.1f tok/s | %d tokens, %.1f tok/s | ttft %.0f ms | context %d/%d | seed %llu]\n",
-                   res.prompt_tokens, res.prompt_evaluated, res.prompt_tps(), res.completion_tokens(), res.gen_tps(),
-                   res.ttft_ms, res.ctx_used, res.n_ctx, static_cast<unsigned long long>(res.seed));
+      std::fprintf(stderr, "[%s | context %d/%d | seed %llu]\n",
+                   speed_stats(res, fmt::format(" ({} new)", res.prompt_evaluated)).c_str(),
+                   res.ctx_used, res.n_ctx, static_cast<unsigned long long>(res.seed));
     if (!tty_) std::printf("\n");  // scripts split answers on the blank line
     std::fflush(stdout);
   }

@@ -201,6 +201,17 @@ void install_interrupt_handler() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+std::string count_of(int n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
+
+std::string speed_stats(const Result& r, const std::string& prompt_note) {
+  const std::string prompt =
+      fmt::format("prompt {}{}, {:.1f} tok/s", count_of(r.prompt_tokens, "token"), prompt_note, r.prompt_tps());
+  if (r.completion_tokens() == 0) return prompt + " | generated nothing";
+  const std::string speed = r.completion_tokens() > 1 ? fmt::format(", {:.1f} tok/s", r.gen_tps()) : "";
+  return prompt + fmt::format(" | generated {}{} | ttft {:.0f} ms", count_of(r.completion_tokens(), "token"), speed,
+                              r.ttft_ms);
+}
+
 std::string read_text(const std::string& path) {
   std::ostringstream s;
   if (path == "-") {

@@ -96,4 +96,11 @@ bool stdin_is_tty();
 // Whole file (or stdin for "-") as text; Error(Usage) when it cannot be read.
 std::string read_text(const std::string& path);
 
+// "1 token" / "3 tokens".
+std::string count_of(int n, const char* noun);
+// The speed part of run's and chat's stats line: "prompt N tokens<note>, X tok/s | generated M tokens,
+// Y tok/s | ttft Z ms" (a speed for 2 tokens or more: it counts the ones after the first), or
+// "... | generated nothing" when no token was generated.
+std::string speed_stats(const Result& r, const std::string& prompt_note = "");
+
 }  // namespace baton::cli

@@ -75,8 +75,7 @@ int run(const RunOpts& o) {
   std::fflush(stdout);
   if (r.finish == FinishReason::Context)
     std::fprintf(stderr, "[stopped: the context is full (%d tokens); use a larger --ctx]\n", r.n_ctx);
-  std::fprintf(stderr, "load %.0f ms | prompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | ttft %.0f ms | seed %llu\n",
-               m.load_ms, r.prompt_tokens, r.prompt_tps(), r.completion_tokens(), r.gen_tps(), r.ttft_ms,
+  std::fprintf(stderr, "load %.0f ms | %s | seed %llu\n", m.load_ms, speed_stats(r).c_str(),
                static_cast<unsigned long long>(r.seed));
   if (r.finish == FinishReason::Cancelled) {
     std::fprintf(stderr, "[interrupted]\n");

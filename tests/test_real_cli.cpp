@@ -87,6 +87,23 @@ TEST_CASE("run answers a question, streams it, and reports speed and seed") {
   CHECK(s.out == o.out);
 }
 
+TEST_CASE("run's stats line counts what was generated: nothing, one token, several") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out none = run_baton("run -m " + m + " -p 'Hi' --temp 0 -n 0 -t 2");
+  INFO(none.err);
+  CHECK(none.code == 0);
+  CHECK(none.out == "\n");
+  CHECK(none.err.find("| generated nothing |") != std::string::npos);
+  CHECK(none.err.find("ttft") == std::string::npos);
+  Out one = run_baton("run -m " + m + " -p 'Hi' --temp 0 -n 1 -t 2");
+  INFO(one.err);
+  CHECK(one.err.find("| generated 1 token | ttft") != std::string::npos);
+  Out three = run_baton("run -m " + m + " -p 'Hi' --temp 0 -n 3 -t 2");
+  INFO(three.err);
+  CHECK(three.err.find("| generated 3 tokens, ") != std::string::npos);
+}
+
 TEST_CASE("run --json prints one object with the documented fields") {
   std::string m = smollm2();
   if (m.empty()) return;
