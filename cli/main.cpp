@@ -2,6 +2,8 @@
 // 2 model/file error, 3 out of memory / does not fit, 130 interrupted.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "cli/command.h"
 #include "cli/distributed.h"
@@ -24,8 +26,13 @@ int main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 1;
   }
+  // llama.cpp's -ngl N: CLI11 takes one-dash names of one letter only (it would read "-n gl").
+  std::vector<char*> args(argv, argv + argc);
+  static char ngl_long[] = "--n-gpu-layers";
+  for (auto& a : args)
+    if (std::strcmp(a, "-ngl") == 0) a = ngl_long;
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 1;
   }

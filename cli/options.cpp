@@ -29,7 +29,10 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--ctx", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
-  app.add_option("--devices", f.devices, "devices to place layers on, e.g. cpu or cuda:0,cpu");
+  app.add_option("--devices", f.devices,
+                 "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
+                 "cuda:0,cpu, cuda:0=20GiB,cpu")
+      ->capture_default_str();
   app.add_option("--threads-per-stage", f.threads_per_stage,
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
@@ -40,11 +43,20 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", f.no_cuda_graphs,
                "GPU stages: launch every op every step instead of replaying decode steps captured in CUDA graphs");
+  add_placement_flags(app, f.placement);
+  app.add_flag("--verbose", f.verbose, "print loading and placement details");
+  add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
+}
+
+void add_placement_flags(CLI::App& app, PlacementFlags& f) {
   app.add_option("--tensor-split", f.tensor_split,
                  "layer proportions per device entry, e.g. 3,1 (default: fill devices in order; several CPU "
                  "entries or ranks: equal work per stage)");
-  app.add_flag("--verbose", f.verbose, "print loading and placement details");
-  add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
+  app.add_option("--n-gpu-layers,--gpu-layers", f.n_gpu_layers,
+                 "at most N layers on GPUs, the rest on the CPU (also -ngl N; default: as many as fit)");
+  app.add_flag("--no-cpu-spill", f.no_cpu_spill, "fail instead of putting layers on the CPU when GPUs are listed");
+  app.add_flag("--spread", f.spread, "use every GPU listed, in proportion to its memory, even when one would do");
+  app.add_option("--reserve", f.reserve, "extra memory margin per device entry: one SIZE for all, or one per entry");
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags) {
@@ -101,7 +113,7 @@ LoadOptions load_options(const ModelFlags& f, int n_seq) {
   lo.n_threads = f.threads;
   lo.devices = f.devices;
   lo.threads_per_stage = f.threads_per_stage;
-  lo.tensor_split = parse_tensor_split(f.tensor_split);
+  apply_placement(f.placement, lo);
   lo.p2p = f.p2p;
   lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;

@@ -11,21 +11,32 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "runtime/pipeline.h"
 #include "runtime/sampler.h"
 
 namespace baton::cli {
 
+// Where the layers go beyond --devices: the planner's overrides, the same flags for `baton plan`
+// and for the commands that load a model, so a plan printed is the plan run.
+struct PlacementFlags {
+  std::string tensor_split;  // --tensor-split 3,1: layer proportions per device entry ("" = the default cut)
+  std::string reserve;       // --reserve SIZE[,SIZE...]: extra margin per device entry
+  int n_gpu_layers = -1;     // --n-gpu-layers N (also -ngl N): at most N layers on GPUs; -1: no cap
+  bool no_cpu_spill = false;
+  bool spread = false;
+};
+
 struct ModelFlags {
   std::string model;
   int threads = 0;
   int ctx = 0;
   int batch = 512;
-  std::string devices = "cpu";
+  std::string devices = "auto";  // GPUs by free memory, then the CPU (runtime/devices.h)
   int threads_per_stage = 0;
   std::string kv_type = "f16";
-  std::string tensor_split;  // --tensor-split 3,1: layer proportions per stage ("" = the default cut)
+  PlacementFlags placement;
   std::string p2p = "auto";  // --p2p: how consecutive GPU stages hand over (auto, on, off)
   bool no_cuda_graphs = false;
   bool verbose = false;
@@ -35,6 +46,18 @@ void add_model_flags(CLI::App& app, ModelFlags& f);
 std::vector<std::string> split_commas(const std::string& s);
 // "3,1" → {3, 1}; a part that is not a number → Error(Usage) naming it.
 std::vector<double> parse_tensor_split(const std::string& s);
+void add_placement_flags(CLI::App& app, PlacementFlags& f);
+// The flags into the planner's options: a PlanOptions or a LoadOptions (the fields share names).
+template <class Options>
+void apply_placement(const PlacementFlags& f, Options& o) {
+  o.tensor_split = parse_tensor_split(f.tensor_split);
+  o.reserve.clear();
+  if (!f.reserve.empty())
+    for (const auto& x : split_commas(f.reserve)) o.reserve.push_back(parse_size(x, "--reserve"));
+  o.n_gpu_layers = f.n_gpu_layers;
+  o.no_cpu_spill = f.no_cpu_spill;
+  o.spread = f.spread;
+}
 
 struct SamplingFlags {
   SamplingParams params;

@@ -20,10 +20,10 @@ namespace baton::cli {
 namespace {
 
 struct PlanArgs {
-  std::string model, shape, type = "Q4_K", devices = "auto", kv_type = "f16", tensor_split, reserve;
+  std::string model, shape, type = "Q4_K", devices = "auto", kv_type = "f16";
   uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0;
-  int n_gpu_layers = -1;
-  bool no_cpu_spill = false, spread = false, json = false, distributed = false;
+  PlacementFlags placement;
+  bool json = false, distributed = false;
 };
 
 ModelShape load_shape(const PlanArgs& a) {
@@ -45,19 +45,15 @@ int run_plan(const PlanArgs& a) {
   if (a.kv_type == "f16" || a.kv_type == "F16") o.kv_type = GgmlType::F16;
   else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
   else fail(ErrorKind::Usage, "--kv-type '{}' is not supported (use f16 or q8_0)", a.kv_type);
-  o.tensor_split = parse_tensor_split(a.tensor_split);
-  if (!a.reserve.empty())
-    for (const auto& x : split_commas(a.reserve)) o.reserve.push_back(parse_size(x, "--reserve"));
-  o.n_gpu_layers = a.n_gpu_layers;
-  o.no_cpu_spill = a.no_cpu_spill;
-  o.spread = a.spread;
+  apply_placement(a.placement, o);
 
   Plan p;
   if (a.distributed) {  // every rank's devices (one each), gathered on rank 0; the workers print nothing
     p = plan_distributed(shape, a.model.empty() ? "" : resolve_model(a.model), a.devices, o);
     distributed_shutdown(false);
   } else {
-    p = plan(shape, parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true), o);
+    // What loading would do: plan_pipeline, as Pipeline::load plans.
+    p = plan_pipeline(shape, parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true), o);
   }
   if (a.json) std::printf("%s\n", plan_to_json(p, shape).dump(2).c_str());
   else std::fputs(format_plan(p, shape).c_str(), stdout);
@@ -78,11 +74,7 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
                 app.add_option("--outputs", a->outputs, "Logit rows per step (default: every token of a batch)");
                 app.add_option("--kv-type", a->kv_type, "KV cache type: f16 or q8_0 (default f16)");
-                app.add_option("--tensor-split", a->tensor_split, "Layer proportions per device entry, e.g. 3,1");
-                app.add_option("--n-gpu-layers", a->n_gpu_layers, "At most N layers on GPUs, the rest on the CPU");
-                app.add_flag("--no-cpu-spill", a->no_cpu_spill, "Fail instead of putting layers on the CPU");
-                app.add_flag("--spread", a->spread, "Use every GPU even when one would do");
-                app.add_option("--reserve", a->reserve, "Extra margin per device: one SIZE, or one per device entry");
+                add_placement_flags(app, a->placement);
                 app.add_flag("--json", a->json, "Print the plan as JSON");
                 add_distributed_flag(app, a->distributed, [a] { return WorkerArgs{a->model, a->devices, 0, 0}; });
                 return [a] { return run_plan(*a); };

@@ -102,6 +102,22 @@ bool device_channels_possible() {
 }
 
 // This rank's facts; errors are kept in the record so rank 0 can report them by rank.
+// `--devices auto` on a rank: one device, as each rank serves one stage. The GPU of the rank's
+// local rank (ranks on one host take its GPUs in turn), or the CPU where there is none.
+std::string rank_auto_devices(const std::vector<ProbedDevice>& probed) {
+  std::vector<int> gpus;
+  for (const auto& p : probed)
+    if (p.kind == DeviceKind::Cuda) gpus.push_back(p.index);
+  if (gpus.empty()) return "cpu";
+  int local = 0;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) {
+      local = std::max(0, std::atoi(s));
+      break;
+    }
+  return fmt::format("cuda:{}", gpus[size_t(local) % gpus.size()]);
+}
+
 RankInfo local_info(const std::string& model, const std::string& devices, bool allow_hypothetical) {
   Comm& c = *Comm::get();
   RankInfo info;
@@ -109,7 +125,9 @@ RankInfo local_info(const std::string& model, const std::string& devices, bool a
   info.host = c.host();
   info.pid = int(getpid());
   try {
-    info.devices = parse_devices(devices.empty() ? "cpu" : devices, probe_devices(), allow_hypothetical);
+    const auto probed = probe_devices();
+    const std::string spec = devices.empty() ? "cpu" : devices == "auto" ? rank_auto_devices(probed) : devices;
+    info.devices = parse_devices(spec, probed, allow_hypothetical);
     info.channel = info.devices.size() == 1 && info.devices[0].is_gpu() && device_channels_possible();
     if (!model.empty()) {
       info.path = resolve_model(model);
@@ -737,13 +755,7 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   open_model(path, opt);
 
   const ModelShape shape = shape_from_gguf(*file_);
-  PlanOptions po;
-  po.n_ctx = uint32_t(n_ctx_);
-  po.n_parallel = uint32_t(opt.n_seq);
-  po.n_batch = uint32_t(opt.n_batch);
-  po.kv_type = opt.kv_type;
-  po.tensor_split = opt.tensor_split;
-  const Plan p = plan_ranks(shape, all, po);
+  const Plan p = plan_ranks(shape, all, plan_options(opt));
   if (opt.verbose) std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   if (p.stages.size() != all.size())

@@ -132,17 +132,11 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
 
   // Plan before allocating anything: a plan that does not fit is refused here.
   const ModelShape shape = shape_from_gguf(*file_);
-  PlanOptions po;
-  po.n_ctx = uint32_t(n_ctx_);
-  po.n_parallel = uint32_t(opt.n_seq);
-  po.n_batch = uint32_t(n_batch_);
-  po.kv_type = opt.kv_type;
   // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
   // layers are cut for equal work per stage (the output head counts) rather than filling the
   // first entry; the slowest stage sets the pace of a pipeline.
   // When an entry cannot hold its share (a GPU with a small budget), the entries fill in order.
-  po.tensor_split = opt.tensor_split;
-  const Plan p = plan_pipeline(shape, devices, po);
+  const Plan p = plan_pipeline(shape, devices, plan_options(opt));
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   BATON_CHECK(!p.stages.empty());
   // The planner may clamp n_batch (to n_ctx × n_seq); buffers follow the plan.

@@ -28,6 +28,13 @@ struct LoadOptions {
   // Layer proportions per device entry (--tensor-split). Empty: several CPU entries (or ranks) get
   // equal work each (balanced_split), otherwise the planner fills devices in order.
   std::vector<double> tensor_split;
+  // The other placement overrides, as `baton plan` takes them (PlanOptions in runtime/planner.h):
+  // a user margin per device entry (one value: every entry), at most n_gpu_layers layers on GPU
+  // entries (-1: no cap), no spill to the CPU, every GPU entry used even when one would do.
+  std::vector<uint64_t> reserve;
+  int n_gpu_layers = -1;
+  bool no_cpu_spill = false;
+  bool spread = false;
   // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
   // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".

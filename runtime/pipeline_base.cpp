@@ -31,6 +31,20 @@ void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) 
   len_.assign(size_t(opt.n_seq), 0);
 }
 
+PlanOptions ModelPipeline::plan_options(const LoadOptions& opt) const {
+  PlanOptions po;
+  po.n_ctx = uint32_t(n_ctx_);
+  po.n_parallel = uint32_t(opt.n_seq);
+  po.n_batch = uint32_t(opt.n_batch);
+  po.kv_type = opt.kv_type;
+  po.tensor_split = opt.tensor_split;
+  po.reserve = opt.reserve;
+  po.n_gpu_layers = opt.n_gpu_layers;
+  po.no_cpu_spill = opt.no_cpu_spill;
+  po.spread = opt.spread;
+  return po;
+}
+
 void ModelPipeline::check_seq(int seq) const {
   if (seq < 0 || seq >= int(len_.size()))
     fail(ErrorKind::Usage, "sequence {} does not exist (n_seq = {})", seq, len_.size());

@@ -11,6 +11,7 @@
 #include "runtime/batch.h"
 #include "runtime/config.h"
 #include "runtime/pipeline.h"
+#include "runtime/planner.h"
 #include "runtime/tokenizer.h"
 
 namespace baton {
@@ -30,6 +31,8 @@ class ModelPipeline : public Pipeline {
   // Maps the file, reads its config and tokenizer (checked against each other), checks the KV
   // type, and sets n_ctx_ (the model's context capped at 4096 unless given) and len_ (all empty).
   void open_model(const std::string& path, const LoadOptions& opt);
+  // The planner's options for this model as opened (n_ctx_) and the load options.
+  PlanOptions plan_options(const LoadOptions& opt) const;
   // Error(Usage) unless seq names one of the n_seq sequences.
   void check_seq(int seq) const;
   // Checks a whole batch before any state is touched: equal array lengths, token ids inside the

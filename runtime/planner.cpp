@@ -326,10 +326,19 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 }
 
 Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options) {
-  if (!options.tensor_split.empty() || devices.size() < 2) return plan(shape, devices, options);
+  if (!options.tensor_split.empty() || options.spread) return plan(shape, devices, options);
+  const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return d.is_gpu(); });
+  const bool any_cpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return !d.is_gpu(); });
+  std::vector<size_t> sharing;  // the entries that share the work
+  for (size_t d = 0; d < devices.size(); d++)
+    if (!(any_gpu && any_cpu) || devices[d].is_gpu()) sharing.push_back(d);
+  if (sharing.size() < 2) return plan(shape, devices, options);
   PlanOptions even = options;
-  even.tensor_split = balanced_split(shape, devices.size());
+  even.tensor_split.assign(devices.size(), 0.0);
+  const std::vector<double> counts = balanced_split(shape, sharing.size());
+  for (size_t k = 0; k < sharing.size(); k++) even.tensor_split[sharing[k]] = counts[k];
   Plan p = plan(shape, devices, even);
+  if (p.policy.starts_with("tensor-split")) p.policy.replace(0, 12, "equal work");
   if (p.fits) return p;
   Plan filled = plan(shape, devices, options);
   if (!filled.fits) return p;

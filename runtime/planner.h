@@ -87,9 +87,13 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 // are taken as they are. n > n_layer: n equal proportions (the planner then reports the problem).
 std::vector<double> balanced_split(const ModelShape& shape, size_t n);
 
-// The plan a pipeline loads with: options.tensor_split when given; else, for several entries,
-// equal work per stage (balanced_split) when every entry can hold its share, and otherwise the
-// entries filled in order (as `cuda:0=2GiB,cpu`: the GPU takes what fits, the CPU the rest).
+// The plan a pipeline loads with (and `baton plan` shows): options.tensor_split or --spread when
+// given; else equal work per stage (balanced_split) over the entries that share the work, when each
+// can hold its share, and otherwise the entries filled in order. The entries that share the work:
+// all of them when they are of one kind (`cpu,cpu`: virtual stages; `cuda:0,cuda:1`; MPI ranks);
+// with GPUs and the CPU listed, the GPUs alone: the CPU is far slower per layer, so it takes only
+// what the GPUs cannot hold (`cuda:0,cpu` fills the GPU; `cuda:0=2GiB,cpu`: the GPU takes what fits,
+// the CPU the rest).
 Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options);
 
 // Human table (with the shortfall when it does not fit) and JSON (bytes exact, layer ranges

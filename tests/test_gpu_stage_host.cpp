@@ -261,6 +261,7 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
       const char* devices;
       const char* p2p;
       std::vector<std::string> links;
+      std::vector<double> split;  // a GPU + CPU list fills the GPUs first: a split gives the CPU layers
     };
     const std::vector<Case> cases = {
         {"cuda:0,cuda:0", "on", {"cuda:0 -> cuda:0, peer-to-peer", ""}},
@@ -268,12 +269,14 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
         {"cuda:0,cuda:1", "auto", {"cuda:0 -> cuda:1, peer-to-peer", ""}},
         {"cuda:0,cuda:1", "off", {"cuda:0 -> cuda:1, host-staged", ""}},
         {"cuda:0,cuda:1,cuda:0", "auto", {"cuda:0 -> cuda:1, peer-to-peer", "cuda:1 -> cuda:0, peer-to-peer", ""}},
-        {"cuda:0,cuda:1,cpu", "auto", {"cuda:0 -> cuda:1, peer-to-peer", "host memory", ""}},
-        {"cpu,cuda:0,cuda:1", "off", {"host memory", "cuda:0 -> cuda:1, host-staged", ""}},
+        {"cuda:0,cuda:1,cpu", "auto", {"cuda:0 -> cuda:1, peer-to-peer", "host memory", ""}, {1, 1, 1}},
+        {"cpu,cuda:0,cuda:1", "off", {"host memory", "cuda:0 -> cuda:1, host-staged", ""}, {1, 1, 1}},
     };
     for (const Case& c : cases) {
       INFO(c.devices << " --p2p " << c.p2p);
-      auto p = Pipeline::load(path, gpu_options(c.devices, c.p2p));
+      LoadOptions o = gpu_options(c.devices, c.p2p);
+      o.tensor_split = c.split;
+      auto p = Pipeline::load(path, o);
       CHECK(links_of(*p) == c.links);
       for (const StageInfo& st : p->stages()) {  // the links' slots included, where they live
         INFO(st.device << " layers [" << st.layer_begin << ", " << st.layer_end << ")");
@@ -290,6 +293,30 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
       }
     }
   }
+}
+
+TEST_CASE("a GPU and the CPU: the GPU holds every layer it can; --n-gpu-layers, --reserve and --no-cpu-spill move the cut") {
+  const std::string path = tiny_llama();  // 4 layers
+  auto stages_of = [&](const LoadOptions& o) {
+    std::vector<std::string> out;
+    for (const StageInfo& st : Pipeline::load(path, o)->stages())
+      out.push_back(st.device + " " + std::to_string(st.layer_begin) + "-" + std::to_string(st.layer_end));
+    return out;
+  };
+  LoadOptions o = gpu_options("cuda:0,cpu");
+  CHECK(stages_of(o) == std::vector<std::string>{"cuda:0 0-4"});
+  o.n_gpu_layers = 1;
+  CHECK(stages_of(o) == std::vector<std::string>{"cuda:0 0-1", "cpu 1-4"});
+  o.n_gpu_layers = 0;
+  CHECK(stages_of(o) == std::vector<std::string>{"cpu 0-4"});
+  o.no_cpu_spill = true;
+  CHECK_THROWS_WITH(Pipeline::load(path, o), Catch::Contains("--no-cpu-spill"));
+  // A margin that leaves the GPU no room: everything on the CPU; refused when the CPU may not take it.
+  o = gpu_options("cuda:0,cpu");
+  o.reserve = {uint64_t(1) << 40, 0};
+  CHECK(stages_of(o) == std::vector<std::string>{"cpu 0-4"});
+  o.no_cpu_spill = true;
+  CHECK_THROWS_WITH(Pipeline::load(path, o), Catch::Contains("does not fit"));
 }
 
 TEST_CASE("without peer access --p2p auto stages through host memory, --p2p on is refused, BATON_P2P=0 means off") {

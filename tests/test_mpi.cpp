@@ -269,6 +269,16 @@ TEST_CASE("GPU ranks (on the host emulation) give the logits of one process on t
       }
     }
   }
+  // --devices auto (the default) on ranks: each takes one device, the GPU of its local rank.
+  {
+    const std::string out = test::temp_dir() + "/auto-ranks.f32";
+    const Ran r = sh("BATON_CUDA_EMULATE=1 " + mpirun(2) + kBaton + " logits -m " + model + " --tokens \"" + prompt +
+                     "\" -t 1 --distributed --verbose --out " + out);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(test::read_all(out) == one);
+    CHECK(r.err.find("rank 0 -> rank 1: NCCL emulated on the host") != std::string::npos);
+  }
   // A GPU rank feeding a CPU rank (one device per rank, MPMD launch) against one process with a GPU
   // stage then a CPU stage, cut the same way.
   const std::string mixed = logits("BATON_CUDA_EMULATE=1 ", model, prompt, "--devices cuda:0,cpu --tensor-split 1,1");

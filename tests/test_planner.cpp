@@ -612,19 +612,36 @@ TEST_CASE("a pipeline's plan takes equal work per stage when it fits, else fills
   PlanOptions o;
   o.n_ctx = 64;
   o.n_batch = 64;
-  // Two roomy entries: equal work (the head counts with the second stage's layers).
-  const Plan even = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
-  check_structure(even, s, o);
-  REQUIRE(even.fits);
-  REQUIRE(even.stages.size() == 2);
-  CHECK(even.policy == "tensor-split");
-  CHECK(even.stages[0].n_layers() >= 16);
-  // A GPU of 2 GiB cannot hold half of the model: it takes what fits, the CPU the rest (as the
-  // GPU check's `cuda:0=2GiB,cpu` run on an H200, which equal work alone refused as short).
+  // Two roomy entries of one kind: equal work (the head counts with the second stage's layers).
+  for (const auto& two : {std::vector<DeviceSpec>{gpu(40 * GiB, 512 * MiB), gpu(40 * GiB, 512 * MiB)},
+                          std::vector<DeviceSpec>{cpu(64 * GiB), cpu(64 * GiB)}}) {
+    const Plan even = plan_pipeline(s, two, o);
+    check_structure(even, s, o);
+    REQUIRE(even.fits);
+    REQUIRE(even.stages.size() == 2);
+    CHECK(even.policy == "equal work");
+    CHECK(even.stages[0].n_layers() >= 16);
+    CHECK(even.stages[1].n_layers() >= 12);
+  }
+  // A GPU and the CPU: the GPU holds what it can, the CPU is the spill. A roomy GPU takes it all
+  // (equal work would have put half of the layers on the far slower CPU).
+  const Plan gpu_only = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
+  check_structure(gpu_only, s, o);
+  REQUIRE(gpu_only.fits);
+  REQUIRE(gpu_only.stages.size() == 1);
+  CHECK(gpu_only.devices[gpu_only.stages[0].device].is_gpu());
+  CHECK(gpu_only.policy == "fill");
+  // Two GPUs and the CPU: the GPUs share the work, the CPU takes none while they hold it all.
+  const Plan two_gpus = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
+  check_structure(two_gpus, s, o);
+  REQUIRE(two_gpus.fits);
+  REQUIRE(two_gpus.stages.size() == 2);
+  CHECK(two_gpus.policy == "equal work");
+  for (const Stage& st : two_gpus.stages) CHECK(two_gpus.devices[st.device].is_gpu());
+  CHECK(two_gpus.stages[0].n_layers() >= 16);
+  // A GPU of 2 GiB cannot hold the model: it takes what fits, the CPU the rest (as the GPU
+  // check's `cuda:0=2GiB,cpu` run on an H200).
   const std::vector<DeviceSpec> small = {gpu(2 * GiB, 512 * MiB), cpu(64 * GiB)};
-  o.tensor_split = balanced_split(s, 2);
-  REQUIRE_FALSE(plan(s, small, o).fits);
-  o.tensor_split.clear();
   const Plan filled = plan_pipeline(s, small, o);
   check_structure(filled, s, o);
   REQUIRE(filled.fits);
@@ -632,7 +649,13 @@ TEST_CASE("a pipeline's plan takes equal work per stage when it fits, else fills
   CHECK(filled.stages[0].n_layers() > 0);
   CHECK(filled.stages[0].n_layers() < 16);
   CHECK(filled.stages[0].free_bytes() < int64_t(per_layer(s, o, filled.stages[0].layer_end)));
-  CHECK_THAT(format_plan(filled, s), Catch::Contains("filled in order"));
+  // Two GPUs of 2 GiB and the CPU: equal work on the GPUs does not fit, so the entries fill in
+  // order, and the plan says so.
+  const Plan spilled = plan_pipeline(s, {gpu(2 * GiB, 512 * MiB), gpu(2 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
+  check_structure(spilled, s, o);
+  REQUIRE(spilled.fits);
+  REQUIRE(spilled.stages.size() == 3);
+  CHECK_THAT(format_plan(spilled, s), Catch::Contains("filled in order"));
   // An explicit split is taken as it is, even when it does not fit.
   o.tensor_split = {1, 1};
   CHECK_FALSE(plan_pipeline(s, small, o).fits);

@@ -104,6 +104,48 @@ TEST_CASE("run's stats line counts what was generated: nothing, one token, sever
   CHECK(three.err.find("| generated 3 tokens, ") != std::string::npos);
 }
 
+// "stage device layers" of each stage row in a plan table (`baton plan`, `run --verbose`).
+std::vector<std::string> stage_rows(const std::string& text) {
+  std::vector<std::string> rows;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    std::istringstream f(l);
+    std::string stage, dev, layers;
+    if (!(f >> stage >> dev >> layers) || stage.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (dev.rfind("cpu", 0) == 0 || dev.rfind("cuda", 0) == 0) rows.push_back(stage + " " + dev + " " + layers);
+  }
+  return rows;
+}
+
+TEST_CASE("plan prints the plan that run loads, with the same placement flags (-ngl is --n-gpu-layers)") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  // Two CPU entries: equal work in both (the plan used to show the first entry filled).
+  const Out plan2 = run_baton("plan -m " + m + " --devices cpu,cpu");
+  const Out run2 = run_baton("run -m " + m + " --devices cpu,cpu --verbose -p Hi -n 1 -t 2");
+  INFO(plan2.out << run2.err);
+  REQUIRE(run2.code == 0);
+  CHECK(stage_rows(plan2.out) == std::vector<std::string>{"0 cpu 0-18", "1 cpu 19-29"});
+  CHECK(stage_rows(run2.err) == stage_rows(plan2.out));
+  CHECK(run_baton("run -m " + m + " -p Hi --reserve lots").err.find("--reserve") != std::string::npos);
+
+  // A GPU (the host emulation, in builds without CUDA) and the CPU: the GPU first.
+  setenv("BATON_CUDA_EMULATE", "1", 1);
+  const bool gpu = run_baton("devices --no-links").out.find("cuda:0") != std::string::npos;
+  if (gpu) {
+    const Out plan = run_baton("plan -m " + m + " --devices cuda:0,cpu -ngl 10");
+    const Out run = run_baton("run -m " + m + " --devices cuda:0,cpu -ngl 10 --verbose -p Hi -n 1 -t 2");
+    INFO(plan.out << run.err);
+    CHECK(run.code == 0);
+    CHECK(stage_rows(plan.out) == std::vector<std::string>{"0 cuda:0 0-9", "1 cpu 10-29"});
+    CHECK(stage_rows(run.err) == stage_rows(plan.out));
+    // The default --devices is auto: the GPU, which holds every layer.
+    const Out deflt = run_baton("run -m " + m + " --verbose -p Hi -n 1 -t 2");
+    CHECK(stage_rows(deflt.err) == std::vector<std::string>{"0 cuda:0 0-29"});
+  }
+  unsetenv("BATON_CUDA_EMULATE");
+}
+
 TEST_CASE("run --json prints one object with the documented fields") {
   std::string m = smollm2();
   if (m.empty()) return;
