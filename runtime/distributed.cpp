@@ -101,7 +101,6 @@ bool device_channels_possible() {
 #endif
 }
 
-// This rank's facts; errors are kept in the record so rank 0 can report them by rank.
 // `--devices auto` on a rank: one device, as each rank serves one stage. The GPU of the rank's
 // local rank (ranks on one host take its GPUs in turn), or the CPU where there is none.
 std::string rank_auto_devices(const std::vector<ProbedDevice>& probed) {
@@ -118,6 +117,7 @@ std::string rank_auto_devices(const std::vector<ProbedDevice>& probed) {
   return fmt::format("cuda:{}", gpus[size_t(local) % gpus.size()]);
 }
 
+// This rank's facts; errors are kept in the record so rank 0 can report them by rank.
 RankInfo local_info(const std::string& model, const std::string& devices, bool allow_hypothetical) {
   Comm& c = *Comm::get();
   RankInfo info;
@@ -228,7 +228,8 @@ Plan plan_ranks(const ModelShape& shape, const std::vector<RankInfo>& all, PlanO
   // The user asked for a pipeline over all ranks: the layers are cut for equal work per rank (the
   // output head counts), not packed onto the first rank that could hold them all (the same rule
   // as repeated CPU entries in one process; filled in order when a rank cannot hold its share).
-  return plan_pipeline(shape, devices, po);
+  // Every rank shares the work, GPU ranks and CPU ranks alike: each rank serves one stage.
+  return plan_pipeline(shape, devices, po, /*every_entry_shares=*/true);
 }
 
 // ---- device channels: the hidden state between two GPU ranks, device to device ----

@@ -325,13 +325,14 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   return p;
 }
 
-Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options) {
+Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options,
+                   bool every_entry_shares) {
   if (!options.tensor_split.empty() || options.spread) return plan(shape, devices, options);
   const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return d.is_gpu(); });
   const bool any_cpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return !d.is_gpu(); });
   std::vector<size_t> sharing;  // the entries that share the work
   for (size_t d = 0; d < devices.size(); d++)
-    if (!(any_gpu && any_cpu) || devices[d].is_gpu()) sharing.push_back(d);
+    if (every_entry_shares || !(any_gpu && any_cpu) || devices[d].is_gpu()) sharing.push_back(d);
   if (sharing.size() < 2) return plan(shape, devices, options);
   PlanOptions even = options;
   even.tensor_split.assign(devices.size(), 0.0);

@@ -90,11 +90,13 @@ std::vector<double> balanced_split(const ModelShape& shape, size_t n);
 // The plan a pipeline loads with (and `baton plan` shows): options.tensor_split or --spread when
 // given; else equal work per stage (balanced_split) over the entries that share the work, when each
 // can hold its share, and otherwise the entries filled in order. The entries that share the work:
-// all of them when they are of one kind (`cpu,cpu`: virtual stages; `cuda:0,cuda:1`; MPI ranks);
+// all of them when they are of one kind (`cpu,cpu`: virtual stages; `cuda:0,cuda:1`);
 // with GPUs and the CPU listed, the GPUs alone: the CPU is far slower per layer, so it takes only
 // what the GPUs cannot hold (`cuda:0,cpu` fills the GPU; `cuda:0=2GiB,cpu`: the GPU takes what fits,
-// the CPU the rest).
-Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options);
+// the CPU the rest). every_entry_shares: all entries share the work whatever their kind (MPI ranks:
+// each rank serves one stage).
+Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options,
+                   bool every_entry_shares = false);
 
 // Human table (with the shortfall when it does not fit) and JSON (bytes exact, layer ranges
 // half-open).

@@ -631,6 +631,12 @@ TEST_CASE("a pipeline's plan takes equal work per stage when it fits, else fills
   REQUIRE(gpu_only.stages.size() == 1);
   CHECK(gpu_only.devices[gpu_only.stages[0].device].is_gpu());
   CHECK(gpu_only.policy == "fill");
+  // MPI ranks (every_entry_shares): a GPU rank and a CPU rank each serve a stage of equal work.
+  const Plan ranks = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o, /*every_entry_shares=*/true);
+  check_structure(ranks, s, o);
+  REQUIRE(ranks.fits);
+  REQUIRE(ranks.stages.size() == 2);
+  CHECK(ranks.policy == "equal work");
   // Two GPUs and the CPU: the GPUs share the work, the CPU takes none while they hold it all.
   const Plan two_gpus = plan_pipeline(s, {gpu(40 * GiB, 512 * MiB), gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
   check_structure(two_gpus, s, o);
