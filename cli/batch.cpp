@@ -248,6 +248,10 @@ int run(const BatchOpts& o) {
   for (const auto& j : jobs)
     if (!skip.count(key_of(j))) todo.push_back(&j);
   Output out(o.out, o.resume);
+  if (jobs.empty()) {
+    std::fprintf(stderr, "nothing to do: %s has no requests\n", o.in.c_str());
+    return 0;
+  }
   if (todo.empty()) {
     std::fprintf(stderr, "nothing to do: all %zu requests are already in %s\n", jobs.size(), o.out.c_str());
     return 0;

@@ -116,6 +116,11 @@ bool Engine::admit(Active& a) {
                           a.req.prompt.size(), n_ctx_);
     return false;
   }
+  if (a.req.max_tokens < -1) {
+    r.error = fmt::format("max_tokens {} must be >= -1 (-1: until the model stops or the context is full)",
+                          a.req.max_tokens);
+    return false;
+  }
   if (std::string e = a.req.sampling.validate(); !e.empty()) {
     r.error = e;
     return false;

@@ -500,6 +500,11 @@ TEST_CASE("bad requests are answered with an error, not a crash") {
   r.prompt = {1};
   r.sampling.top_p = 2;
   CHECK(e.generate(r).error.find("top_p") != std::string::npos);
+  r.sampling.top_p = 0.9f;
+  r.max_tokens = -5;  // -1 is "no limit"; below it is a mistake, not a larger "no limit"
+  CHECK(e.generate(r).error.find("max_tokens -5 must be >= -1") != std::string::npos);
+  r.max_tokens = -1;
+  CHECK(e.generate(r).error.empty());
   CHECK_THROWS_AS(e.run([] { return std::optional<Request>(); }, [](Result&&) {}, 2), Error);
 }
 

@@ -231,12 +231,13 @@ this is not json
 {"id": 7, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5}
 {"id": "c", "prompt": "Hi", "temperature": "hot"}
 {"id": "d", "prompt": "Count: one, two,", "max_tokens": 3, "stop": ["three"]}
+{"id": "e", "prompt": "Hi", "max_tokens": -5}
 )";
   Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --parallel 4 " + kSys + " -t 2");
   INFO(o.err);
   REQUIRE(o.code == 0);
   auto recs = read_jsonl(dir + "/out.jsonl");
-  REQUIRE(recs.size() == 7);
+  REQUIRE(recs.size() == 8);
   std::map<std::string, std::vector<json>> by;
   for (auto& r : recs) by[r.contains("id") ? r["id"].dump() : "line" + r["line"].dump()].push_back(r);
   REQUIRE(by["\"a\""].size() == 2);  // the result and the duplicate's error record
@@ -263,7 +264,14 @@ this is not json
   std::string fr = by["7"].at(0)["finish_reason"];
   CHECK((fr == "length" || fr == "stop"));
   CHECK(by["\"d\""].at(0).contains("text"));
-  CHECK(o.err.find("3 ok, 4 failed") != std::string::npos);  // a, 7, d run; lines 2, 3 (b), 4 (repeat), 6 (c) fail
+  CHECK(by["\"e\""].at(0)["error"].get<std::string>().find("max_tokens -5 must be >= -1") != std::string::npos);
+  CHECK(o.err.find("3 ok, 5 failed") != std::string::npos);  // a, 7, d run; lines 2, 3 (b), 4 (repeat), 6 (c), 8 (e) fail
+
+  // An empty input is nothing to do, said as such (not "already in the output").
+  std::ofstream(dir + "/empty.jsonl").flush();
+  Out e = run_baton("batch -m " + m + " -i " + dir + "/empty.jsonl -o " + dir + "/empty.out.jsonl");
+  CHECK(e.code == 0);
+  CHECK(e.err.find("has no requests") != std::string::npos);
 }
 
 TEST_CASE("batch: same seeds give the same text with --parallel 1 and 8; plain text input") {
