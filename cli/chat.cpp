@@ -378,7 +378,7 @@ class Chat {
     json msgs = json::array();
     for (const auto& t : turns_) msgs.push_back({{"role", t.role}, {"content", t.content}});
     std::ofstream out(path);
-    out << json{{"system", system_}, {"messages", msgs}}.dump(2) << "\n";
+    out << json{{"system", system_}, {"messages", msgs}}.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     if (!out) return say("cannot write " + path);
     say(fmt::format("(saved {} messages to {})", turns_.size(), path));
   }

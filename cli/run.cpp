@@ -68,7 +68,9 @@ int run(const RunOpts& o) {
          {{"load_ms", m.load_ms}, {"prompt_ms", r.prompt_ms}, {"prompt_tokens_per_s", r.prompt_tps()},
           {"ttft_ms", r.ttft_ms}, {"gen_ms", r.gen_ms}, {"gen_tokens_per_s", r.gen_tps()}, {"total_ms", r.total_ms}}},
     };
-    std::printf("%s\n", j.dump().c_str());
+    // A reply cut by -n inside a character ends in part of its UTF-8 bytes: those become U+FFFD
+    // rather than an exception that would lose the reply.
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
   }

@@ -146,6 +146,24 @@ TEST_CASE("plan prints the plan that run loads, with the same placement flags (-
   unsetenv("BATON_CUDA_EMULATE");
 }
 
+TEST_CASE("run --json: a reply cut inside a character is still one JSON object") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  // The 135M model answers with emoji, 4 UTF-8 bytes in two byte tokens: -n 1 and -n 2 stop inside
+  // one (the JSON writer used to throw on the partial bytes and the reply was lost).
+  int cut = 0;
+  for (int n = 1; n <= 3; ++n) {
+    Out o = run_baton("run -m " + m + " -p 'Reply only with the emoji 😀😀😀 repeated' --temp 0 --json -t 2 -n " +
+                      std::to_string(n));
+    INFO(n << " tokens: " << o.err);
+    REQUIRE(o.code == 0);
+    const json j = json::parse(o.out);
+    CHECK(j["tokens"].get<int>() == n);
+    cut += j["text"].get<std::string>().find("\xEF\xBF\xBD") != std::string::npos;  // U+FFFD in place of the part
+  }
+  CHECK(cut > 0);
+}
+
 TEST_CASE("run --json prints one object with the documented fields") {
   std::string m = smollm2();
   if (m.empty()) return;
