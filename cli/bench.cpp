@@ -334,7 +334,9 @@ int run(const BenchOpts& o) {
   const std::string bw_what = all_gpu ? fmt::format("copy bandwidth of cuda:{} (read + write)", gpu)
                                       : fmt::format("read bandwidth ({} threads)", threads);
 
-  const std::string backend = mf.devices;
+  // The devices the stages run on, as loaded ("auto" resolved): cpu, cuda:0, cuda:0,cpu, …
+  std::string backend;
+  for (const auto& st : p.stages()) backend += (backend.empty() ? "" : ",") + st.device;
   if (o.json) {
     for (const auto& r : results) {
       const Stats s = stats(r.tps);

@@ -221,6 +221,9 @@ TEST_CASE("bench: llama-bench's pp and tg, also at a depth, and its errors") {
     CHECK(r["n_depth"] == 40);
     CHECK(r["samples_ts"].size() == 2);
     CHECK(r["avg_ts"].get<double>() > 0);
+    // The devices the stages ran on, --devices auto resolved (cpu here, cuda:0 on a GPU machine).
+    const std::string backend = r["backend"];
+    CHECK((backend.rfind("cpu", 0) == 0 || backend.rfind("cuda:", 0) == 0));
   }
   CHECK(rows[1]["n_gen"] == 4);
   Out table = run_baton("bench -m " + m + " -p 8 -n 2 -r 1 --no-bandwidth -t 2");
