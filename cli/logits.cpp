@@ -86,8 +86,10 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
     app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
     app.add_option("--out", o->out, "Output file for the logits")->required();
     app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line)");
-    return [o, batch] {
-      if (o->prompt.empty() && o->tokens.empty()) fail(ErrorKind::Usage, "give -p PROMPT or --tokens IDS");
+    CLI::Option* prompt = app.get_option("--prompt");
+    return [o, batch, prompt] {
+      if (o->prompt.empty() && o->tokens.empty())
+        fail(ErrorKind::Usage, "{}", prompt->count() > 0 ? "the prompt is empty" : "give -p PROMPT or --tokens IDS");
       o->batch_given = batch->count() > 0;
       return run(*o);
     };
