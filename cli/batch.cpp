@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <set>
@@ -157,7 +158,9 @@ std::set<std::string> done_keys(const std::string& path) {
 class Output {
  public:
   Output(const std::string& path, bool append) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+    // "-": stdout (records only; the progress and the summary go to stderr).
+    fd_ = path == "-" ? ::dup(STDOUT_FILENO)
+                      : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
     if (fd_ < 0) fail(ErrorKind::Usage, "cannot open {} for writing", path);
   }
   ~Output() { ::close(fd_); }
@@ -197,8 +200,13 @@ void draw_progress(int done, int total, double tps, double eta_s) {
 
 int run(const BatchOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
-  std::ifstream in(o.in, std::ios::binary);
-  if (!in) fail(ErrorKind::Usage, "cannot read input file {}", o.in);
+  if (o.resume && o.out == "-") fail(ErrorKind::Usage, "--resume needs an output file, not stdout (-o -)");
+  std::ifstream file;
+  if (o.in != "-") {
+    file.open(o.in, std::ios::binary);
+    if (!file) fail(ErrorKind::Usage, "cannot read input file {}", o.in);
+  }
+  std::istream& in = o.in == "-" ? std::cin : file;
   std::vector<std::string> lines;
   for (std::string s; std::getline(in, s);) {
     if (!s.empty() && s.back() == '\r') s.pop_back();
@@ -339,8 +347,8 @@ Register reg{{"batch", "Generate for many prompts (JSONL or text, one per line) 
   auto o = std::make_shared<BatchOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
-  app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line")->required();
-  app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes")->required();
+  app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line ('-': stdin)")->required();
+  app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes ('-': stdout)")->required();
   app.add_option("--parallel", o->parallel, "requests decoding together")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_flag("--resume", o->resume, "keep OUT and skip the ids already in it (otherwise OUT is overwritten)");
   app.add_flag("--raw", o->raw, "send prompts as is, without the chat template");

@@ -295,6 +295,21 @@ this is not json
   CHECK(e.err.find("has no requests") != std::string::npos);
 }
 
+TEST_CASE("batch: '-' reads the requests from stdin and writes the records to stdout") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out o = run_baton("batch -m " + m + " -i - -o - -t 2 --temp 0",
+                    "{\"id\": \"x\", \"prompt\": \"Hi\", \"max_tokens\": 3}\nnot json\n");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  std::vector<json> recs;
+  std::istringstream lines(o.out);
+  for (std::string l; std::getline(lines, l);) recs.push_back(json::parse(l));  // stdout: records only
+  REQUIRE(recs.size() == 2);
+  CHECK(o.err.find("1 ok, 1 failed") != std::string::npos);
+  CHECK(run_baton("batch -m " + m + " -i - -o - --resume").err.find("--resume needs an output file") != std::string::npos);
+}
+
 TEST_CASE("batch: same seeds give the same text with --parallel 1 and 8; plain text input") {
   std::string m = smollm2();
   if (m.empty()) return;
