@@ -452,10 +452,13 @@ namespace {
 // by active_isa(). Each query row's result depends only on its own keys, never on the block.
 struct AttnKernels {
   void (*cvt_f16)(const uint16_t* h, float* dst, int n);
-  // For nh query heads (q rows d apart) sharing one K tile: s[h*n + j] = scale * q_h·K[j], j < n.
-  void (*scores)(const float* q, int nh, const float* K, int n, int d, float scale, float* s);
-  // out_h = sum_j p[h*n + j] * V[j] for each of nh heads (out rows d apart; V rows d apart).
-  void (*pv)(const float* p, int nh, const float* V, int n, int d, float* out);
+  // For nh query heads (q rows d apart) sharing one K tile: s[h*ss + j] = scale * q_h·K[j], j < n.
+  // A score's bits do not depend on n, nh or where the key sits in the tile.
+  void (*scores)(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss);
+  // out_h = sum_j p[h*ps + j] * V[j] for each of nh heads (out rows d apart; V rows d apart), each
+  // output a chain of FMAs in j order; accumulate: the chain continues from out (a later run of
+  // keys: the bits are those of one call over all of them), else it starts from 0.
+  void (*pv)(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate);
 };
 
 void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
@@ -463,16 +466,16 @@ void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
   for (int i = 0; i < n; ++i) dst[i] = f16[h[i]];
 }
 
-void scores_scalar(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
+void scores_scalar(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
   for (int h = 0; h < nh; ++h)
-    for (int j = 0; j < n; ++j) s[size_t(h) * n + j] = dot(q + size_t(h) * d, K + size_t(j) * d, d) * scale;
+    for (int j = 0; j < n; ++j) s[size_t(h) * ss + j] = dot(q + size_t(h) * d, K + size_t(j) * d, d) * scale;
 }
 
-void pv_scalar(const float* p, int nh, const float* V, int n, int d, float* out) {
+void pv_scalar(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
   for (int h = 0; h < nh; ++h) {
     float* o = out + size_t(h) * d;
-    std::fill(o, o + d, 0.f);
-    for (int j = 0; j < n; ++j) axpy(o, p[size_t(h) * n + j], V + size_t(j) * d, d);
+    if (!accumulate) std::fill(o, o + d, 0.f);
+    for (int j = 0; j < n; ++j) axpy(o, p[size_t(h) * ps + j], V + size_t(j) * d, d);
   }
 }
 
@@ -519,10 +522,16 @@ BATON_AVX2_FN void scores_avx2_head(const float* q, const float* K, int n, int d
 }
 
 // d % 8 == 0. The output slice (up to 32 floats) stays in registers across all n rows.
-BATON_AVX2_FN void pv_avx2_head(const float* p, const float* V, int n, int d, float* out) {
+BATON_AVX2_FN void pv_avx2_head(const float* p, const float* V, int n, int d, float* out, bool accumulate) {
   int i = 0;
   for (; i + 32 <= d; i += 32) {
     __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+    if (accumulate) {
+      o0 = _mm256_loadu_ps(out + i);
+      o1 = _mm256_loadu_ps(out + i + 8);
+      o2 = _mm256_loadu_ps(out + i + 16);
+      o3 = _mm256_loadu_ps(out + i + 24);
+    }
     for (int j = 0; j < n; ++j) {
       const float* v = V + size_t(j) * d + i;
       const __m256 pj = _mm256_set1_ps(p[j]);
@@ -537,18 +546,18 @@ BATON_AVX2_FN void pv_avx2_head(const float* p, const float* V, int n, int d, fl
     _mm256_storeu_ps(out + i + 24, o3);
   }
   for (; i < d; i += 8) {
-    __m256 o0 = _mm256_setzero_ps();
+    __m256 o0 = accumulate ? _mm256_loadu_ps(out + i) : _mm256_setzero_ps();
     for (int j = 0; j < n; ++j)
       o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(V + size_t(j) * d + i), o0);
     _mm256_storeu_ps(out + i, o0);
   }
 }
 
-void scores_avx2(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
-  for (int h = 0; h < nh; ++h) scores_avx2_head(q + size_t(h) * d, K, n, d, scale, s + size_t(h) * n);
+void scores_avx2(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  for (int h = 0; h < nh; ++h) scores_avx2_head(q + size_t(h) * d, K, n, d, scale, s + size_t(h) * ss);
 }
-void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out) {
-  for (int h = 0; h < nh; ++h) pv_avx2_head(p + size_t(h) * n, V, n, d, out + size_t(h) * d);
+void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
+  for (int h = 0; h < nh; ++h) pv_avx2_head(p + size_t(h) * ps, V, n, d, out + size_t(h) * d, accumulate);
 }
 
 // AVX-512, register-blocked over the query heads that share a KV head (Gemma 3: 4 of them): every
@@ -586,17 +595,18 @@ BATON_AVX512_FN inline __m512 load16(const uint16_t* p) {
 // d % 16 == 0. Output slices of W vectors per head stay in registers over all n keys: W V loads
 // and NH broadcasts per W·NH FMAs.
 template <int NH, int W, class Rows>
-BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i, float* out) {
+BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i, float* out, size_t ps, bool accumulate) {
   __m512 acc[NH][W];
   for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int c = 0; c < W; ++c)
+      acc[h][c] = accumulate ? _mm512_loadu_ps(out + size_t(h) * d + i + 16 * c) : _mm512_setzero_ps();
   for (int j = 0; j < n; ++j) {
     V.prefetch(j, n, i, 16 * W);
     const auto* v = V(j) + i;
     __m512 vv[W];
     for (int c = 0; c < W; ++c) vv[c] = load16(v + 16 * c);
     for (int h = 0; h < NH; ++h) {
-      const __m512 ph = _mm512_set1_ps(p[size_t(h) * n + j]);
+      const __m512 ph = _mm512_set1_ps(p[size_t(h) * ps + j]);
       for (int c = 0; c < W; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
     }
   }
@@ -605,10 +615,10 @@ BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i
 }
 
 template <int NH, class Rows>
-BATON_AVX512_FN void pv_avx512_nh(const float* p, Rows V, int n, int d, float* out) {
+BATON_AVX512_FN void pv_avx512_nh(const float* p, Rows V, int n, int d, float* out, size_t ps, bool accumulate) {
   int i = 0;
-  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out);
-  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out);
+  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out, ps, accumulate);
+  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out, ps, accumulate);
 }
 
 // The sums of 16 vectors at once: lane k of the result is the sum of the lanes of v[k], added in
@@ -636,7 +646,7 @@ BATON_AVX512_FN inline __m512 reduce16(const __m512* v) {
 // end in the same reduction, so a score's bits do not depend on NH, on the block, or on whether
 // the rows are a float tile or F16 cache rows read in place (decode).
 template <int NH, class Rows>
-BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, float scale, float* s) {
+BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, float scale, float* s, size_t ss) {
   constexpr int KB = NH == 1 ? 16 : NH == 2 ? 8 : NH == 3 ? 5 : 4;
   static_assert(NH * KB <= 16);
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -655,7 +665,7 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, floa
     }
     alignas(64) float sums[16];
     _mm512_store_ps(sums, _mm512_mul_ps(reduce16(acc), vscale));
-    for (int h = 0; h < NH; ++h) std::memcpy(s + size_t(h) * n + j, sums + h * KB, KB * sizeof(float));
+    for (int h = 0; h < NH; ++h) std::memcpy(s + size_t(h) * ss + j, sums + h * KB, KB * sizeof(float));
   }
   for (; j < n; ++j) {
     K.prefetch(j, n, 0, d);
@@ -665,34 +675,38 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, floa
       const __m512 kv = load16(K(j) + i);
       for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
     }
-    for (int h = 0; h < NH; ++h) s[size_t(h) * n + j] = _mm512_reduce_add_ps(acc[h]) * scale;
+    for (int h = 0; h < NH; ++h) s[size_t(h) * ss + j] = _mm512_reduce_add_ps(acc[h]) * scale;
   }
 }
 
 #pragma GCC diagnostic pop
 
 template <class Rows>
-void scores_rows(const float* q, int nh, Rows K, int n, int d, float scale, float* s) {
-  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * size_t(n)) scores_avx512_nh<4>(q, K, n, d, scale, s);
-  if (nh == 3) scores_avx512_nh<3>(q, K, n, d, scale, s);
-  if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s);
-  if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s);
+void scores_rows(const float* q, int nh, Rows K, int n, int d, float scale, float* s, size_t ss) {
+  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * ss) scores_avx512_nh<4>(q, K, n, d, scale, s, ss);
+  if (nh == 3) scores_avx512_nh<3>(q, K, n, d, scale, s, ss);
+  if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s, ss);
+  if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s, ss);
 }
-void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
-  scores_rows(q, nh, FloatRows{K, d}, n, d, scale, s);
+void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  scores_rows(q, nh, FloatRows{K, d}, n, d, scale, s, ss);
 }
 template <class Rows>
-void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out) {
-  for (; nh >= 4; nh -= 4, p += 4 * size_t(n), out += 4 * size_t(d)) pv_avx512_nh<4>(p, V, n, d, out);
-  if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out);
-  if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out);
-  if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out);
+void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out, size_t ps, bool accumulate) {
+  for (; nh >= 4; nh -= 4, p += 4 * ps, out += 4 * size_t(d)) pv_avx512_nh<4>(p, V, n, d, out, ps, accumulate);
+  if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out, ps, accumulate);
+  if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out, ps, accumulate);
+  if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out, ps, accumulate);
 }
-void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out) { pv_rows(p, nh, FloatRows{V, d}, n, d, out); }
+void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
+  pv_rows(p, nh, FloatRows{V, d}, n, d, out, ps, accumulate);
+}
 void scores_f16(const float* q, int nh, const uint16_t* const* K, int n, int d, float scale, float* s) {
-  scores_rows(q, nh, F16Rows{K}, n, d, scale, s);
+  scores_rows(q, nh, F16Rows{K}, n, d, scale, s, size_t(n));
 }
-void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) { pv_rows(p, nh, F16Rows{V}, n, d, out); }
+void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) {
+  pv_rows(p, nh, F16Rows{V}, n, d, out, size_t(n), false);
+}
 #endif
 
 AttnKernels attn_kernels(int dk, int dv) {
@@ -707,7 +721,7 @@ AttnKernels attn_kernels(int dk, int dv) {
 }  // namespace
 
 void attention_scores(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
-  attn_kernels(d, d).scores(q, nh, K, n, d, scale, s);
+  attn_kernels(d, d).scores(q, nh, K, n, d, scale, s, size_t(n));
 }
 
 namespace {
@@ -822,25 +836,45 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       return;
     }
 #endif
+    const int nq = t1 - t0, H = heads_per_task;
     thread_local std::vector<float> buf;
-    buf.resize(size_t(nk) * (dk + dv) + size_t(nk) * heads_per_task);
+    buf.resize(size_t(nk) * (dk + dv) + size_t(nq) * H * nk);
     float* ktile = buf.data();                   // [nk][dk]
     float* vtile = ktile + size_t(nk) * dk;      // [nk][dv]
-    float* scores = vtile + size_t(nk) * dv;     // [heads_per_task][nk]
+    float* scores = vtile + size_t(nk) * dv;     // [nq][H][nk]: query t's heads, by tile row
     for (int j = 0; j < nk; ++j) {
       load_head(kern, kv.type, key_at(lo + j), dk, ktile + size_t(j) * dk);
       load_head(kern, kv.type, val_at(lo + j), dv, vtile + size_t(j) * dv);
     }
 
+    // Key-major: a chunk of K (then V) rows is used by every query of the block while it is in
+    // L1, instead of each query streaming the whole tile from L2/L3 (the tiles of a long prompt
+    // are megabytes). Query t sees tile rows [off, off + n). The task's heads are consecutive in
+    // q and out, so one call covers them all. Each score and each output is the same chain of
+    // operations as one call over the query's whole range, so the bits do not change.
+    constexpr int kKeyChunk = 64;
+    auto range = [&](int t, int c0, int& j0, int& j1) {
+      const int off = lo_of(t) - lo, end = off + a.pos[t] - lo_of(t) + 1;
+      j0 = std::max(c0, off), j1 = std::min(c0 + kKeyChunk, end);
+      return j0 < j1;
+    };
+    auto s_row = [&](int t) { return scores + size_t(t - t0) * H * nk; };
+    for (int c0 = 0; c0 < nk; c0 += kKeyChunk)
+      for (int t = t0, j0, j1; t < t1; ++t)
+        if (range(t, c0, j0, j1)) {
+          const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
+          kern.scores(q, H, ktile + size_t(j0) * dk, j1 - j0, dk, a.scale, s_row(t) + j0, size_t(nk));
+        }
     for (int t = t0; t < t1; ++t) {
       const int off = lo_of(t) - lo, n = a.pos[t] - lo_of(t) + 1;
-      // The task's heads are consecutive in q and out, so one call covers them all.
-      const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
-      float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
-      kern.scores(q, heads_per_task, ktile + size_t(off) * dk, n, dk, a.scale, scores);
-      for (int r = 0; r < heads_per_task; ++r) softmax(scores + size_t(r) * n, n);
-      kern.pv(scores, heads_per_task, vtile + size_t(off) * dv, n, dv, out);
+      for (int r = 0; r < H; ++r) softmax(s_row(t) + size_t(r) * nk + off, n);
     }
+    for (int c0 = 0; c0 < nk; c0 += kKeyChunk)
+      for (int t = t0, j0, j1; t < t1; ++t)
+        if (range(t, c0, j0, j1)) {
+          float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
+          kern.pv(s_row(t) + j0, H, vtile + size_t(j0) * dv, j1 - j0, dv, out, size_t(nk), j0 > lo_of(t) - lo);
+        }
   });
 }
 
