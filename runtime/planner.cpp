@@ -4,6 +4,7 @@
 #include "runtime/planner.h"
 
 #include <algorithm>
+#include <string_view>
 #include <cmath>
 #include <numeric>
 
@@ -339,7 +340,8 @@ Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devic
   const std::vector<double> counts = balanced_split(shape, sharing.size());
   for (size_t k = 0; k < sharing.size(); k++) even.tensor_split[sharing[k]] = counts[k];
   Plan p = plan(shape, devices, even);
-  if (p.policy.starts_with("tensor-split")) p.policy.replace(0, 12, "equal work");
+  constexpr std::string_view kSplit = "tensor-split";  // plan()'s name for a given split: this one is ours
+  if (p.policy.starts_with(kSplit)) p.policy.replace(0, kSplit.size(), "equal work");
   if (p.fits) return p;
   Plan filled = plan(shape, devices, options);
   if (!filled.fits) return p;

@@ -853,9 +853,10 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     // q and out, so one call covers them all. Each score and each output is the same chain of
     // operations as one call over the query's whole range, so the bits do not change.
     constexpr int kKeyChunk = 64;
+    auto first_row = [&](int t) { return lo_of(t) - lo; };
+    auto n_keys = [&](int t) { return a.pos[t] - lo_of(t) + 1; };
     auto range = [&](int t, int c0, int& j0, int& j1) {
-      const int off = lo_of(t) - lo, end = off + a.pos[t] - lo_of(t) + 1;
-      j0 = std::max(c0, off), j1 = std::min(c0 + kKeyChunk, end);
+      j0 = std::max(c0, first_row(t)), j1 = std::min(c0 + kKeyChunk, first_row(t) + n_keys(t));
       return j0 < j1;
     };
     auto s_row = [&](int t) { return scores + size_t(t - t0) * H * nk; };
@@ -865,15 +866,13 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
           const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
           kern.scores(q, H, ktile + size_t(j0) * dk, j1 - j0, dk, a.scale, s_row(t) + j0, size_t(nk));
         }
-    for (int t = t0; t < t1; ++t) {
-      const int off = lo_of(t) - lo, n = a.pos[t] - lo_of(t) + 1;
-      for (int r = 0; r < H; ++r) softmax(s_row(t) + size_t(r) * nk + off, n);
-    }
+    for (int t = t0; t < t1; ++t)
+      for (int r = 0; r < H; ++r) softmax(s_row(t) + size_t(r) * nk + first_row(t), n_keys(t));
     for (int c0 = 0; c0 < nk; c0 += kKeyChunk)
       for (int t = t0, j0, j1; t < t1; ++t)
         if (range(t, c0, j0, j1)) {
           float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
-          kern.pv(s_row(t) + j0, H, vtile + size_t(j0) * dv, j1 - j0, dv, out, size_t(nk), j0 > lo_of(t) - lo);
+          kern.pv(s_row(t) + j0, H, vtile + size_t(j0) * dv, j1 - j0, dv, out, size_t(nk), j0 > first_row(t));
         }
   });
 }
