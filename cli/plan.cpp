@@ -46,6 +46,7 @@ int run_plan(const PlanArgs& a) {
   else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
   else fail(ErrorKind::Usage, "--kv-type '{}' is not supported (use f16 or q8_0)", a.kv_type);
   apply_placement(a.placement, o);
+  o.auto_devices = a.devices == "auto";
 
   Plan p;
   if (a.distributed) {  // every rank's devices (one each), gathered on rank 0; the workers print nothing

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "gguf/error.h"
@@ -329,6 +330,18 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options,
                    bool every_entry_shares) {
   if (!options.tensor_split.empty() || options.spread) return plan(shape, devices, options);
+  if (options.auto_devices && !every_entry_shares) {
+    Plan p = plan(shape, devices, options);
+    std::vector<std::string> idle;
+    for (size_t d = 0; d < devices.size(); d++)
+      if (devices[d].is_gpu() && std::none_of(p.stages.begin(), p.stages.end(), [&](const Stage& st) { return st.device == d; }))
+        idle.push_back(devices[d].label);
+    if (p.fits && !idle.empty())
+      p.notes.push_back(fmt::format("{} left idle: the GPUs before hold the model (--spread, or a list such as "
+                                    "--devices cuda:0,cuda:1, splits it over every GPU for more batch throughput)",
+                                    fmt::join(idle, ", ")));
+    return p;
+  }
   const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return d.is_gpu(); });
   const bool any_cpu = std::any_of(devices.begin(), devices.end(), [](const DeviceSpec& d) { return !d.is_gpu(); });
   std::vector<size_t> sharing;  // the entries that share the work

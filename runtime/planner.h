@@ -30,6 +30,10 @@ struct PlanOptions {
   int n_gpu_layers = -1;      // at most this many layers on GPU entries (the first ones); -1: no cap
   bool no_cpu_spill = false;  // with GPU entries listed: fail instead of putting layers on the CPU
   bool spread = false;        // use every GPU entry (in proportion to memory) even if one would do
+  // The entries came from `--devices auto` (GPUs by free memory, then the CPU): plan_pipeline fills
+  // them in order, so a model one GPU holds stays on one GPU (docs/PLACEMENT.md). An explicit list
+  // of GPUs asks for a pipeline over all of them: equal work each.
+  bool auto_devices = false;
 };
 
 struct Stage {
@@ -94,7 +98,8 @@ std::vector<double> balanced_split(const ModelShape& shape, size_t n);
 // with GPUs and the CPU listed, the GPUs alone: the CPU is far slower per layer, so it takes only
 // what the GPUs cannot hold (`cuda:0,cpu` fills the GPU; `cuda:0=2GiB,cpu`: the GPU takes what fits,
 // the CPU the rest). every_entry_shares: all entries share the work whatever their kind (MPI ranks:
-// each rank serves one stage).
+// each rank serves one stage). options.auto_devices (and not every_entry_shares): the entries are
+// filled in order, with a note naming the GPUs left idle.
 Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options,
                    bool every_entry_shares = false);
 

@@ -666,3 +666,35 @@ TEST_CASE("a pipeline's plan takes equal work per stage when it fits, else fills
   o.tensor_split = {1, 1};
   CHECK_FALSE(plan_pipeline(s, small, o).fits);
 }
+
+TEST_CASE("--devices auto fills in order: a model one GPU holds stays there; --spread uses them all") {
+  const ModelShape s = shape_from_preset(find_preset("llama3-8b"), GgmlType::Q4_0);
+  PlanOptions o;
+  o.n_ctx = 64;
+  o.n_batch = 64;
+  o.auto_devices = true;
+  const std::vector<DeviceSpec> two = {gpu(40 * GiB, 512 * MiB), gpu(40 * GiB, 512 * MiB), cpu(64 * GiB)};
+  const Plan one = plan_pipeline(s, two, o);
+  check_structure(one, s, o);
+  REQUIRE(one.fits);
+  REQUIRE(one.stages.size() == 1);
+  CHECK(one.stages[0].device == 0);
+  CHECK(one.policy == "fill");
+  CHECK_THAT(format_plan(one, s), Catch::Contains("cuda left idle") && Catch::Contains("--spread"));
+  // Small GPUs: the model spills from the first GPU to the second, then to the CPU; nothing idle.
+  const Plan spill = plan_pipeline(s, {gpu(2 * GiB, 512 * MiB), gpu(2 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
+  check_structure(spill, s, o);
+  REQUIRE(spill.fits);
+  REQUIRE(spill.stages.size() == 3);
+  CHECK(spill.stages[0].free_bytes() < int64_t(per_layer(s, o, spill.stages[0].layer_end)));
+  CHECK_THAT(format_plan(spill, s), !Catch::Contains("idle"));
+  // --spread: both GPUs, no note.
+  o.spread = true;
+  const Plan spread = plan_pipeline(s, two, o);
+  REQUIRE(spread.fits);
+  CHECK(spread.stages.size() == 2);
+  CHECK_THAT(format_plan(spread, s), !Catch::Contains("idle"));
+  // MPI ranks share the work whatever the list came from.
+  o.spread = false;
+  CHECK(plan_pipeline(s, two, o, /*every_entry_shares=*/true).stages.size() == 3);
+}
