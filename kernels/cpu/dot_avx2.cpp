@@ -230,6 +230,96 @@ struct PackedK42 {
   }
 };
 
+// Q6_K (tile layout in packed.h). Per output and 32-element block m the portable kernel's integer
+// sum s = sc_2m·(Σ u·q − 32·Σq16_0) + sc_2m+1·(Σ u·q − 32·Σq16_1) over its two 16-element
+// sub-blocks, exact in 32 bits, then acc = fma(float(s)·dx, d, acc), blocks in order. The int8
+// sub-block scales ride in pmaddwd (each row's scale in both 16-bit halves of its dword), and the
+// offsets take one pmaddwd per block and column: (−32·sc_2m, −32·sc_2m+1) against the activation
+// block's two 16-bit sums. Two lines' pmaddubsw pairs add in 16 bits: 4 × 63 × 127 < 2^15.
+struct PackedQ62 {
+  static constexpr size_t kTile = 16 * sizeof(BlockQ6_K);
+  static constexpr size_t kSc = 32, kQ = 288;
+  static constexpr int64_t kAhead = 4;  // tiles prefetched ahead (a GEMV is memory bound)
+
+  // Line k of block M (element half E = M / 4, P = M % 4) for row half R, as unsigned 6-bit values.
+  template <int M>
+  static __m256i quants(const uint8_t* t, int k, int R) {
+    constexpr int E = M / 4, P = M % 4;
+    const uint8_t* lines = t + kQ + 64 * (24 * E + 3 * k) + 32 * R;
+    const __m256i ql = load256(lines + 64 * (P & 1)), qh = load256(lines + 128);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i lo, hb;
+    if constexpr (P < 2) lo = _mm256_and_si256(ql, m4);
+    else lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+    if constexpr (P == 0) hb = _mm256_slli_epi16(qh, 4);
+    else if constexpr (P == 1) hb = _mm256_slli_epi16(qh, 2);
+    else if constexpr (P == 2) hb = qh;
+    else hb = _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+  }
+  // Bytes I and J of every row's dword of scale line v as int16 pairs (low half: byte I, high: J),
+  // arithmetic-shifted right by S from the high byte (S = 8: the scale itself, 3: 32 × the scale).
+  template <int I, int J, int S>
+  static __m256i scale_pairs(__m256i v) {
+    constexpr char z = char(0x80);
+    const __m256i pat = _mm256_setr_epi8(z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J,  //
+                                         z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, pat), S);
+  }
+
+  // Block M of row half R for columns 0..NC-1.
+  template <int NC, int M>
+  static void block(const uint8_t* t, int R, __m256 d, const ActQ8_32s* const* x, __m256* acc) {
+    constexpr int I = 2 * (M % 2);
+    const __m256i sv = load256(t + kSc + 64 * (M / 2) + 32 * R);
+    const __m256i off = _mm256_sub_epi16(_mm256_setzero_si256(), scale_pairs<I, I + 1, 3>(sv));
+    const __m256i sc0 = scale_pairs<I, I, 8>(sv), sc1 = scale_pairs<I + 1, I + 1, 8>(sv);
+    __m256i s[NC];
+    for (int c = 0; c < NC; c++) {
+      int32_t both;
+      std::memcpy(&both, x[c][M].sum16, 4);
+      s[c] = _mm256_madd_epi16(off, _mm256_set1_epi32(both));
+    }
+    for (int k = 0; k < 8; k += 2) {
+      const __m256i u0 = quants<M>(t, k, R), u1 = quants<M>(t, k + 1, R);
+      const __m256i sc = k < 4 ? sc0 : sc1;
+      for (int c = 0; c < NC; c++) {
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(x[c][M].q + 4 * k)),
+                                               _mm256_maddubs_epi16(u1, bcast(x[c][M].q + 4 * k + 4)));
+        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(pairs, sc));
+      }
+    }
+    for (int c = 0; c < NC; c++)
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(x[c][M].d)), d, acc[c]);
+  }
+
+  template <int NC, int H0, int NH, int M>
+  static void step(const uint8_t* t, const __m256* d, const ActQ8_32s* const* x, __m256 (*acc)[NC]) {
+    if constexpr (H0 == 0)  // an eighth of the tile kAhead tiles on, per block
+      for (size_t l = 0; l < kTile / 8; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + (kTile / 8) * M + l), _MM_HINT_T0);
+    for (int h = 0; h < NH; h++) block<NC, M>(t, H0 + h, d[h], x, acc[h]);
+    if constexpr (M < 7) step<NC, H0, NH, M + 1>(t, d, x, acc);
+  }
+
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+      const uint8_t* t = tiles + size_t(sb) * kTile;
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
+      __m256 d[NH];
+      for (int h = 0; h < NH; h++) d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
+      step<NC, H0, NH, 0>(t, d, x, acc);
+    }
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
+      store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
+  }
+};
+
 // A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
 // count: passes of up to 4 columns; 1-2 columns take both halves per pass (one read of each tile),
 // 3-4 one half at a time (their sums and accumulators fill the 16 ymm registers); the tiles of a
@@ -262,6 +352,7 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::Q8_0)] = tile_passes<Packed2<GgmlType::Q8_0>>;
   t.packed[int(GgmlType::Q4_K)] = tile_passes<PackedK42<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = tile_passes<PackedK42<GgmlType::Q5_K>>;
+  t.packed[int(GgmlType::Q6_K)] = tile_passes<PackedQ62>;
   return t;
 }
 

@@ -289,8 +289,12 @@ inline __m512 byte_u(__m512i v) {
   return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * I), _mm512_set1_epi32(0xFF)));
 }
 template <int I>
+inline __m512i byte_si(__m512i v) {
+  return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * I), 24);
+}
+template <int I>
 inline __m512 byte_s(__m512i v) {
-  return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * I), 24));
+  return _mm512_cvtepi32_ps(byte_si<I>(v));
 }
 
 // Q4_K, Q5_K. Tile: d[16], dmin[16] (fp16) | 3 lines of the 12 packed scale bytes | Q5_K: 8 lines of
@@ -399,11 +403,13 @@ struct PackedK4 {
 // Q6_K. Tile: d[16] (fp16) | 4 lines of int8 scales | 48 quant lines, 24 per half h: for
 // k = 0..7 the triple ql line 16h + k, ql line 16h + 8 + k, qh line 8h + k. Block m (h = m / 4,
 // p = m % 4) takes ql lines 16h + 8·(p & 1) + k (low nibbles for p < 2, high otherwise) and qh
-// lines 8h + k (bits 2p, 2p + 1 as bits 4, 5). Per column and 16-element sub-block:
-// s = −32·Σq16 + Σ u·q in integers, then acc = fma(float(s)·dx, d·sc, acc), sub-blocks in order;
-// the portable kernel agrees. Memory order matters here: read in any other order than the
-// layout's, a GEMV fell from ~14 to ~7 GB/s. Registers too: with 8 columns, the sums of both
-// halves of a block live at once spilled and halved the GEMM speed.
+// lines 8h + k (bits 2p, 2p + 1 as bits 4, 5). Per column and 32-element block m, in integers:
+// s = Σ sc·(−32·Σq16 + Σ u·q) over its two 16-element sub-blocks, then acc = fma(float(s)·dx, d, acc),
+// blocks in order; the portable kernel agrees. Memory order matters here: read in any other order than the
+// layout's, a GEMV fell from ~14 to ~7 GB/s. Registers too: with 8 columns, the sums of all four
+// blocks of a half live at once spilled and halved the GEMM speed; the per-block form keeps two
+// sub-blocks' sums (24 registers with the accumulators; since the integer scales of session 21,
+// not measured: that machine had no AVX-512).
 struct PackedQ6K {
   static constexpr size_t kTile = 16 * sizeof(BlockQ6_K);
   static constexpr size_t kSc = 32, kQ = 288;
@@ -458,26 +464,24 @@ struct PackedQ6K {
     }
   }
 
-  // Block M's scales applied, halves in order.
+  // Block M's two sub-block sums scaled in integers (sc·s, exact), then one fma with d.
   template <int NC, int M>
   static void apply(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, const __m512i* sa, const __m512i* sb,
                     __m512* acc) {
     // Sub-block scales 2M and 2M + 1: bytes 2·(M % 2) and 2·(M % 2) + 1 of scale line M / 2.
     const __m512i sv = load512(t + kSc + 64 * (M / 2));
-    const __m512 dsa = _mm512_mul_ps(d, byte_s<2 * (M % 2)>(sv)), dsb = _mm512_mul_ps(d, byte_s<2 * (M % 2) + 1>(sv));
+    const __m512i sca = byte_si<2 * (M % 2)>(sv), scb = byte_si<2 * (M % 2) + 1>(sv);
     for (int c = 0; c < NC; c++) {
-      const __m512 dx = _mm512_set1_ps(x[c][M].d);
-      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sa[c]), dx), dsa, acc[c]);
-      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sb[c]), dx), dsb, acc[c]);
+      const __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sca), _mm512_mullo_epi32(sb[c], scb));
+      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(x[c][M].d)), d, acc[c]);
     }
   }
 
-  // Half S of block M, sums and scale: with many columns only one set of sums is live at a time
-  // (two sets spill at 8 columns). Same operations as sums + apply.
+  // The sums of sub-block S of block M (with many columns only one block's sums are live at a
+  // time: two blocks' spill at 8 columns).
   template <int NC, int M, int S>
-  static void block_half(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
+  static void sub_sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i* s) {
     constexpr int H = M / 4, P = M % 4;
-    __m512i s[NC];
     for (int c = 0; c < NC; c++) {
       int32_t both;
       std::memcpy(&both, x[c][M].sum16, 4);
@@ -487,15 +491,14 @@ struct PackedQ6K {
       const __m512i u = quants<P>(load512(ql_line(t, H, P, k)), load512(qh_line(t, H, k)));
       for (int c = 0; c < NC; c++) s[c] = _mm512_dpbusd_epi32(s[c], u, bcast4(x[c][M].q + 4 * k));
     }
-    const __m512 ds = _mm512_mul_ps(d, byte_s<2 * (M % 2) + S>(load512(t + kSc + 64 * (M / 2))));
-    for (int c = 0; c < NC; c++)
-      acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), _mm512_set1_ps(x[c][M].d)), ds, acc[c]);
   }
 
   template <int NC, int M>
   static void block(const uint8_t* t, __m512 d, const ActQ8_32s* const* x, __m512* acc) {
-    block_half<NC, M, 0>(t, d, x, acc);
-    block_half<NC, M, 1>(t, d, x, acc);
+    __m512i sa[NC], sb[NC];
+    sub_sums<NC, M, 0>(t, x, sa);
+    sub_sums<NC, M, 1>(t, x, sb);
+    apply<NC, M>(t, d, x, sa, sb, acc);
   }
 
   template <int NC, int H>

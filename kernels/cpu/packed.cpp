@@ -188,7 +188,8 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 
 // The k-quants, per 32-element block m of a super-block (it meets exactly one activation block):
 //   Q4_K, Q5_K: s = Σ u·q, then acc = fma(float(s)·dx, d·sc_m, acc), acc = fma(−dmin·mn_m, dx·Σq, acc);
-//   Q6_K: for each 16-element half h, s = −32·Σq_h + Σ u·q, then acc = fma(float(s)·dx, d·sc, acc).
+//   Q6_K: s = Σ_h sc_2m+h·(−32·Σq_h + Σ u·q) over its 16-element halves h (exact in 32 bits: at most
+//         2 × 128 × 16 × 63 × 127), then acc = fma(float(s)·dx, d, acc).
 // Blocks (and halves) in element order; the AVX-512 kernel does the same operations.
 template <GgmlType T>
 void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
@@ -212,11 +213,13 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
           const ActQ8_32s& x = xs[m];
           const uint8_t* u = k.u + 32 * m;
           if constexpr (T == GgmlType::Q6_K) {
+            int32_t s = 0;
             for (int h = 0; h < 2; h++) {
-              int32_t s = -32 * int32_t(x.sum16[h]);
-              for (int e = 16 * h; e < 16 * h + 16; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
-              out = std::fma(float(s) * x.d, k.d * float(k.s[2 * m + h]), out);
+              int32_t sh = -32 * int32_t(x.sum16[h]);
+              for (int e = 16 * h; e < 16 * h + 16; e++) sh += int32_t(u[e]) * int32_t(x.q[e]);
+              s += int32_t(k.s[2 * m + h]) * sh;
             }
+            out = std::fma(float(s) * x.d, k.d, out);
           } else {
             int32_t s = 0;
             for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
@@ -233,13 +236,9 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 
 }  // namespace
 
-bool has_packed_layout(GgmlType t) { return packable(t) || t == GgmlType::Q6_K; }
-
-// Q6_K has a layout and kernels but is not packed at load: its GEMM is 2-3x the row kernel's, but
-// its GEMV (decode) stays a few percent below it (docs/KERNELS.md).
 bool packable(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 bool packing_enabled(GgmlType t) {
@@ -249,8 +248,10 @@ bool packing_enabled(GgmlType t) {
   }();
   if (off || !packable(t)) return false;
   switch (active_isa()) {
-    case Isa::Avx512: return true;
-    case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;  // the legacy types' tiles
+    // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
+    // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21).
+    case Isa::Avx512: return t != GgmlType::Q6_K;
+    case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
   }
   return false;
@@ -268,7 +269,7 @@ size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols) {
 
 void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool) {
   const GgmlType t = W.type;
-  BATON_CHECK(has_packed_layout(t) && W.cols % layout(t).elems == 0);
+  BATON_CHECK(packable(t) && W.cols % layout(t).elems == 0);
   const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
   const int64_t nb = W.cols / layout(t).elems, groups = (W.rows + kPackRows - 1) / kPackRows;
   auto group = [&](int g, int) {

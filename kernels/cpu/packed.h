@@ -37,11 +37,9 @@ namespace baton::cpu {
 
 constexpr int kPackRows = 16;
 
-// Whether a type has a packed layout (pack_matrix accepts it); whether model loads pack it (its
-// AVX-512 tile kernel is faster than the row kernel, GEMV included); whether this process packs it
-// (packable, the active ISA has its tile kernel — AVX-512 all of them, AVX2 the legacy types — and
-// BATON_CPU_PACK is not 0).
-bool has_packed_layout(GgmlType t);
+// Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
+// whether this process packs it at load (the active ISA has its tile kernel and it beats the row
+// kernel there — AVX-512: all but Q6_K, AVX2: all of them — and BATON_CPU_PACK is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
 
