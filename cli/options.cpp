@@ -50,8 +50,9 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
 
 void add_placement_flags(CLI::App& app, PlacementFlags& f) {
   app.add_option("--tensor-split", f.tensor_split,
-                 "layer proportions per device entry, e.g. 3,1 (default: equal work per stage over entries of "
-                 "one kind, or over the GPUs when the CPU is listed too; filled in order when that does not fit)");
+                 "layer proportions per device entry, e.g. 3,1 (default: --devices auto fills in order; a list "
+                 "gives equal work per stage to entries of one kind, or to the GPUs when the CPU is listed "
+                 "too, filled in order when that does not fit)");
   app.add_option("--n-gpu-layers,--gpu-layers", f.n_gpu_layers,
                  "at most N layers on GPUs, the rest on the CPU (also -ngl N; default: as many as fit)");
   app.add_flag("--no-cpu-spill", f.no_cpu_spill, "fail instead of putting layers on the CPU when GPUs are listed");
