@@ -758,6 +758,8 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   const ModelShape shape = shape_from_gguf(*file_);
   const Plan p = plan_ranks(shape, all, plan_options(opt));
   if (opt.verbose) std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
+  else
+    for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (!p.fits) fail(ErrorKind::OutOfMemory, "{}: the model does not fit: {}", path, shortfall_message(p));
   if (p.stages.size() != all.size())
     fail(ErrorKind::Usage, "{} ranks but the model's {} layers make only {} stages: launch at most {} ranks",

@@ -177,6 +177,8 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   on_stage_ = opt.on_stage;
   busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
 
+  if (!opt.verbose)
+    for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
     std::fprintf(stderr, "threads per stage: %d\n", per_stage);

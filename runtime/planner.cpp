@@ -318,10 +318,10 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 
   for (const auto& d : devices)
     if (d.present && d.budget_given && d.free_bytes > 0 && d.budget > d.free_bytes)
-      p.notes.push_back(fmt::format("{}: budget {} is more than the {} free right now", d.label, format_bytes(d.budget),
+      p.warnings.push_back(fmt::format("{}: budget {} is more than the {} free right now", d.label, format_bytes(d.budget),
                                     format_bytes(d.free_bytes)));
   if (shape.n_ctx_train > 0 && o.n_ctx > shape.n_ctx_train)
-    p.notes.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for", o.n_ctx, shape.n_ctx_train));
+    p.warnings.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for (its output may degrade past them)", o.n_ctx, shape.n_ctx_train));
   if (o.n_batch != options.n_batch)
     p.notes.push_back(fmt::format("batch lowered to {}: a step cannot hold more tokens than the cache", o.n_batch));
   return p;
@@ -429,6 +429,7 @@ std::string format_plan(const Plan& p, const ModelShape& s) {
   }
   out += "\n(holds: E token embedding, H output head; layers inclusive; free = budget - total)\n";
   for (const auto& n : p.notes) out += fmt::format("note: {}\n", n);
+  for (const auto& w : p.warnings) out += fmt::format("warning: {}\n", w);
   if (p.fits) out += fmt::format("fits: yes, {} stage{}, {} planned in all\n", p.stages.size(),
                                  p.stages.size() == 1 ? "" : "s", format_bytes(p.total_bytes()));
   else out += fmt::format("fits: NO: {}\n", shortfall_message(p));
@@ -464,6 +465,7 @@ nlohmann::json plan_to_json(const Plan& p, const ModelShape& s) {
   j["shortfalls"] = json::array();
   for (const auto& sf : p.shortfalls) j["shortfalls"].push_back({{"device", sf.device}, {"label", sf.label}, {"bytes", sf.bytes}});
   j["notes"] = p.notes;
+  j["warnings"] = p.warnings;
   return j;
 }
 

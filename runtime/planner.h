@@ -75,7 +75,10 @@ struct Plan {
   std::string policy;            // "fill", "spread", "tensor-split", with "+ n-gpu-layers N"
   bool fits = false;
   std::vector<Shortfall> shortfalls;  // empty when it fits
-  std::vector<std::string> notes;     // things the user should see (budgets above free memory, ...)
+  std::vector<std::string> notes;     // how the plan came about (an entry passed over, idle GPUs, ...)
+  // What may go wrong although it fits (a budget above the memory free now, a context beyond the
+  // trained one): loading prints these on stderr even without --verbose.
+  std::vector<std::string> warnings;
 
   uint64_t total_bytes() const;
   uint64_t kv_bytes() const;

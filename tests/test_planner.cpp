@@ -413,6 +413,28 @@ TEST_CASE("reserve, batch clamp and option errors") {
   CHECK_THROWS_AS(plan(s, {}, o), Error);
 }
 
+TEST_CASE("a context beyond the trained one and a budget above free memory are warnings, not notes") {
+  ModelShape s = toy(4, 1 * MiB, 1 * MiB, true);
+  s.n_ctx_train = 128;
+  PlanOptions o;
+  o.n_ctx = 128;
+  o.n_batch = 64;
+  DeviceSpec c = cpu(1 * GiB);
+  c.present = true;
+  c.free_bytes = 2 * GiB;
+  CHECK(plan(s, {c}, o).warnings.empty());
+  o.n_ctx = 129;
+  c.free_bytes = 512 * MiB;
+  const Plan p = plan(s, {c}, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.warnings.size() == 2);
+  CHECK_THAT(p.warnings[0], Catch::Contains("budget 1.00 GiB is more than the 512 MiB free right now"));
+  CHECK_THAT(p.warnings[1], Catch::Contains("context 129 is beyond the 128 tokens the model was trained for"));
+  CHECK(p.notes.empty());
+  CHECK_THAT(format_plan(p, s), Catch::Contains("warning: context 129"));
+  CHECK(plan_to_json(p, s)["warnings"].size() == 2);
+}
+
 // ---- properties -------------------------------------------------------------------------------
 
 namespace {

@@ -550,12 +550,19 @@ TEST_CASE("run: the context end is reported, too long a prompt is an error, Ctrl
   INFO(full.err);
   REQUIRE(full.code == 0);
   json j = json::parse(full.out);
+  CHECK(full.err.find("warning") == std::string::npos);
   if (j["finish_reason"] == "context") {
     CHECK(j["prompt_tokens"].get<int>() + j["tokens"].get<int>() == 24 + 1);  // the last one is sampled, not cached
     CHECK(full.err.find("context is full") != std::string::npos);
   } else {
     WARN("the model ended its text before the context was full: " << j.dump());
   }
+
+  // A context past the trained 8192 tokens loads, with a warning on stderr (stdout stays the reply).
+  Out beyond = run_baton("run -m " + m + " --raw -p 'Once upon a time' --ctx 9000 -n 2 --temp 0 -t 2");
+  REQUIRE(beyond.code == 0);
+  CHECK(beyond.err.find("warning: context 9000 is beyond the 8192 tokens the model was trained for") != std::string::npos);
+  CHECK(beyond.out.find("warning") == std::string::npos);
 
   std::string long_prompt;
   for (int i = 0; i < 40; i++) long_prompt += "word ";
