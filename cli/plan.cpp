@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -21,7 +22,7 @@ namespace {
 
 struct PlanArgs {
   std::string model, shape, type = "Q4_K", devices = "auto", kv_type = "f16";
-  uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0;
+  uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0, threads = 0;
   PlacementFlags placement;
   bool json = false, distributed = false;
 };
@@ -42,6 +43,7 @@ int run_plan(const PlanArgs& a) {
   o.n_parallel = a.parallel;
   o.n_batch = a.batch;
   o.n_outputs = a.outputs;
+  o.n_threads = a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());  // as run's default
   if (a.kv_type == "f16" || a.kv_type == "F16") o.kv_type = GgmlType::F16;
   else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
   else fail(ErrorKind::Usage, "--kv-type '{}' is not supported (use f16 or q8_0)", a.kv_type);
@@ -75,6 +77,8 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
                 app.add_option("--outputs", a->outputs, "Logit rows per step (default: every token of a batch)");
                 app.add_option("--kv-type", a->kv_type, "KV cache type: f16 or q8_0 (default f16)");
+                app.add_option("-t,--threads", a->threads,
+                               "CPU threads a CPU stage runs with (its attention buffers are per thread; default: all cores)");
                 add_placement_flags(app, a->placement);
                 app.add_flag("--json", a->json, "Print the plan as JSON");
                 add_distributed_flag(app, a->distributed, [a] { return WorkerArgs{a->model, a->devices, 0, 0}; });

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gguf/error.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/batch.h"
 
 namespace baton {
@@ -32,7 +33,7 @@ uint64_t kv_layer_bytes(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32
 }
 
 ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
-                             GgmlType kv_type, uint32_t n_outputs) {
+                             GgmlType kv_type, uint32_t n_outputs, uint32_t n_threads) {
   BATON_CHECK(is_kv_type(kv_type));
   const uint64_t B = n_batch, f = sizeof(float);
   uint32_t kvh = 0, kvh_min = 0;
@@ -54,7 +55,8 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_c
   L.hb2 = align_buffer(B * s.n_ff * f);
   L.k_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_k));
   L.v_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_v));
-  L.att = align_buffer(uint64_t(kPlanThreadsPerStage) * (n_rep * n_ctx + std::max(s.head_dim_k, s.head_dim_v)) * f);
+  const uint64_t threads = n_threads > 0 ? n_threads : kPlanThreadsPerStage;
+  L.att = align_buffer(threads * cpu::attention_thread_bytes(int(n_rep), int(s.head_dim_k), int(s.head_dim_v), int(n_ctx)));
   L.xq = align_buffer(B * ((widest + 31) / 32) * 40);
   const uint64_t rows = n_outputs == 0 ? B : n_outputs;
   L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;

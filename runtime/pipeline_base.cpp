@@ -3,6 +3,7 @@
 #include "runtime/pipeline_base.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "gguf/error.h"
 #include "runtime/kv_cache.h"
@@ -37,6 +38,9 @@ PlanOptions ModelPipeline::plan_options(const LoadOptions& opt) const {
   po.n_parallel = uint32_t(opt.n_seq);
   po.n_batch = uint32_t(opt.n_batch);
   po.kv_type = opt.kv_type;
+  // A CPU stage has at most all the threads (or --threads-per-stage): its attention buffers are per thread.
+  const int total = opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  po.n_threads = uint32_t(std::max(total, opt.threads_per_stage));
   po.tensor_split = opt.tensor_split;
   po.reserve = opt.reserve;
   po.n_gpu_layers = opt.n_gpu_layers;

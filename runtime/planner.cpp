@@ -29,6 +29,7 @@ struct Pricing {
   std::vector<uint64_t> prefix;  // prefix[i]: weights + KV of layers [0, i)
   std::vector<uint64_t> kv;      // KV per layer
   uint64_t scratch_mid, scratch_last;
+  uint64_t cpu_att = 0;  // the CPU attention's per-thread buffers, in both
   uint64_t gpu_ops_mid, gpu_ops_last;  // GPU stages also hold the CUDA ops' shared scratch (+ sampling)
   uint64_t gpu_link;                   // and, past layer 0, the slots of a link from a GPU stage
   std::vector<uint64_t> reserve;  // per device entry
@@ -41,8 +42,9 @@ struct Pricing {
       kv[i] = kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
       prefix[i + 1] = prefix[i] + s.layers[i].weight_bytes + kv[i];
     }
-    scratch_mid = scratch_bytes(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs);
-    scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs);
+    scratch_mid = scratch_bytes(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs, o.n_threads);
+    scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs, o.n_threads);
+    cpu_att = scratch_layout(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs, o.n_threads).att;
     gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
     gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true) + gpu_sampling_bytes(s, o.n_batch);
     gpu_link = gpu_link_bytes(s, o.n_batch);
@@ -62,8 +64,9 @@ struct Pricing {
     if (head) c += s.output_norm_bytes + (s.tied_output && emb ? 0 : s.output_bytes);
     return c + scratch(d, head) + (dev[d].is_gpu() && !emb ? gpu_link : 0);
   }
+  // A GPU stage's attention runs on the GPU: no CPU attention buffers there.
   uint64_t scratch(size_t d, bool head) const {
-    return (head ? scratch_last : scratch_mid) + (dev[d].is_gpu() ? (head ? gpu_ops_last : gpu_ops_mid) : 0);
+    return (head ? scratch_last : scratch_mid) + (dev[d].is_gpu() ? (head ? gpu_ops_last : gpu_ops_mid) - cpu_att : 0);
   }
 };
 

@@ -22,6 +22,7 @@ struct PlanOptions {
   uint32_t n_batch = 512;     // tokens per forward step (clamped to n_ctx × n_parallel)
   uint32_t n_outputs = 0;     // logit rows per step; 0: n_batch (every token of a step)
   GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
+  uint32_t n_threads = 0;     // CPU threads of a CPU stage at most (its attention buffers); 0: kPlanThreadsPerStage
   // User margin per device entry, on top of the device's runtime reserve. Empty: none; one value:
   // the same for every entry; otherwise one value per entry.
   std::vector<uint64_t> reserve;
@@ -48,8 +49,9 @@ struct Stage {
   uint64_t output_bytes = 0;        // output_norm + head (0 for a tied head on the embedding's stage)
   uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
   uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs),
-                                    // + gpu_ops_scratch_bytes(shape, n_batch, has_output) on a GPU,
+  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs, n_threads),
+                                    // on a GPU without the CPU attention's buffers (ScratchLayout::att)
+                                    // and + gpu_ops_scratch_bytes(shape, n_batch, has_output),
                                     // + gpu_link_bytes(shape, n_batch) on a GPU past layer 0
   uint64_t reserve_bytes = 0;       // device runtime reserve + user margin
   uint64_t budget = 0;

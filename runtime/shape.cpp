@@ -5,6 +5,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
+#include "kernels/cuda/layout.h"
 
 namespace baton {
 
@@ -31,12 +32,25 @@ bool layer_is_global(uint32_t il, uint32_t swa_period) {
 
 namespace {
 
-// Bytes a weight takes where it is used: a matrix of a packable type fills whole groups of 16
-// rows in a CPU stage (kernels/cpu/packed.h). Counted on every device, so the plan never falls
-// short of a CPU stage's allocation.
-uint64_t used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nbytes) {
-  return cpu::packable(type) && rows > 1 ? cpu::packed_bytes(type, rows, ne0) : nbytes;
+}  // namespace
+
+// Bytes a weight takes where it is used, on whichever device: a matrix of a packable type fills
+// whole groups of 16 rows in a CPU stage (kernels/cpu/packed.h); on a GPU each row is split into
+// its quants and scales and padded to 16 bytes (kernels/cuda/layout.h: a Q8_0 row of 576 elements
+// is 612 bytes in the file and 624 on the GPU). The larger of the two, so the plan never falls
+// short of either kind of stage's allocation.
+uint64_t weight_used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nbytes) {
+  if (rows <= 1) return nbytes;
+  uint64_t used = nbytes;
+  if (cpu::packable(type)) used = std::max<uint64_t>(used, cpu::packed_bytes(type, rows, ne0));
+  const TypeTraits& tt = traits(type);
+  const bool float_row = tt.block_elems == 1;
+  if (cuda::cuda_supports(type) && ne0 % tt.block_elems == 0 && (!float_row || ne0 % 8 == 0))
+    used = std::max<uint64_t>(used, uint64_t(cuda::packed_row_bytes(type, ne0)) * uint64_t(rows));
+  return used;
 }
+
+namespace {
 
 // Architectures whose files carry a sliding window but not its layer pattern: every
 // period-th layer is global. An unknown architecture with a window and no pattern is treated as
@@ -129,7 +143,7 @@ ModelShape shape_from_gguf(const gguf::File& f) {
   bool have_output = false;
   for (const auto& t : f.tensors()) {
     const int64_t il = block_index(t.name);
-    const uint64_t nbytes = used_bytes(t.type, t.ne[0], t.nrows(), t.nbytes);
+    const uint64_t nbytes = weight_used_bytes(t.type, t.ne[0], t.nrows(), t.nbytes);
     if (il >= 0) {
       if (il >= int64_t(s.n_layer))
         fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
@@ -277,7 +291,7 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
   for (const TensorSpec& t : preset_tensors(p, type)) {
     int64_t rows = 1;
     for (size_t i = 1; i < t.dims.size(); i++) rows *= t.dims[i];
-    const uint64_t n = used_bytes(t.type, t.dims.at(0), rows, t.nbytes());
+    const uint64_t n = weight_used_bytes(t.type, t.dims.at(0), rows, t.nbytes());
     const uint64_t elems = uint64_t(rows) * uint64_t(t.dims.at(0));
     if (t.name.rfind("blk.", 0) == 0) {
       LayerShape& l = s.layers[std::stoul(t.name.substr(4))];

@@ -53,6 +53,11 @@ struct ModelShape {
   bool operator==(const ModelShape&) const = default;
 };
 
+// The bytes a weight tensor (ne0 elements per row, `rows` rows, nbytes in the file) takes on any
+// device: the larger of a CPU stage's packed matrix and a GPU stage's padded rows. Every byte
+// count of a shape is made of these.
+uint64_t weight_used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nbytes);
+
 // From metadata and tensor infos only; never touches tensor data. Throws Error(Model) naming the
 // missing key or the inconsistency.
 ModelShape shape_from_gguf(const gguf::File& f);

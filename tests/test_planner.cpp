@@ -59,7 +59,8 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   if (emb) c += s.embedding_bytes;
   if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
-  c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs);
+  c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs, o.n_threads);
+  if (d.is_gpu()) c -= scratch_layout(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs, o.n_threads).att;  // CPU attention's
   if (d.is_gpu() && !emb) c += gpu_link_bytes(s, nb);  // a P2P link's slots may arrive here
   if (d.is_gpu() && head) c += gpu_sampling_bytes(s, nb);  // argmax ids, top-k candidates
   return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
@@ -125,10 +126,13 @@ TEST_CASE("a model that fits on the first device stays there, with exact bytes")
   CHECK(st.weight_bytes() == s.total_weight_bytes());
   // KV: 30 layers × 2048 cells × 3 KV heads × (64 + 64) × 2 bytes.
   CHECK(st.kv_bytes == 30ull * 2048 * 3 * 128 * 2);
-  // The forward's buffers and logits, and on a GPU the CUDA ops' shared scratch: a 64 MiB FP16
-  // weight slab (the head is larger) + 512 FP16 columns of the widest input (1536), in whole MiB.
+  // The forward's buffers and logits but not the CPU attention's per-thread buffers, and on a GPU
+  // the CUDA ops' shared scratch: a 64 MiB FP16 weight slab (the head is larger) + 512 FP16
+  // columns of the widest input (1536), in whole MiB.
+  const ScratchLayout cpu_layout = scratch_layout(s, 512, 2048, true);
+  CHECK(cpu_layout.att > 0);
   CHECK(st.scratch_bytes ==
-        scratch_bytes(s, 512, 2048, true) + gpu_ops_scratch_bytes(s, 512, true) + gpu_sampling_bytes(s, 512));
+        cpu_layout.total() - cpu_layout.att + gpu_ops_scratch_bytes(s, 512, true) + gpu_sampling_bytes(s, 512));
   CHECK(gpu_ops_scratch_bytes(s, 512, true) == 66 * MiB);
   // Sampling on the device: 512 argmax ids and 512 × 256 candidate ids and logits.
   CHECK(gpu_sampling_bytes(s, 512) == 512 * 4 + 2 * 512 * 256 * 4);

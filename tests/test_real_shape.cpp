@@ -1,6 +1,8 @@
 // ModelShape from the real files: the presets match their published configs, Gemma 3's sliding
 // layers are read right, every tensor byte is counted, and plan sizes equal the CPU forward's.
 #include "gguf/gguf.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/cuda/layout.h"
 #include "helpers.h"
 #include "models/llama.h"
 #include "runtime/buffers.h"
@@ -33,9 +35,21 @@ void check_against_preset(const std::string& path, const char* preset) {
     CHECK(s.layers[i].n_head_kv == p.layers[i].n_head_kv);
     CHECK(s.layers[i].sliding_window == p.layers[i].sliding_window);
   }
-  uint64_t sum = 0;
-  for (const auto& t : f->tensors()) sum += t.nbytes;
+  // Every tensor counted once, a matrix as the larger of its CPU packed copy and its GPU rows
+  // (padded to 16 bytes: SmolLM2's 576-wide Q8_0 rows are 612 bytes in the file, 624 on a GPU).
+  uint64_t file = 0, sum = 0;
+  for (const auto& t : f->tensors()) {
+    file += t.nbytes;
+    uint64_t n = t.nbytes;
+    if (t.nrows() > 1) {
+      if (cpu::packable(t.type)) n = std::max<uint64_t>(n, cpu::packed_bytes(t.type, t.nrows(), t.ne[0]));
+      if (cuda::cuda_supports(t.type)) n = std::max<uint64_t>(n, cuda::packed_row_bytes(t.type, t.ne[0]) * t.nrows());
+    }
+    sum += n;
+  }
   CHECK(s.total_weight_bytes() == sum);
+  CHECK(sum >= file);
+  CHECK(sum <= file + file * 3 / 100);
   CHECK(s.output_bytes == s.embedding_bytes);  // both tied
 
   // The forward's own sizes agree with the planner's.

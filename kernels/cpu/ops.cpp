@@ -741,8 +741,18 @@ inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* hea
 }
 
 constexpr int kQueryBlock = 32;  // query tokens sharing one conversion of their K/V rows
+constexpr int kKeyChunk = 64;    // K/V rows converted (and used by every query of a block) at a time
 
 }  // namespace
+
+uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v, int n_keys) {
+  // Prefill: one chunk of K and V as floats + [kQueryBlock][n_rep][n_keys] scores. Decode's F16
+  // path (one query): 2 × n_keys row pointers and [n_rep][n_keys] scores, never more.
+  const uint64_t prefill = sizeof(float) * (uint64_t(kKeyChunk) * uint64_t(head_dim_k + head_dim_v) +
+                                            uint64_t(kQueryBlock) * uint64_t(n_rep) * uint64_t(n_keys));
+  const uint64_t decode = 2 * sizeof(void*) * uint64_t(n_keys) + sizeof(float) * uint64_t(n_rep) * uint64_t(n_keys);
+  return std::max(prefill, decode);
+}
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const KvLayerView& kv = a.kv;
@@ -838,21 +848,23 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
 #endif
     const int nq = t1 - t0, H = heads_per_task;
     thread_local std::vector<float> buf;
-    buf.resize(size_t(nk) * (dk + dv) + size_t(nq) * H * nk);
-    float* ktile = buf.data();                   // [nk][dk]
-    float* vtile = ktile + size_t(nk) * dk;      // [nk][dv]
-    float* scores = vtile + size_t(nk) * dv;     // [nq][H][nk]: query t's heads, by tile row
-    for (int j = 0; j < nk; ++j) {
-      load_head(kern, kv.type, key_at(lo + j), dk, ktile + size_t(j) * dk);
-      load_head(kern, kv.type, val_at(lo + j), dv, vtile + size_t(j) * dv);
-    }
+    buf.resize(size_t(kKeyChunk) * (dk + dv) + size_t(nq) * H * nk);
+    BATON_CHECK(buf.size() * sizeof(float) <= attention_thread_bytes(n_rep, dk, dv, nk));
+    float* ktile = buf.data();                      // [kKeyChunk][dk]: the keys of one chunk
+    float* vtile = ktile + size_t(kKeyChunk) * dk;  // [kKeyChunk][dv]
+    float* scores = vtile + size_t(kKeyChunk) * dv; // [nq][H][nk]: query t's heads, by tile row
+    // Tile rows [c0, c0 + kKeyChunk) as floats, each row converted once per task.
+    auto load_chunk = [&](int c0, float* tile, int d, auto row_at) {
+      for (int j = c0; j < std::min(nk, c0 + kKeyChunk); ++j)
+        load_head(kern, kv.type, row_at(lo + j), d, tile + size_t(j - c0) * d);
+    };
 
-    // Key-major: a chunk of K (then V) rows is used by every query of the block while it is in
-    // L1, instead of each query streaming the whole tile from L2/L3 (the tiles of a long prompt
-    // are megabytes). Query t sees tile rows [off, off + n). The task's heads are consecutive in
-    // q and out, so one call covers them all. Each score and each output is the same chain of
-    // operations as one call over the query's whole range, so the bits do not change.
-    constexpr int kKeyChunk = 64;
+    // Key-major: a chunk of K (then V) rows is converted and used by every query of the block
+    // while it is in L1, instead of each query streaming a whole tile from L2/L3 (the tiles of a
+    // long prompt are megabytes), and only a chunk is ever held. Query t sees tile rows
+    // [off, off + n). The task's heads are consecutive in q and out, so one call covers them all.
+    // Each score and each output is the same chain of operations as one call over the query's
+    // whole range, so the bits do not change.
     auto first_row = [&](int t) { return lo_of(t) - lo; };
     auto n_keys = [&](int t) { return a.pos[t] - lo_of(t) + 1; };
     auto range = [&](int t, int c0, int& j0, int& j1) {
@@ -860,20 +872,24 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       return j0 < j1;
     };
     auto s_row = [&](int t) { return scores + size_t(t - t0) * H * nk; };
-    for (int c0 = 0; c0 < nk; c0 += kKeyChunk)
+    for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
+      load_chunk(c0, ktile, dk, key_at);
       for (int t = t0, j0, j1; t < t1; ++t)
         if (range(t, c0, j0, j1)) {
           const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
-          kern.scores(q, H, ktile + size_t(j0) * dk, j1 - j0, dk, a.scale, s_row(t) + j0, size_t(nk));
+          kern.scores(q, H, ktile + size_t(j0 - c0) * dk, j1 - j0, dk, a.scale, s_row(t) + j0, size_t(nk));
         }
+    }
     for (int t = t0; t < t1; ++t)
       for (int r = 0; r < H; ++r) softmax(s_row(t) + size_t(r) * nk + first_row(t), n_keys(t));
-    for (int c0 = 0; c0 < nk; c0 += kKeyChunk)
+    for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
+      load_chunk(c0, vtile, dv, val_at);
       for (int t = t0, j0, j1; t < t1; ++t)
         if (range(t, c0, j0, j1)) {
           float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
-          kern.pv(s_row(t) + j0, H, vtile + size_t(j0) * dv, j1 - j0, dv, out, size_t(nk), j0 > first_row(t));
+          kern.pv(s_row(t) + j0, H, vtile + size_t(j0 - c0) * dv, j1 - j0, dv, out, size_t(nk), j0 > first_row(t));
         }
+    }
   });
 }
 
