@@ -29,7 +29,7 @@ struct Pricing {
   std::vector<uint64_t> prefix;  // prefix[i]: weights + KV of layers [0, i)
   std::vector<uint64_t> kv;      // KV per layer
   uint64_t scratch_mid, scratch_last;
-  uint64_t cpu_att = 0;  // the CPU attention's per-thread buffers, in both
+  uint64_t cpu_att = 0;  // the CPU attention's per-thread buffers (in both; a GPU stage is not charged them)
   uint64_t gpu_ops_mid, gpu_ops_last;  // GPU stages also hold the CUDA ops' shared scratch (+ sampling)
   uint64_t gpu_link;                   // and, past layer 0, the slots of a link from a GPU stage
   std::vector<uint64_t> reserve;  // per device entry
@@ -321,10 +321,11 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
 
   for (const auto& d : devices)
     if (d.present && d.budget_given && d.free_bytes > 0 && d.budget > d.free_bytes)
-      p.warnings.push_back(fmt::format("{}: budget {} is more than the {} free right now", d.label, format_bytes(d.budget),
-                                    format_bytes(d.free_bytes)));
+      p.warnings.push_back(fmt::format("{}: budget {} is more than the {} free right now", d.label,
+                                       format_bytes(d.budget), format_bytes(d.free_bytes)));
   if (shape.n_ctx_train > 0 && o.n_ctx > shape.n_ctx_train)
-    p.warnings.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for (its output may degrade past them)", o.n_ctx, shape.n_ctx_train));
+    p.warnings.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for (its output may "
+                                     "degrade past them)", o.n_ctx, shape.n_ctx_train));
   if (o.n_batch != options.n_batch)
     p.notes.push_back(fmt::format("batch lowered to {}: a step cannot hold more tokens than the cache", o.n_batch));
   return p;
@@ -446,7 +447,7 @@ nlohmann::json plan_to_json(const Plan& p, const ModelShape& s) {
   j["model"] = {{"name", s.name}, {"architecture", s.architecture}, {"n_layer", s.n_layer}, {"n_vocab", s.n_vocab},
                 {"weight_bytes", s.total_weight_bytes()}, {"tied_output", s.tied_output}};
   j["options"] = {{"n_ctx", o.n_ctx}, {"n_parallel", o.n_parallel}, {"n_batch", o.n_batch},
-                  {"n_outputs", o.n_outputs == 0 ? o.n_batch : o.n_outputs}, {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_gpu_layers", o.n_gpu_layers},
+                  {"n_outputs", o.n_outputs == 0 ? o.n_batch : o.n_outputs}, {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_threads", o.n_threads}, {"n_gpu_layers", o.n_gpu_layers},
                   {"no_cpu_spill", o.no_cpu_spill}, {"spread", o.spread}, {"tensor_split", o.tensor_split},
                   {"reserve", o.reserve}};
   j["policy"] = p.policy;
