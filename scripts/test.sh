@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# setup + build + every test, then the GPU tests on the CUDA simulator, then an ASan+UBSan build
-# of the CPU tests, then a short fuzz run.
+# setup + build + every test, then the AVX-512 kernels emulated, the GPU tests on the CUDA simulator,
+# then an ASan+UBSan build of the CPU tests, then a short fuzz run.
 #   BATON_FUZZ_SECONDS  length of the fuzz run (default 60)
-#   BATON_SKIP_SIM=1 / BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out while iterating locally.
+#   BATON_SKIP_AVX512=1 / BATON_SKIP_SIM=1 / BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out
+#   while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -20,6 +21,21 @@ export BATON_REQUIRE_MODELS=1   # a missing model is a failure here, not a skip
 
 stage "tests"
 (cd build && ctest --output-on-failure -j "$(nproc)")
+
+if [ "${BATON_SKIP_AVX512:-0}" != 1 ]; then
+  # The AVX-512 kernels (the path most servers take) on this AVX2 machine through SIMDe, compared
+  # bit for bit with the portable kernels, and a model forward against llama.cpp's logits
+  # (kernels/cpu/avx512_emulated.h). Skipped where the CPU itself has AVX-512: the main tests ran them.
+  if grep -q avx512vnni /proc/cpuinfo 2>/dev/null; then
+    stage "AVX-512 kernels: this CPU has them, the tests above ran them"
+  else
+    stage "AVX-512 kernels emulated on AVX2 (SIMDe)"
+    cmake -S . -B build-avx512 -DCMAKE_BUILD_TYPE=Release -DBATON_CUDA=OFF -DBATON_EMULATE_AVX512=ON \
+      -DBATON_REAL_TESTS=OFF >/dev/null
+    cmake --build build-avx512 -j "$(nproc)" --target test_matmul test_ops test_model_tiny test_peer_logits >/dev/null
+    (cd build-avx512 && ctest --output-on-failure -j "$(nproc)" -R '^(test_matmul|test_ops|test_model_tiny|test_peer_logits)$')
+  fi
+fi
 
 if [ "${BATON_SKIP_SIM:-0}" != 1 ]; then
   # The CUDA code itself (kernels, GPU stage, links, graphs) on the CUDA simulator, two simulated

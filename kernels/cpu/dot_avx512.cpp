@@ -8,7 +8,11 @@
 
 #include "kernels/cpu/qkernels.h"
 
+#ifdef BATON_AVX512_EMULATED
+#include "kernels/cpu/avx512_emulated.h"  // tests on an AVX2 machine: SIMDe, see there
+#else
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 // GCC 12's own AVX-512 intrinsic headers trip -Wmaybe-uninitialized (their _mm512_undefined_*
 // placeholders); nothing in this file reads an uninitialized value.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

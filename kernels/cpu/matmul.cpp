@@ -22,6 +22,10 @@ Isa detected_isa() {
   static const Isa isa = [] {
 #if defined(__x86_64__)
     __builtin_cpu_init();
+#ifdef BATON_AVX512_EMULATED  // the test build whose AVX-512 kernels run on SIMDe (avx512_emulated.h)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+      return Isa::Avx512;
+#endif
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
       return Isa::Avx512;

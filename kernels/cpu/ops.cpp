@@ -9,6 +9,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+#ifdef BATON_AVX512_EMULATED
+#include "kernels/cpu/avx512_emulated.h"  // tests on an AVX2 machine: SIMDe, see there
+#endif
 
 #include "gguf/error.h"
 #include "kernels/cpu/packed.h"
@@ -124,7 +127,11 @@ void gelu_gate_scalar(const float* g, const float* u, float* y, int n) {
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BATON_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#ifdef BATON_AVX512_EMULATED
+#define BATON_AVX512_FN
+#else
 #define BATON_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#endif
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps()/_pd(), which -W(maybe-)uninitialized
 // reports as a false positive once inlined here (as in dot_avx512.cpp).
 #pragma GCC diagnostic push
