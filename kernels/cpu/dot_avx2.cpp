@@ -321,12 +321,15 @@ struct PackedQ62 {
 };
 
 // A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
-// count: passes of up to 4 columns; 1-2 columns take both halves per pass (one read of each tile),
-// 3-4 one half at a time (their sums and accumulators fill the 16 ymm registers); the tiles of a
-// second pass or half come back from L1/L2.
+// count, in passes of up to 8 columns (a call has at most kPackedMaxCols = 8): 1-2 columns take
+// both halves per pass (one read of each tile), more one half of the rows at a time. From 5
+// columns the sums and accumulators no longer fit the 16 ymm registers and the accumulators live
+// on the stack (one load and store per block and column), but each unpacked line serves twice the
+// columns of a 4-column pass: one thread, GEMM n=512, Q4_0 138-145 -> 151, Q8_0 102 -> 114, Q4_K
+// 128-133 -> 146-150, Q5_K 104-108 -> 129, Q6_K 82 -> 105 GFLOP/s (docs/KERNELS.md).
 template <class K>
 void tile_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys, int rows) {
-  for (int c0 = 0; c0 < nc; c0 += 4) {
+  for (int c0 = 0; c0 < nc; c0 += 8) {
     const uint8_t* ac = a + size_t(c0) * as;
     float* yc = y + size_t(c0) * ys;
     auto go = [&](auto n) {
@@ -335,11 +338,15 @@ void tile_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, 
       K::template run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
       if (rows > 8) K::template run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
     };
-    switch (std::min(4, nc - c0)) {
+    switch (std::min(8, nc - c0)) {
       case 1: go(std::integral_constant<int, 1>{}); break;
       case 2: go(std::integral_constant<int, 2>{}); break;
       case 3: go(std::integral_constant<int, 3>{}); break;
-      default: go(std::integral_constant<int, 4>{}); break;
+      case 4: go(std::integral_constant<int, 4>{}); break;
+      case 5: go(std::integral_constant<int, 5>{}); break;
+      case 6: go(std::integral_constant<int, 6>{}); break;
+      case 7: go(std::integral_constant<int, 7>{}); break;
+      default: go(std::integral_constant<int, 8>{}); break;
     }
   }
 }
