@@ -1,9 +1,8 @@
 // ModelShape from the real files: the presets match their published configs, Gemma 3's sliding
 // layers are read right, every tensor byte is counted, and plan sizes equal the CPU forward's.
 #include "gguf/gguf.h"
-#include "kernels/cpu/packed.h"
-#include "kernels/cuda/layout.h"
 #include "helpers.h"
+#include "weight_bytes.h"
 #include "models/llama.h"
 #include "runtime/buffers.h"
 #include "runtime/config.h"
@@ -40,12 +39,7 @@ void check_against_preset(const std::string& path, const char* preset) {
   uint64_t file = 0, sum = 0;
   for (const auto& t : f->tensors()) {
     file += t.nbytes;
-    uint64_t n = t.nbytes;
-    if (t.nrows() > 1) {
-      if (cpu::packable(t.type)) n = std::max<uint64_t>(n, cpu::packed_bytes(t.type, t.nrows(), t.ne[0]));
-      if (cuda::cuda_supports(t.type)) n = std::max<uint64_t>(n, cuda::packed_row_bytes(t.type, t.ne[0]) * t.nrows());
-    }
-    sum += n;
+    sum += test::expected_used_bytes(t);
   }
   CHECK(s.total_weight_bytes() == sum);
   CHECK(sum >= file);

@@ -9,8 +9,7 @@
 #include "gguf/file_type.h"
 #include "gguf/gguf.h"
 #include "helpers.h"
-#include "kernels/cpu/packed.h"
-#include "kernels/cuda/layout.h"
+#include "weight_bytes.h"
 #include "models/llama.h"
 #include "runtime/buffers.h"
 #include "runtime/config.h"
@@ -55,13 +54,7 @@ TEST_CASE("synth writes files whose shape equals the preset's") {
       // Every byte of tensor data is accounted for exactly once (a matrix as the larger of a CPU
       // stage's packed copy — whole groups of 16 rows — and a GPU stage's rows padded to 16 bytes).
       uint64_t sum = 0;
-      for (const auto& ti : f->tensors()) {
-        uint64_t n = ti.nbytes;
-        if (ti.nrows() > 1 && cpu::packable(ti.type)) n = std::max<uint64_t>(n, cpu::packed_bytes(ti.type, ti.nrows(), ti.ne[0]));
-        if (ti.nrows() > 1 && cuda::cuda_supports(ti.type) && (traits(ti.type).block_elems > 1 || ti.ne[0] % 8 == 0))
-          n = std::max<uint64_t>(n, cuda::packed_row_bytes(ti.type, ti.ne[0]) * ti.nrows());
-        sum += n;
-      }
+      for (const auto& ti : f->tensors()) sum += test::expected_used_bytes(ti);
       CHECK(from_file.total_weight_bytes() == sum);
       // The runtime's own reader accepts it too.
       const ModelConfig c = ModelConfig::from_gguf(*f);
