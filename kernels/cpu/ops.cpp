@@ -225,6 +225,38 @@ BATON_AVX512_FN void gate_avx512(const float* g, const float* u, float* y, int n
     _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
+// Softmax with the SIMD exp: max, exponentials and their sum in 8 lanes (tail masked), one scale.
+BATON_AVX2_FN void softmax_avx2(float* x, int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int body = n & ~7;
+  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - body), idx);
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mv = ninf;
+  for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  if (body < n) mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+  __m256 sum = _mm256_setzero_ps();
+  for (int i = 0; i < body; i += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (body < n) {
+    const __m256 e = _mm256_and_ps(exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + body, tail), mx)), _mm256_castsi256_ps(tail));
+    _mm256_maskstore_ps(x + body, tail, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  const __m256 inv = _mm256_set1_ps(1.f / _mm_cvtss_f32(s4));
+  for (int i = 0; i < body; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  if (body < n) _mm256_maskstore_ps(x + body, tail, _mm256_mul_ps(_mm256_maskload_ps(x + body, tail), inv));
+}
+
 // Softmax with the SIMD exp: max, exponentials and their sum in 16 lanes (tail masked), one scale.
 BATON_AVX512_FN void softmax_avx512(float* x, int n) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
@@ -257,6 +289,7 @@ BATON_AVX512_FN void softmax_avx512(float* x, int n) {
 void softmax(float* x, int n) {
 #if defined(__x86_64__) || defined(__i386__)
   if (active_isa() >= Isa::Avx512) return softmax_avx512(x, n);
+  if (active_isa() >= Isa::Avx2) return softmax_avx2(x, n);
 #endif
   softmax_scalar(x, n);
 }
