@@ -279,14 +279,15 @@ TEST_CASE("matmul_multi on packed matrices gives the same bits as one matmul per
   }
 }
 
-TEST_CASE("attention scores: every score has the bits of its own 16-lane reduction, whatever the block") {
+TEST_CASE("attention scores: every score has the bits of its own lane reduction, whatever the block") {
   // On AVX-512 each (head, key) dot product is 16 lane sums, FMAs along d, then lanes i + 8, i + 4,
   // i + 2, i + 1 folded in (the order of _mm512_reduce_add_ps); blocks of keys are folded together
-  // by a transposed tree that must keep exactly that order. Emulated here in scalar code for every
-  // head count and key count up to 40 (blocks and tails). Other ISAs: close to the double sum.
+  // by a transposed tree that must keep exactly that order. AVX2: 8 lane sums folded by a fixed
+  // tree, 2 rows × 4 keys at a time. Emulated here in scalar code for every row count up to 7 and
+  // key count up to 40 (blocks and tails). Scalar: close to the double sum.
   std::mt19937 rng(9);
   const int d = 64;
-  for (int nh = 1; nh <= 4; ++nh)
+  for (int nh = 1; nh <= 7; ++nh)
     for (int n = 1; n <= 40; ++n) {
       std::vector<float> q = randoms(size_t(nh * d), -1.f, 1.f, rng), K = randoms(size_t(n * d), -1.f, 1.f, rng);
       std::vector<float> got(size_t(nh * n), -1.f);
@@ -309,6 +310,15 @@ TEST_CASE("attention scores: every score has the bits of its own 16-lane reducti
               for (int l = 0; l < 4; ++l) lane[l] = lane[l + 4] + lane[l];
               for (int l = 0; l < 2; ++l) lane[l] = lane[l] + lane[l + 2];
               const float want = (lane[0] + lane[1]) * scale;
+              CHECK(std::memcmp(&want, &got[size_t(h * n + j)], 4) == 0);
+            } else if (isa == Isa::Avx2) {
+              // 8 lanes of FMAs along d, folded as ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)).
+              float lane[8];
+              for (int l = 0; l < 8; ++l) {
+                lane[l] = 0.f;
+                for (int i = 0; i < d; i += 8) lane[l] = std::fma(qh[i + l], kj[i + l], lane[l]);
+              }
+              const float want = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) * scale;
               CHECK(std::memcmp(&want, &got[size_t(h * n + j)], 4) == 0);
             } else {
               double ref = 0;

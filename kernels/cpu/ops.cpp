@@ -488,17 +488,18 @@ void kv_convert(GgmlType type, const float* src, uint8_t* dst, int n) {
 
 namespace {
 
-// Attention inner loops over float tiles: one scalar version and one AVX2/FMA/F16C version picked
-// by active_isa(). Each query row's result depends only on its own keys, never on the block.
+// Attention inner loops over float tiles, picked by active_isa(): scalar, AVX2/FMA/F16C and
+// AVX-512. They work on "rows": the (query token, query head) pairs of a task, all reading one
+// KV head, so every K or V vector loaded feeds several rows. A row's result depends only on its
+// own query and keys, never on how many rows share the call or where it sits among them.
 struct AttnKernels {
   void (*cvt_f16)(const uint16_t* h, float* dst, int n);
-  // For nh query heads (q rows d apart) sharing one K tile: s[h*ss + j] = scale * q_h·K[j], j < n.
-  // A score's bits do not depend on n, nh or where the key sits in the tile.
-  void (*scores)(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss);
-  // out_h = sum_j p[h*ps + j] * V[j] for each of nh heads (out rows d apart; V rows d apart), each
-  // output a chain of FMAs in j order; accumulate: the chain continues from out (a later run of
-  // keys: the bits are those of one call over all of them), else it starts from 0.
-  void (*pv)(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate);
+  // For nr query rows q[r] (d floats each) against one K tile: s[r*ss + j] = scale * q_r·K[j], j < n.
+  // A score's bits do not depend on n, nr or where the key sits in the tile.
+  void (*scores)(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss);
+  // out[r] += sum_j p[r*ps + j] * V[j] for nr rows (V rows d apart): each output continues a chain
+  // of FMAs in j order, so runs of keys in order have the bits of one call over all of them.
+  void (*pv)(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out);
 };
 
 void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
@@ -506,17 +507,14 @@ void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
   for (int i = 0; i < n; ++i) dst[i] = f16[h[i]];
 }
 
-void scores_scalar(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
-  for (int h = 0; h < nh; ++h)
-    for (int j = 0; j < n; ++j) s[size_t(h) * ss + j] = dot(q + size_t(h) * d, K + size_t(j) * d, d) * scale;
+void scores_scalar(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < n; ++j) s[size_t(r) * ss + j] = dot(q[r], K + size_t(j) * d, d) * scale;
 }
 
-void pv_scalar(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
-  for (int h = 0; h < nh; ++h) {
-    float* o = out + size_t(h) * d;
-    if (!accumulate) std::fill(o, o + d, 0.f);
-    for (int j = 0; j < n; ++j) axpy(o, p[size_t(h) * ps + j], V + size_t(j) * d, d);
-  }
+void pv_scalar(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < n; ++j) axpy(out[r], p[size_t(r) * ps + j], V + size_t(j) * d, d);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -528,81 +526,125 @@ BATON_AVX2_FN void cvt_f16_avx2(const uint16_t* h, float* dst, int n) {
   for (; i < n; ++i) dst[i] = f16[h[i]];
 }
 
-BATON_AVX2_FN inline float hsum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
+// The lane sums of 8 vectors at once: lane k of the result is ((x0 + x1) + (x2 + x3)) +
+// ((x4 + x5) + (x6 + x7)) of v[k], the same tree for every k.
+BATON_AVX2_FN inline __m256 reduce8(const __m256* v) {
+  const __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
 }
 
-// d % 8 == 0 (checked by the caller). Four keys at a time share each load of q.
-BATON_AVX2_FN void scores_avx2_head(const float* q, const float* K, int n, int d, float scale, float* s) {
-  int j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const float* k0 = K + size_t(j) * d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < d; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + i), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + i), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + i), a3);
+// The lane sums of 4 vectors, by the same tree: lanes 0-3 of the result.
+BATON_AVX2_FN inline __m128 reduce4(const __m256* v) {
+  const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+// Scores of R rows × KB keys (R·KB <= 12 accumulators), d % 8 == 0: per d-step R q loads and KB
+// K loads feed R·KB FMAs. Every (row, key) sum is 8 lanes of FMAs along d folded by the tree of
+// reduce8/reduce4, so its bits do not depend on R, KB or the tile.
+template <int R, int KB>
+BATON_AVX2_FN inline void scores_avx2_tile(const float* const* q, const float* K, int d, float scale, float* s, size_t ss) {
+  static_assert(R * KB <= 12);
+  __m256 acc[12];
+  for (int a = 0; a < 12; ++a) acc[a] = _mm256_setzero_ps();
+  const float* qr[R];
+  for (int r = 0; r < R; ++r) qr[r] = q[r];
+  for (int i = 0; i < d; i += 8) {
+    __m256 qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(qr[r] + i);
+    for (int k = 0; k < KB; ++k) {
+      const __m256 kv = _mm256_loadu_ps(K + size_t(k) * d + i);
+      for (int r = 0; r < R; ++r) acc[r * KB + k] = _mm256_fmadd_ps(qv[r], kv, acc[r * KB + k]);
     }
-    s[j] = hsum8(a0) * scale;
-    s[j + 1] = hsum8(a1) * scale;
-    s[j + 2] = hsum8(a2) * scale;
-    s[j + 3] = hsum8(a3) * scale;
   }
-  for (; j < n; ++j) {
-    const float* k0 = K + size_t(j) * d;
-    __m256 a0 = _mm256_setzero_ps();
-    for (int i = 0; i < d; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k0 + i), a0);
-    s[j] = hsum8(a0) * scale;
-  }
+  alignas(32) float sums[12];
+  const __m256 vs = _mm256_set1_ps(scale);
+  _mm256_store_ps(sums, _mm256_mul_ps(reduce8(acc), vs));
+  if (R * KB > 8) _mm_store_ps(sums + 8, _mm_mul_ps(reduce4(acc + 8), _mm256_castps256_ps128(vs)));
+  for (int r = 0; r < R; ++r) std::memcpy(s + size_t(r) * ss, sums + r * KB, KB * sizeof(float));
 }
 
-// d % 8 == 0. The output slice (up to 32 floats) stays in registers across all n rows.
-BATON_AVX2_FN void pv_avx2_head(const float* p, const float* V, int n, int d, float* out, bool accumulate) {
+template <int R>
+BATON_AVX2_FN inline void scores_avx2_rows(const float* const* q, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) scores_avx2_tile<R, 4>(q, K + size_t(j) * d, d, scale, s + j, ss);
+  for (; j < n; ++j) scores_avx2_tile<R, 1>(q, K + size_t(j) * d, d, scale, s + j, ss);
+}
+
+void scores_avx2(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  int r = 0;
+  for (; r + 3 <= nr; r += 3) scores_avx2_rows<3>(q + r, K, n, d, scale, s + size_t(r) * ss, ss);
+  if (nr - r == 2) scores_avx2_rows<2>(q + r, K, n, d, scale, s + size_t(r) * ss, ss);
+  if (nr - r == 1) scores_avx2_rows<1>(q + r, K, n, d, scale, s + size_t(r) * ss, ss);
+}
+
+// P·V for R rows × W vectors of output (kept in registers over all n keys), d % 8 == 0: per key
+// W V loads and R broadcasts feed R·W FMAs.
+template <int R, int W>
+BATON_AVX2_FN inline void pv_avx2_tile(const float* p, size_t ps, const float* V, int n, int d, int i, float* const* out) {
+  __m256 acc[R * W];
+  float* o[R];  // in locals: stores through out[r] would keep acc in memory (GCC 12)
+  for (int r = 0; r < R; ++r) o[r] = out[r] + i;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < W; ++c) acc[r * W + c] = _mm256_loadu_ps(o[r] + 8 * c);
+  for (int j = 0; j < n; ++j) {
+    const float* v = V + size_t(j) * d + i;
+    __m256 pr[R];
+    for (int r = 0; r < R; ++r) pr[r] = _mm256_broadcast_ss(p + size_t(r) * ps + j);
+    for (int c = 0; c < W; ++c) {
+      const __m256 vv = _mm256_loadu_ps(v + 8 * c);
+      for (int r = 0; r < R; ++r) acc[r * W + c] = _mm256_fmadd_ps(pr[r], vv, acc[r * W + c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < W; ++c) _mm256_storeu_ps(o[r] + 8 * c, acc[r * W + c]);
+}
+
+// The 3 × 4 tile written out: as an array (pv_avx2_tile<3, 4>) GCC 12 stores all 12 accumulators
+// to the stack on every key. Same chains as the template.
+BATON_AVX2_FN inline void pv_avx2_tile34(const float* p, size_t ps, const float* V, int n, int d, int i, float* const* out) {
+  float *o0 = out[0] + i, *o1 = out[1] + i, *o2 = out[2] + i;
+  __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8), a02 = _mm256_loadu_ps(o0 + 16), a03 = _mm256_loadu_ps(o0 + 24);
+  __m256 a10 = _mm256_loadu_ps(o1), a11 = _mm256_loadu_ps(o1 + 8), a12 = _mm256_loadu_ps(o1 + 16), a13 = _mm256_loadu_ps(o1 + 24);
+  __m256 a20 = _mm256_loadu_ps(o2), a21 = _mm256_loadu_ps(o2 + 8), a22 = _mm256_loadu_ps(o2 + 16), a23 = _mm256_loadu_ps(o2 + 24);
+  const float *p0 = p, *p1 = p + ps, *p2 = p + 2 * ps;
+  for (int j = 0; j < n; ++j) {
+    const float* v = V + size_t(j) * d + i;
+    const __m256 b0 = _mm256_broadcast_ss(p0 + j), b1 = _mm256_broadcast_ss(p1 + j), b2 = _mm256_broadcast_ss(p2 + j);
+    __m256 vv = _mm256_loadu_ps(v);
+    a00 = _mm256_fmadd_ps(b0, vv, a00), a10 = _mm256_fmadd_ps(b1, vv, a10), a20 = _mm256_fmadd_ps(b2, vv, a20);
+    vv = _mm256_loadu_ps(v + 8);
+    a01 = _mm256_fmadd_ps(b0, vv, a01), a11 = _mm256_fmadd_ps(b1, vv, a11), a21 = _mm256_fmadd_ps(b2, vv, a21);
+    vv = _mm256_loadu_ps(v + 16);
+    a02 = _mm256_fmadd_ps(b0, vv, a02), a12 = _mm256_fmadd_ps(b1, vv, a12), a22 = _mm256_fmadd_ps(b2, vv, a22);
+    vv = _mm256_loadu_ps(v + 24);
+    a03 = _mm256_fmadd_ps(b0, vv, a03), a13 = _mm256_fmadd_ps(b1, vv, a13), a23 = _mm256_fmadd_ps(b2, vv, a23);
+  }
+  _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01), _mm256_storeu_ps(o0 + 16, a02), _mm256_storeu_ps(o0 + 24, a03);
+  _mm256_storeu_ps(o1, a10), _mm256_storeu_ps(o1 + 8, a11), _mm256_storeu_ps(o1 + 16, a12), _mm256_storeu_ps(o1 + 24, a13);
+  _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o2 + 16, a22), _mm256_storeu_ps(o2 + 24, a23);
+}
+
+template <int R>
+BATON_AVX2_FN inline void pv_avx2_rows(const float* p, size_t ps, const float* V, int n, int d, float* const* out) {
   int i = 0;
   for (; i + 32 <= d; i += 32) {
-    __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-    if (accumulate) {
-      o0 = _mm256_loadu_ps(out + i);
-      o1 = _mm256_loadu_ps(out + i + 8);
-      o2 = _mm256_loadu_ps(out + i + 16);
-      o3 = _mm256_loadu_ps(out + i + 24);
-    }
-    for (int j = 0; j < n; ++j) {
-      const float* v = V + size_t(j) * d + i;
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), o0);
-      o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), o1);
-      o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), o2);
-      o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), o3);
-    }
-    _mm256_storeu_ps(out + i, o0);
-    _mm256_storeu_ps(out + i + 8, o1);
-    _mm256_storeu_ps(out + i + 16, o2);
-    _mm256_storeu_ps(out + i + 24, o3);
+    if constexpr (R == 3) pv_avx2_tile34(p, ps, V, n, d, i, out);
+    else pv_avx2_tile<R, 4>(p, ps, V, n, d, i, out);
   }
-  for (; i < d; i += 8) {
-    __m256 o0 = accumulate ? _mm256_loadu_ps(out + i) : _mm256_setzero_ps();
-    for (int j = 0; j < n; ++j)
-      o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(V + size_t(j) * d + i), o0);
-    _mm256_storeu_ps(out + i, o0);
-  }
+  for (; i < d; i += 8) pv_avx2_tile<R, 1>(p, ps, V, n, d, i, out);
 }
 
-void scores_avx2(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
-  for (int h = 0; h < nh; ++h) scores_avx2_head(q + size_t(h) * d, K, n, d, scale, s + size_t(h) * ss);
-}
-void pv_avx2(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
-  for (int h = 0; h < nh; ++h) pv_avx2_head(p + size_t(h) * ps, V, n, d, out + size_t(h) * d, accumulate);
+void pv_avx2(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
+  int r = 0;
+  for (; r + 3 <= nr; r += 3) pv_avx2_rows<3>(p + size_t(r) * ps, ps, V, n, d, out + r);
+  if (nr - r == 2) pv_avx2_rows<2>(p + size_t(r) * ps, ps, V, n, d, out + r);
+  if (nr - r == 1) pv_avx2_rows<1>(p + size_t(r) * ps, ps, V, n, d, out + r);
 }
 
-// AVX-512, register-blocked over the query heads that share a KV head (Gemma 3: 4 of them): every
-// K or V vector loaded feeds NH heads. Each head keeps its own accumulators and summation order,
-// so a head's result is the same whatever NH is (a task's head count varies with the batch).
+// AVX-512, register-blocked over up to 4 rows: every K or V vector loaded feeds NH rows. Each row
+// keeps its own accumulators and summation order, so its result is the same whatever NH is.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers, see above
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -632,14 +674,15 @@ BATON_AVX512_FN inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// d % 16 == 0. Output slices of W vectors per head stay in registers over all n keys: W V loads
-// and NH broadcasts per W·NH FMAs.
+// d % 16 == 0. Output slices of W vectors per row stay in registers over all n keys: W V loads
+// and NH broadcasts per W·NH FMAs. accumulate: continue the chains from out, else start from 0.
 template <int NH, int W, class Rows>
-BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i, float* out, size_t ps, bool accumulate) {
+BATON_AVX512_FN void pv_avx512_slice(const float* p, size_t ps, Rows V, int n, int i, float* const* out, bool accumulate) {
   __m512 acc[NH][W];
+  float* o[NH];  // in locals: stores through out[h] would keep acc in memory (GCC 12)
+  for (int h = 0; h < NH; ++h) o[h] = out[h] + i;
   for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c)
-      acc[h][c] = accumulate ? _mm512_loadu_ps(out + size_t(h) * d + i + 16 * c) : _mm512_setzero_ps();
+    for (int c = 0; c < W; ++c) acc[h][c] = accumulate ? _mm512_loadu_ps(o[h] + 16 * c) : _mm512_setzero_ps();
   for (int j = 0; j < n; ++j) {
     V.prefetch(j, n, i, 16 * W);
     const auto* v = V(j) + i;
@@ -651,14 +694,14 @@ BATON_AVX512_FN void pv_avx512_slice(const float* p, Rows V, int n, int d, int i
     }
   }
   for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c) _mm512_storeu_ps(out + size_t(h) * d + i + 16 * c, acc[h][c]);
+    for (int c = 0; c < W; ++c) _mm512_storeu_ps(o[h] + 16 * c, acc[h][c]);
 }
 
 template <int NH, class Rows>
-BATON_AVX512_FN void pv_avx512_nh(const float* p, Rows V, int n, int d, float* out, size_t ps, bool accumulate) {
+BATON_AVX512_FN void pv_avx512_nh(const float* p, size_t ps, Rows V, int n, int d, float* const* out, bool accumulate) {
   int i = 0;
-  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, V, n, d, i, out, ps, accumulate);
-  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, V, n, d, i, out, ps, accumulate);
+  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, ps, V, n, i, out, accumulate);
+  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, ps, V, n, i, out, accumulate);
 }
 
 // The sums of 16 vectors at once: lane k of the result is the sum of the lanes of v[k], added in
@@ -680,13 +723,13 @@ BATON_AVX512_FN inline __m512 reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));  // i and i + 1
 }
 
-// Scores of NH query heads against the keys of one KV head, d % 16 == 0. Keys go in blocks of
-// KB (NH·KB <= 16 accumulators): each K vector loaded feeds NH heads, and a block's NH·KB dot
-// products are reduced together by reduce16. Per (head, key) the FMAs run along d in order and
+// Scores of NH query rows against the keys of one KV head, d % 16 == 0. Keys go in blocks of
+// KB (NH·KB <= 16 accumulators): each K vector loaded feeds NH rows, and a block's NH·KB dot
+// products are reduced together by reduce16. Per (row, key) the FMAs run along d in order and
 // end in the same reduction, so a score's bits do not depend on NH, on the block, or on whether
 // the rows are a float tile or F16 cache rows read in place (decode).
 template <int NH, class Rows>
-BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, float scale, float* s, size_t ss) {
+BATON_AVX512_FN void scores_avx512_nh(const float* const* q, Rows K, int n, int d, float scale, float* s, size_t ss) {
   constexpr int KB = NH == 1 ? 16 : NH == 2 ? 8 : NH == 3 ? 5 : 4;
   static_assert(NH * KB <= 16);
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -697,7 +740,7 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, floa
     for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
     for (int i = 0; i < d; i += 16) {
       __m512 qv[NH];
-      for (int h = 0; h < NH; ++h) qv[h] = _mm512_loadu_ps(q + size_t(h) * d + i);
+      for (int h = 0; h < NH; ++h) qv[h] = _mm512_loadu_ps(q[h] + i);
       for (int k = 0; k < KB; ++k) {
         const __m512 kv = load16(K(j + k) + i);
         for (int h = 0; h < NH; ++h) acc[h * KB + k] = _mm512_fmadd_ps(qv[h], kv, acc[h * KB + k]);
@@ -713,7 +756,7 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, floa
     for (int h = 0; h < NH; ++h) acc[h] = _mm512_setzero_ps();
     for (int i = 0; i < d; i += 16) {
       const __m512 kv = load16(K(j) + i);
-      for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + size_t(h) * d + i), kv, acc[h]);
+      for (int h = 0; h < NH; ++h) acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q[h] + i), kv, acc[h]);
     }
     for (int h = 0; h < NH; ++h) s[size_t(h) * ss + j] = _mm512_reduce_add_ps(acc[h]) * scale;
   }
@@ -722,30 +765,30 @@ BATON_AVX512_FN void scores_avx512_nh(const float* q, Rows K, int n, int d, floa
 #pragma GCC diagnostic pop
 
 template <class Rows>
-void scores_rows(const float* q, int nh, Rows K, int n, int d, float scale, float* s, size_t ss) {
-  for (; nh >= 4; nh -= 4, q += 4 * size_t(d), s += 4 * ss) scores_avx512_nh<4>(q, K, n, d, scale, s, ss);
-  if (nh == 3) scores_avx512_nh<3>(q, K, n, d, scale, s, ss);
-  if (nh == 2) scores_avx512_nh<2>(q, K, n, d, scale, s, ss);
-  if (nh == 1) scores_avx512_nh<1>(q, K, n, d, scale, s, ss);
+void scores_rows(const float* const* q, int nr, Rows K, int n, int d, float scale, float* s, size_t ss) {
+  for (; nr >= 4; nr -= 4, q += 4, s += 4 * ss) scores_avx512_nh<4>(q, K, n, d, scale, s, ss);
+  if (nr == 3) scores_avx512_nh<3>(q, K, n, d, scale, s, ss);
+  if (nr == 2) scores_avx512_nh<2>(q, K, n, d, scale, s, ss);
+  if (nr == 1) scores_avx512_nh<1>(q, K, n, d, scale, s, ss);
 }
-void scores_avx512(const float* q, int nh, const float* K, int n, int d, float scale, float* s, size_t ss) {
-  scores_rows(q, nh, FloatRows{K, d}, n, d, scale, s, ss);
+void scores_avx512(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss) {
+  scores_rows(q, nr, FloatRows{K, d}, n, d, scale, s, ss);
 }
 template <class Rows>
-void pv_rows(const float* p, int nh, Rows V, int n, int d, float* out, size_t ps, bool accumulate) {
-  for (; nh >= 4; nh -= 4, p += 4 * ps, out += 4 * size_t(d)) pv_avx512_nh<4>(p, V, n, d, out, ps, accumulate);
-  if (nh == 3) pv_avx512_nh<3>(p, V, n, d, out, ps, accumulate);
-  if (nh == 2) pv_avx512_nh<2>(p, V, n, d, out, ps, accumulate);
-  if (nh == 1) pv_avx512_nh<1>(p, V, n, d, out, ps, accumulate);
+void pv_rows(const float* p, size_t ps, int nr, Rows V, int n, int d, float* const* out, bool accumulate) {
+  for (; nr >= 4; nr -= 4, p += 4 * ps, out += 4) pv_avx512_nh<4>(p, ps, V, n, d, out, accumulate);
+  if (nr == 3) pv_avx512_nh<3>(p, ps, V, n, d, out, accumulate);
+  if (nr == 2) pv_avx512_nh<2>(p, ps, V, n, d, out, accumulate);
+  if (nr == 1) pv_avx512_nh<1>(p, ps, V, n, d, out, accumulate);
 }
-void pv_avx512(const float* p, int nh, const float* V, int n, int d, float* out, size_t ps, bool accumulate) {
-  pv_rows(p, nh, FloatRows{V, d}, n, d, out, ps, accumulate);
+void pv_avx512(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
+  pv_rows(p, ps, nr, FloatRows{V, d}, n, d, out, true);
 }
-void scores_f16(const float* q, int nh, const uint16_t* const* K, int n, int d, float scale, float* s) {
-  scores_rows(q, nh, F16Rows{K}, n, d, scale, s, size_t(n));
+void scores_f16(const float* const* q, int nr, const uint16_t* const* K, int n, int d, float scale, float* s) {
+  scores_rows(q, nr, F16Rows{K}, n, d, scale, s, size_t(n));
 }
-void pv_f16(const float* p, int nh, const uint16_t* const* V, int n, int d, float* out) {
-  pv_rows(p, nh, F16Rows{V}, n, d, out, size_t(n), false);
+void pv_f16(const float* p, int nr, const uint16_t* const* V, int n, int d, float* const* out) {
+  pv_rows(p, size_t(n), nr, F16Rows{V}, n, d, out, false);
 }
 #endif
 
@@ -761,7 +804,9 @@ AttnKernels attn_kernels(int dk, int dv) {
 }  // namespace
 
 void attention_scores(const float* q, int nh, const float* K, int n, int d, float scale, float* s) {
-  attn_kernels(d, d).scores(q, nh, K, n, d, scale, s, size_t(n));
+  std::vector<const float*> rows(static_cast<size_t>(nh));
+  for (int h = 0; h < nh; ++h) rows[size_t(h)] = q + size_t(h) * d;
+  attn_kernels(d, d).scores(rows.data(), nh, K, n, d, scale, s, size_t(n));
 }
 
 namespace {
@@ -783,14 +828,22 @@ inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* hea
 constexpr int kQueryBlock = 32;  // query tokens sharing one conversion of their K/V rows
 constexpr int kKeyChunk = 64;    // K/V rows converted (and used by every query of a block) at a time
 
+// Floats between two rows of a task's scores: n_keys rounded up to whole cache lines, an odd
+// number of them, so that the rows a tile touches together fall in different L1 sets (with a
+// stride of 4 KiB multiples they all share one set of 8 ways and evict each other).
+inline size_t score_stride(int n_keys) { return (size_t(n_keys + 15) / 16 | 1) * 16; }
+
 }  // namespace
 
 uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v, int n_keys) {
-  // Prefill: one chunk of K and V as floats + [kQueryBlock][n_rep][n_keys] scores. Decode's F16
-  // path (one query): 2 × n_keys row pointers and [n_rep][n_keys] scores, never more.
-  const uint64_t prefill = sizeof(float) * (uint64_t(kKeyChunk) * uint64_t(head_dim_k + head_dim_v) +
-                                            uint64_t(kQueryBlock) * uint64_t(n_rep) * uint64_t(n_keys));
-  const uint64_t decode = 2 * sizeof(void*) * uint64_t(n_keys) + sizeof(float) * uint64_t(n_rep) * uint64_t(n_keys);
+  // Prefill: one chunk of K and V as floats, [kQueryBlock][n_rep][n_keys] scores and a query and
+  // an output pointer per row. Decode's F16 path (one query): 2 × n_keys row pointers, [n_rep][n_keys]
+  // scores and 2 × n_rep row pointers, never more.
+  const uint64_t rows = uint64_t(kQueryBlock) * uint64_t(n_rep);
+  const uint64_t prefill = sizeof(float) * (uint64_t(kKeyChunk) * uint64_t(head_dim_k + head_dim_v) + rows * score_stride(n_keys)) +
+                           2 * sizeof(void*) * rows;
+  const uint64_t decode = 2 * sizeof(void*) * (uint64_t(n_keys) + uint64_t(n_rep)) +
+                          sizeof(float) * uint64_t(n_rep) * uint64_t(n_keys);
   return std::max(prefill, decode);
 }
 
@@ -878,57 +931,68 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
         for (int b = 0; b < dk * 2; b += 64) _mm_prefetch(kr + b, _MM_HINT_T1);
         for (int b = 0; b < dv * 2; b += 64) _mm_prefetch(vr + b, _MM_HINT_T1);
       }
-      const float* q = a.q + size_t(t0) * a.q_stride + size_t(h0) * dk;
-      float* out = a.out + size_t(t0) * a.out_stride + size_t(h0) * dv;
-      scores_f16(q, heads_per_task, rows.data() + off, n, dk, a.scale, sc.data());
+      thread_local std::vector<const float*> q;
+      thread_local std::vector<float*> out;
+      q.resize(size_t(heads_per_task));
+      out.resize(size_t(heads_per_task));
+      for (int r = 0; r < heads_per_task; ++r) {
+        q[size_t(r)] = a.q + size_t(t0) * a.q_stride + size_t(h0 + r) * dk;
+        out[size_t(r)] = a.out + size_t(t0) * a.out_stride + size_t(h0 + r) * dv;
+      }
+      scores_f16(q.data(), heads_per_task, rows.data() + off, n, dk, a.scale, sc.data());
       for (int r = 0; r < heads_per_task; ++r) softmax(sc.data() + size_t(r) * n, n);
-      pv_f16(sc.data(), heads_per_task, rows.data() + nk + off, n, dv, out);
+      pv_f16(sc.data(), heads_per_task, rows.data() + nk + off, n, dv, out.data());
       return;
     }
 #endif
-    const int nq = t1 - t0, H = heads_per_task;
+    const int nq = t1 - t0, H = heads_per_task, nr = nq * H;
     thread_local std::vector<float> buf;
-    buf.resize(size_t(kKeyChunk) * (dk + dv) + size_t(nq) * H * nk);
+    thread_local std::vector<const float*> qrow;
+    thread_local std::vector<float*> orow;
+    const size_t ss = score_stride(nk);
+    buf.resize(size_t(kKeyChunk) * (dk + dv) + size_t(nr) * ss);
     BATON_CHECK(buf.size() * sizeof(float) <= attention_thread_bytes(n_rep, dk, dv, nk));
     float* ktile = buf.data();                      // [kKeyChunk][dk]: the keys of one chunk
     float* vtile = ktile + size_t(kKeyChunk) * dk;  // [kKeyChunk][dv]
-    float* scores = vtile + size_t(kKeyChunk) * dv; // [nq][H][nk]: query t's heads, by tile row
+    float* scores = vtile + size_t(kKeyChunk) * dv; // [nr][ss]: row (t - t0)·H + r is query t, head h0 + r
+    // The task's rows: (query token, head) pairs, token-major, all reading KV head g.
+    qrow.resize(size_t(nr));
+    orow.resize(size_t(nr));
+    for (int t = t0; t < t1; ++t)
+      for (int r = 0; r < H; ++r) {
+        qrow[size_t((t - t0) * H + r)] = a.q + size_t(t) * a.q_stride + size_t(h0 + r) * dk;
+        orow[size_t((t - t0) * H + r)] = a.out + size_t(t) * a.out_stride + size_t(h0 + r) * dv;
+      }
     // Tile rows [c0, c0 + kKeyChunk) as floats, each row converted once per task.
-    auto load_chunk = [&](int c0, float* tile, int d, auto row_at) {
-      for (int j = c0; j < std::min(nk, c0 + kKeyChunk); ++j)
-        load_head(kern, kv.type, row_at(lo + j), d, tile + size_t(j - c0) * d);
+    auto load_chunk = [&](int c0, int cn, float* tile, int d, auto row_at) {
+      for (int j = c0; j < c0 + cn; ++j) load_head(kern, kv.type, row_at(lo + j), d, tile + size_t(j - c0) * d);
     };
 
-    // Key-major: a chunk of K (then V) rows is converted and used by every query of the block
-    // while it is in L1, instead of each query streaming a whole tile from L2/L3 (the tiles of a
-    // long prompt are megabytes), and only a chunk is ever held. Query t sees tile rows
-    // [off, off + n). The task's heads are consecutive in q and out, so one call covers them all.
-    // Each score and each output is the same chain of operations as one call over the query's
-    // whole range, so the bits do not change.
-    auto first_row = [&](int t) { return lo_of(t) - lo; };
-    auto n_keys = [&](int t) { return a.pos[t] - lo_of(t) + 1; };
-    auto range = [&](int t, int c0, int& j0, int& j1) {
-      j0 = std::max(c0, first_row(t)), j1 = std::min(c0 + kKeyChunk, first_row(t) + n_keys(t));
-      return j0 < j1;
-    };
-    auto s_row = [&](int t) { return scores + size_t(t - t0) * H * nk; };
+    // Key-major: a chunk of K (then V) rows is converted and used by every row of the task while
+    // it is in L1, instead of each query streaming a whole tile from L2/L3 (the tiles of a long
+    // prompt are megabytes), and only a chunk is ever held. Every row takes the whole chunk (the
+    // kernels block over rows and keys); query t sees tile rows [lo_of(t) - lo, pos[t] - lo], and
+    // its probabilities outside them are set to 0 before P·V, so its outputs are chains of
+    // FMAs over its own keys in order with exact no-ops around them: the bits of any block.
     for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
-      load_chunk(c0, ktile, dk, key_at);
-      for (int t = t0, j0, j1; t < t1; ++t)
-        if (range(t, c0, j0, j1)) {
-          const float* q = a.q + size_t(t) * a.q_stride + size_t(h0) * dk;
-          kern.scores(q, H, ktile + size_t(j0 - c0) * dk, j1 - j0, dk, a.scale, s_row(t) + j0, size_t(nk));
-        }
+      const int cn = std::min(kKeyChunk, nk - c0);
+      load_chunk(c0, cn, ktile, dk, key_at);
+      kern.scores(qrow.data(), nr, ktile, cn, dk, a.scale, scores + c0, ss);
     }
-    for (int t = t0; t < t1; ++t)
-      for (int r = 0; r < H; ++r) softmax(s_row(t) + size_t(r) * nk + first_row(t), n_keys(t));
+    for (int t = t0; t < t1; ++t) {
+      const int j0 = lo_of(t) - lo, n = a.pos[t] - lo_of(t) + 1;
+      for (int r = 0; r < H; ++r) {
+        float* p = scores + size_t((t - t0) * H + r) * ss;
+        softmax(p + j0, n);
+        std::fill(p, p + j0, 0.f);
+        std::fill(p + j0 + n, p + nk, 0.f);
+      }
+    }
+    for (int i = 0; i < nr; ++i) std::fill(orow[size_t(i)], orow[size_t(i)] + dv, 0.f);
     for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
-      load_chunk(c0, vtile, dv, val_at);
-      for (int t = t0, j0, j1; t < t1; ++t)
-        if (range(t, c0, j0, j1)) {
-          float* out = a.out + size_t(t) * a.out_stride + size_t(h0) * dv;
-          kern.pv(s_row(t) + j0, H, vtile + size_t(j0 - c0) * dv, j1 - j0, dv, out, size_t(nk), j0 > first_row(t));
-        }
+      const int cn = std::min(kKeyChunk, nk - c0);
+      load_chunk(c0, cn, vtile, dv, val_at);
+      kern.pv(scores + c0, ss, nr, vtile, cn, dv, orow.data());
     }
   });
 }

@@ -93,8 +93,9 @@ struct AttentionArgs {
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
 // The most bytes one worker thread of attention() holds (thread-local, reused) for queries that see
-// up to n_keys positions, n_rep query heads per KV head: the float K/V rows of one key chunk and
-// the scores of a query block (its n_rep heads by n_keys). The planner charges it per thread.
+// up to n_keys positions, n_rep query heads per KV head: the float K/V rows of one key chunk, the
+// scores of a query block (its n_rep heads by n_keys) and its row pointers. The planner charges it
+// per thread.
 uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v, int n_keys);
 
 // The scores step of attention() on the active ISA, exposed for its tests: for nh query heads (rows
