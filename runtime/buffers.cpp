@@ -32,7 +32,7 @@ uint64_t kv_layer_bytes(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32
   return kv_cells(s, il, n_ctx, n_parallel) * per_cell;
 }
 
-ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last_stage,
                              GgmlType kv_type, uint32_t n_outputs, uint32_t n_threads) {
   BATON_CHECK(is_kv_type(kv_type));
   const uint64_t B = n_batch, f = sizeof(float);
@@ -56,7 +56,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_c
   L.k_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_k));
   L.v_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_v));
   const uint64_t threads = n_threads > 0 ? n_threads : kPlanThreadsPerStage;
-  L.att = align_buffer(threads * cpu::attention_thread_bytes(int(n_rep), int(s.head_dim_k), int(s.head_dim_v), int(n_ctx)));
+  L.att = align_buffer(threads * cpu::attention_thread_bytes(int(n_rep), int(s.head_dim_k), int(s.head_dim_v)));
   L.xq = align_buffer(B * ((widest + 31) / 32) * 40);
   const uint64_t rows = n_outputs == 0 ? B : n_outputs;
   L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;

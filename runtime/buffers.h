@@ -47,7 +47,7 @@ struct ScratchLayout {
   uint64_t k_new = 0;   // the batch's keys in the KV type (staging rows), n_batch rows
   uint64_t v_new = 0;   // the batch's values in the KV type, n_batch rows
   uint64_t att = 0;     // the CPU attention's per-thread buffers: n_threads × cpu::attention_thread_bytes
-                        // (n_head / n_head_kv, head dims, n_ctx keys); CPU stages only
+                        // (n_head / n_head_kv, head dims; not the context); CPU stages only
   uint64_t xq = 0;      // activations quantized for the integer dot products: n_batch rows of the
                         // widest matmul input (n_embd, n_head × head_dim_v or n_ff) at 40 bytes per 32
   uint64_t logits = 0;  // last stage only: n_outputs × n_vocab
@@ -57,15 +57,14 @@ struct ScratchLayout {
   uint64_t total() const { return x + forward_scratch() + att + xq + logits; }
 };
 
-// n_batch: tokens per forward step; n_ctx: context per sequence (attention spans one sequence);
-// on_last_stage: the stage that holds the output head (and so the logits); kv_type: the KV cache
+// n_batch: tokens per forward step; on_last_stage: the stage that holds the output head (and so the logits); kv_type: the KV cache
 // type (the staging rows use it); n_outputs: logit rows per step, 0 meaning n_batch (every token).
 // n_threads: worker threads of a CPU stage (0: kPlanThreadsPerStage).
-ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last_stage,
                              GgmlType kv_type = GgmlType::F16, uint32_t n_outputs = 0, uint32_t n_threads = 0);
-inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, uint32_t n_ctx, bool on_last_stage,
+inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage,
                               GgmlType kv_type = GgmlType::F16, uint32_t n_outputs = 0, uint32_t n_threads = 0) {
-  return scratch_layout(s, n_batch, n_ctx, on_last_stage, kv_type, n_outputs, n_threads).total();
+  return scratch_layout(s, n_batch, on_last_stage, kv_type, n_outputs, n_threads).total();
 }
 
 // A CUDA stage's shared op scratch (kernels/cuda/ops.h: the GEMM's FP16 activations and weight

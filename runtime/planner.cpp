@@ -42,9 +42,9 @@ struct Pricing {
       kv[i] = kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
       prefix[i + 1] = prefix[i] + s.layers[i].weight_bytes + kv[i];
     }
-    const ScratchLayout mid = scratch_layout(s, o.n_batch, o.n_ctx, false, o.kv_type, o.n_outputs, o.n_threads);
+    const ScratchLayout mid = scratch_layout(s, o.n_batch, false, o.kv_type, o.n_outputs, o.n_threads);
     scratch_mid = mid.total();
-    scratch_last = scratch_bytes(s, o.n_batch, o.n_ctx, true, o.kv_type, o.n_outputs, o.n_threads);
+    scratch_last = scratch_bytes(s, o.n_batch, true, o.kv_type, o.n_outputs, o.n_threads);
     cpu_att = mid.att;
     gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
     gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true) + gpu_sampling_bytes(s, o.n_batch);

@@ -49,7 +49,7 @@ struct Stage {
   uint64_t output_bytes = 0;        // output_norm + head (0 for a tied head on the embedding's stage)
   uint64_t shared_bytes = 0;        // tensors every stage keeps a copy of
   uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, n_ctx, has_output, kv_type, n_outputs, n_threads),
+  uint64_t scratch_bytes = 0;       // scratch_bytes(shape, n_batch, has_output, kv_type, n_outputs, n_threads),
                                     // on a GPU without the CPU attention's buffers (ScratchLayout::att)
                                     // and + gpu_ops_scratch_bytes(shape, n_batch, has_output),
                                     // + gpu_link_bytes(shape, n_batch) on a GPU past layer 0

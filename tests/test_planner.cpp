@@ -59,8 +59,8 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   if (emb) c += s.embedding_bytes;
   if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
-  c += scratch_bytes(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs, o.n_threads);
-  if (d.is_gpu()) c -= scratch_layout(s, nb, o.n_ctx, head, o.kv_type, o.n_outputs, o.n_threads).att;  // CPU attention's
+  c += scratch_bytes(s, nb, head, o.kv_type, o.n_outputs, o.n_threads);
+  if (d.is_gpu()) c -= scratch_layout(s, nb, head, o.kv_type, o.n_outputs, o.n_threads).att;  // CPU attention's
   if (d.is_gpu() && !emb) c += gpu_link_bytes(s, nb);  // a P2P link's slots may arrive here
   if (d.is_gpu() && head) c += gpu_sampling_bytes(s, nb);  // argmax ids, top-k candidates
   return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
@@ -129,7 +129,7 @@ TEST_CASE("a model that fits on the first device stays there, with exact bytes")
   // The forward's buffers and logits but not the CPU attention's per-thread buffers, and on a GPU
   // the CUDA ops' shared scratch: a 64 MiB FP16 weight slab (the head is larger) + 512 FP16
   // columns of the widest input (1536), in whole MiB.
-  const ScratchLayout cpu_layout = scratch_layout(s, 512, 2048, true);
+  const ScratchLayout cpu_layout = scratch_layout(s, 512, true);
   CHECK(cpu_layout.att > 0);
   CHECK(st.scratch_bytes ==
         cpu_layout.total() - cpu_layout.att + gpu_ops_scratch_bytes(s, 512, true) + gpu_sampling_bytes(s, 512));
@@ -147,7 +147,7 @@ TEST_CASE("a model that fits on the first device stays there, with exact bytes")
   REQUIRE(q.stages.size() == 2);
   // Filled to the same fraction of their memory: the totals differ by less than one unit (a
   // layer, or the head with its logits).
-  const int64_t head_unit = int64_t(s.output_bytes + s.output_norm_bytes + scratch_layout(s, 512, 2048, true).logits);
+  const int64_t head_unit = int64_t(s.output_bytes + s.output_norm_bytes + scratch_layout(s, 512, true).logits);
   const int64_t unit = std::max<int64_t>(int64_t(per_layer(s, o)), head_unit);
   CHECK(std::llabs(int64_t(q.stages[0].total_bytes()) - int64_t(q.stages[1].total_bytes())) <= unit);
 }
@@ -566,7 +566,7 @@ TEST_CASE("property: random shapes and budgets give well-formed, honest plans") 
       auto max_fraction = [&](const Plan& x) {
         double m = 0;
         for (const auto& st : x.stages) {
-          const double fixed = double(st.reserve_bytes + st.shared_bytes + scratch_bytes(s, x.options.n_batch, o.n_ctx, false, o.kv_type));
+          const double fixed = double(st.reserve_bytes + st.shared_bytes + scratch_bytes(s, x.options.n_batch, false, o.kv_type));
           m = std::max(m, (double(st.total_bytes()) - fixed) / (double(st.budget) - fixed));
         }
         return m;

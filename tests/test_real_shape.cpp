@@ -49,7 +49,7 @@ void check_against_preset(const std::string& path, const char* preset) {
   // The forward's own sizes agree with the planner's.
   const ModelConfig c = ModelConfig::from_gguf(*f);
   for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
-    CHECK(scratch_layout(s, 512, 4096, true, kv).forward_scratch() == Scratch::bytes(c, 512, kv));
+    CHECK(scratch_layout(s, 512, true, kv).forward_scratch() == Scratch::bytes(c, 512, kv));
     KvCacheShape ks;
     ks.layer_end = int(s.n_layer);
     ks.n_seq = 2;

@@ -155,7 +155,7 @@ TEST_CASE("the planner's KV and scratch bytes equal the CPU forward's allocation
       for (int n_batch : {1, 7, 512})
         for (int n_ctx : {5, 16, 300}) {
           INFO(p->name << " kv " << type_name(kv) << " batch " << n_batch << " ctx " << n_ctx);
-          CHECK(scratch_layout(s, uint32_t(n_batch), uint32_t(n_ctx), false, kv).forward_scratch() ==
+          CHECK(scratch_layout(s, uint32_t(n_batch), false, kv).forward_scratch() ==
                 Scratch::bytes(c, n_batch, kv));
           KvCacheShape ks;
           ks.layer_begin = 1;

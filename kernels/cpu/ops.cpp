@@ -500,7 +500,34 @@ struct AttnKernels {
   // out[r] += sum_j p[r*ps + j] * V[j] for nr rows (V rows d apart): each output continues a chain
   // of FMAs in j order, so runs of keys in order have the bits of one call over all of them.
   void (*pv)(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out);
+  // One row's step of the online softmax over a chunk of kKeyChunk score slots, slots [v0, v1)
+  // valid (v0 < v1): the running max m and sum l move to the chunk, p[slot] becomes
+  // exp(s - m) on the valid slots and 0 on the others, and the factor the row's output and sum
+  // must be scaled by is returned (0 on the row's first chunk, 1 when the max did not move). A
+  // slot is a key's position mod kKeyChunk, so the arithmetic depends only on the row's keys.
+  float (*chunk_softmax)(float* p, int v0, int v1, float& m, float& l);
 };
+
+constexpr int kQueryBlock = 32;  // query tokens sharing one conversion of their K/V rows
+constexpr int kKeyChunk = 64;    // K/V rows converted (and used by every query of a block) at a time
+// Floats between two rows of a task's chunk scores: 5 cache lines, an odd number, so that the
+// rows a tile touches together fall in different L1 sets.
+constexpr int kScoreStride = kKeyChunk + 16;
+
+float chunk_softmax_scalar(float* p, int v0, int v1, float& m, float& l) {
+  float mc = p[v0];
+  for (int j = v0 + 1; j < v1; ++j) mc = std::max(mc, p[j]);
+  const float mn = std::max(m, mc);
+  const float c = m == -INFINITY ? 0.f : std::exp(m - mn);
+  float sum = 0.f;
+  for (int j = 0; j < kKeyChunk; ++j) {
+    p[j] = j >= v0 && j < v1 ? std::exp(p[j] - mn) : 0.f;
+    sum += p[j];
+  }
+  l = l * c + sum;
+  m = mn;
+  return c;
+}
 
 void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
   const float* f16 = fp16_table();
@@ -641,6 +668,54 @@ void pv_avx2(const float* p, size_t ps, int nr, const float* V, int n, int d, fl
   for (; r + 3 <= nr; r += 3) pv_avx2_rows<3>(p + size_t(r) * ps, ps, V, n, d, out + r);
   if (nr - r == 2) pv_avx2_rows<2>(p + size_t(r) * ps, ps, V, n, d, out + r);
   if (nr - r == 1) pv_avx2_rows<1>(p + size_t(r) * ps, ps, V, n, d, out + r);
+}
+
+// The online-softmax step on AVX2: the slots in 8 vectors, invalid ones masked (to -inf for the
+// max, to 0 after the exp); the chunk's sum by one fixed tree over the 8 vectors and their lanes.
+BATON_AVX2_FN float chunk_softmax_avx2(float* p, int v0, int v1, float& m, float& l) {
+  static_assert(kKeyChunk == 64);
+  const __m256i lo = _mm256_set1_epi32(v0 - 1), hi = _mm256_set1_epi32(v1);
+  const auto valid = [lo, hi](int k) BATON_AVX2_FN {  // the mask of slots 8k..8k+7 inside [v0, v1)
+    const __m256i slot = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * k));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(slot, lo), _mm256_cmpgt_epi32(hi, slot)));
+  };
+  const bool all = v0 == 0 && v1 == kKeyChunk;
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mv = ninf;
+  for (int k = 0; k < 8; ++k) {
+    const __m256 x = _mm256_loadu_ps(p + 8 * k);
+    mv = _mm256_max_ps(mv, all ? x : _mm256_blendv_ps(ninf, x, valid(k)));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float mn = std::max(m, _mm_cvtss_f32(m4));
+  const __m256 vmn = _mm256_set1_ps(mn);
+  __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+  for (int k = 0; k < 8; k += 2) {  // the sum: ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    __m256 e[2];
+    for (int u = 0; u < 2; ++u) {
+      const int kk = k + u;
+      if (all) e[u] = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + 8 * kk), vmn));
+      else if (8 * kk + 7 >= v0 && 8 * kk < v1)
+        e[u] = _mm256_and_ps(exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + 8 * kk), vmn)), valid(kk));
+      else e[u] = _mm256_setzero_ps();
+      _mm256_storeu_ps(p + 8 * kk, e[u]);
+    }
+    const __m256 pair = _mm256_add_ps(e[0], e[1]);
+    if (k == 0) t0 = pair;
+    else if (k == 2) t0 = _mm256_add_ps(t0, pair);
+    else if (k == 4) t1 = pair;
+    else t1 = _mm256_add_ps(t1, pair);
+  }
+  const __m256 t = _mm256_add_ps(t0, t1);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  const float c = m == -INFINITY ? 0.f : _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(m - mn)));
+  l = l * c + _mm_cvtss_f32(s4);
+  m = mn;
+  return c;
 }
 
 // AVX-512, register-blocked over up to 4 rows: every K or V vector loaded feeds NH rows. Each row
@@ -784,21 +859,52 @@ void pv_rows(const float* p, size_t ps, int nr, Rows V, int n, int d, float* con
 void pv_avx512(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
   pv_rows(p, ps, nr, FloatRows{V, d}, n, d, out, true);
 }
-void scores_f16(const float* const* q, int nr, const uint16_t* const* K, int n, int d, float scale, float* s) {
-  scores_rows(q, nr, F16Rows{K}, n, d, scale, s, size_t(n));
+void scores_f16(const float* const* q, int nr, const uint16_t* const* K, int n, int d, float scale, float* s, size_t ss) {
+  scores_rows(q, nr, F16Rows{K}, n, d, scale, s, ss);
 }
-void pv_f16(const float* p, int nr, const uint16_t* const* V, int n, int d, float* const* out) {
-  pv_rows(p, size_t(n), nr, F16Rows{V}, n, d, out, false);
+void pv_f16(const float* p, size_t ps, int nr, const uint16_t* const* V, int n, int d, float* const* out) {
+  pv_rows(p, ps, nr, F16Rows{V}, n, d, out, true);
 }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// The online-softmax step on AVX-512: the slots in 4 vectors under masks, the chunk's sum by one
+// fixed tree ((x0 + x1) + (x2 + x3), then _mm512_reduce_add_ps).
+BATON_AVX512_FN float chunk_softmax_avx512(float* p, int v0, int v1, float& m, float& l) {
+  static_assert(kKeyChunk == 64);
+  const uint64_t bits = (v1 >= 64 ? ~uint64_t(0) : (uint64_t(1) << v1) - 1) & ~((uint64_t(1) << v0) - 1);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 x[4];
+  __m512 mv = ninf;
+  for (int k = 0; k < 4; ++k) {
+    x[k] = _mm512_loadu_ps(p + 16 * k);
+    mv = _mm512_mask_max_ps(mv, __mmask16(bits >> (16 * k)), mv, x[k]);
+  }
+  const float mn = std::max(m, _mm512_reduce_max_ps(mv));
+  const __m512 vmn = _mm512_set1_ps(mn);
+  for (int k = 0; k < 4; ++k) {
+    const __mmask16 mk = __mmask16(bits >> (16 * k));
+    x[k] = mk ? _mm512_maskz_mov_ps(mk, exp_avx512(_mm512_sub_ps(x[k], vmn))) : _mm512_setzero_ps();
+    _mm512_storeu_ps(p + 16 * k, x[k]);
+  }
+  const float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(x[0], x[1]), _mm512_add_ps(x[2], x[3])));
+  const float c = m == -INFINITY ? 0.f : _mm_cvtss_f32(_mm512_castps512_ps128(exp_avx512(_mm512_set1_ps(m - mn))));
+  l = l * c + sum;
+  m = mn;
+  return c;
+}
+#pragma GCC diagnostic pop
 #endif
 
 AttnKernels attn_kernels(int dk, int dv) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (active_isa() >= Isa::Avx512 && dk % 16 == 0 && dv % 16 == 0) return {cvt_f16_avx2, scores_avx512, pv_avx512};
-  if (active_isa() >= Isa::Avx2 && dk % 8 == 0 && dv % 8 == 0) return {cvt_f16_avx2, scores_avx2, pv_avx2};
+  if (active_isa() >= Isa::Avx512 && dk % 16 == 0 && dv % 16 == 0)
+    return {cvt_f16_avx2, scores_avx512, pv_avx512, chunk_softmax_avx512};
+  if (active_isa() >= Isa::Avx2 && dk % 8 == 0 && dv % 8 == 0) return {cvt_f16_avx2, scores_avx2, pv_avx2, chunk_softmax_avx2};
 #endif
   (void)dk, (void)dv;
-  return {cvt_f16_scalar, scores_scalar, pv_scalar};
+  return {cvt_f16_scalar, scores_scalar, pv_scalar, chunk_softmax_scalar};
 }
 
 }  // namespace
@@ -825,26 +931,16 @@ inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* hea
   }
 }
 
-constexpr int kQueryBlock = 32;  // query tokens sharing one conversion of their K/V rows
-constexpr int kKeyChunk = 64;    // K/V rows converted (and used by every query of a block) at a time
-
-// Floats between two rows of a task's scores: n_keys rounded up to whole cache lines, an odd
-// number of them, so that the rows a tile touches together fall in different L1 sets (with a
-// stride of 4 KiB multiples they all share one set of 8 ways and evict each other).
-inline size_t score_stride(int n_keys) { return (size_t(n_keys + 15) / 16 | 1) * 16; }
 
 }  // namespace
 
-uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v, int n_keys) {
-  // Prefill: one chunk of K and V as floats, [kQueryBlock][n_rep][n_keys] scores and a query and
-  // an output pointer per row. Decode's F16 path (one query): 2 × n_keys row pointers, [n_rep][n_keys]
-  // scores and 2 × n_rep row pointers, never more.
+uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v) {
+  // One chunk of K and V as floats, and per row (a query block's n_rep heads) its chunk of scores,
+  // running max and sum, and a query and an output pointer; the F16 decode path's 2 × kKeyChunk
+  // row pointers. None of it grows with the context.
   const uint64_t rows = uint64_t(kQueryBlock) * uint64_t(n_rep);
-  const uint64_t prefill = sizeof(float) * (uint64_t(kKeyChunk) * uint64_t(head_dim_k + head_dim_v) + rows * score_stride(n_keys)) +
-                           2 * sizeof(void*) * rows;
-  const uint64_t decode = 2 * sizeof(void*) * (uint64_t(n_keys) + uint64_t(n_rep)) +
-                          sizeof(float) * uint64_t(n_rep) * uint64_t(n_keys);
-  return std::max(prefill, decode);
+  return sizeof(float) * (uint64_t(kKeyChunk) * uint64_t(head_dim_k + head_dim_v) + rows * (kScoreStride + 2)) +
+         2 * sizeof(void*) * (rows + kKeyChunk);
 }
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
@@ -890,7 +986,6 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     auto lo_of = [&](int t) { return a.window > 0 ? std::max(0, a.pos[t] - a.window + 1) : 0; };
     int lo = lo_of(t0), hi = a.pos[t0];
     for (int t = t0 + 1; t < t1; ++t) lo = std::min(lo, lo_of(t)), hi = std::max(hi, a.pos[t]);
-    const int nk = hi - lo + 1;
     BATON_CHECK(lo >= first - kv.n_cells);  // every older position is still in the ring
     // Head g of position j: a staged row of the batch, or the cache.
     auto key_at = [&](int j) {
@@ -900,100 +995,103 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       return j >= first ? a.v_new + size_t(row0 + j - first) * kv.v_row + size_t(g) * kv.v_head_bytes() : kv.v_at(s, g, j);
     };
 
-#if defined(__x86_64__) || defined(__i386__)
-    // One query over an F16 cache (decode): read the rows in place instead of converting them.
-    if (t1 - t0 == 1 && kv.type == GgmlType::F16 && kern.scores == scores_avx512) {
-      thread_local std::vector<const uint16_t*> rows;
-      thread_local std::vector<float> sc;
-      rows.resize(2 * size_t(nk));
-      sc.resize(size_t(nk) * heads_per_task);
-      // The cached positions of (s, g) are consecutive rows of one run (a ring wraps once at most):
-      // walk the cells instead of dividing per key; staged rows (j >= first) come from the batch.
-      const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
-      const uint8_t* kbase = kv.k_at(s, g, 0);
-      const uint8_t* vbase = kv.v_at(s, g, 0);
-      const int cached = std::max(0, std::min(nk, first - lo));
-      for (int j = 0, cell = lo % kv.n_cells; j < cached; ++j) {
-        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(kbase + size_t(cell) * kh);
-        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(vbase + size_t(cell) * vh);
-        if (++cell == kv.n_cells) cell = 0;
-      }
-      for (int j = cached; j < nk; ++j) {
-        rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(lo + j));
-        rows[size_t(nk + j)] = reinterpret_cast<const uint16_t*>(val_at(lo + j));
-      }
-      const int off = lo_of(t0) - lo, n = a.pos[t0] - lo_of(t0) + 1;
-      // The task's rows into L2 up front: the run of one head is short enough that the hardware
-      // streamers only ramp up as it ends, and every row is read from DRAM once per step.
-      for (int j = 0; j < n; ++j) {
-        const char* kr = reinterpret_cast<const char*>(rows[size_t(off + j)]);
-        const char* vr = reinterpret_cast<const char*>(rows[size_t(nk + off + j)]);
-        for (int b = 0; b < dk * 2; b += 64) _mm_prefetch(kr + b, _MM_HINT_T1);
-        for (int b = 0; b < dv * 2; b += 64) _mm_prefetch(vr + b, _MM_HINT_T1);
-      }
-      thread_local std::vector<const float*> q;
-      thread_local std::vector<float*> out;
-      q.resize(size_t(heads_per_task));
-      out.resize(size_t(heads_per_task));
-      for (int r = 0; r < heads_per_task; ++r) {
-        q[size_t(r)] = a.q + size_t(t0) * a.q_stride + size_t(h0 + r) * dk;
-        out[size_t(r)] = a.out + size_t(t0) * a.out_stride + size_t(h0 + r) * dv;
-      }
-      scores_f16(q.data(), heads_per_task, rows.data() + off, n, dk, a.scale, sc.data());
-      for (int r = 0; r < heads_per_task; ++r) softmax(sc.data() + size_t(r) * n, n);
-      pv_f16(sc.data(), heads_per_task, rows.data() + nk + off, n, dv, out.data());
-      return;
-    }
-#endif
     const int nq = t1 - t0, H = heads_per_task, nr = nq * H;
     thread_local std::vector<float> buf;
     thread_local std::vector<const float*> qrow;
     thread_local std::vector<float*> orow;
-    const size_t ss = score_stride(nk);
-    buf.resize(size_t(kKeyChunk) * (dk + dv) + size_t(nr) * ss);
-    BATON_CHECK(buf.size() * sizeof(float) <= attention_thread_bytes(n_rep, dk, dv, nk));
+    buf.resize(size_t(kKeyChunk) * (dk + dv) + size_t(nr) * (kScoreStride + 2));
+    BATON_CHECK(buf.size() * sizeof(float) + 2 * sizeof(void*) * (size_t(nr) + kKeyChunk) <=
+                attention_thread_bytes(n_rep, dk, dv));
     float* ktile = buf.data();                      // [kKeyChunk][dk]: the keys of one chunk
     float* vtile = ktile + size_t(kKeyChunk) * dk;  // [kKeyChunk][dv]
-    float* scores = vtile + size_t(kKeyChunk) * dv; // [nr][ss]: row (t - t0)·H + r is query t, head h0 + r
-    // The task's rows: (query token, head) pairs, token-major, all reading KV head g.
+    float* sc = vtile + size_t(kKeyChunk) * dv;     // [nr][kScoreStride]: row i's slot c is key cb + c
+    float* run_max = sc + size_t(nr) * kScoreStride;
+    float* run_sum = run_max + nr;
+    // The task's rows: (query token, head) pairs, token-major, all reading KV head g. Row i is
+    // query t0 + i / H, head h0 + i % H.
     qrow.resize(size_t(nr));
     orow.resize(size_t(nr));
-    for (int t = t0; t < t1; ++t)
-      for (int r = 0; r < H; ++r) {
-        qrow[size_t((t - t0) * H + r)] = a.q + size_t(t) * a.q_stride + size_t(h0 + r) * dk;
-        orow[size_t((t - t0) * H + r)] = a.out + size_t(t) * a.out_stride + size_t(h0 + r) * dv;
-      }
-    // Tile rows [c0, c0 + kKeyChunk) as floats, each row converted once per task.
-    auto load_chunk = [&](int c0, int cn, float* tile, int d, auto row_at) {
-      for (int j = c0; j < c0 + cn; ++j) load_head(kern, kv.type, row_at(lo + j), d, tile + size_t(j - c0) * d);
-    };
+    for (int i = 0; i < nr; ++i) {
+      const int t = t0 + i / H, h = h0 + i % H;
+      qrow[size_t(i)] = a.q + size_t(t) * a.q_stride + size_t(h) * dk;
+      orow[size_t(i)] = a.out + size_t(t) * a.out_stride + size_t(h) * dv;
+      std::fill(orow[size_t(i)], orow[size_t(i)] + dv, 0.f);
+      run_max[i] = -INFINITY;
+      run_sum[i] = 0.f;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    // One query over an F16 cache (decode) on AVX-512: the rows are read in place (vcvtph2ps
+    // inside the dot products) instead of being converted into tiles first; same FMAs, same bits.
+    const bool in_place = nq == 1 && kv.type == GgmlType::F16 && kern.scores == scores_avx512;
+    thread_local std::vector<const uint16_t*> rows;  // in place: a chunk's K rows, then its V rows
+    if (in_place) rows.resize(2 * size_t(kKeyChunk));
+#endif
 
-    // Key-major: a chunk of K (then V) rows is converted and used by every row of the task while
-    // it is in L1, instead of each query streaming a whole tile from L2/L3 (the tiles of a long
-    // prompt are megabytes), and only a chunk is ever held. Every row takes the whole chunk (the
-    // kernels block over rows and keys); query t sees tile rows [lo_of(t) - lo, pos[t] - lo], and
-    // its probabilities outside them are set to 0 before P·V, so its outputs are chains of
-    // FMAs over its own keys in order with exact no-ops around them: the bits of any block.
-    for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
-      const int cn = std::min(kKeyChunk, nk - c0);
-      load_chunk(c0, cn, ktile, dk, key_at);
-      kern.scores(qrow.data(), nr, ktile, cn, dk, a.scale, scores + c0, ss);
-    }
-    for (int t = t0; t < t1; ++t) {
-      const int j0 = lo_of(t) - lo, n = a.pos[t] - lo_of(t) + 1;
-      for (int r = 0; r < H; ++r) {
-        float* p = scores + size_t((t - t0) * H + r) * ss;
-        softmax(p + j0, n);
-        std::fill(p, p + j0, 0.f);
-        std::fill(p + j0 + n, p + nk, 0.f);
+    // Key-major, one chunk of kKeyChunk positions at a time, the chunks aligned to multiples of
+    // kKeyChunk: its K rows are converted and scored against every row of the task while they are
+    // in L1, each row's online softmax moves to the chunk (its earlier output and sum rescaled
+    // when its max grows), then the V rows are converted and added in. Every row takes the whole
+    // chunk (the kernels block over rows and keys); the probabilities outside a row's own keys
+    // are 0, exact no-ops in its FMA chains, and a slot is the key's position mod kKeyChunk, so a
+    // row's result has the same bits in any block: alone (decode) or in a batch of any size.
+    // Nothing held grows with the context.
+    for (int cb = lo / kKeyChunk * kKeyChunk; cb <= hi; cb += kKeyChunk) {
+      const int j0 = std::max(cb, lo), j1 = std::min(cb + kKeyChunk - 1, hi);  // the chunk's positions
+      const int cn = j1 - j0 + 1;
+      float* s0 = sc + (j0 - cb);
+#if defined(__x86_64__) || defined(__i386__)
+      if (in_place) {
+        // The cached positions of (s, g) are consecutive rows of one run (a ring wraps once at
+        // most): walk the cells instead of dividing per key; staged rows come from the batch.
+        const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
+        const uint8_t* kbase = kv.k_at(s, g, 0);
+        const uint8_t* vbase = kv.v_at(s, g, 0);
+        const int cached = std::max(0, std::min(j1 + 1, first) - j0);
+        for (int j = 0, cell = j0 % kv.n_cells; j < cached; ++j) {
+          rows[size_t(j)] = reinterpret_cast<const uint16_t*>(kbase + size_t(cell) * kh);
+          rows[size_t(kKeyChunk + j)] = reinterpret_cast<const uint16_t*>(vbase + size_t(cell) * vh);
+          if (++cell == kv.n_cells) cell = 0;
+        }
+        for (int j = cached; j < cn; ++j) {
+          rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(j0 + j));
+          rows[size_t(kKeyChunk + j)] = reinterpret_cast<const uint16_t*>(val_at(j0 + j));
+        }
+        // The chunk's rows into L2 up front: a decode step reads every row from DRAM once, and
+        // a run this short ends before the hardware streamers ramp up.
+        for (int j = 0; j < cn; ++j) {
+          const char* kr = reinterpret_cast<const char*>(rows[size_t(j)]);
+          const char* vr = reinterpret_cast<const char*>(rows[size_t(kKeyChunk + j)]);
+          for (int b = 0; b < dk * 2; b += 64) _mm_prefetch(kr + b, _MM_HINT_T1);
+          for (int b = 0; b < dv * 2; b += 64) _mm_prefetch(vr + b, _MM_HINT_T1);
+        }
+        scores_f16(qrow.data(), nr, rows.data(), cn, dk, a.scale, s0, kScoreStride);
+      } else
+#endif
+      {
+        for (int j = 0; j < cn; ++j) load_head(kern, kv.type, key_at(j0 + j), dk, ktile + size_t(j) * dk);
+        kern.scores(qrow.data(), nr, ktile, cn, dk, a.scale, s0, kScoreStride);
       }
+      for (int i = 0; i < nr; ++i) {
+        const int t = t0 + i / H;
+        const int v0 = std::max(lo_of(t), cb) - cb, v1 = std::min(a.pos[t], j1) - cb + 1;  // its slots
+        float* p = sc + size_t(i) * kScoreStride;
+        if (v0 >= v1) {  // none of its keys here: P·V adds zeros
+          std::fill(p, p + kKeyChunk, 0.f);
+          continue;
+        }
+        const float c = kern.chunk_softmax(p, v0, v1, run_max[i], run_sum[i]);
+        if (c != 1.f) scale(orow[size_t(i)], c, dv);
+      }
+#if defined(__x86_64__) || defined(__i386__)
+      if (in_place) {
+        pv_f16(s0, kScoreStride, nr, rows.data() + kKeyChunk, cn, dv, orow.data());
+        continue;
+      }
+#endif
+      for (int j = 0; j < cn; ++j) load_head(kern, kv.type, val_at(j0 + j), dv, vtile + size_t(j) * dv);
+      kern.pv(s0, kScoreStride, nr, vtile, cn, dv, orow.data());
     }
-    for (int i = 0; i < nr; ++i) std::fill(orow[size_t(i)], orow[size_t(i)] + dv, 0.f);
-    for (int c0 = 0; c0 < nk; c0 += kKeyChunk) {
-      const int cn = std::min(kKeyChunk, nk - c0);
-      load_chunk(c0, cn, vtile, dv, val_at);
-      kern.pv(scores + c0, ss, nr, vtile, cn, dv, orow.data());
-    }
+    for (int i = 0; i < nr; ++i) scale(orow[size_t(i)], 1.f / run_sum[i], dv);
   });
 }
 

@@ -96,7 +96,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool);
 // up to n_keys positions, n_rep query heads per KV head: the float K/V rows of one key chunk, the
 // scores of a query block (its n_rep heads by n_keys) and its row pointers. The planner charges it
 // per thread.
-uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v, int n_keys);
+uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v);
 
 // The scores step of attention() on the active ISA, exposed for its tests: for nh query heads (rows
 // d apart) against n keys (rows d apart), s[h·n + j] = scale · q_h·K_j.
