@@ -738,10 +738,10 @@ BATON_AVX512_FN inline void prefetch_row(const uint16_t* row, int d) {
   for (int b = 0; b < d * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
 }
 struct F16Rows {
-  const uint16_t* const* V;
-  const uint16_t* operator()(int j) const { return V[j]; }
+  const uint8_t* const* V;  // F16 rows, as the cache's bytes
+  const uint16_t* operator()(int j) const { return reinterpret_cast<const uint16_t*>(V[j]); }
   void prefetch(int j, int n, int i, int w) const {
-    if (j + kRowsAhead < n) prefetch_row(V[j + kRowsAhead] + i, w);
+    if (j + kRowsAhead < n) prefetch_row((*this)(j + kRowsAhead) + i, w);
   }
 };
 BATON_AVX512_FN inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -859,10 +859,10 @@ void pv_rows(const float* p, size_t ps, int nr, Rows V, int n, int d, float* con
 void pv_avx512(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
   pv_rows(p, ps, nr, FloatRows{V, d}, n, d, out, true);
 }
-void scores_f16(const float* const* q, int nr, const uint16_t* const* K, int n, int d, float scale, float* s, size_t ss) {
+void scores_f16(const float* const* q, int nr, const uint8_t* const* K, int n, int d, float scale, float* s, size_t ss) {
   scores_rows(q, nr, F16Rows{K}, n, d, scale, s, ss);
 }
-void pv_f16(const float* p, size_t ps, int nr, const uint16_t* const* V, int n, int d, float* const* out) {
+void pv_f16(const float* p, size_t ps, int nr, const uint8_t* const* V, int n, int d, float* const* out) {
   pv_rows(p, ps, nr, F16Rows{V}, n, d, out, true);
 }
 
@@ -1019,12 +1019,13 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       run_max[i] = -INFINITY;
       run_sum[i] = 0.f;
     }
+    // A chunk's K rows, then its V rows (head g of each position), as pointers.
+    thread_local std::vector<const uint8_t*> rows;
+    rows.resize(2 * size_t(kKeyChunk));
 #if defined(__x86_64__) || defined(__i386__)
     // One query over an F16 cache (decode) on AVX-512: the rows are read in place (vcvtph2ps
     // inside the dot products) instead of being converted into tiles first; same FMAs, same bits.
     const bool in_place = nq == 1 && kv.type == GgmlType::F16 && kern.scores == scores_avx512;
-    thread_local std::vector<const uint16_t*> rows;  // in place: a chunk's K rows, then its V rows
-    if (in_place) rows.resize(2 * size_t(kKeyChunk));
 #endif
 
     // Key-major, one chunk of kKeyChunk positions at a time, the chunks aligned to multiples of
@@ -1035,27 +1036,27 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     // are 0, exact no-ops in its FMA chains, and a slot is the key's position mod kKeyChunk, so a
     // row's result has the same bits in any block: alone (decode) or in a batch of any size.
     // Nothing held grows with the context.
+    const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
+    const uint8_t* kbase = kv.k_at(s, g, 0);
+    const uint8_t* vbase = kv.v_at(s, g, 0);
     for (int cb = lo / kKeyChunk * kKeyChunk; cb <= hi; cb += kKeyChunk) {
       const int j0 = std::max(cb, lo), j1 = std::min(cb + kKeyChunk - 1, hi);  // the chunk's positions
       const int cn = j1 - j0 + 1;
       float* s0 = sc + (j0 - cb);
+      // The cached positions of (s, g) are consecutive rows of one run (a ring wraps once at
+      // most): walk the cells instead of dividing per key; staged rows come from the batch.
+      const int cached = std::max(0, std::min(j1 + 1, first) - j0);
+      for (int j = 0, cell = cached > 0 ? j0 % kv.n_cells : 0; j < cached; ++j) {
+        rows[size_t(j)] = kbase + size_t(cell) * kh;
+        rows[size_t(kKeyChunk + j)] = vbase + size_t(cell) * vh;
+        if (++cell == kv.n_cells) cell = 0;
+      }
+      for (int j = cached; j < cn; ++j) {
+        rows[size_t(j)] = key_at(j0 + j);
+        rows[size_t(kKeyChunk + j)] = val_at(j0 + j);
+      }
 #if defined(__x86_64__) || defined(__i386__)
       if (in_place) {
-        // The cached positions of (s, g) are consecutive rows of one run (a ring wraps once at
-        // most): walk the cells instead of dividing per key; staged rows come from the batch.
-        const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
-        const uint8_t* kbase = kv.k_at(s, g, 0);
-        const uint8_t* vbase = kv.v_at(s, g, 0);
-        const int cached = std::max(0, std::min(j1 + 1, first) - j0);
-        for (int j = 0, cell = j0 % kv.n_cells; j < cached; ++j) {
-          rows[size_t(j)] = reinterpret_cast<const uint16_t*>(kbase + size_t(cell) * kh);
-          rows[size_t(kKeyChunk + j)] = reinterpret_cast<const uint16_t*>(vbase + size_t(cell) * vh);
-          if (++cell == kv.n_cells) cell = 0;
-        }
-        for (int j = cached; j < cn; ++j) {
-          rows[size_t(j)] = reinterpret_cast<const uint16_t*>(key_at(j0 + j));
-          rows[size_t(kKeyChunk + j)] = reinterpret_cast<const uint16_t*>(val_at(j0 + j));
-        }
         // The chunk's rows into L2 up front: a decode step reads every row from DRAM once, and
         // a run this short ends before the hardware streamers ramp up.
         for (int j = 0; j < cn; ++j) {
@@ -1068,7 +1069,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       } else
 #endif
       {
-        for (int j = 0; j < cn; ++j) load_head(kern, kv.type, key_at(j0 + j), dk, ktile + size_t(j) * dk);
+        for (int j = 0; j < cn; ++j) load_head(kern, kv.type, rows[size_t(j)], dk, ktile + size_t(j) * dk);
         kern.scores(qrow.data(), nr, ktile, cn, dk, a.scale, s0, kScoreStride);
       }
       for (int i = 0; i < nr; ++i) {
@@ -1088,7 +1089,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
         continue;
       }
 #endif
-      for (int j = 0; j < cn; ++j) load_head(kern, kv.type, val_at(j0 + j), dv, vtile + size_t(j) * dv);
+      for (int j = 0; j < cn; ++j) load_head(kern, kv.type, rows[size_t(kKeyChunk + j)], dv, vtile + size_t(j) * dv);
       kern.pv(s0, kScoreStride, nr, vtile, cn, dv, orow.data());
     }
     for (int i = 0; i < nr; ++i) scale(orow[size_t(i)], 1.f / run_sum[i], dv);
