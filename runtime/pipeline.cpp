@@ -177,8 +177,13 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   on_stage_ = opt.on_stage;
   busy_ns_ = std::make_unique<std::atomic<uint64_t>[]>(stages_.size());
 
-  if (!opt.verbose)
+  if (!opt.verbose) {
     for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    // Several sequences at once (batch, bench --parallel) is where idle GPUs would add throughput.
+    if (opt.n_seq > 1 && !p.idle_gpus.empty())
+      std::fprintf(stderr, "note: %s left idle (the GPUs before hold the model): --spread or --devices cuda:0,cuda:1,... "
+                   "pipelines the batch over every GPU\n", fmt::format("{}", fmt::join(p.idle_gpus, ", ")).c_str());
+  }
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
     std::fprintf(stderr, "threads per stage: %d\n", per_stage);

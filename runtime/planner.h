@@ -78,6 +78,9 @@ struct Plan {
   bool fits = false;
   std::vector<Shortfall> shortfalls;  // empty when it fits
   std::vector<std::string> notes;     // how the plan came about (an entry passed over, idle GPUs, ...)
+  // GPUs `--devices auto` left without a stage because the ones before hold the model (a note
+  // says so; loading for several sequences prints it, as a pipeline over them would add throughput).
+  std::vector<std::string> idle_gpus;
   // What may go wrong although it fits (a budget above the memory free now, a context beyond the
   // trained one): loading prints these on stderr even without --verbose.
   std::vector<std::string> warnings;

@@ -67,11 +67,23 @@ inline std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-// A fresh temporary directory per call.
+// A fresh temporary directory per call, removed with everything in it when the test program
+// exits (BATON_KEEP_TEST_DIRS=1 keeps them, to look at what a failing test wrote).
 inline std::string temp_dir() {
+  struct Made {
+    std::vector<std::string> dirs;
+    ~Made() {
+      const char* keep = std::getenv("BATON_KEEP_TEST_DIRS");
+      if (keep && std::strcmp(keep, "1") == 0) return;
+      std::error_code ec;
+      for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Made made;
   std::string tmpl = (std::filesystem::temp_directory_path() / "baton-test-XXXXXX").string();
   char* d = mkdtemp(tmpl.data());
   REQUIRE(d != nullptr);
+  made.dirs.push_back(d);
   return d;
 }
 

@@ -707,6 +707,7 @@ TEST_CASE("--devices auto fills in order: a model one GPU holds stays there; --s
   CHECK(one.stages[0].device == 0);
   CHECK(one.policy == "fill");
   CHECK_THAT(format_plan(one, s), Catch::Contains("cuda left idle") && Catch::Contains("--spread"));
+  CHECK(one.idle_gpus == std::vector<std::string>{"cuda"});  // what loading for several sequences prints
   // Small GPUs: the model spills from the first GPU to the second, then to the CPU; nothing idle.
   const Plan spill = plan_pipeline(s, {gpu(2 * GiB, 512 * MiB), gpu(2 * GiB, 512 * MiB), cpu(64 * GiB)}, o);
   check_structure(spill, s, o);
@@ -714,12 +715,14 @@ TEST_CASE("--devices auto fills in order: a model one GPU holds stays there; --s
   REQUIRE(spill.stages.size() == 3);
   CHECK(spill.stages[0].free_bytes() < int64_t(per_layer(s, o, spill.stages[0].layer_end)));
   CHECK_THAT(format_plan(spill, s), !Catch::Contains("idle"));
+  CHECK(spill.idle_gpus.empty());
   // --spread: both GPUs, no note.
   o.spread = true;
   const Plan spread = plan_pipeline(s, two, o);
   REQUIRE(spread.fits);
   CHECK(spread.stages.size() == 2);
   CHECK_THAT(format_plan(spread, s), !Catch::Contains("idle"));
+  CHECK(spread.idle_gpus.empty());
   // MPI ranks share the work whatever the list came from.
   o.spread = false;
   CHECK(plan_pipeline(s, two, o, /*every_entry_shares=*/true).stages.size() == 3);
