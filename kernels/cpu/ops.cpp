@@ -1037,8 +1037,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     // row's result has the same bits in any block: alone (decode) or in a batch of any size.
     // Nothing held grows with the context.
     const size_t kh = kv.k_head_bytes(), vh = kv.v_head_bytes();
-    const uint8_t* kbase = kv.k_at(s, g, 0);
-    const uint8_t* vbase = kv.v_at(s, g, 0);
+    const uint8_t* kbase = kv.n_cells > 0 ? kv.k_at(s, g, 0) : nullptr;
+    const uint8_t* vbase = kv.n_cells > 0 ? kv.v_at(s, g, 0) : nullptr;
     for (int cb = lo / kKeyChunk * kKeyChunk; cb <= hi; cb += kKeyChunk) {
       const int j0 = std::max(cb, lo), j1 = std::min(cb + kKeyChunk - 1, hi);  // the chunk's positions
       const int cn = j1 - j0 + 1;

@@ -92,10 +92,10 @@ struct AttentionArgs {
 };
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
-// The most bytes one worker thread of attention() holds (thread-local, reused) for queries that see
-// up to n_keys positions, n_rep query heads per KV head: the float K/V rows of one key chunk, the
-// scores of a query block (its n_rep heads by n_keys) and its row pointers. The planner charges it
-// per thread.
+// The most bytes one worker thread of attention() holds (thread-local, reused), n_rep query heads
+// per KV head: the float K/V rows of one 64-key chunk, and for a query block's rows (tokens × its
+// n_rep heads) one chunk of scores, the online softmax's running max and sum, and row pointers.
+// It does not grow with the context. The planner charges it per thread.
 uint64_t attention_thread_bytes(int n_rep, int head_dim_k, int head_dim_v);
 
 // The scores step of attention() on the active ISA, exposed for its tests: for nh query heads (rows
