@@ -91,7 +91,8 @@ TEST_CASE("softmax matches a double reference on every ISA, tails included") {
   }
 }
 
-TEST_CASE("attention over staged F16 rows matches a double reference on every ISA") {
+TEST_CASE("attention over staged F16 and Q8_0 rows matches a double reference on every ISA") {
+  for (GgmlType kvt : {GgmlType::F16, GgmlType::Q8_0})
   for (int dk : {64, 256}) {
     for (int window : {0, 5}) {
       // 150 tokens span five query blocks of 32 and three key chunks of 64 (the P·V chains continue
@@ -101,15 +102,15 @@ TEST_CASE("attention over staged F16 rows matches a double reference on every IS
       std::vector<float> q = randoms(size_t(n_tok) * n_head * dk, -1.f, 1.f, rng);
       std::vector<float> k = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
       std::vector<float> v = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
-      const size_t row = size_t(n_kv) * dk * 2;
+      const size_t row = row_bytes(kvt, int64_t(n_kv) * dk);
       std::vector<uint8_t> k16(row * n_tok), v16(row * n_tok), cache(row * 4);
       for (int t = 0; t < n_tok; ++t) {
-        kv_convert(GgmlType::F16, k.data() + size_t(t) * n_kv * dk, k16.data() + row * t, n_kv * dk);
-        kv_convert(GgmlType::F16, v.data() + size_t(t) * n_kv * dk, v16.data() + row * t, n_kv * dk);
+        kv_convert(kvt, k.data() + size_t(t) * n_kv * dk, k16.data() + row * t, n_kv * dk);
+        kv_convert(kvt, v.data() + size_t(t) * n_kv * dk, v16.data() + row * t, n_kv * dk);
       }
       std::vector<float> kf(k.size()), vf(v.size());  // what the cache holds, back in float
-      dequantize_row(GgmlType::F16, k16.data(), kf.data(), int64_t(kf.size()));
-      dequantize_row(GgmlType::F16, v16.data(), vf.data(), int64_t(vf.size()));
+      dequantize_row(kvt, k16.data(), kf.data(), int64_t(kf.size()));
+      dequantize_row(kvt, v16.data(), vf.data(), int64_t(vf.size()));
       std::vector<int32_t> pos(n_tok), seq(n_tok, 0), first(n_tok, 0), row0(n_tok, 0);
       for (int t = 0; t < n_tok; ++t) pos[size_t(t)] = t;
       const float scale = 1.f / std::sqrt(float(dk));
@@ -135,7 +136,7 @@ TEST_CASE("attention over staged F16 rows matches a double reference on every IS
 
       for (Isa isa : isas()) {
         IsaGuard guard(isa);
-        INFO("isa " << isa_name(isa) << " head_dim " << dk << " window " << window);
+        INFO("isa " << isa_name(isa) << " kv " << type_name(kvt) << " head_dim " << dk << " window " << window);
         for (int threads : {1, 2}) {
           ThreadPool pool(threads);
           std::vector<float> out(ref.size(), 0.f);
@@ -150,7 +151,7 @@ TEST_CASE("attention over staged F16 rows matches a double reference on every IS
           a.n_head = n_head;
           a.scale = scale;
           a.window = window;
-          a.kv.type = GgmlType::F16;
+          a.kv.type = kvt;
           a.kv.k = a.kv.v = cache.data();
           a.kv.k_row = a.kv.v_row = row;
           a.kv.n_cells = 4;

@@ -494,6 +494,7 @@ namespace {
 // own query and keys, never on how many rows share the call or where it sits among them.
 struct AttnKernels {
   void (*cvt_f16)(const uint16_t* h, float* dst, int n);
+  void (*cvt_q8_0)(const BlockQ8_0* b, float* dst, int n);  // d · q, exact on every ISA
   // For nr query rows q[r] (d floats each) against one K tile: s[r*ss + j] = scale * q_r·K[j], j < n.
   // A score's bits do not depend on n, nr or where the key sits in the tile.
   void (*scores)(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss);
@@ -534,6 +535,14 @@ void cvt_f16_scalar(const uint16_t* h, float* dst, int n) {
   for (int i = 0; i < n; ++i) dst[i] = f16[h[i]];
 }
 
+void cvt_q8_0_scalar(const BlockQ8_0* b, float* dst, int n) {
+  const float* f16 = fp16_table();
+  for (int blk = 0; blk < n / QK; ++blk) {
+    const float d = f16[b[blk].d];
+    for (int i = 0; i < QK; ++i) dst[blk * QK + i] = d * float(b[blk].qs[i]);
+  }
+}
+
 void scores_scalar(const float* const* q, int nr, const float* K, int n, int d, float scale, float* s, size_t ss) {
   for (int r = 0; r < nr; ++r)
     for (int j = 0; j < n; ++j) s[size_t(r) * ss + j] = dot(q[r], K + size_t(j) * d, d) * scale;
@@ -545,6 +554,17 @@ void pv_scalar(const float* p, size_t ps, int nr, const float* V, int n, int d, 
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+BATON_AVX2_FN void cvt_q8_0_avx2(const BlockQ8_0* b, float* dst, int n) {
+  const float* f16 = fp16_table();
+  for (int blk = 0; blk < n / QK; ++blk) {
+    const __m256 d = _mm256_set1_ps(f16[b[blk].d]);
+    for (int i = 0; i < QK; i += 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[blk].qs + i));
+      _mm256_storeu_ps(dst + blk * QK + i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+
 BATON_AVX2_FN void cvt_f16_avx2(const uint16_t* h, float* dst, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -900,11 +920,12 @@ BATON_AVX512_FN float chunk_softmax_avx512(float* p, int v0, int v1, float& m, f
 AttnKernels attn_kernels(int dk, int dv) {
 #if defined(__x86_64__) || defined(__i386__)
   if (active_isa() >= Isa::Avx512 && dk % 16 == 0 && dv % 16 == 0)
-    return {cvt_f16_avx2, scores_avx512, pv_avx512, chunk_softmax_avx512};
-  if (active_isa() >= Isa::Avx2 && dk % 8 == 0 && dv % 8 == 0) return {cvt_f16_avx2, scores_avx2, pv_avx2, chunk_softmax_avx2};
+    return {cvt_f16_avx2, cvt_q8_0_avx2, scores_avx512, pv_avx512, chunk_softmax_avx512};
+  if (active_isa() >= Isa::Avx2 && dk % 8 == 0 && dv % 8 == 0)
+    return {cvt_f16_avx2, cvt_q8_0_avx2, scores_avx2, pv_avx2, chunk_softmax_avx2};
 #endif
   (void)dk, (void)dv;
-  return {cvt_f16_scalar, scores_scalar, pv_scalar, chunk_softmax_scalar};
+  return {cvt_f16_scalar, cvt_q8_0_scalar, scores_scalar, pv_scalar, chunk_softmax_scalar};
 }
 
 }  // namespace
@@ -919,16 +940,8 @@ namespace {
 
 // dst[n] = one head of one position in the cache's `type`, as floats.
 inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* head, int n, float* dst) {
-  if (type == GgmlType::F16) {
-    kern.cvt_f16(reinterpret_cast<const uint16_t*>(head), dst, n);
-  } else {  // Q8_0
-    const float* f16 = fp16_table();
-    const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(head);
-    for (int blk = 0; blk < n / QK; ++blk) {
-      const float d = f16[b[blk].d];
-      for (int i = 0; i < QK; ++i) dst[blk * QK + i] = d * float(b[blk].qs[i]);
-    }
-  }
+  if (type == GgmlType::F16) kern.cvt_f16(reinterpret_cast<const uint16_t*>(head), dst, n);
+  else kern.cvt_q8_0(reinterpret_cast<const BlockQ8_0*>(head), dst, n);  // Q8_0
 }
 
 
