@@ -225,6 +225,18 @@ BATON_AVX512_FN void gate_avx512(const float* g, const float* u, float* y, int n
     _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
+// The largest lane, and the sum of the lanes (halves, then pairs, then neighbours).
+BATON_AVX2_FN inline float hmax8(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+BATON_AVX2_FN inline float hsum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
 // Softmax with the SIMD exp: max, exponentials and their sum in 8 lanes (tail masked), one scale.
 BATON_AVX2_FN void softmax_avx2(float* x, int n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -234,10 +246,7 @@ BATON_AVX2_FN void softmax_avx2(float* x, int n) {
   __m256 mv = ninf;
   for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
   if (body < n) mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+  const __m256 mx = _mm256_set1_ps(hmax8(mv));
   __m256 sum = _mm256_setzero_ps();
   for (int i = 0; i < body; i += 8) {
     const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx));
@@ -249,10 +258,7 @@ BATON_AVX2_FN void softmax_avx2(float* x, int n) {
     _mm256_maskstore_ps(x + body, tail, e);
     sum = _mm256_add_ps(sum, e);
   }
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  const __m256 inv = _mm256_set1_ps(1.f / _mm_cvtss_f32(s4));
+  const __m256 inv = _mm256_set1_ps(1.f / hsum8(sum));
   for (int i = 0; i < body; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
   if (body < n) _mm256_maskstore_ps(x + body, tail, _mm256_mul_ps(_mm256_maskload_ps(x + body, tail), inv));
 }
@@ -706,10 +712,7 @@ BATON_AVX2_FN float chunk_softmax_avx2(float* p, int v0, int v1, float& m, float
     const __m256 x = _mm256_loadu_ps(p + 8 * k);
     mv = _mm256_max_ps(mv, all ? x : _mm256_blendv_ps(ninf, x, valid(k)));
   }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  const float mn = std::max(m, _mm_cvtss_f32(m4));
+  const float mn = std::max(m, hmax8(mv));
   const __m256 vmn = _mm256_set1_ps(mn);
   __m256 t0 = _mm256_setzero_ps(), t1 = t0;
   for (int k = 0; k < 8; k += 2) {  // the sum: ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
@@ -728,12 +731,8 @@ BATON_AVX2_FN float chunk_softmax_avx2(float* p, int v0, int v1, float& m, float
     else if (k == 4) t1 = pair;
     else t1 = _mm256_add_ps(t1, pair);
   }
-  const __m256 t = _mm256_add_ps(t0, t1);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
   const float c = m == -INFINITY ? 0.f : _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(m - mn)));
-  l = l * c + _mm_cvtss_f32(s4);
+  l = l * c + hsum8(_mm256_add_ps(t0, t1));
   m = mn;
   return c;
 }
