@@ -57,9 +57,10 @@ struct ScratchLayout {
   uint64_t total() const { return x + forward_scratch() + att + xq + logits; }
 };
 
-// n_batch: tokens per forward step; on_last_stage: the stage that holds the output head (and so the logits); kv_type: the KV cache
-// type (the staging rows use it); n_outputs: logit rows per step, 0 meaning n_batch (every token).
-// n_threads: worker threads of a CPU stage (0: kPlanThreadsPerStage).
+// n_batch: tokens per forward step; on_last_stage: the stage that holds the output head (and so
+// the logits); kv_type: the KV cache type (the staging rows use it); n_outputs: logit rows per
+// step, 0 meaning n_batch (every token); n_threads: worker threads of a CPU stage (0:
+// kPlanThreadsPerStage). Nothing here grows with the context.
 ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last_stage,
                              GgmlType kv_type = GgmlType::F16, uint32_t n_outputs = 0, uint32_t n_threads = 0);
 inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage,

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fmt/ranges.h>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -181,8 +182,8 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
     for (const auto& w : p.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     // Several sequences at once (batch, bench --parallel) is where idle GPUs would add throughput.
     if (opt.n_seq > 1 && !p.idle_gpus.empty())
-      std::fprintf(stderr, "note: %s left idle (the GPUs before hold the model): --spread or --devices cuda:0,cuda:1,... "
-                   "pipelines the batch over every GPU\n", fmt::format("{}", fmt::join(p.idle_gpus, ", ")).c_str());
+      fmt::print(stderr, "note: {} left idle (the GPUs before hold the model): --spread or --devices cuda:0,cuda:1,... "
+                 "pipelines the batch over every GPU\n", fmt::join(p.idle_gpus, ", "));
   }
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());

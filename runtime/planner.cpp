@@ -342,10 +342,10 @@ Plan plan_pipeline(const ModelShape& shape, const std::vector<DeviceSpec>& devic
       if (devices[d].is_gpu() && std::none_of(p.stages.begin(), p.stages.end(), [&](const Stage& st) { return st.device == d; }))
         idle.push_back(devices[d].label);
     if (p.fits && !idle.empty()) {
-      p.idle_gpus = idle;
       p.notes.push_back(fmt::format("{} left idle: the GPUs before hold the model (--spread, or a list such as "
                                     "--devices cuda:0,cuda:1, splits it over every GPU for more batch throughput)",
                                     fmt::join(idle, ", ")));
+      p.idle_gpus = std::move(idle);
     }
     return p;
   }

@@ -769,14 +769,14 @@ BATON_AVX512_FN inline __m512 load16(const uint16_t* p) {
 }
 
 // d % 16 == 0. Output slices of W vectors per row stay in registers over all n keys: W V loads
-// and NH broadcasts per W·NH FMAs. accumulate: continue the chains from out, else start from 0.
+// and NH broadcasts per W·NH FMAs, each output's chain continuing from out.
 template <int NH, int W, class Rows>
-BATON_AVX512_FN void pv_avx512_slice(const float* p, size_t ps, Rows V, int n, int i, float* const* out, bool accumulate) {
+BATON_AVX512_FN void pv_avx512_slice(const float* p, size_t ps, Rows V, int n, int i, float* const* out) {
   __m512 acc[NH][W];
   float* o[NH];  // in locals: stores through out[h] would keep acc in memory (GCC 12)
   for (int h = 0; h < NH; ++h) o[h] = out[h] + i;
   for (int h = 0; h < NH; ++h)
-    for (int c = 0; c < W; ++c) acc[h][c] = accumulate ? _mm512_loadu_ps(o[h] + 16 * c) : _mm512_setzero_ps();
+    for (int c = 0; c < W; ++c) acc[h][c] = _mm512_loadu_ps(o[h] + 16 * c);
   for (int j = 0; j < n; ++j) {
     V.prefetch(j, n, i, 16 * W);
     const auto* v = V(j) + i;
@@ -792,10 +792,10 @@ BATON_AVX512_FN void pv_avx512_slice(const float* p, size_t ps, Rows V, int n, i
 }
 
 template <int NH, class Rows>
-BATON_AVX512_FN void pv_avx512_nh(const float* p, size_t ps, Rows V, int n, int d, float* const* out, bool accumulate) {
+BATON_AVX512_FN void pv_avx512_nh(const float* p, size_t ps, Rows V, int n, int d, float* const* out) {
   int i = 0;
-  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, ps, V, n, i, out, accumulate);
-  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, ps, V, n, i, out, accumulate);
+  for (; i + 64 <= d; i += 64) pv_avx512_slice<NH, 4>(p, ps, V, n, i, out);
+  for (; i < d; i += 16) pv_avx512_slice<NH, 1>(p, ps, V, n, i, out);
 }
 
 // The sums of 16 vectors at once: lane k of the result is the sum of the lanes of v[k], added in
@@ -869,20 +869,20 @@ void scores_avx512(const float* const* q, int nr, const float* K, int n, int d, 
   scores_rows(q, nr, FloatRows{K, d}, n, d, scale, s, ss);
 }
 template <class Rows>
-void pv_rows(const float* p, size_t ps, int nr, Rows V, int n, int d, float* const* out, bool accumulate) {
-  for (; nr >= 4; nr -= 4, p += 4 * ps, out += 4) pv_avx512_nh<4>(p, ps, V, n, d, out, accumulate);
-  if (nr == 3) pv_avx512_nh<3>(p, ps, V, n, d, out, accumulate);
-  if (nr == 2) pv_avx512_nh<2>(p, ps, V, n, d, out, accumulate);
-  if (nr == 1) pv_avx512_nh<1>(p, ps, V, n, d, out, accumulate);
+void pv_rows(const float* p, size_t ps, int nr, Rows V, int n, int d, float* const* out) {
+  for (; nr >= 4; nr -= 4, p += 4 * ps, out += 4) pv_avx512_nh<4>(p, ps, V, n, d, out);
+  if (nr == 3) pv_avx512_nh<3>(p, ps, V, n, d, out);
+  if (nr == 2) pv_avx512_nh<2>(p, ps, V, n, d, out);
+  if (nr == 1) pv_avx512_nh<1>(p, ps, V, n, d, out);
 }
 void pv_avx512(const float* p, size_t ps, int nr, const float* V, int n, int d, float* const* out) {
-  pv_rows(p, ps, nr, FloatRows{V, d}, n, d, out, true);
+  pv_rows(p, ps, nr, FloatRows{V, d}, n, d, out);
 }
 void scores_f16(const float* const* q, int nr, const uint8_t* const* K, int n, int d, float scale, float* s, size_t ss) {
   scores_rows(q, nr, F16Rows{K}, n, d, scale, s, ss);
 }
 void pv_f16(const float* p, size_t ps, int nr, const uint8_t* const* V, int n, int d, float* const* out) {
-  pv_rows(p, ps, nr, F16Rows{V}, n, d, out, true);
+  pv_rows(p, ps, nr, F16Rows{V}, n, d, out);
 }
 
 #pragma GCC diagnostic push
