@@ -27,8 +27,8 @@ namespace baton::cli {
 void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-m,--model", f.model, "model: a GGUF path or a known name (e.g. smollm2-135m)")->required();
   app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--ctx", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
+  app.add_option("-c,--ctx,--ctx-size", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
+  app.add_option("-b,--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
   app.add_option("--devices", f.devices,
                  "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
                  "cuda:0,cpu, cuda:0=20GiB,cpu")
@@ -69,7 +69,7 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")->capture_default_str();
   app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str();
-  app.add_option("--seed", f.seed, "RNG seed (default: random, printed with the stats)");
+  app.add_option("-s,--seed", f.seed, "RNG seed (default: random, printed with the stats)");
   app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -72,7 +72,7 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("--type", a->type, "Weight type for --shape (default Q4_K)");
                 app.add_option("--devices", a->devices,
                                "auto, or a list such as cuda:0,cpu / cuda:0=20GiB,cpu=8GiB / cuda=24GiB,cuda=24GiB");
-                app.add_option("--ctx", a->ctx, "Context per sequence (default min(4096, trained context))");
+                app.add_option("-c,--ctx,--ctx-size", a->ctx, "Context per sequence (default min(4096, trained context))");
                 app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)");
                 app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
                 app.add_option("--outputs", a->outputs, "Logit rows per step (default: every token of a batch)");

@@ -181,8 +181,11 @@ TEST_CASE("run --json prints one object with the documented fields") {
   CHECK(j["prompt_tokens"].get<int>() > 0);
   for (const char* k : {"load_ms", "prompt_ms", "prompt_tokens_per_s", "ttft_ms", "gen_ms", "gen_tokens_per_s"})
     CHECK(j["timings"][k].is_number());
-  // Same seed, same settings: same text.
-  Out again = run_baton("run -m " + m + " -p 'Name a fruit.' --json -n 4 --seed 7 -t 2");
+  // Same seed, same settings (spelled as llama.cpp's -s, -c and -b, at their defaults): same text.
+  Out again = run_baton("run -m " + m + " -p 'Name a fruit.' --json -n 4 -s 7 -c 4096 -b 512 -t 2");
+  INFO(again.err);
+  REQUIRE(again.code == 0);
+  CHECK(json::parse(again.out)["seed"].get<uint64_t>() == 7);
   CHECK(json::parse(again.out)["text"] == j["text"]);
 }
 
@@ -566,7 +569,7 @@ TEST_CASE("run: the context end is reported, too long a prompt is an error, Ctrl
 
   std::string long_prompt;
   for (int i = 0; i < 40; i++) long_prompt += "word ";
-  Out too_long = run_baton("run -m " + m + " --raw -p '" + long_prompt + "' --ctx 16 -t 2");
+  Out too_long = run_baton("run -m " + m + " --raw -p '" + long_prompt + "' -c 16 -t 2");  // -c: llama.cpp's --ctx
   CHECK(too_long.code == 1);
   CHECK(too_long.err.find("context holds 16") != std::string::npos);
 
