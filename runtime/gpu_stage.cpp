@@ -119,6 +119,61 @@ struct GpuStage::Impl {
 
   Impl(const ModelConfig& cfg, int device) : c(cfg), ctx(device) {}
 
+  std::vector<std::string> notes;  // what the stage measured at load (ModelStage::notes)
+
+  // The GEMV forms of a decode step's matmuls, measured on this GPU (cuda::tune_gemv) at one
+  // column and at the widest launch n_seq sequences make; each op over all the stage's layers, as
+  // a step reads them. Inputs are small nonzero values; the buffers are overwritten later anyway.
+  void tune_gemvs(int n_seq) {
+    std::vector<std::vector<cuda::MatmulOut>> qkv, wo, ffn_in, down, head;
+    for (int l = begin; l < end; ++l) {
+      GpuLayer& L = layers[size_t(l)];
+      qkv.push_back({{&L.wq, q}, {&L.wk, k}, {&L.wv, v}});
+      wo.push_back({{&L.wo, xb}});
+      ffn_in.push_back({{&L.gate, hb}, {&L.up, hb2}});
+      down.push_back({{&L.down, xb}});
+    }
+    if (output.data) head.push_back({{&output, logits}});
+    const int widest = std::min({8, n_seq, n_batch});
+    const size_t width = size_t(std::max({c.n_embd, c.n_embd_attn(), c.n_ff}));
+    std::vector<float> host(size_t(widest) * width);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    if (end > begin) {
+      cuda::copy_to_device(ctx, xb2, host.data(), size_t(widest) * size_t(c.n_embd_attn()) * sizeof(float));
+      cuda::copy_to_device(ctx, hb, host.data(), size_t(widest) * size_t(c.n_ff) * sizeof(float));
+    }
+    cuda::copy_to_device(ctx, xb, host.data(), size_t(widest) * size_t(c.n_embd) * sizeof(float));
+    const struct {
+      const char* name;
+      const std::vector<std::vector<cuda::MatmulOut>>& calls;
+      const float* X;
+    } ops[] = {{"q/k/v", qkv, xb}, {"output proj.", wo, xb2}, {"gate/up", ffn_in, xb}, {"down", down, hb},
+               {"head", head, xb}};
+    std::vector<int> widths{1};
+    if (widest > 1) widths.push_back(widest);
+    for (int n : widths) {
+      for (const auto& op : ops) {
+        if (op.calls.empty()) continue;
+        const cuda::GemvTiming t = cuda::tune_gemv(ctx, op.calls, op.X, n);
+        std::string rows, types;  // of the first layer's matrices: "4096+1024+1024", "Q4_K/Q4_K/Q6_K" or "Q4_0"
+        bool mixed = false;
+        for (const cuda::MatmulOut& m : op.calls[0]) {
+          rows += fmt::format("{}{}", rows.empty() ? "" : "+", m.W->rows);
+          types += fmt::format("{}{}", types.empty() ? "" : "/", type_name(m.W->type));
+          mixed |= m.W->type != op.calls[0][0].W->type;
+        }
+        if (!mixed) types = type_name(op.calls[0][0].W->type);
+        std::string line = fmt::format("GEMV forms, {} ({} x {}, {}), {} column{}: {}  [", op.name, rows,
+                                       op.calls[0][0].W->cols, types, n, n > 1 ? "s" : "", cuda::gemv_form_name(t.best));
+        const char* sep = "";
+        for (int f = 0; f < cuda::kGemvForms; ++f)
+          if (t.us[f] >= 0.0f)
+            line += fmt::format("{}{} {:.1f} us", std::exchange(sep, ", "), cuda::gemv_form_name(cuda::GemvForm(f)), t.us[f]);
+        notes.push_back(line + "]");
+      }
+    }
+  }
+
   void* alloc(size_t n) {
     owned.emplace_back(std::max<size_t>(n, 16));
     bytes += owned.back().size();
@@ -398,6 +453,11 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     g.ctx.make_current();
     cuda::gemv_stream_prepare();
   }
+  g.ctx.gemv_tune = env_setting("BATON_GEMV_TUNE", 0, 1, g.ctx.gemv_tune ? 1 : 0, "0 or 1") == 1;
+  if (g.ctx.gemv_tune) {  // the streamed form's occupancy is asked before any capture
+    g.ctx.make_current();
+    cuda::gemv_stream_prepare();
+  }
   const int prefetch_mib = int(g.ctx.gemv_prefetch_bytes >> 20);
   g.ctx.gemv_prefetch_bytes = size_t(env_setting("BATON_GEMV_PREFETCH_MIB", 0, 1024, prefetch_mib, "MiB")) << 20;
   g.ctx.early_launch = g.ctx.early_launch && env_setting("BATON_PDL", 0, 1, 1, "0 or 1") == 1;
@@ -525,6 +585,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   // What the planner charged (a bound for any GPU), unless this GPU needs more.
   scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output));
   g.ctx.reserve(scratch);
+  if (g.ctx.gemv_tune) g.tune_gemvs(opt.n_seq);
   g.ctx.synchronize();
 }
 
@@ -731,6 +792,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
 
 uint64_t GpuStage::measured_bytes() const { return impl_->bytes + impl_->ctx.scratch_size(); }
 GpuStage::Stats GpuStage::stats() const { return impl_->stats; }
+std::vector<std::string> GpuStage::notes() const { return impl_->notes; }
 
 #else  // no CUDA in this build, and no emulation
 
@@ -750,6 +812,7 @@ void GpuStage::connect_channels(DeviceChannel*, DeviceChannel*) { BATON_CHECK(fa
 cuda::Context& GpuStage::context() { BATON_CHECK(false); std::abort(); }
 GpuStage::Stats GpuStage::stats() const { return {}; }
 uint64_t GpuStage::measured_bytes() const { return 0; }
+std::vector<std::string> GpuStage::notes() const { return {}; }
 
 #endif
 

@@ -47,6 +47,8 @@ class GpuStage : public ModelStage {
   int n_threads() const override { return 1; }
   int max_rewind() const override { return max_rewind_; }
   uint64_t measured_bytes() const override;
+  // The GEMV forms measured at load (BATON_GEMV_TUNE; docs/GPU.md), one line per op and width.
+  std::vector<std::string> notes() const override;
 
   struct Impl;  // the device state (gpu_stage.cpp)
 

@@ -83,7 +83,7 @@ class CpuPipeline final : public ModelPipeline {
       out.push_back({s->plan().label, s->layer_begin(), s->layer_end(), s->n_threads(),
                      s->plan().total_bytes() - s->plan().reserve_bytes, s->measured_bytes() + link_in,
                      double(busy_ns_[k].load(std::memory_order_relaxed)) * 1e-9,
-                     k + 1 == stages_.size() ? "" : links_[k] ? links_[k]->describe() : "host memory"});
+                     k + 1 == stages_.size() ? "" : links_[k] ? links_[k]->describe() : "host memory", s->notes()});
     }
     return out;
   }
@@ -195,6 +195,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
                    s.device.c_str(), s.layer_begin, s.layer_end, format_bytes(s.planned_bytes).c_str(),
                    (unsigned long long)s.planned_bytes, format_bytes(s.measured_bytes).c_str(),
                    (unsigned long long)s.measured_bytes);
+      for (const std::string& note : s.notes) fmt::print(stderr, "stage {}: {}\n", k, note);
       if (links_[k]) std::fprintf(stderr, "link %zu -> %zu: %s (self-test passed)\n", k, k + 1, s.link.c_str());
     }
   }

@@ -60,6 +60,7 @@ struct StageInfo {
   uint64_t measured_bytes = 0;
   double busy_s = 0;  // time spent working on batches since load (a balanced pipeline keeps every stage busy)
   std::string link;   // how its output reaches the next stage: "host memory", "cuda:0 -> cuda:1, peer-to-peer", … ("" for the last)
+  std::vector<std::string> notes;  // what the stage measured at load and chose by it (GPU stages: the GEMV forms)
 };
 
 class Pipeline {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,8 @@ class ModelStage {
   virtual int max_rewind() const = 0;
   // Weights + KV cache + scratch + buffers as allocated: what the planner sized.
   virtual uint64_t measured_bytes() const = 0;
+  // What the stage measured at load and chose by it, one line each (--verbose prints them).
+  virtual std::vector<std::string> notes() const { return {}; }
 };
 
 class CpuStage : public ModelStage {

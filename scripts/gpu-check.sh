@@ -81,11 +81,17 @@ gemv_forms_note() {
   base=$(tg_of "$logs/bench-1stage-$t.log")
   [[ -n $base ]] || { echo "no default decode to compare with"; return; }
   out="default $base t/s"
-  for f in nosplit rows2 stream streamnopf attn2; do
+  for f in tuned nosplit rows2 stream streamnopf attn2; do
     v=$(tg_of "$logs/bench-1stage-$f-$t.log")
     [[ -n $v ]] && out+=$(awk -v f="$f" -v v="$v" -v b="$base" 'BEGIN { printf "; %s x%.3f", f, v / b }')
   done
   echo "$out"
+}
+# The GEMV forms a stage measured and chose at load (`--verbose` lines "stage K: GEMV forms, OP
+# (R x C, TYPE), 1 column: FORM  [...]"), one column: "q/k/v stream, output proj. split, ...".
+tuned_note() {
+  [[ -s $1 ]] || { echo "no log"; return; }
+  sed -n 's/^stage 0: GEMV forms, \([^(]*\) (.*), 1 column: \([a-z]*\) .*/\1 \2/p' "$1" | paste -sd, - | sed 's/,/, /g'
 }
 # The fastest slab (MiB) for type $2 in a kernels log, when it is below the default 64 MiB.
 best_slab() { awk -v t="$2:" '$1 == "slab" && $2 == t && $NF == "MiB" && $(NF-1) < 64 { print $(NF-1) }' "$1"; }
@@ -263,7 +269,9 @@ if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
   done
 fi
 
-# The GEMV's shape on the real decode step (not the default until measured): one warp per row
+# The GEMV's shape on the real decode step: the default (split rows) against the forms a stage
+# measures at load and picks per launch (BATON_GEMV_TUNE=1; its log has each op's times per form,
+# the gemv-tuned row its picks) and against each form everywhere: one warp per row
 # everywhere (BATON_GEMV_SPLIT=0: the short q/k/v, output and down projections otherwise split
 # rows over 2-4 warps), two rows per warp (BATON_GEMV_ROWS=2) and the streamed grid (BATON_GEMV_STREAM=1),
 # with and without its L2 prefetch before the wait (BATON_GEMV_PREFETCH_MIB=0); and the attention
@@ -273,6 +281,8 @@ fi
 if has_cmd bench; then
   for t in Q4_0 Q4_K; do
     have_model $t || continue
+    run "bench-1stage-tuned-$t" 300 env BATON_GEMV_TUNE=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --verbose
+    row "gemv-tuned-$t" ok 0 "$(tuned_note "$logs/bench-1stage-tuned-$t.log")"
     run "bench-1stage-nosplit-$t" 300 env BATON_GEMV_SPLIT=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-stream-$t" 300 env BATON_GEMV_STREAM=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"

@@ -327,6 +327,102 @@ TEST_CASE("GEMV with two rows per warp or streamed equals one row per warp, bit 
   }
 }
 
+// Which form a GEMV launch takes: gemv_force, else a measured entry for its (type, rows of all its
+// matrices, width, columns), else the flags; two rows per warp only up to 2 columns.
+TEST_CASE("GEMV forms: forced, then measured, then the flags") {
+  cu::Context c(0);
+  using F = cu::GemvForm;
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Split);
+  c.gemv_split_rows = false;
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Whole);
+  c.gemv_rows_per_warp = 2;
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 2) == F::Pairs);
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 3) == F::Whole);
+  c.gemv_stream = true;
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Stream);
+  c.gemv_split_rows = true, c.gemv_rows_per_warp = 1, c.gemv_stream = false;
+  c.gemv_forms = {{GgmlType::Q4_0, 300, 512, 1, F::Stream}, {GgmlType::Q4_K, 300, 512, 4, F::Pairs}};
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Stream);
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 2) == F::Split);  // another column count
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 301, 512, 1) == F::Split);
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 1024, 1) == F::Split);
+  CHECK(cu::gemv_form(c, GgmlType::Q8_0, 300, 512, 1) == F::Split);
+  CHECK(cu::gemv_form(c, GgmlType::Q4_K, 300, 512, 4) == F::Split);  // pairs take at most 2 columns
+  c.gemv_force = int(F::Whole);
+  CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Whole);
+}
+
+// tune_gemv times the forms a shape can take over a stage's calls and records the fastest for
+// every launch those calls make. Whole, Pairs and Stream give one set of bits, Split (whose short
+// matrices here spread rows over 2-4 warps) another.
+TEST_CASE("tune_gemv times the forms and records the fastest per launch") {
+  std::mt19937 rng(23);
+  const int64_t cols = 5120;
+  const int64_t heights[3] = {701, 37, 300};  // q and k Q4_0 (one launch of 738 rows), v Q6_K
+  const GgmlType types[3] = {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q6_K};
+  std::vector<cu::DeviceBuffer> keep;
+  cu::Weight W[2][3];  // two layers
+  for (auto& layer : W)
+    for (int i = 0; i < 3; i++)
+      keep.push_back(cu::upload_weight(types[i], random_weights(types[i], heights[i], cols, rng).data(), heights[i], cols, layer[i]));
+  cu::Context& c = ctx();
+  c.gemv_stream_warps = 64;  // the streamed form applies to 738 and 300 rows
+  for (int n : {1, 3}) {
+    INFO(n << " columns");
+    auto dx = to_dev(random_floats(size_t(cols * n), rng));
+    std::vector<cu::DeviceBuffer> y;
+    for (int i = 0; i < 3; i++) y.emplace_back(size_t(heights[i] * n) * 4);
+    auto products = [&](int l) {
+      cu::matmul_n(c, {{&W[l][0], y[0].as<float>()}, {&W[l][1], y[1].as<float>()}, {&W[l][2], y[2].as<float>()}},
+                   dx.as<float>(), n);
+      std::vector<float> out;
+      for (int i = 0; i < 3; i++) {
+        const auto h = to_host<float>(y[size_t(i)], size_t(heights[i] * n));
+        out.insert(out.end(), h.begin(), h.end());
+      }
+      return out;
+    };
+    c.gemv_forms.clear();
+    c.gemv_force = int(cu::GemvForm::Whole);
+    const std::vector<float> whole[2] = {products(0), products(1)};
+    c.gemv_force = -1;
+    const std::vector<float> split[2] = {products(0), products(1)};  // the flags' form
+    CHECK(split[0] != whole[0]);
+    std::vector<std::vector<cu::MatmulOut>> calls;
+    for (auto& layer : W)
+      calls.push_back({{&layer[0], y[0].as<float>()}, {&layer[1], y[1].as<float>()}, {&layer[2], y[2].as<float>()}});
+    const cu::GemvTiming t = cu::tune_gemv(c, calls, dx.as<float>(), n, 1);
+    CHECK(c.gemv_force == -1);
+    for (int f = 0; f < cu::kGemvForms; f++) {
+      INFO(cu::gemv_form_name(cu::GemvForm(f)));
+      const bool applies = f != int(cu::GemvForm::Pairs) || n <= 2;
+      CHECK((t.us[f] > 0.0f) == applies);
+      if (applies) CHECK(t.us[int(t.best)] <= t.us[f]);
+    }
+    REQUIRE(c.gemv_forms.size() == 2);
+    CHECK(c.gemv_forms[0].type == GgmlType::Q4_0);
+    CHECK(c.gemv_forms[0].rows == 738);
+    CHECK(c.gemv_forms[1].type == GgmlType::Q6_K);
+    CHECK(c.gemv_forms[1].rows == 300);
+    for (const cu::GemvChoice& g : c.gemv_forms) {
+      CHECK(g.cols == cols);
+      CHECK(g.n == n);
+      CHECK(g.form == t.best);
+    }
+    // Each form in turn as the measured one: Split's bits or the one-warp rows' bits.
+    for (int f = 0; f < cu::kGemvForms; f++) {
+      INFO(cu::gemv_form_name(cu::GemvForm(f)));
+      for (cu::GemvChoice& g : c.gemv_forms) g.form = cu::GemvForm(f);
+      const bool splits = f == int(cu::GemvForm::Split) || (f == int(cu::GemvForm::Pairs) && n > 2);  // pairs: <= 2 columns
+      const std::vector<float>* want = splits ? split : whole;
+      CHECK(products(0) == want[0]);
+      CHECK(products(1) == want[1]);
+    }
+    c.gemv_forms.clear();
+  }
+  c.gemv_stream_warps = 0;
+}
+
 // The norms and gates can write the next GEMV's 8-bit activations along with their output
 // (cuda::Q8Act): the same bytes quantize_act writes, and a matmul told so (x_q8) gives the product
 // of quantizing X itself, bit for bit.

@@ -193,6 +193,36 @@ TEST_CASE("BATON_GEMM_SLAB_MIB shrinks the GEMM's FP16 slab; a value past the pl
   check_env_knob("BATON_GEMM_SLAB_MIB", {"1"}, {"0", "65", "8x"});
 }
 
+// BATON_GEMV_TUNE=1: a stage measures the GEMV forms at load and takes the fastest per launch
+// (the simulator's times mean nothing, but the mechanics are the GPU's). A product's last bits
+// depend on the pick (Split or a one-warp form), so the logits are the untuned ones within the
+// peer bounds.
+TEST_CASE("BATON_GEMV_TUNE=1: the GEMV forms measured at load, a note per op and width, the logits") {
+  const std::string path = test::tiny_gemma3_model();  // its head is the tied embedding
+  auto plain = load(path, "cuda:0,cuda:0");
+  CHECK(plain->stages()[0].notes.empty());
+  const auto ref = run(*plain);
+  plain.reset();
+  with_env("BATON_GEMV_TUNE", "1", [&] {
+    auto tuned = load(path, "cuda:0,cuda:0");  // 2 sequences: 1 and 2 columns
+    const auto st = tuned->stages();
+    REQUIRE(st.size() == 2);
+    CHECK(st[0].notes.size() == 2 * 4);  // q/k/v, output projection, gate/up, down
+    CHECK(st[1].notes.size() == 2 * 5);  // and the head
+    std::string all;
+    for (const std::string& note : st[1].notes) all += note + "\n";
+    INFO(all);
+    CHECK(st[1].notes.back().find("GEMV forms, head (") == 0);
+    CHECK(st[1].notes.back().find(", 2 columns: ") != std::string::npos);
+    test::check_peer_close(ref, run(*tuned), tuned->n_vocab(), "BATON_GEMV_TUNE=1");
+    return 0;
+  });
+  with_env("BATON_GEMV_TUNE", "2", [&] {
+    CHECK_THROWS_WITH(load(path, "cuda:0"), Catch::Contains("BATON_GEMV_TUNE=2"));
+    return 0;
+  });
+}
+
 TEST_CASE("greedy and top-k rows come back from the GPU as ids and candidates, as the full rows reduce") {
   for (const char* devices : {"cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"}) {
     INFO(devices);

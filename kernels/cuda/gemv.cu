@@ -6,6 +6,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant.cuh"
 
+#include <algorithm>
 #include <atomic>
 
 namespace baton::cuda {
@@ -233,12 +234,27 @@ gemv_stream_kernel(GemvSegs segs, size_t stride, int64_t cols, Act act, int tota
   }
 }
 
-// Warps per row: enough warps in flight to cover the memory latency even for short matrices
-// (unless Context::gemv_split_rows is off, or rows pair up: then one).
-static int warps_per_row(const Context& c, int64_t rows, int n_units) {
+// Warps per row in the Split form: enough warps in flight to cover the memory latency even for
+// short matrices; one in the others.
+static int warps_per_row(const Context& c, GemvForm form, int64_t rows, int n_units) {
   const int64_t target = int64_t(c.sm_count()) * 32;
-  if (!c.gemv_split_rows || c.gemv_rows_per_warp > 1 || n_units <= 32 || rows >= target) return 1;
+  if (form != GemvForm::Split || n_units <= 32 || rows >= target) return 1;
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
+}
+
+GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n) {
+  const GemvForm plain = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
+  GemvForm f = c.gemv_stream ? GemvForm::Stream : c.gemv_rows_per_warp > 1 ? GemvForm::Pairs : plain;
+  if (c.gemv_force >= 0) {
+    f = GemvForm(c.gemv_force);
+  } else {
+    for (const GemvChoice& g : c.gemv_forms)
+      if (g.type == type && g.rows == rows && g.cols == cols && g.n == n) {
+        f = g.form;
+        break;
+      }
+  }
+  return f == GemvForm::Pairs && n > kGemvPairMaxCols ? plain : f;
 }
 
 using StreamKernel = void (*)(GemvSegs, size_t, int64_t, Act, int, int, int);
@@ -271,14 +287,19 @@ void gemv_stream_prepare() {
 #undef BATON_PREPARE
 }
 
+// Warps of the streamed grid: as many as the GPU holds at once (or Context::gemv_stream_warps).
+template <class T>
+static int64_t stream_warps(const Context& c, int n) {
+  return c.gemv_stream_warps > 0 ? c.gemv_stream_warps
+                                 : int64_t(c.sm_count()) * stream_blocks_per_sm<T>(n) * (kGemvThreads / 32);
+}
+
 // The streamed form's launch, when the rows are at least one per warp the GPU holds at once
 // (shorter matrices keep gemv_kernel, whose split rows give them more warps): false otherwise.
 template <class T>
 static bool stream_rows(Context& c, T, int n, int total, const GemvSegs& segs, size_t stride, int64_t cols,
                         const Act& act) {
-  const int bps = stream_blocks_per_sm<T>(n);
-  const int64_t resident =  // warps
-      c.gemv_stream_warps > 0 ? c.gemv_stream_warps : int64_t(c.sm_count()) * bps * (kGemvThreads / 32);
+  const int64_t resident = stream_warps<T>(c, n);
   if (total < resident) return false;
   const int per_warp = int(ceil_div(total, resident));
   const int64_t warps = ceil_div(total, per_warp);
@@ -296,21 +317,28 @@ template <class T>
 static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int count, const Act& act, int n) {
   CUDA_ASSERT(count >= 1 && count <= kMaxSegs);
   const int n_units = int(W[0]->cols / T::unit);
-  int wpr[kMaxSegs];
-  for (int i = 0; i < count; i++) wpr[i] = warps_per_row(c, W[i]->rows, n_units);  // 1 when rows pair up
-  const int rpw = n <= kGemvPairMaxCols ? c.gemv_rows_per_warp : 1;
-  GemvSegs segs{};
-  segs.n = count;
-  int blocks = 0, total = 0;
-  for (int i = 0; i < count; i++) {
-    segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), wpr[i], blocks};
-    blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr[i] * rpw));
-    total += int(W[i]->rows);
-  }
-  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   const size_t stride = W[0]->row_stride;
   const int64_t cols = W[0]->cols;
-  if (c.gemv_stream && stream_rows(c, T{}, n, total, segs, stride, cols, act)) return;
+  int total = 0;
+  for (int i = 0; i < count; i++) total += int(W[i]->rows);
+  GemvForm form = gemv_form(c, W[0]->type, total, cols, n);
+  GemvSegs segs{};
+  segs.n = count;
+  for (int i = 0; i < count; i++)  // what the streamed form reads; the others' warps and blocks below
+    segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), 1, 0};
+  if (form == GemvForm::Stream) {
+    if (stream_rows(c, T{}, n, total, segs, stride, cols, act)) return;
+    form = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;  // too few rows for the grid
+  }
+  const int rpw = form == GemvForm::Pairs ? 2 : 1;
+  int blocks = 0;
+  for (int i = 0; i < count; i++) {
+    const int wpr = warps_per_row(c, form, W[i]->rows, n_units);
+    segs.s[i].wpr = wpr;
+    segs.s[i].block0 = blocks;
+    blocks += int(ceil_div(W[i]->rows, kGemvThreads / 32 / wpr * rpw));
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   const unsigned grid = unsigned(blocks);
   auto go = [&](auto kernel) { launch_early(c.early_launch, kernel, grid, kGemvThreads, s, segs, stride, cols, act); };
   if (rpw == 2) {
@@ -340,6 +368,18 @@ static void check_weight(const Weight& W, const char* op) {
     input_error(cat("CUDA ", op, ": bad weight shape ", W.rows, " x ", W.cols, " (row stride ", W.row_stride, ")"));
 }
 
+// The launches gemv_n makes of `count` matrices: runs of consecutive matrices of one type, at most
+// kMaxSegs each; f(i0, i1) for each run [i0, i1).
+template <class F>
+static void for_each_launch(const Weight* const* W, int count, F&& f) {
+  for (int i0 = 0; i0 < count;) {
+    int i1 = i0 + 1;
+    while (i1 < count && i1 - i0 < kMaxSegs && W[i1]->type == W[i0]->type) i1++;
+    f(i0, i1);
+    i0 = i1;
+  }
+}
+
 void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, const float* X, int n, bool x_q8) {
   CUDA_ASSERT(count >= 1);
   bool q8 = false;
@@ -366,17 +406,88 @@ void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
     a.qs = act.qs ? act.qs + int64_t(j0) * cols : nullptr;
     a.ds = act.ds ? act.ds + int64_t(j0) * (cols / 32) : nullptr;
     a.x = X + int64_t(j0) * cols;
-    // Runs of consecutive matrices of one type share a launch.
-    for (int i0 = 0; i0 < count;) {
-      int i1 = i0 + 1;
-      while (i1 < count && i1 - i0 < kMaxSegs && W[i1]->type == W[i0]->type) i1++;
+    for_each_launch(W, count, [&](int i0, int i1) {
       const Weight* ws[kMaxSegs];
       float* ys[kMaxSegs];
       for (int i = i0; i < i1; i++) ws[i - i0] = W[i], ys[i - i0] = Y[i] + int64_t(j0) * W[i]->rows;
       with_weight_type(W[i0]->type, [&](auto t) { gemv_type<decltype(t)>(c, ws, ys, i1 - i0, a, nc); });
-      i0 = i1;
-    }
+    });
   }
+}
+
+GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& calls, const float* X, int n,
+                     int rounds) {
+  GemvTiming t;
+  if (calls.empty() || n < 1 || n > kGemvMaxCols || rounds < 1) return t;
+  // The launches the calls make, and which forms differ from Split for them.
+  std::vector<GemvChoice> launches;
+  bool applies[kGemvForms] = {true, false, n <= kGemvPairMaxCols, false};
+  for (const std::vector<MatmulOut>& call : calls) {
+    const Weight* ws[8];
+    CUDA_ASSERT(!call.empty() && call.size() <= 8);
+    for (size_t i = 0; i < call.size(); i++) ws[i] = call[i].W;
+    for_each_launch(ws, int(call.size()), [&](int i0, int i1) {
+      int rows = 0;
+      with_weight_type(ws[i0]->type, [&](auto w) {
+        using T = decltype(w);
+        for (int i = i0; i < i1; i++) {
+          rows += int(ws[i]->rows);
+          applies[int(GemvForm::Whole)] |= warps_per_row(c, GemvForm::Split, ws[i]->rows, int(ws[i]->cols / T::unit)) > 1;
+        }
+        applies[int(GemvForm::Stream)] |= rows >= stream_warps<T>(c, n);
+      });
+      const GemvChoice k{ws[i0]->type, rows, ws[i0]->cols, n, GemvForm::Split};
+      bool seen = false;
+      for (const GemvChoice& l : launches) seen |= l.type == k.type && l.rows == k.rows && l.cols == k.cols;
+      if (!seen) launches.push_back(k);
+    });
+  }
+  auto pass = [&](bool x_q8) {
+    for (const std::vector<MatmulOut>& call : calls) {
+      const Weight* ws[8];
+      float* ys[8];
+      for (size_t i = 0; i < call.size(); i++) ws[i] = call[i].W, ys[i] = call[i].Y;
+      gemv_n(c, ws, ys, int(call.size()), X, n, x_q8);
+    }
+  };
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream());
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  const int force = c.gemv_force;
+  float best[kGemvForms];
+  for (float& b : best) b = -1.0f;
+  c.gemv_force = int(GemvForm::Split);
+  pass(false);  // quantizes X into the scratch; the timed passes reuse it (the same for every form)
+  for (int r = 0; r < rounds; r++)
+    for (int f = 0; f < kGemvForms; f++) {
+      if (!applies[f]) continue;
+      c.gemv_force = f;
+      pass(true);  // warm: the first launch of a kernel loads its code
+      CUDA_CHECK(cudaEventRecord(e0, s));
+      pass(true);
+      CUDA_CHECK(cudaEventRecord(e1, s));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (best[f] < 0.0f || ms < best[f]) best[f] = ms;
+    }
+  c.gemv_force = force;
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  for (int f = 0; f < kGemvForms; f++) {
+    t.us[f] = best[f] < 0.0f ? -1.0f : best[f] * 1000.0f / float(calls.size());
+    if (t.us[f] >= 0.0f && t.us[f] < t.us[int(t.best)]) t.best = GemvForm(f);
+  }
+  for (GemvChoice k : launches) {  // replaces an earlier choice for the same launch
+    k.form = t.best;
+    auto& v = c.gemv_forms;
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [&](const GemvChoice& o) { return o.type == k.type && o.rows == k.rows && o.cols == k.cols && o.n == n; }),
+            v.end());
+    v.push_back(k);
+  }
+  return t;
 }
 
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y) {

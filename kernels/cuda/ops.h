@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <vector>
 
 #include "kernels/cuda/layout.h"
 #include "quant/types.h"
@@ -47,6 +48,30 @@ class DeviceBuffer {
 // its own from the stream-ordered pool (CUDA 12.2+), also inside a graph capture, where no plan
 // counts it.
 size_t cublas_workspace_bytes(int cc_major);
+
+// The GEMV's forms (docs/GPU.md, "Kernels"); which is fastest depends on the shape and the GPU.
+//   Split:  a warp per row, or 2-4 warps per row for matrices with fewer rows than 32 per SM
+//   Whole:  a warp per row
+//   Pairs:  two rows per warp (launches of 1 or 2 columns)
+//   Stream: a grid of one wave, each warp a run of rows with the next batch of weights in flight
+//           (matrices with fewer rows than the grid holds warps take Split)
+// Whole, Pairs and Stream sum each row in one warp in the same order: the same bits
+// (tests/test_cuda_ops.cpp). Split's rows of 2-4 warps add the warps' partial sums: other last bits.
+enum class GemvForm : uint8_t { Split, Whole, Pairs, Stream };
+constexpr int kGemvForms = 4;
+inline const char* gemv_form_name(GemvForm f) {
+  constexpr const char* kNames[kGemvForms] = {"split", "whole", "pairs", "stream"};
+  return kNames[int(f)];
+}
+// A measured choice: GEMV launches of `n` columns over `rows` rows (all the launch's matrices) of
+// this type and width take `form`.
+struct GemvChoice {
+  GgmlType type;
+  int rows;
+  int64_t cols;
+  int n;
+  GemvForm form;
+};
 
 // One stage's handle on a GPU: device, stream, cuBLAS handle with its workspace and one scratch
 // buffer that the ops share (they run in stream order, so one buffer suffices).
@@ -104,6 +129,14 @@ class Context {
   // The streamed GEMV asks the L2 for up to this many bytes of its weights before it waits for the
   // op before it (BATON_GEMV_PREFETCH_MIB; 0: none): an 8B step's q/k/v whole, a quarter of gate/up.
   size_t gemv_prefetch_bytes = size_t(16) << 20;
+  // Forms measured at a stage's load (tune_gemv): a launch that matches an entry takes its form,
+  // any other the form the flags above give. gemv_force >= 0: every launch takes that GemvForm.
+  std::vector<GemvChoice> gemv_forms;
+  int gemv_force = -1;
+  // Whether a stage measures the forms at load and takes the fastest per launch (BATON_GEMV_TUNE=1;
+  // off by default: the pick follows the timings, and Split against another form changes the last
+  // bits of a product, so a tuned stage's logits need not repeat from one load to the next).
+  bool gemv_tune = false;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.
@@ -298,6 +331,22 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
 // F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
 // stage and the scratch are). Any n (launched 8 columns at a time).
 void gemv(Context& c, const Weight& W, const float* X, int n, float* Y);
+// The form a GEMV launch of n columns over `rows` rows (its matrices together) of type and width
+// `cols` takes: gemv_force, else a gemv_forms entry, else the flags' (Pairs only up to 2 columns).
+GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n);
+// Times each form on `calls` (one op's matrices in every layer of a stage: {q, k, v}, {gate, up},
+// {down}, ...; each call one gemv_n on X with n columns, run in order as a decode step reads them,
+// so that the weights come from HBM, not the L2), best of `rounds`, and records the fastest in
+// c.gemv_forms for the launches those calls make. us[f]: the form's time per call in microseconds,
+// -1 for a form no launch of the calls can take (Pairs beyond 2 columns; Whole where no matrix
+// splits its rows; Stream where none has a row per warp of the grid). Synchronizes the stream;
+// not during a capture.
+struct GemvTiming {
+  GemvForm best = GemvForm::Split;
+  float us[kGemvForms] = {};
+};
+GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& calls, const float* X, int n,
+                     int rounds = 3);
 // Asks the driver once for the streamed GEMV's blocks per SM (Context::gemv_stream), for every
 // weight type and column count, on the current device: done before a decode graph is captured, so
 // that the capture itself only launches.

@@ -353,6 +353,9 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
 }
 
 void gemv_stream_prepare() {}  // no kernels to ask about
+GemvTiming tune_gemv(Context&, const std::vector<std::vector<MatmulOut>>&, const float*, int, int) {
+  return {};  // one form: nothing to choose
+}
 
 // What the dp4a kernel computes: the activations quantized once to 8-bit blocks of 32
 // (quantize_act), each block's dot with the weights scaled by its d (the (d, d * sum) pair covers
