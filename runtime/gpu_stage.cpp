@@ -123,8 +123,9 @@ struct GpuStage::Impl {
 
   // The GEMV forms of a decode step's matmuls, measured on this GPU (cuda::tune_gemv) at one
   // column and at the widest launch n_seq sequences make; each op over all the stage's layers, as
-  // a step reads them. Inputs are small nonzero values; the buffers are overwritten later anyway.
-  void tune_gemvs(int n_seq) {
+  // a step reads them; same_bits: only forms that keep the products' bits. Inputs are small
+  // nonzero values; the buffers are overwritten later anyway.
+  void tune_gemvs(int n_seq, bool same_bits) {
     std::vector<std::vector<cuda::MatmulOut>> qkv, wo, ffn_in, down, head;
     for (int l = begin; l < end; ++l) {
       GpuLayer& L = layers[size_t(l)];
@@ -154,7 +155,7 @@ struct GpuStage::Impl {
     for (int n : widths) {
       for (const auto& op : ops) {
         if (op.calls.empty()) continue;
-        const cuda::GemvTiming t = cuda::tune_gemv(ctx, op.calls, op.X, n);
+        const cuda::GemvTiming t = cuda::tune_gemv(ctx, op.calls, op.X, n, same_bits);
         std::string rows, types;  // of the first layer's matrices: "4096+1024+1024", "Q4_K/Q4_K/Q6_K" or "Q4_0"
         bool mixed = false;
         for (const cuda::MatmulOut& m : op.calls[0]) {
@@ -453,8 +454,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     g.ctx.make_current();
     cuda::gemv_stream_prepare();
   }
-  g.ctx.gemv_tune = env_setting("BATON_GEMV_TUNE", 0, 1, g.ctx.gemv_tune ? 1 : 0, "0 or 1") == 1;
-  if (g.ctx.gemv_tune) {  // the streamed form's occupancy is asked before any capture
+  g.ctx.gemv_tune = env_setting("BATON_GEMV_TUNE", 0, 2, g.ctx.gemv_tune, "a mode (0 off, 1 same bits, 2 any form)");
+  if (g.ctx.gemv_tune > 0) {  // the streamed form's occupancy is asked before any capture
     g.ctx.make_current();
     cuda::gemv_stream_prepare();
   }
@@ -585,7 +586,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   // What the planner charged (a bound for any GPU), unless this GPU needs more.
   scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output));
   g.ctx.reserve(scratch);
-  if (g.ctx.gemv_tune) g.tune_gemvs(opt.n_seq);
+  if (g.ctx.gemv_tune > 0) g.tune_gemvs(opt.n_seq, g.ctx.gemv_tune == 1);
   g.ctx.synchronize();
 }
 

@@ -81,7 +81,7 @@ gemv_forms_note() {
   base=$(tg_of "$logs/bench-1stage-$t.log")
   [[ -n $base ]] || { echo "no default decode to compare with"; return; }
   out="default $base t/s"
-  for f in tuned nosplit rows2 stream streamnopf attn2; do
+  for f in tuned tunedany nosplit rows2 stream streamnopf attn2; do
     v=$(tg_of "$logs/bench-1stage-$f-$t.log")
     [[ -n $v ]] && out+=$(awk -v f="$f" -v v="$v" -v b="$base" 'BEGIN { printf "; %s x%.3f", f, v / b }')
   done
@@ -270,8 +270,9 @@ if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
 fi
 
 # The GEMV's shape on the real decode step: the default (split rows) against the forms a stage
-# measures at load and picks per launch (BATON_GEMV_TUNE=1; its log has each op's times per form,
-# the gemv-tuned row its picks) and against each form everywhere: one warp per row
+# measures at load and picks per launch (BATON_GEMV_TUNE=1 among those that keep the products'
+# bits, =2 among all; their logs have each op's times per form, the gemv-tuned row the picks) and
+# against each form everywhere: one warp per row
 # everywhere (BATON_GEMV_SPLIT=0: the short q/k/v, output and down projections otherwise split
 # rows over 2-4 warps), two rows per warp (BATON_GEMV_ROWS=2) and the streamed grid (BATON_GEMV_STREAM=1),
 # with and without its L2 prefetch before the wait (BATON_GEMV_PREFETCH_MIB=0); and the attention
@@ -282,7 +283,8 @@ if has_cmd bench; then
   for t in Q4_0 Q4_K; do
     have_model $t || continue
     run "bench-1stage-tuned-$t" 300 env BATON_GEMV_TUNE=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --verbose
-    row "gemv-tuned-$t" ok 0 "$(tuned_note "$logs/bench-1stage-tuned-$t.log")"
+    run "bench-1stage-tunedany-$t" 300 env BATON_GEMV_TUNE=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --verbose
+    row "gemv-tuned-$t" ok 0 "same bits: $(tuned_note "$logs/bench-1stage-tuned-$t.log"); any: $(tuned_note "$logs/bench-1stage-tunedany-$t.log")"
     run "bench-1stage-nosplit-$t" 300 env BATON_GEMV_SPLIT=0 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-rows2-$t" 300 env BATON_GEMV_ROWS=2 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"
     run "bench-1stage-stream-$t" 300 env BATON_GEMV_STREAM=1 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg"

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "helpers.h"
@@ -352,9 +353,10 @@ TEST_CASE("GEMV forms: forced, then measured, then the flags") {
   CHECK(cu::gemv_form(c, GgmlType::Q4_0, 300, 512, 1) == F::Whole);
 }
 
-// tune_gemv times the forms a shape can take over a stage's calls and records the fastest for
-// every launch those calls make. Whole, Pairs and Stream give one set of bits, Split (whose short
-// matrices here spread rows over 2-4 warps) another.
+// tune_gemv times the forms that run other kernels over a stage's calls and records the fastest
+// for every launch those calls make. Whole, Pairs and Stream give one set of bits, Split (whose
+// short matrices here spread rows over 2-4 warps) another: with same_bits only the forms of the
+// switches' class are timed.
 TEST_CASE("tune_gemv times the forms and records the fastest per launch") {
   std::mt19937 rng(23);
   const int64_t cols = 5120;
@@ -367,6 +369,7 @@ TEST_CASE("tune_gemv times the forms and records the fastest per launch") {
       keep.push_back(cu::upload_weight(types[i], random_weights(types[i], heights[i], cols, rng).data(), heights[i], cols, layer[i]));
   cu::Context& c = ctx();
   c.gemv_stream_warps = 64;  // the streamed form applies to 738 and 300 rows
+  using F = cu::GemvForm;
   for (int n : {1, 3}) {
     INFO(n << " columns");
     auto dx = to_dev(random_floats(size_t(cols * n), rng));
@@ -383,22 +386,26 @@ TEST_CASE("tune_gemv times the forms and records the fastest per launch") {
       return out;
     };
     c.gemv_forms.clear();
-    c.gemv_force = int(cu::GemvForm::Whole);
+    c.gemv_force = int(F::Whole);
     const std::vector<float> whole[2] = {products(0), products(1)};
     c.gemv_force = -1;
-    const std::vector<float> split[2] = {products(0), products(1)};  // the flags' form
+    const std::vector<float> split[2] = {products(0), products(1)};  // the switches' form
     CHECK(split[0] != whole[0]);
     std::vector<std::vector<cu::MatmulOut>> calls;
     for (auto& layer : W)
       calls.push_back({{&layer[0], y[0].as<float>()}, {&layer[1], y[1].as<float>()}, {&layer[2], y[2].as<float>()}});
-    const cu::GemvTiming t = cu::tune_gemv(c, calls, dx.as<float>(), n, 1);
+    auto timed = [](const cu::GemvTiming& t) {
+      std::string s;
+      for (int f = 0; f < cu::kGemvForms; f++)
+        if (t.us[f] > 0.0f) s += std::string(s.empty() ? "" : " ") + cu::gemv_form_name(F(f));
+      CHECK(t.us[int(t.best)] > 0.0f);
+      for (float us : t.us) CHECK((us < 0.0f || t.us[int(t.best)] <= us));
+      return s;
+    };
+    // Any form: each runs other kernels (pairs only up to 2 columns: beyond, it is split).
+    const cu::GemvTiming any = cu::tune_gemv(c, calls, dx.as<float>(), n, /*same_bits=*/false, 1);
     CHECK(c.gemv_force == -1);
-    for (int f = 0; f < cu::kGemvForms; f++) {
-      INFO(cu::gemv_form_name(cu::GemvForm(f)));
-      const bool applies = f != int(cu::GemvForm::Pairs) || n <= 2;
-      CHECK((t.us[f] > 0.0f) == applies);
-      if (applies) CHECK(t.us[int(t.best)] <= t.us[f]);
-    }
+    CHECK(timed(any) == (n <= 2 ? "split whole pairs stream" : "split whole stream"));
     REQUIRE(c.gemv_forms.size() == 2);
     CHECK(c.gemv_forms[0].type == GgmlType::Q4_0);
     CHECK(c.gemv_forms[0].rows == 738);
@@ -407,17 +414,28 @@ TEST_CASE("tune_gemv times the forms and records the fastest per launch") {
     for (const cu::GemvChoice& g : c.gemv_forms) {
       CHECK(g.cols == cols);
       CHECK(g.n == n);
-      CHECK(g.form == t.best);
+      CHECK(g.form == any.best);
     }
     // Each form in turn as the measured one: Split's bits or the one-warp rows' bits.
     for (int f = 0; f < cu::kGemvForms; f++) {
-      INFO(cu::gemv_form_name(cu::GemvForm(f)));
-      for (cu::GemvChoice& g : c.gemv_forms) g.form = cu::GemvForm(f);
-      const bool splits = f == int(cu::GemvForm::Split) || (f == int(cu::GemvForm::Pairs) && n > 2);  // pairs: <= 2 columns
+      INFO(cu::gemv_form_name(F(f)));
+      for (cu::GemvChoice& g : c.gemv_forms) g.form = F(f);
+      const bool splits = f == int(F::Split) || (f == int(F::Pairs) && n > 2);
       const std::vector<float>* want = splits ? split : whole;
       CHECK(products(0) == want[0]);
       CHECK(products(1) == want[1]);
     }
+    // Same bits: with split rows only Split (a second tuning replaces the first's entries); with
+    // one warp per row the one-warp forms.
+    CHECK(timed(cu::tune_gemv(c, calls, dx.as<float>(), n, true, 1)) == "split");
+    CHECK(c.gemv_forms.size() == 2);
+    CHECK(products(0) == split[0]);
+    c.gemv_split_rows = false;
+    const cu::GemvTiming one = cu::tune_gemv(c, calls, dx.as<float>(), n, true, 1);
+    CHECK(timed(one) == (n <= 2 ? "whole pairs stream" : "whole stream"));
+    CHECK(products(0) == whole[0]);
+    CHECK(products(1) == whole[1]);
+    c.gemv_split_rows = true;
     c.gemv_forms.clear();
   }
   c.gemv_stream_warps = 0;

@@ -242,9 +242,14 @@ static int warps_per_row(const Context& c, GemvForm form, int64_t rows, int n_un
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
 }
 
-GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n) {
+// The form the switches give (gemv_split_rows, gemv_rows_per_warp, gemv_stream).
+static GemvForm flags_form(const Context& c) {
   const GemvForm plain = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
-  GemvForm f = c.gemv_stream ? GemvForm::Stream : c.gemv_rows_per_warp > 1 ? GemvForm::Pairs : plain;
+  return c.gemv_stream ? GemvForm::Stream : c.gemv_rows_per_warp > 1 ? GemvForm::Pairs : plain;
+}
+
+GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n) {
+  GemvForm f = flags_form(c);
   if (c.gemv_force >= 0) {
     f = GemvForm(c.gemv_force);
   } else {
@@ -254,7 +259,8 @@ GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int 
         break;
       }
   }
-  return f == GemvForm::Pairs && n > kGemvPairMaxCols ? plain : f;
+  if (f == GemvForm::Pairs && n > kGemvPairMaxCols) f = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
+  return f;
 }
 
 using StreamKernel = void (*)(GemvSegs, size_t, int64_t, Act, int, int, int);
@@ -415,32 +421,67 @@ void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
   }
 }
 
+// The kernel a form runs for one launch, after gemv_type's fallbacks: 0 split rows, 1 one warp per
+// row, 2 two rows per warp, 3 streamed. Only 0 sums a row in other partials than the rest.
+enum Realized { kSplitRows, kOneWarp, kRowPairs, kStreamed };
+struct LaunchShape {
+  GgmlType type;
+  int rows;
+  int64_t cols;
+  bool splits, streams;  // Split gives some matrix 2-4 warps per row; the rows fill the streamed grid
+};
+static Realized realized(const Context& c, GemvForm f, const LaunchShape& l, int n) {
+  const GemvForm plain = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
+  if ((f == GemvForm::Pairs && n > kGemvPairMaxCols) || (f == GemvForm::Stream && !l.streams)) f = plain;
+  switch (f) {
+    case GemvForm::Split: return l.splits ? kSplitRows : kOneWarp;
+    case GemvForm::Whole: return kOneWarp;
+    case GemvForm::Pairs: return kRowPairs;
+    case GemvForm::Stream: return kStreamed;
+  }
+  return kOneWarp;
+}
+
 GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& calls, const float* X, int n,
-                     int rounds) {
+                     bool same_bits, int rounds) {
   GemvTiming t;
+  for (float& us : t.us) us = -1.0f;
   if (calls.empty() || n < 1 || n > kGemvMaxCols || rounds < 1) return t;
-  // The launches the calls make, and which forms differ from Split for them.
-  std::vector<GemvChoice> launches;
-  bool applies[kGemvForms] = {true, false, n <= kGemvPairMaxCols, false};
+  std::vector<LaunchShape> launches;  // distinct, in order of appearance
   for (const std::vector<MatmulOut>& call : calls) {
     const Weight* ws[8];
     CUDA_ASSERT(!call.empty() && call.size() <= 8);
     for (size_t i = 0; i < call.size(); i++) ws[i] = call[i].W;
     for_each_launch(ws, int(call.size()), [&](int i0, int i1) {
-      int rows = 0;
-      with_weight_type(ws[i0]->type, [&](auto w) {
+      LaunchShape l{ws[i0]->type, 0, ws[i0]->cols, false, false};
+      with_weight_type(l.type, [&](auto w) {
         using T = decltype(w);
         for (int i = i0; i < i1; i++) {
-          rows += int(ws[i]->rows);
-          applies[int(GemvForm::Whole)] |= warps_per_row(c, GemvForm::Split, ws[i]->rows, int(ws[i]->cols / T::unit)) > 1;
+          l.rows += int(ws[i]->rows);
+          l.splits |= warps_per_row(c, GemvForm::Split, ws[i]->rows, int(ws[i]->cols / T::unit)) > 1;
         }
-        applies[int(GemvForm::Stream)] |= rows >= stream_warps<T>(c, n);
+        l.streams = l.rows >= stream_warps<T>(c, n);
       });
-      const GemvChoice k{ws[i0]->type, rows, ws[i0]->cols, n, GemvForm::Split};
       bool seen = false;
-      for (const GemvChoice& l : launches) seen |= l.type == k.type && l.rows == k.rows && l.cols == k.cols;
-      if (!seen) launches.push_back(k);
+      for (const LaunchShape& o : launches) seen |= o.type == l.type && o.rows == l.rows && o.cols == l.cols;
+      if (!seen) launches.push_back(l);
     });
+  }
+  // Timed: each form that runs other kernels than the forms before it for some launch and, with
+  // same_bits, sums every launch's rows as the flags' form does.
+  const GemvForm dflt = flags_form(c);
+  bool timed[kGemvForms] = {};
+  for (int f = 0; f < kGemvForms; f++) {
+    bool differs = true, keeps_bits = true;
+    for (int g = 0; g < f; g++) {
+      if (!timed[g]) continue;
+      bool same = true;
+      for (const LaunchShape& l : launches) same &= realized(c, GemvForm(f), l, n) == realized(c, GemvForm(g), l, n);
+      differs &= !same;
+    }
+    for (const LaunchShape& l : launches)
+      keeps_bits &= (realized(c, GemvForm(f), l, n) == kSplitRows) == (realized(c, dflt, l, n) == kSplitRows);
+    timed[f] = differs && (keeps_bits || !same_bits);
   }
   auto pass = [&](bool x_q8) {
     for (const std::vector<MatmulOut>& call : calls) {
@@ -457,11 +498,11 @@ GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& call
   const int force = c.gemv_force;
   float best[kGemvForms];
   for (float& b : best) b = -1.0f;
-  c.gemv_force = int(GemvForm::Split);
+  c.gemv_force = int(dflt);
   pass(false);  // quantizes X into the scratch; the timed passes reuse it (the same for every form)
   for (int r = 0; r < rounds; r++)
     for (int f = 0; f < kGemvForms; f++) {
-      if (!applies[f]) continue;
+      if (!timed[f]) continue;
       c.gemv_force = f;
       pass(true);  // warm: the first launch of a kernel loads its code
       CUDA_CHECK(cudaEventRecord(e0, s));
@@ -475,17 +516,19 @@ GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& call
   c.gemv_force = force;
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
+  bool any = false;
   for (int f = 0; f < kGemvForms; f++) {
-    t.us[f] = best[f] < 0.0f ? -1.0f : best[f] * 1000.0f / float(calls.size());
-    if (t.us[f] >= 0.0f && t.us[f] < t.us[int(t.best)]) t.best = GemvForm(f);
+    if (best[f] < 0.0f) continue;
+    t.us[f] = best[f] * 1000.0f / float(calls.size());
+    if (!any || t.us[f] < t.us[int(t.best)]) t.best = GemvForm(f);
+    any = true;
   }
-  for (GemvChoice k : launches) {  // replaces an earlier choice for the same launch
-    k.form = t.best;
+  for (const LaunchShape& l : launches) {  // replaces an earlier choice for the same launch
     auto& v = c.gemv_forms;
     v.erase(std::remove_if(v.begin(), v.end(),
-                           [&](const GemvChoice& o) { return o.type == k.type && o.rows == k.rows && o.cols == k.cols && o.n == n; }),
+                           [&](const GemvChoice& o) { return o.type == l.type && o.rows == l.rows && o.cols == l.cols && o.n == n; }),
             v.end());
-    v.push_back(k);
+    v.push_back({l.type, l.rows, l.cols, n, t.best});
   }
   return t;
 }

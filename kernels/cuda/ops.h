@@ -133,10 +133,11 @@ class Context {
   // any other the form the flags above give. gemv_force >= 0: every launch takes that GemvForm.
   std::vector<GemvChoice> gemv_forms;
   int gemv_force = -1;
-  // Whether a stage measures the forms at load and takes the fastest per launch (BATON_GEMV_TUNE=1;
-  // off by default: the pick follows the timings, and Split against another form changes the last
-  // bits of a product, so a tuned stage's logits need not repeat from one load to the next).
-  bool gemv_tune = false;
+  // Whether a stage measures the forms at load and takes the fastest per launch (BATON_GEMV_TUNE):
+  // 0 no (the default until a GPU run says it pays), 1 among the forms that give the switches'
+  // form's bits (the logits stay the same), 2 among all (Split against a one-warp form changes a
+  // product's last bits, so the logits may differ from one load to the next).
+  int gemv_tune = 0;
   // A sequence's run of at least this many tokens in one step (a prompt chunk) takes
   // attention_prefill (query tiles sharing key tiles in shared memory); shorter runs and decode
   // tokens take the split attention. To be measured like gemv_max_cols.
@@ -334,19 +335,22 @@ void gemv(Context& c, const Weight& W, const float* X, int n, float* Y);
 // The form a GEMV launch of n columns over `rows` rows (its matrices together) of type and width
 // `cols` takes: gemv_force, else a gemv_forms entry, else the flags' (Pairs only up to 2 columns).
 GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n);
-// Times each form on `calls` (one op's matrices in every layer of a stage: {q, k, v}, {gate, up},
+// Times the forms on `calls` (one op's matrices in every layer of a stage: {q, k, v}, {gate, up},
 // {down}, ...; each call one gemv_n on X with n columns, run in order as a decode step reads them,
 // so that the weights come from HBM, not the L2), best of `rounds`, and records the fastest in
-// c.gemv_forms for the launches those calls make. us[f]: the form's time per call in microseconds,
-// -1 for a form no launch of the calls can take (Pairs beyond 2 columns; Whole where no matrix
-// splits its rows; Stream where none has a row per warp of the grid). Synchronizes the stream;
+// c.gemv_forms for the launches those calls make. A form is timed when it runs other kernels than
+// the forms before it for some launch (Pairs beyond 2 columns is Split or Whole; Whole is Split
+// where no matrix splits its rows; Stream is where no matrix has a row per warp of the grid) and,
+// with same_bits, sums every launch's rows in the partials the switches' form does (Split with
+// rows over 2-4 warps and the one-warp forms differ): then the products stay the same bits.
+// us[f]: the form's time per call in microseconds, -1 when not timed. Synchronizes the stream;
 // not during a capture.
 struct GemvTiming {
   GemvForm best = GemvForm::Split;
   float us[kGemvForms] = {};
 };
 GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& calls, const float* X, int n,
-                     int rounds = 3);
+                     bool same_bits, int rounds = 3);
 // Asks the driver once for the streamed GEMV's blocks per SM (Context::gemv_stream), for every
 // weight type and column count, on the current device: done before a decode graph is captured, so
 // that the capture itself only launches.

@@ -353,7 +353,7 @@ void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X,
 }
 
 void gemv_stream_prepare() {}  // no kernels to ask about
-GemvTiming tune_gemv(Context&, const std::vector<std::vector<MatmulOut>>&, const float*, int, int) {
+GemvTiming tune_gemv(Context&, const std::vector<std::vector<MatmulOut>>&, const float*, int, bool, int) {
   return {};  // one form: nothing to choose
 }
 
