@@ -450,12 +450,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.ctx.gemv_rows_per_warp = env_setting("BATON_GEMV_ROWS", 1, 2, g.ctx.gemv_rows_per_warp, "1 or 2");
   g.ctx.gemv_split_rows = env_setting("BATON_GEMV_SPLIT", 0, 1, 1, "0 or 1") == 1;
   g.ctx.gemv_stream = env_setting("BATON_GEMV_STREAM", 0, 1, 0, "0 or 1") == 1;
-  if (g.ctx.gemv_stream) {  // its occupancy asked before any capture
-    g.ctx.make_current();
-    cuda::gemv_stream_prepare();
-  }
   g.ctx.gemv_tune = env_setting("BATON_GEMV_TUNE", 0, 2, g.ctx.gemv_tune, "a mode (0 off, 1 same bits, 2 any form)");
-  if (g.ctx.gemv_tune > 0) {  // the streamed form's occupancy is asked before any capture
+  if (g.ctx.gemv_stream || g.ctx.gemv_tune > 0) {  // the streamed form's occupancy asked before any capture
     g.ctx.make_current();
     cuda::gemv_stream_prepare();
   }

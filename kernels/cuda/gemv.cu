@@ -242,10 +242,11 @@ static int warps_per_row(const Context& c, GemvForm form, int64_t rows, int n_un
   return rows * 2 >= target || n_units <= 64 ? 2 : 4;
 }
 
-// The form the switches give (gemv_split_rows, gemv_rows_per_warp, gemv_stream).
+// The form the switches give (gemv_split_rows, gemv_rows_per_warp, gemv_stream), and the one that
+// stands in for Pairs beyond 2 columns and for Stream where the rows do not fill its grid.
+static GemvForm plain_form(const Context& c) { return c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole; }
 static GemvForm flags_form(const Context& c) {
-  const GemvForm plain = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
-  return c.gemv_stream ? GemvForm::Stream : c.gemv_rows_per_warp > 1 ? GemvForm::Pairs : plain;
+  return c.gemv_stream ? GemvForm::Stream : c.gemv_rows_per_warp > 1 ? GemvForm::Pairs : plain_form(c);
 }
 
 GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int n) {
@@ -259,8 +260,7 @@ GemvForm gemv_form(const Context& c, GgmlType type, int rows, int64_t cols, int 
         break;
       }
   }
-  if (f == GemvForm::Pairs && n > kGemvPairMaxCols) f = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
-  return f;
+  return f == GemvForm::Pairs && n > kGemvPairMaxCols ? plain_form(c) : f;
 }
 
 using StreamKernel = void (*)(GemvSegs, size_t, int64_t, Act, int, int, int);
@@ -334,7 +334,7 @@ static void gemv_type(Context& c, const Weight* const* W, float* const* Y, int c
     segs.s[i] = {static_cast<const uint8_t*>(W[i]->data), Y[i], int(W[i]->rows), 1, 0};
   if (form == GemvForm::Stream) {
     if (stream_rows(c, T{}, n, total, segs, stride, cols, act)) return;
-    form = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;  // too few rows for the grid
+    form = plain_form(c);  // too few rows for the grid
   }
   const int rpw = form == GemvForm::Pairs ? 2 : 1;
   int blocks = 0;
@@ -431,8 +431,7 @@ struct LaunchShape {
   bool splits, streams;  // Split gives some matrix 2-4 warps per row; the rows fill the streamed grid
 };
 static Realized realized(const Context& c, GemvForm f, const LaunchShape& l, int n) {
-  const GemvForm plain = c.gemv_split_rows ? GemvForm::Split : GemvForm::Whole;
-  if ((f == GemvForm::Pairs && n > kGemvPairMaxCols) || (f == GemvForm::Stream && !l.streams)) f = plain;
+  if ((f == GemvForm::Pairs && n > kGemvPairMaxCols) || (f == GemvForm::Stream && !l.streams)) f = plain_form(c);
   switch (f) {
     case GemvForm::Split: return l.splits ? kSplitRows : kOneWarp;
     case GemvForm::Whole: return kOneWarp;
