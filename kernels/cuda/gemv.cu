@@ -421,6 +421,17 @@ void gemv_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
   }
 }
 
+// The matrices and outputs of up to 8 products of one input, as gemv_n and gemm_n take them.
+struct Outs {
+  const Weight* W[8];
+  float* Y[8];
+  int k = 0;
+  Outs(const MatmulOut* o, size_t n) {
+    CUDA_ASSERT(n >= 1 && n <= 8);
+    for (; k < int(n); k++) W[k] = o[k].W, Y[k] = o[k].Y;
+  }
+};
+
 // The kernel a form runs for one launch, after gemv_type's fallbacks: 0 split rows, 1 one warp per
 // row, 2 two rows per warp, 3 streamed. Only 0 sums a row in other partials than the rest.
 enum Realized { kSplitRows, kOneWarp, kRowPairs, kStreamed };
@@ -448,10 +459,9 @@ GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& call
   if (calls.empty() || n < 1 || n > kGemvMaxCols || rounds < 1) return t;
   std::vector<LaunchShape> launches;  // distinct, in order of appearance
   for (const std::vector<MatmulOut>& call : calls) {
-    const Weight* ws[8];
-    CUDA_ASSERT(!call.empty() && call.size() <= 8);
-    for (size_t i = 0; i < call.size(); i++) ws[i] = call[i].W;
-    for_each_launch(ws, int(call.size()), [&](int i0, int i1) {
+    const Outs o(call.data(), call.size());
+    const Weight* const* ws = o.W;
+    for_each_launch(ws, o.k, [&](int i0, int i1) {
       LaunchShape l{ws[i0]->type, 0, ws[i0]->cols, false, false};
       with_weight_type(l.type, [&](auto w) {
         using T = decltype(w);
@@ -484,10 +494,8 @@ GemvTiming tune_gemv(Context& c, const std::vector<std::vector<MatmulOut>>& call
   }
   auto pass = [&](bool x_q8) {
     for (const std::vector<MatmulOut>& call : calls) {
-      const Weight* ws[8];
-      float* ys[8];
-      for (size_t i = 0; i < call.size(); i++) ws[i] = call[i].W, ys[i] = call[i].Y;
-      gemv_n(c, ws, ys, int(call.size()), X, n, x_q8);
+      const Outs o(call.data(), call.size());
+      gemv_n(c, o.W, o.Y, o.k, X, n, x_q8);
     }
   };
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
@@ -544,15 +552,9 @@ void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool x
 }
 
 void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
-  const Weight* ws[8];
-  float* ys[8];
-  int k = 0;
-  for (const MatmulOut& o : outs) {
-    CUDA_ASSERT(k < 8);
-    ws[k] = o.W, ys[k] = o.Y, k++;
-  }
-  if (n <= c.gemv_max_cols) gemv_n(c, ws, ys, k, X, n, x_q8);
-  else gemm_n(c, ws, ys, k, X, n);
+  const Outs o(outs.begin(), outs.size());
+  if (n <= c.gemv_max_cols) gemv_n(c, o.W, o.Y, o.k, X, n, x_q8);
+  else gemm_n(c, o.W, o.Y, o.k, X, n);
 }
 
 }  // namespace baton::cuda
