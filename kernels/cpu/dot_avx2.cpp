@@ -155,8 +155,8 @@ struct PackedK42 {
   static __m256 byte_u(__m256i v) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * I), _mm256_set1_epi32(0xFF)));
   }
-  // Unsigned quants of Q4_K block b, line k, half h (the loop over b stays a loop: unrolled, Q4_K
-  // prompts ran 25 % slower, session 23).
+  // Unsigned quants of Q4_K block b, line k, half h (Q4_K's loop over b stays a loop: unrolled, its
+  // prompts ran 25 % slower, session 23), and Q5_K's low four bits.
   static __m256i quants(const uint8_t* t, int b, int k, int h) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i raw = load256(t + kQs + 64 * (8 * (b / 2) + k) + 32 * h);
@@ -167,9 +167,7 @@ struct PackedK42 {
   // 16-bit lanes (no bit of the other byte reaches bit 4) and masked, two operations.
   template <int B>
   static __m256i quants5(const uint8_t* t, int k, int h) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i raw = load256(t + kQs + 64 * (8 * (B / 2) + k) + 32 * h);
-    const __m256i u = B % 2 ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4) : _mm256_and_si256(raw, m4);
+    const __m256i u = quants(t, B, k, h);  // the low four bits
     const __m256i qh = load256(t + kQh + 64 * k + 32 * h);
     const __m256i at4 = B <= 4 ? _mm256_slli_epi16(qh, 4 - B) : _mm256_srli_epi16(qh, B - 4);
     return _mm256_or_si256(u, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)));
