@@ -24,7 +24,23 @@ struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK
 struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct BlockQ6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
 struct BlockQ8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+// The non-linear 4-bit formats: a nibble indexes kIQ4Values, value = d·kIQ4Values[nibble].
+// IQ4_NL: Q4_0's layout. IQ4_XS: 8 sub-blocks of 32 (16 qs bytes each, low nibbles first), each with
+// a 6-bit scale ls (4 low bits in scales_l, 2 high in scales_h), value = d·(ls − 32)·kIQ4Values[q].
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[QK / 2]; };
+struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
 #pragma pack(pop)
+
+// The 16 levels of the IQ4 formats (denser near zero, as trained weights are).
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+// The signed scale (ls − 32, −32..31) of sub-block ib (0..7) of an IQ4_XS super-block.
+inline int iq4xs_scale(const BlockIQ4_XS& b, int ib) {
+  const int lo = (b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+  const int hi = (b.scales_h >> (2 * ib)) & 3;
+  return (lo | (hi << 4)) - 32;
+}
 
 // Compile-time agreement between the structs and the traits table's numbers.
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
@@ -33,6 +49,7 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 
 template <class B> struct BlockOf;
 #define BATON_BLOCK(T, B) template <> struct BlockOf<B> { static constexpr GgmlType type = GgmlType::T; };
@@ -40,6 +57,7 @@ BATON_BLOCK(Q4_0, BlockQ4_0) BATON_BLOCK(Q4_1, BlockQ4_1) BATON_BLOCK(Q5_0, Bloc
 BATON_BLOCK(Q5_1, BlockQ5_1) BATON_BLOCK(Q8_0, BlockQ8_0) BATON_BLOCK(Q8_1, BlockQ8_1)
 BATON_BLOCK(Q2_K, BlockQ2_K) BATON_BLOCK(Q3_K, BlockQ3_K) BATON_BLOCK(Q4_K, BlockQ4_K)
 BATON_BLOCK(Q5_K, BlockQ5_K) BATON_BLOCK(Q6_K, BlockQ6_K) BATON_BLOCK(Q8_K, BlockQ8_K)
+BATON_BLOCK(IQ4_NL, BlockIQ4_NL) BATON_BLOCK(IQ4_XS, BlockIQ4_XS)
 #undef BATON_BLOCK
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.

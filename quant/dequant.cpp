@@ -170,6 +170,30 @@ void deq_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+void deq_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, y += QK) {
+    const float d = h2f(b[i].d);
+    for (int l = 0; l < QK / 2; l++) {
+      y[l] = d * float(kIQ4Values[b[i].qs[l] & 0x0F]);
+      y[l + QK / 2] = d * float(kIQ4Values[b[i].qs[l] >> 4]);
+    }
+  }
+}
+
+void deq_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++) {
+    const float d = h2f(b[i].d);
+    for (int ib = 0; ib < QK_K / 32; ib++, y += 32) {
+      const float dl = d * float(iq4xs_scale(b[i], ib));
+      const uint8_t* q = b[i].qs + 16 * ib;
+      for (int l = 0; l < 16; l++) {
+        y[l] = dl * float(kIQ4Values[q[l] & 0x0F]);
+        y[l + 16] = dl * float(kIQ4Values[q[l] >> 4]);
+      }
+    }
+  }
+}
+
 void deq_q8_k(const BlockQ8_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++)
     for (int l = 0; l < QK_K; l++) *y++ = b[i].d * float(b[i].qs[l]);
@@ -206,6 +230,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::Q5_K: return deq_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
     case GgmlType::Q6_K: return deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
     case GgmlType::Q8_K: return deq_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case GgmlType::IQ4_NL: return deq_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb);
+    case GgmlType::IQ4_XS: return deq_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb);
     default: break;
   }
   std::fprintf(stderr, "baton: internal error: dequantize_row: unsupported type %s\n", type_name(t));

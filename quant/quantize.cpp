@@ -1,7 +1,7 @@
 // Scalar reference quantization into the ggml block formats.
 //
-// Every format follows ggml's reference quantizers (quantize_row_*_ref) exactly, rounding rules
-// and search order included. tests/test_quant.cpp checks the bytes against two outside sources:
+// Every format follows ggml's reference quantizers (quantize_row_*_ref; for IQ4_NL the search
+// llama-quantize runs, quantize_iq4_nl) exactly, rounding rules and search order included. tests/test_quant.cpp checks the bytes against two outside sources:
 // the PyPI `gguf` package for F16, BF16 and Q4_0 … Q8_0, and ggml's own quantizers for the
 // k-quants and Q8_K (the package has none). The k-quants search a few candidate scales per
 // group: a weighted least-squares fit of scale (and min), then the group scales are quantized
@@ -562,6 +562,102 @@ void quant_q8_k(const float* x, BlockQ8_K* b, int64_t nb) {
   }
 }
 
+// ---- IQ4_NL / IQ4_XS: 4-bit indices into the fixed non-linear levels kIQ4Values ----
+//
+// As llama-quantize writes them without an importance matrix (ggml's quantize_iq4_nl/_xs): per
+// 32-element group, weights w = x², a first scale mapping the largest-magnitude value to a level
+// end, a weighted least-squares refit, then 15 candidate scales (the largest value on level
+// ±(127 − t), t = −7..7) keeping the best (Σw·x·q)² / Σw·q². IQ4_XS then stores the group scales
+// as 6-bit multiples of the super-block's d = −(largest group scale) / 32 and re-picks every level.
+
+// Nearest level to v (kIQ4Values is ascending); a tie takes the upper level.
+int iq4_level(float v) {
+  const int8_t* lv = kIQ4Values;
+  if (v <= lv[0]) return 0;
+  if (v >= lv[15]) return 15;
+  int lo = 0, hi = 15;  // lv[lo] <= v < lv[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (v < float(lv[mid]) ? hi : lo) = mid;
+  }
+  return v - float(lv[lo]) < float(lv[hi]) - v ? lo : hi;
+}
+
+// The weighted sums of the fit for one candidate inverse scale: Σw·q·x and Σw·q².
+void iq4_fit_sums(const float* x, const float* w, float inv, uint8_t* levels, float& sqx, float& sq2) {
+  sqx = sq2 = 0.0f;
+  for (int j = 0; j < 32; j++) {
+    const int l = iq4_level(inv * x[j]);
+    if (levels) levels[j] = uint8_t(l);
+    const float q = float(kIQ4Values[l]);
+    sqx += w[j] * q * x[j];
+    sq2 += w[j] * q * q;
+  }
+}
+
+// The scale of one 32-element group (0 for an empty group).
+float iq4_group_scale(const float* x) {
+  float w[32], amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; j++) {
+    w[j] = x[j] * x[j];
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  if (amax < kGroupEps) return 0.0f;
+  const int8_t end = kIQ4Values[0];
+  float sqx, sq2;
+  iq4_fit_sums(x, w, 1.0f / (-max / float(end)), nullptr, sqx, sq2);
+  float d = sq2 > 0.0f ? sqx / sq2 : 0.0f, best = d * sqx;
+  for (int t = -7; t <= 7; t++) {
+    iq4_fit_sums(x, w, float(t + end) / max, nullptr, sqx, sq2);
+    if (sq2 > 0.0f && sqx * sqx > best * sq2) {
+      d = sqx / sq2;
+      best = d * sqx;
+    }
+  }
+  return d;
+}
+
+// Levels of 32 values for scale d, packed as the formats store them (low nibbles first 16).
+void iq4_pack_group(const float* x, float d, uint8_t qs[16]) {
+  const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 16; j++)
+    qs[j] = uint8_t(iq4_level(inv * x[j]) | (iq4_level(inv * x[j + 16]) << 4));
+}
+
+void quant_iq4_nl(const float* x, BlockIQ4_NL* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, x += QK) {
+    const float d = iq4_group_scale(x);
+    b[i].d = f2h(d);
+    iq4_pack_group(x, d, b[i].qs);
+  }
+}
+
+void quant_iq4_xs(const float* x, BlockIQ4_XS* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, x += QK_K) {
+    float scales[8], max_scale = 0.0f, amax_scale = 0.0f;
+    for (int ib = 0; ib < 8; ib++) {
+      scales[ib] = iq4_group_scale(x + 32 * ib);
+      if (std::fabs(scales[ib]) > amax_scale) {
+        amax_scale = std::fabs(scales[ib]);
+        max_scale = scales[ib];
+      }
+    }
+    const float d = -max_scale / 32.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = f2h(d);
+    b[i].scales_h = 0;
+    std::memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+    for (int ib = 0; ib < 8; ib++) {
+      const int l = round_clamp(inv * scales[ib], -32, 31);
+      iq4_pack_group(x + 32 * ib, d * float(l), b[i].qs + 16 * ib);
+      b[i].scales_l[ib / 2] = uint8_t(b[i].scales_l[ib / 2] | (((l + 32) & 0x0F) << (4 * (ib % 2))));
+      b[i].scales_h = uint16_t(b[i].scales_h | (((l + 32) >> 4) << (2 * ib)));
+    }
+  }
+}
+
 }  // namespace
 
 bool has_quantize(GgmlType t) {
@@ -569,7 +665,8 @@ bool has_quantize(GgmlType t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
     case GgmlType::Q8_0: case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K:
-    case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
+    case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K: case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
       return true;
     default:
       return false;
@@ -606,6 +703,8 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     case GgmlType::Q5_K: return quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb);
     case GgmlType::Q6_K: return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb);
     case GgmlType::Q8_K: return quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
+    case GgmlType::IQ4_NL: return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb);
+    case GgmlType::IQ4_XS: return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb);
     default: break;
   }
   std::abort();  // unreachable: has_quantize checked above

@@ -1,5 +1,6 @@
 // Fixture generator (not part of the build): quantizes fixed pseudo-random rows with ggml's own
-// reference quantizers (quantize_row_*_ref in ggml-quants.c) for the types the PyPI `gguf`
+// reference quantizers (quantize_row_*_ref in ggml-quants.c; for IQ4_NL/IQ4_XS the imatrix-free
+// quantize_iq4_* that llama-quantize calls) for the types the PyPI `gguf`
 // package cannot quantize, so tests/test_quant.cpp can byte-compare Baton's k-quant quantizers.
 // Run it through tests/gen_ggml_quant_fixtures.sh, which says how.
 //
@@ -29,6 +30,12 @@ void quantize_row_q4_K_ref(const float*, void*, int64_t);
 void quantize_row_q5_K_ref(const float*, void*, int64_t);
 void quantize_row_q6_K_ref(const float*, void*, int64_t);
 void quantize_row_q8_K_ref(const float*, void*, int64_t);
+size_t quantize_iq4_nl(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_iq4_xs(const float*, void*, int64_t, int64_t, const float*);
+
+// The IQ4 formats as llama-quantize writes them without an importance matrix (one row).
+static void quantize_row_iq4_nl(const float* x, void* y, int64_t n) { quantize_iq4_nl(x, y, 1, n, NULL); }
+static void quantize_row_iq4_xs(const float* x, void* y, int64_t n) { quantize_iq4_xs(x, y, 1, n, NULL); }
 
 enum { QK_K = 256, BLOCKS = 16 };
 
@@ -79,6 +86,7 @@ int main(int argc, char** argv) {
     {"Q2_K", quantize_row_q2_K_ref, 84},  {"Q3_K", quantize_row_q3_K_ref, 110},
     {"Q4_K", quantize_row_q4_K_ref, 144}, {"Q5_K", quantize_row_q5_K_ref, 176},
     {"Q6_K", quantize_row_q6_K_ref, 210}, {"Q8_K", quantize_row_q8_K_ref, 292},
+    {"IQ4_NL", quantize_row_iq4_nl, 8 * 18}, {"IQ4_XS", quantize_row_iq4_xs, 136},  // bytes per 256
   };
   static float x[BLOCKS * QK_K];
   static uint8_t q[BLOCKS * 292];

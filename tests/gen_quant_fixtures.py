@@ -39,6 +39,9 @@ SCALE_OFFSETS = {
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
 }
 QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Types added later draw from their own streams (seeded by SEED and the type id), so that adding
+# one leaves every earlier fixture's bytes as they were. Dequantize fixtures only.
+LATER_SCALE_OFFSETS = {Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 
 
 def block_count(qtype):
@@ -55,11 +58,11 @@ def sane_halves(rng, n):
     return h
 
 
-def random_blocks(rng, qtype):
+def random_blocks(rng, qtype, offsets=SCALE_OFFSETS):
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     nb = block_count(qtype)
     raw = rng.integers(0, 256, size=(nb, block_bytes), dtype=np.uint8)
-    for off in SCALE_OFFSETS[qtype]:
+    for off in offsets[qtype]:
         raw[:, off:off + 2] = sane_halves(rng, nb).view(np.uint8).reshape(nb, 2)
     return raw.reshape(-1)
 
@@ -153,6 +156,12 @@ def main():
             q = quantize(x, qtype)
         total += write(f"{qtype.name}.q.f32", x)
         total += write(f"{qtype.name}.q.bin", q.view(np.uint8))
+
+    for qtype, offsets in LATER_SCALE_OFFSETS.items():
+        later = np.random.default_rng([SEED, int(qtype)])
+        blocks = random_blocks(later, qtype, LATER_SCALE_OFFSETS)
+        total += write(f"{qtype.name}.dq.bin", blocks)
+        total += write(f"{qtype.name}.dq.f32", dequantize(blocks, qtype).astype(np.float32))
 
     manifest = os.path.join(OUT, "MANIFEST.txt")
     keep = []  # lines written by tests/gen_ggml_quant_fixtures.sh

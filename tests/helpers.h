@@ -20,7 +20,8 @@ namespace baton::test {
 // (extreme nibbles, 6-bit scales, high bits, -128).
 inline std::vector<int> fp16_fields(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS: return {0};
     case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
     case GgmlType::Q2_K: return {80, 82};
     case GgmlType::Q3_K: return {108};

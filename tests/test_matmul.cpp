@@ -216,7 +216,8 @@ TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the
   const int64_t block_counts[] = {1, 5, 18, 8};
   for (Isa isa : isa_levels()) {
     set_isa_limit(isa);
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                       GgmlType::IQ4_NL}) {
       INFO("type " << type_name(t) << " isa " << isa_name(isa));
       int i = 0;
       for (int n = 1; n <= 70; n += (n < 10 ? 1 : 7), i++)

@@ -302,7 +302,8 @@ Spec gemma_spec(GgmlType t) {
 }  // namespace
 
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     for (const char* arch : {"llama", "gemma3", "qwen3"}) {
       Spec s = std::string(arch) == "gemma3" ? gemma_spec(t) : std::string(arch) == "qwen3" ? qwen3_spec(t) : Spec{};
       s.wtype = t;

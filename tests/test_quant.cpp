@@ -61,12 +61,12 @@ std::vector<float> gaussian_row(size_t n, uint32_t seed, float sigma = 1.0f) {
 constexpr GgmlType kQuantTypes[] = {
   GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
   GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-  GgmlType::Q6_K, GgmlType::Q8_K,
+  GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
 };
 
 }  // namespace
 
-TEST_CASE("dequantize is bit-identical to the gguf package for all 13 types", "[quant]") {
+TEST_CASE("dequantize is bit-identical to the gguf package for every compute type", "[quant]") {
   for (GgmlType t : kComputeTypes) {
     const std::string name = type_name(t);
     INFO("type " << name);
@@ -136,24 +136,26 @@ TEST_CASE("quantize is byte-identical to the gguf package where it quantizes", "
   }
 }
 
-TEST_CASE("k-quant quantize is byte-identical to ggml's reference quantizers", "[quant]") {
-  // The gguf package has no k-quant quantizers; these fixtures come from ggml-quants.c itself
-  // (tests/gen_ggml_quant_fixtures.sh).
+TEST_CASE("k-quant and IQ4 quantize is byte-identical to ggml's quantizers", "[quant]") {
+  // The gguf package has no k-quant or IQ4 quantizers; these fixtures come from ggml-quants.c
+  // itself (tests/gen_ggml_quant_fixtures.sh).
   for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                     GgmlType::Q8_K})
+                     GgmlType::Q8_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS})
     check_quantize_fixture(t, kFixtures + type_name(t) + ".ggml.q");
 }
 
 TEST_CASE("quantize -> dequantize round trip stays within per-type error bounds", "[quant]") {
   // Relative RMS error bounds on Gaussian data, about 20 % above what the quantizers reach
   // (measured: F16 2.1e-4, BF16 1.7e-3, Q8_0 .0054, Q8_K .0070, Q6_K .0177, Q5_0 .0426,
-  // Q5_1 .0376, Q5_K .0362, Q4_0 .0865, Q4_1 .0782, Q4_K .0718, Q3_K .152, Q2_K .299).
+  // Q5_1 .0376, Q5_K .0362, Q4_0 .0865, Q4_1 .0782, Q4_K .0718, Q3_K .152, Q2_K .299,
+  // IQ4_NL .0765, IQ4_XS .0770).
   const std::map<GgmlType, double> bound = {
     {GgmlType::F32, 0.0},     {GgmlType::F16, 2.6e-4},  {GgmlType::BF16, 2.1e-3},
     {GgmlType::Q8_0, 0.0065}, {GgmlType::Q8_K, 0.0085}, {GgmlType::Q6_K, 0.021},
     {GgmlType::Q5_0, 0.051},  {GgmlType::Q5_1, 0.045},  {GgmlType::Q5_K, 0.043},
     {GgmlType::Q4_0, 0.104},  {GgmlType::Q4_1, 0.094},  {GgmlType::Q4_K, 0.086},
-    {GgmlType::Q3_K, 0.18},   {GgmlType::Q2_K, 0.36},
+    {GgmlType::Q3_K, 0.18},   {GgmlType::Q2_K, 0.36},   {GgmlType::IQ4_NL, 0.092},
+    {GgmlType::IQ4_XS, 0.093},
   };
   const std::vector<float> x = gaussian_row(256 * 64, 1234);
   std::map<GgmlType, double> err;
@@ -172,6 +174,8 @@ TEST_CASE("quantize -> dequantize round trip stays within per-type error bounds"
   CHECK(err[GgmlType::Q6_K] > err[GgmlType::Q8_0]);
   CHECK(err[GgmlType::Q4_K] < err[GgmlType::Q4_1]);
   CHECK(err[GgmlType::Q5_K] < err[GgmlType::Q5_1]);
+  CHECK(err[GgmlType::IQ4_NL] < err[GgmlType::Q4_0]);  // same 4.5 bits, levels denser near zero
+  CHECK(err[GgmlType::IQ4_XS] < err[GgmlType::Q4_0]);  // fewer bits (4.25), still better
 
   SECTION("scale invariance: tiny and large magnitudes keep the same relative error") {
     for (GgmlType t : kQuantTypes) {

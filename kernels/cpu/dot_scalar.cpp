@@ -129,6 +129,8 @@ KernelTable make_table() {
   set(GgmlType::Q4_K, dot_k<GgmlType::Q4_K>);
   set(GgmlType::Q5_K, dot_k<GgmlType::Q5_K>);
   set(GgmlType::Q6_K, dot_k<GgmlType::Q6_K>);
+  set(GgmlType::IQ4_NL, dot_legacy<GgmlType::IQ4_NL>);
+  set(GgmlType::IQ4_XS, dot_k<GgmlType::IQ4_XS>);
   t.quant[int(ActKind::Q8_32)] = quant_q8_32;
   t.quant[int(ActKind::Q8_256)] = quant_q8_256;
   return t;

@@ -7,6 +7,8 @@
 // sub-block scale and off a per-type constant. Then a block's dot product with activations
 // (dx, q) is  d·dx·Σ s·(Σ u·q − off·Σq) − m·dx·Σq : unsigned×signed 8-bit integer products
 // (pmaddubsw, vpdpbusd), the offsets and minimums folded in through the activation sums.
+// The IQ4 formats fit the same scheme with u = level + 128 and off = 128 (their SIMD kernels move
+// the level's sign onto the activations instead, as Q8_0's do).
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -168,6 +170,16 @@ inline void decode_legacy(GgmlType t, const uint8_t* p, LegacyBlock& o) {
       o.off = 128;
       return;
     }
+    case GgmlType::IQ4_NL: {  // the level + 128, as Q8_0
+      const auto* b = reinterpret_cast<const BlockIQ4_NL*>(p);
+      for (int l = 0; l < 16; l++) {
+        o.u[l] = uint8_t(kIQ4Values[b->qs[l] & 0x0F] + 128);
+        o.u[l + 16] = uint8_t(kIQ4Values[b->qs[l] >> 4] + 128);
+      }
+      o.d = fp16_to_f32(b->d);
+      o.off = 128;
+      return;
+    }
     default: return;
   }
 }
@@ -260,17 +272,31 @@ inline void decode_k(GgmlType t, const uint8_t* p, KBlock& o) {
       o.off = 32;
       return;
     }
+    case GgmlType::IQ4_XS: {  // the level + 128; both 16-groups of a sub-block share its scale
+      const auto* b = reinterpret_cast<const BlockIQ4_XS*>(p);
+      o.d = fp16_to_f32(b->d);
+      for (int ib = 0; ib < 8; ib++) {
+        o.s[2 * ib] = o.s[2 * ib + 1] = int16_t(iq4xs_scale(*b, ib));
+        o.mn[2 * ib] = o.mn[2 * ib + 1] = 0;
+        for (int l = 0; l < 16; l++) {
+          o.u[32 * ib + l] = uint8_t(kIQ4Values[b->qs[16 * ib + l] & 0x0F] + 128);
+          o.u[32 * ib + 16 + l] = uint8_t(kIQ4Values[b->qs[16 * ib + l] >> 4] + 128);
+        }
+      }
+      o.off = 128;
+      return;
+    }
     default: return;
   }
 }
 
 inline bool is_legacy_quant(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ||
-         t == GgmlType::Q8_0;
+         t == GgmlType::Q8_0 || t == GgmlType::IQ4_NL;
 }
-inline bool is_k_quant(GgmlType t) {
+inline bool is_k_quant(GgmlType t) {  // 256-element super-blocks (IQ4_XS included)
   return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
-         t == GgmlType::Q6_K;
+         t == GgmlType::Q6_K || t == GgmlType::IQ4_XS;
 }
 
 }  // namespace baton::cpu
