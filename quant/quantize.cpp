@@ -1,11 +1,13 @@
 // Scalar reference quantization into the ggml block formats.
 //
-// Every format follows ggml's reference quantizers (quantize_row_*_ref; for IQ4_NL the search
-// llama-quantize runs, quantize_iq4_nl) exactly, rounding rules and search order included. tests/test_quant.cpp checks the bytes against two outside sources:
-// the PyPI `gguf` package for F16, BF16 and Q4_0 … Q8_0, and ggml's own quantizers for the
-// k-quants and Q8_K (the package has none). The k-quants search a few candidate scales per
-// group: a weighted least-squares fit of scale (and min), then the group scales are quantized
-// against the largest and the codes re-rounded against the scales as stored.
+// Every format follows ggml's quantizers exactly, rounding rules and search order included: the
+// reference ones (quantize_row_*_ref), and for IQ4_NL/IQ4_XS the search llama-quantize runs
+// without an importance matrix (quantize_iq4_nl/_xs). tests/test_quant.cpp checks the bytes
+// against two outside sources: the PyPI `gguf` package for F16, BF16 and Q4_0 … Q8_0, and ggml's
+// own quantizers for the k-quants, Q8_K and the IQ4 formats (the package has none). The k-quants
+// search a few candidate scales per group: a weighted least-squares fit of scale (and min), then
+// the group scales are quantized against the largest and the codes re-rounded against the scales
+// as stored.
 //
 // One deliberate difference: ggml's rounding helper is only defined for |v| < 2^22 (it asserts);
 // here out-of-range ratios are clamped, so extreme outliers give defined (not ggml's) bytes.

@@ -145,7 +145,8 @@ void check_shape(const ShapePreset& p) {
 gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   check_shape(p);
   if (!has_quantize(opt.type) || !traits(opt.type).compute)
-    fail(ErrorKind::Usage, "weight type {} cannot be written (use F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS)",
+    fail(ErrorKind::Usage,
+         "weight type {} cannot be written (use F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS)",
          type_name(opt.type));
   gguf::Writer w;
   const std::string a = p.architecture;

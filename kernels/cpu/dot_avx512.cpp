@@ -22,8 +22,9 @@ namespace {
 
 struct O {
   static __m256i dot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-  // u ≤ 63 in every k-quant (IQ4_XS: ≤ 127 against |s| ≤ 127), so the 16-bit pair sums of pmaddubsw cannot saturate; vpdpwssd then
-  // applies the scales and accumulates in one instruction.
+  // u ≤ 63 in every k-quant (IQ4_XS: |level| ≤ 127 against |s| ≤ 127), so the 16-bit pair sums
+  // of pmaddubsw cannot saturate; vpdpwssd then applies the scales and accumulates in one
+  // instruction.
   static __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16) {
     return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc16);
   }
