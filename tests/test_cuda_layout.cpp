@@ -16,7 +16,8 @@ TEST_CASE("packed weight layout round-trips every CUDA weight type") {
   std::mt19937 rng(1);
   std::uniform_int_distribution<int> byte(0, 255);
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                            GgmlType::Q6_K, GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
+                            GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16,  GgmlType::BF16,
+                            GgmlType::F32};
   for (GgmlType t : types) {
     REQUIRE(cu::cuda_supports(t));
     const int64_t rows = 3, cols = traits(t).block_elems == 1 ? 40 : 512;

@@ -108,8 +108,8 @@ std::vector<float> dequantize(GgmlType t, const std::vector<uint8_t>& w, int64_t
 bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16,  GgmlType::BF16,
-                           GgmlType::F32};
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                           GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
 
 // Checks Y (rows x n, column j at j*rows) against the exact product of the dequantized weights.
 // Per-path bounds: the GEMV rounds each activation to an 8-bit grid (error <= d/2 per value, d the

@@ -110,7 +110,7 @@ TEST_CASE("CUDA per-type unit code (host build) matches the scalar reference") {
 
 TEST_CASE("with_weight_type dispatches each supported type and rejects the others") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                     GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
+                     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
     GgmlType seen = GgmlType::I8;
     with_weight_type(t, [&](auto tag) { seen = decltype(tag)::type; });
     CHECK(seen == t);

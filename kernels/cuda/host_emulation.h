@@ -34,6 +34,13 @@ inline uint32_t __vsub4(uint32_t a, uint32_t b) {  // per-byte wrap-around subtr
   for (int i = 0; i < 4; i++) r |= (((a >> (8 * i)) - (b >> (8 * i))) & 0xFFu) << (8 * i);
   return r;
 }
+// Byte i of the result: byte ((s >> 4i) & 7) of the 8-byte pool x (bytes 0..3), y (4..7).
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t pool = uint64_t(x) | (uint64_t(y) << 32);
+  uint32_t r = 0;
+  for (int i = 0; i < 4; i++) r |= uint32_t((pool >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
 inline float __uint_as_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);

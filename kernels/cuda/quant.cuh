@@ -190,6 +190,79 @@ BATON_UNROLL
   }
 };
 
+// ---- IQ4: 4-bit indices into the 16 signed levels kIQ4Values ----
+
+// The levels as four words of four bytes (levels 0..3, 4..7, 8..11, 12..15).
+constexpr uint32_t iq4_word(int k) {
+  uint32_t w = 0;
+  for (int i = 0; i < 4; i++) w |= uint32_t(uint8_t(kIQ4Values[4 * k + i])) << (8 * i);
+  return w;
+}
+// Four indices (one per byte, 0..15) -> their four signed levels: two byte permutes pick from
+// levels 0..7 and 8..15 by the index's low 3 bits, bit 3 chooses between them.
+BATON_DEV uint32_t iq4_levels4(uint32_t idx) {
+  constexpr uint32_t w0 = iq4_word(0), w1 = iq4_word(1), w2 = iq4_word(2), w3 = iq4_word(3);
+  const uint32_t t = idx & 0x07070707u, nib = t | (t >> 4);
+  const uint32_t sel = (nib & 0xFFu) | ((nib >> 8) & 0xFF00u);  // index i's low bits in nibble i
+  const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
+  const uint32_t upper = ((idx >> 3) & 0x01010101u) * 0xFFu;
+  return (lo & ~upper) | (hi & upper);
+}
+BATON_DEV float iq4_level(uint32_t idx) { return float(int8_t(iq4_levels4(idx) & 0xFF)); }
+
+// The 32 levels of a 16-byte unit (low nibbles: elements 0..15, high: 16..31) against activations.
+BATON_DEV int iq4_dot32(const uint4& q, const int4& x0, const int4& x1) {
+  int s = 0;
+BATON_UNROLL
+  for (int t = 0; t < 4; t++) {
+    s = __dp4a(int(iq4_levels4(word(q, t) & kLo4)), word(x0, t), s);
+    s = __dp4a(int(iq4_levels4((word(q, t) >> 4) & kLo4)), word(x1, t), s);
+  }
+  return s;
+}
+
+// IQ4_NL: Q4_0's blocks and packed layout, levels instead of nibble − 8.
+struct TIQ4_NL : TQ4_0 {
+  static constexpr GgmlType type = GgmlType::IQ4_NL;
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
+    const int s = iq4_dot32(w.q, ld16s(a.q(j) + u * 32), ld16s(a.q(j) + u * 32 + 16));
+    return d(w) * a.d(j)[u].x * float(s);
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+BATON_UNROLL
+    for (int g = 0; g < 4; g++)
+      BATON_PUT8(put, u * 32 + 8 * g, d(w) * iq4_level((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15));
+  }
+};
+
+// IQ4_XS packed: the 128 quant bytes of every super-block, then their 8-byte headers
+// [d, scales_h][scales_l 4]. A unit is one 32-element sub-block (16 quant bytes).
+struct TIQ4_XS {
+  static constexpr GgmlType type = GgmlType::IQ4_XS;
+  static constexpr int unit = 32, unroll = 4;
+  static constexpr bool q8 = true;
+  struct W { uint4 q; uint32_t h0, h1; };  // h0: d | scales_h << 16; h1: scales_l
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
+    const uint8_t* h = row + (cols / 256) * 128 + (u >> 3) * 8;
+    return {ld16(row + u * 16), ld4(h), ld4(h + 4)};
+  }
+  BATON_DEV static float scale(const W& w, int u) {  // d · (ls − 32) of sub-block u & 7
+    const int ib = u & 7;
+    const int ls = int((w.h1 >> (4 * ib)) & 15) | int(((w.h0 >> (16 + 2 * ib)) & 3) << 4);
+    return half_bits_to_float(uint16_t(w.h0)) * float(ls - 32);
+  }
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
+    const int s = iq4_dot32(w.q, ld16s(a.q(j) + u * 32), ld16s(a.q(j) + u * 32 + 16));
+    return scale(w, u) * a.d(j)[u].x * float(s);
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+    const float dl = scale(w, u);
+BATON_UNROLL
+    for (int g = 0; g < 4; g++)
+      BATON_PUT8(put, u * 32 + 8 * g, dl * iq4_level((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15));
+  }
+};
+
 // ---- k-quants: a unit is 64 elements (a quarter of a 256-element super-block) ----
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes held in h.y, h.z, h.w.
@@ -395,6 +468,7 @@ struct TFloat {
 #define BATON_CUDA_WEIGHT_TYPES(X) \
   X(::baton::cuda::TQ4_0) X(::baton::cuda::TQ4_1) X(::baton::cuda::TQ5_0) X(::baton::cuda::TQ5_1) X(::baton::cuda::TQ8_0) \
   X(::baton::cuda::TQ4_K) X(::baton::cuda::TQ5_K) X(::baton::cuda::TQ6_K) \
+  X(::baton::cuda::TIQ4_NL) X(::baton::cuda::TIQ4_XS) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F16>) X(::baton::cuda::TFloat<::baton::GgmlType::BF16>) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F32>)
 

@@ -137,6 +137,13 @@ inline unsigned __vsub4(unsigned a, unsigned b) {  // per-byte wrap-around subtr
   for (int i = 0; i < 4; i++) r |= (((a >> (8 * i)) - (b >> (8 * i))) & 0xFFu) << (8 * i);
   return r;
 }
+// Byte n of the result: byte ((s >> 4n) & 7) of the pool x (bytes 0..3), y (bytes 4..7).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long pool = x | (static_cast<unsigned long long>(y) << 32);
+  unsigned r = 0;
+  for (int n = 0; n < 4; n++) r |= unsigned((pool >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+  return r;
+}
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
