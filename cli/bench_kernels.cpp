@@ -263,7 +263,7 @@ Register reg{{"bench-kernels", "Measure read bandwidth and matmul kernel through
                 auto o = std::make_shared<Options>();
                 app.add_flag("--json", o->json, "One JSON object per measurement");
                 app.add_option("-t,--threads", o->threads, "Thread counts to measure (default: 1 2)");
-                app.add_option("--types", o->types, "Weight types (default: all 13)");
+                app.add_option("--types", o->types, "Weight types (default: all 15)");
                 app.add_option("--read-mib", o->read_mib, "Read-bandwidth buffer size in MiB")->check(CLI::Range(64, 65536));
                 app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(CLI::Range(1, 65536));
                 app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(CLI::Range(16, 1 << 20));

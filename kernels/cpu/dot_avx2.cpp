@@ -341,6 +341,77 @@ struct PackedQ62 {
   }
 };
 
+// IQ4_NL (Q4_0's tile) and IQ4_XS (eight such blocks per tile, tile layout in packed.h). A nibble
+// line becomes signed levels by one pshufb; as for Q8_0 the level's sign moves onto the activation
+// byte, so pmaddubsw multiplies |level| ≤ 127 by |q| ≤ 127. Two lines' pairs would overflow 16 bits
+// (2 × 2 × 127 × 127), so each line goes through pmaddwd on its own. Per output the portable
+// kernel's operations: per 32-element block s = Σ level·q, then acc = fma(float(s)·dx, w, acc) with
+// w = d (IQ4_NL) or d·(ls − 32) (IQ4_XS), blocks in order.
+template <bool XS>
+struct PackedIQ42 {
+  static constexpr size_t kTile = XS ? 16 * sizeof(BlockIQ4_XS) : 288;
+  static constexpr size_t kQs = XS ? 128 : 32;
+  static constexpr int kBlocks = XS ? 8 : 1;  // 32-element blocks per tile
+  static constexpr int64_t kAhead = XS ? 4 : 8;  // tiles prefetched ahead, a block's share at a time
+
+  // The 8 row-scale vectors d·(ls_b − 32) of half h of an IQ4_XS tile.
+  static void row_scales(const uint8_t* t, int h, float (*dsc)[8]) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * h)));
+    const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * h)));
+    const __m256i sl = load256(t + 64 + 32 * h);
+    for (int b = 0; b < 8; b++) {
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(sl, 4 * b), _mm256_set1_epi32(0x0F));
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(sh, 2 * b), _mm256_set1_epi32(0x03));
+      const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+      _mm256_store_ps(dsc[b], _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls)));
+    }
+  }
+
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    alignas(32) float dsc[NH][8][8];
+    for (int64_t i = 0; i < nb / kBlocks; i++) {
+      const uint8_t* t = tiles + size_t(i) * kTile;
+      if constexpr (XS)
+        for (int h = 0; h < NH; h++) row_scales(t, H0 + h, dsc[h]);
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + kBlocks * i;
+      for (int b = 0; b < kBlocks; b++) {
+        if constexpr (H0 == 0)
+          for (size_t l = 0; l < kTile / kBlocks; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + (kTile / kBlocks) * size_t(b) + l),
+                         _MM_HINT_T0);
+        for (int h = 0; h < NH; h++) {
+          __m256i s[NC];
+          for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+          for (int k = 0; k < 4; k++) {
+            const __m256i raw = load256(t + kQs + 64 * (4 * b + k) + 32 * (H0 + h));
+            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi);
+            for (int c = 0; c < NC; c++) {
+              const __m256i plo = _mm256_maddubs_epi16(ulo, _mm256_sign_epi8(bcast(x[c][b].q + 4 * k), lo));
+              const __m256i phi = _mm256_maddubs_epi16(uhi, _mm256_sign_epi8(bcast(x[c][b].q + 16 + 4 * k), hi));
+              s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones)));
+            }
+          }
+          const __m256 w = XS ? _mm256_load_ps(dsc[h][b])
+                              : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
+          for (int c = 0; c < NC; c++)
+            acc[h][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(x[c][b].d)), w, acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
+      store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
+  }
+};
+
 // A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
 // count, in passes of up to 8 columns (a call has at most kPackedMaxCols = 8): 1-2 columns take
 // both halves per pass (one read of each tile), more one half of the rows at a time. From 5
@@ -381,6 +452,8 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::Q4_K)] = tile_passes<PackedK42<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = tile_passes<PackedK42<GgmlType::Q5_K>>;
   t.packed[int(GgmlType::Q6_K)] = tile_passes<PackedQ62>;
+  t.packed[int(GgmlType::IQ4_NL)] = tile_passes<PackedIQ42<false>>;
+  t.packed[int(GgmlType::IQ4_XS)] = tile_passes<PackedIQ42<true>>;
   return t;
 }
 

@@ -43,6 +43,8 @@ TileLayout layout(GgmlType t) {
     case GgmlType::Q4_K: return {16 * sizeof(BlockQ4_K), 0, 0, 0, 0, 256};
     case GgmlType::Q5_K: return {16 * sizeof(BlockQ5_K), 0, 0, 0, 0, 256};
     case GgmlType::Q6_K: return {16 * sizeof(BlockQ6_K), 0, 0, 0, 32, 256};
+    case GgmlType::IQ4_NL: return {288, 0, 0, 32, 128, 32};
+    case GgmlType::IQ4_XS: return {16 * sizeof(BlockIQ4_XS), 0, 0, 128, 128, 256};
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
@@ -69,6 +71,8 @@ Fields fields(GgmlType t) {
     case GgmlType::Q4_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 128, 256}}, 4};
     case GgmlType::Q5_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 32, 256}, {48, 128, 768}}, 5};
     case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288, 1}, {128, 64, 288, 2}}, 4};
+    case GgmlType::IQ4_NL: return {{{0, 2, 0}, {2, 16, 32}}, 2};
+    case GgmlType::IQ4_XS: return {{{0, 2, 0}, {2, 2, 32}, {4, 4, 64}, {8, 128, 128}}, 4};
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
@@ -145,6 +149,8 @@ void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
     u[e] = b & 0x0F;
     u[e + 16] = b >> 4;
   }
+  if (t == GgmlType::IQ4_NL)
+    for (int e = 0; e < 32; e++) u[e] = kIQ4Values[u[e]] + 128;
   if (t == GgmlType::Q5_0) {
     uint64_t mask[8];
     std::memcpy(mask, tile + L.qh, 64);
@@ -188,6 +194,7 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 
 // The k-quants, per 32-element block m of a super-block (it meets exactly one activation block):
 //   Q4_K, Q5_K: s = Σ u·q, then acc = fma(float(s)·dx, d·sc_m, acc), acc = fma(−dmin·mn_m, dx·Σq, acc);
+//   IQ4_XS: s = Σ level·q, then acc = fma(float(s)·dx, d·(ls_m − 32), acc);
 //   Q6_K: s = Σ_h sc_2m+h·(−32·Σq_h + Σ u·q) over its 16-element halves h (exact in 32 bits: at most
 //         2 × 128 × 16 × 63 × 127), then acc = fma(float(s)·dx, d, acc).
 // Blocks (and halves) in element order; the AVX-512 kernel does the same operations.
@@ -220,6 +227,10 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
               s += int32_t(k.s[2 * m + h]) * sh;
             }
             out = std::fma(float(s) * x.d, k.d, out);
+          } else if constexpr (T == GgmlType::IQ4_XS) {
+            int32_t s = -k.off * x.sum;  // u = level + 128
+            for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
+            out = std::fma(float(s) * x.d, k.d * float(k.s[2 * m]), out);
           } else {
             int32_t s = 0;
             for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
@@ -238,7 +249,8 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 
 bool packable(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
+         t == GgmlType::IQ4_XS;
 }
 
 bool packing_enabled(GgmlType t) {
@@ -249,8 +261,9 @@ bool packing_enabled(GgmlType t) {
   if (off || !packable(t)) return false;
   switch (active_isa()) {
     // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
-    // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21).
-    case Isa::Avx512: return t != GgmlType::Q6_K;
+    // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21). The IQ4
+    // formats have AVX2 tiles only: AVX-512 keeps their rows.
+    case Isa::Avx512: return t != GgmlType::Q6_K && kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
   }
@@ -322,6 +335,8 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::Q4_K: return portable_kquant<GgmlType::Q4_K>;
     case GgmlType::Q5_K: return portable_kquant<GgmlType::Q5_K>;
     case GgmlType::Q6_K: return portable_kquant<GgmlType::Q6_K>;
+    case GgmlType::IQ4_NL: return portable_kernel<GgmlType::IQ4_NL>;
+    case GgmlType::IQ4_XS: return portable_kquant<GgmlType::IQ4_XS>;
     default: return nullptr;
   }
 }

@@ -13,6 +13,7 @@
 //   Q4_1  d[16] m[16] | 4 nibble lines                                                  320 B
 //   Q5_0  d[16] | 8 × u64 fifth-bit masks (line k low nibbles, line k high) | 4 lines  352 B
 //   Q8_0  d[16] | 8 lines of signed bytes (line k: bytes 4k..4k+3 of each row's qs)    544 B
+//   IQ4_NL  as Q4_0 (the nibbles index kIQ4Values)                                      288 B
 //
 // The k-quants tile 16 rows × one 256-element super-block; every field is kept as stored, the
 // byte arrays as 64-byte lines (byte j of row r at 64·(j / 4) + 4·r + j % 4):
@@ -20,6 +21,8 @@
 //   Q5_K  d[16] dmin[16] | 3 scale lines | 8 lines of qh | 32 lines of qs                     2816 B
 //   Q6_K  d[16] | 4 lines of int8 scales | 48 lines: per half h and k = 0..7, ql line 16h + k,
 //         ql line 16h + 8 + k, qh line 8h + k (the order its kernel reads them)               3360 B
+//   IQ4_XS  d[16] scales_h[16] | 1 line of scales_l | 32 lines of qs (sub-block b: lines 4b..4b+3,
+//         laid out as one IQ4_NL tile's)                                                       2176 B
 // A 32-element block of the super-block then reads 8 quant lines (Q4_K: chunk c = lines 8c..8c+7,
 // low nibbles block 2c, high nibbles 2c + 1) and meets exactly one 32-element activation block.
 //
@@ -39,7 +42,8 @@ constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
 // whether this process packs it at load (the active ISA has its tile kernel and it beats the row
-// kernel there — AVX-512: all but Q6_K, AVX2: all of them — and BATON_CPU_PACK is not 0).
+// kernel there — AVX-512: all but Q6_K and the IQ4 formats, AVX2: all of them — and BATON_CPU_PACK
+// is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
 
