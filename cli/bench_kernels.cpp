@@ -72,7 +72,8 @@ int run_cuda(const Options& o) {
   if (used == 0 || 5 + used != d.size()) fail(ErrorKind::Usage, "--device {}: expected cpu or cuda:N", d);
   b.types = o.types;
   if (b.types.empty())
-    for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"})
+    for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "F16",
+                          "BF16", "F32"})
       b.types.push_back(t);
   b.rows = o.rows;
   b.cols = o.cols;

@@ -572,17 +572,16 @@ void quant_q8_k(const float* x, BlockQ8_K* b, int64_t nb) {
 // ±(127 − t), t = −7..7) keeping the best (Σw·x·q)² / Σw·q². IQ4_XS then stores the group scales
 // as 6-bit multiples of the super-block's d = −(largest group scale) / 32 and re-picks every level.
 
-// Nearest level to v (kIQ4Values is ascending); a tie takes the upper level.
+// Nearest level to v (kIQ4Values is ascending); a tie takes the upper level. The lower neighbour is
+// found by counting the levels at or below v (no branches to mispredict: the search runs 16 times
+// per value); the same floats are compared as by a binary search, NaN included (level 15).
 int iq4_level(float v) {
   const int8_t* lv = kIQ4Values;
-  if (v <= lv[0]) return 0;
-  if (v >= lv[15]) return 15;
-  int lo = 0, hi = 15;  // lv[lo] <= v < lv[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    (v < float(lv[mid]) ? hi : lo) = mid;
-  }
-  return v - float(lv[lo]) < float(lv[hi]) - v ? lo : hi;
+  if (v <= float(lv[0])) return 0;
+  if (!(v < float(lv[15]))) return 15;
+  int lo = 0;
+  for (int i = 1; i < 15; i++) lo += float(lv[i]) <= v;
+  return v - float(lv[lo]) < float(lv[lo + 1]) - v ? lo : lo + 1;
 }
 
 // The weighted sums of the fit for one candidate inverse scale: Σw·q·x and Σw·q².

@@ -38,7 +38,7 @@ fi
 # check VAR=VALUE...: scripts/gpu-check.sh in that environment, its logs to $out.
 check() {
   env "$@" "${base[@]}" BATON_GPU_END="$budget" BATON_GPU_MODELS=/tmp/baton-models \
-    BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0" scripts/gpu-check.sh /tmp/gpu-logs
+    BATON_GPU_KERNEL_TYPES="Q4_0 Q4_K Q6_K Q8_0 IQ4_XS" scripts/gpu-check.sh /tmp/gpu-logs
   local rc=$?
   tar -czf "$out/gpu-logs.tgz" -C /tmp gpu-logs
   cp /tmp/gpu-logs/summary.txt "$out/"
