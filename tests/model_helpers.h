@@ -96,14 +96,17 @@ inline double kl_divergence(const float* p, const float* q, int V) {
   return kl;
 }
 
-// A generated Q8_0 model of `shape` in this process's temp folder, named after the shape.
-inline std::string synth_q8_model(const ShapePreset& shape, uint64_t seed) {
+// A generated model of `shape` in this process's temp folder, named after the shape.
+inline std::string synth_model(const ShapePreset& shape, uint64_t seed, GgmlType type) {
   SynthOptions o;
-  o.type = GgmlType::Q8_0;
+  o.type = type;
   o.seed = seed;
   const std::string p = temp_dir() + "/" + shape.name + ".gguf";
   synth_write(shape, o, p);
   return p;
+}
+inline std::string synth_q8_model(const ShapePreset& shape, uint64_t seed) {
+  return synth_model(shape, seed, GgmlType::Q8_0);
 }
 
 // A generated Gemma 3-shaped model (tied head, sliding-window layers with a ring KV cache) with 7
@@ -111,6 +114,15 @@ inline std::string synth_q8_model(const ShapePreset& shape, uint64_t seed) {
 inline std::string tiny_gemma3_model() {
   static const std::string path = synth_q8_model(
       {"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6, 1e6f, 1e-6f, false}, 5);
+  return path;
+}
+
+// A generated llama whose every matrix is IQ4_XS (rows of 256 and 768), the embedding table
+// included; written once per test process.
+inline std::string tiny_iq4_model() {
+  static const std::string path = synth_model(
+      {"tiny-iq4", "llama", "test", 2, 256, 4, 2, 64, 768, 1500, 2048, false, 0, 0, 10000.f, 1e-5f, false}, 11,
+      GgmlType::IQ4_XS);
   return path;
 }
 
