@@ -117,13 +117,12 @@ inline std::string tiny_gemma3_model() {
   return path;
 }
 
-// A generated llama whose every matrix is IQ4_XS (rows of 256 and 768), the embedding table
-// included; written once per test process.
-inline std::string tiny_iq4_model() {
-  static const std::string path = synth_model(
-      {"tiny-iq4", "llama", "test", 2, 256, 4, 2, 64, 768, 1500, 2048, false, 0, 0, 10000.f, 1e-5f, false}, 11,
-      GgmlType::IQ4_XS);
-  return path;
+// A generated llama whose every matrix has type t (rows of 256 and 768: any k-quant or IQ4 type),
+// the embedding table included, in this process's temp folder as tiny-<type>.gguf.
+inline std::string tiny_model_of(GgmlType t) {
+  const std::string name = std::string("tiny-") + type_name(t);
+  return synth_model({name.c_str(), "llama", "test", 2, 256, 4, 2, 64, 768, 1500, 2048, false, 0, 0, 10000.f, 1e-5f,
+                      false}, 11, t);
 }
 
 }  // namespace baton::test

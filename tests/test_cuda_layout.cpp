@@ -15,7 +15,8 @@ namespace cu = baton::cuda;
 TEST_CASE("packed weight layout round-trips every CUDA weight type") {
   std::mt19937 rng(1);
   std::uniform_int_distribution<int> byte(0, 255);
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
+                            GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                             GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16,  GgmlType::BF16,
                             GgmlType::F32};
   for (GgmlType t : types) {
@@ -39,8 +40,8 @@ TEST_CASE("packed weight layout round-trips every CUDA weight type") {
 }
 
 TEST_CASE("packed layout rejects types and shapes the kernels do not handle") {
-  CHECK_FALSE(cu::cuda_supports(GgmlType::Q3_K));
-  CHECK_THROWS_AS(cu::packed_row_bytes(GgmlType::Q3_K, 256), Error);
+  CHECK_FALSE(cu::cuda_supports(GgmlType::IQ2_XS));
+  CHECK_THROWS_AS(cu::packed_row_bytes(GgmlType::IQ2_XS, 256), Error);
   CHECK_THROWS_AS(cu::packed_row_bytes(GgmlType::Q4_0, 48), Error);   // not whole blocks
   CHECK_THROWS_AS(cu::packed_row_bytes(GgmlType::F16, 12), Error);    // float rows: multiples of 8
 }

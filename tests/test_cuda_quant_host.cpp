@@ -109,12 +109,13 @@ TEST_CASE("CUDA per-type unit code (host build) matches the scalar reference") {
 }
 
 TEST_CASE("with_weight_type dispatches each supported type and rejects the others") {
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
+                     GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                      GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
     GgmlType seen = GgmlType::I8;
     with_weight_type(t, [&](auto tag) { seen = decltype(tag)::type; });
     CHECK(seen == t);
     CHECK(cuda_supports(t));
   }
-  CHECK_THROWS(with_weight_type(GgmlType::Q2_K, [](auto) {}));
+  CHECK_THROWS(with_weight_type(GgmlType::IQ2_XS, [](auto) {}));
 }

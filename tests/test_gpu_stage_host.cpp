@@ -442,7 +442,7 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
 TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3 shapes, IQ4_XS; F16 and Q8_0 KV)") {
   for (const std::string& path :
        {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(),
-        test::tiny_iq4_model()}) {
+        test::tiny_model_of(GgmlType::IQ4_XS)}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and

@@ -17,6 +17,10 @@ bool packed_format(GgmlType t, PackedFormat& f) {
     case GgmlType::IQ4_NL: f = {32, 18, 2, 16, 0, 2}; return true;
     // IQ4_XS: [d, scales_h, scales_l 4][qs 128] -> 128 quant bytes, then the 8-byte header
     case GgmlType::IQ4_XS: f = {256, 136, 8, 128, 0, 8}; return true;
+    // Q2_K: [scales 16][qs 64][d, dmin] -> 80 bytes, then d, dmin
+    case GgmlType::Q2_K: f = {256, 84, 0, 80, 80, 4}; return true;
+    // Q3_K: [hmask 32][qs 64][scales 12][d] -> 96 bytes, then scales and d (14 bytes)
+    case GgmlType::Q3_K: f = {256, 110, 0, 96, 96, 14}; return true;
     // Q6_K: [ql 128][qh 64][scales 16][d 2] -> 208 quant/scale bytes, then d
     case GgmlType::Q6_K: f = {256, 210, 0, 208, 208, 2}; return true;
     // already multiples of 16 bytes
@@ -38,7 +42,7 @@ static PackedFormat format_or_fail(GgmlType t, int64_t cols) {
   PackedFormat f;
   if (!packed_format(t, f))
     fail(ErrorKind::Model, "CUDA backend: weight type {} is not supported (supported: F32, F16, "
-         "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)", type_name(t));
+         "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)", type_name(t));
   const int64_t unit = f.block_elems == 1 ? 8 : f.block_elems;
   if (cols <= 0 || cols % unit != 0)
     fail(ErrorKind::Model, "CUDA backend: a {} row of {} elements is not a multiple of {}",

@@ -277,6 +277,117 @@ BATON_DEV void k_scale_min_dev(const uint4& h, int j, float& sc, float& mn) {
   }
 }
 
+// Q2_K / Q3_K: element 128h + 32j + 16p + l of a super-block sits in bits 2j of qs byte
+// 32h + 16p + l (Q3_K: its third bit in bit 4h + j of hmask byte 16p + l) and has sub-block scale
+// 8h + 2j + p. A unit c = 2h + p (64 elements) is 16 qs bytes: four 16-element groups j, group j
+// meeting the first (p = 0) or second half of activation block 4h + j.
+BATON_DEV uint32_t crumbs(uint32_t q, int j) { return (q >> (2 * j)) & 0x03030303u; }
+// Σ of 16 activations (for a per-16 minimum or offset; the activation pairs hold per-32 sums).
+BATON_DEV int sum16(const int4& x) {
+  int s = 0;
+BATON_UNROLL
+  for (int t = 0; t < 4; t++) s = __dp4a(0x01010101, word(x, t), s);
+  return s;
+}
+
+// Q2_K packed: [scales 16][qs 64] per super-block, then [d, dmin] of every super-block.
+struct TQ2_K {
+  static constexpr GgmlType type = GgmlType::Q2_K;
+  static constexpr int unit = 64, unroll = 2;
+  static constexpr bool q8 = true;
+  struct W { uint4 sc, q; uint32_t dm; };  // dm: the half bits of d (low) and dmin (high)
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
+    const uint8_t* b = row + (u >> 2) * 80;
+    return {ld16(b), ld16(b + 16 + 16 * (u & 3)), ld4(row + (cols / 256) * 80 + (u >> 2) * 4)};
+  }
+  BATON_DEV static float dot(const W& w, const Act& a, int j0, int u) {
+    const int h = (u >> 1) & 1, p = u & 1;
+    const int8_t* x = a.q(j0) + (u >> 2) * 256 + 128 * h + 16 * p;
+    const float2* ds = a.d(j0) + (u >> 2) * 8 + 4 * h;
+    float acc = 0.0f, accm = 0.0f;
+BATON_UNROLL
+    for (int j = 0; j < 4; j++) {
+      const int4 xj = ld16s(x + 32 * j);
+      int s = 0;
+BATON_UNROLL
+      for (int t = 0; t < 4; t++) s = __dp4a(int(crumbs(word(w.q, t), j)), word(xj, t), s);
+      const uint32_t sc = byte_of(w.sc, 8 * h + 2 * j + p);
+      acc += ds[j].x * float(int(sc & 15) * s);
+      accm += ds[j].x * float(int(sc >> 4) * sum16(xj));
+    }
+    return half_bits_to_float(uint16_t(w.dm)) * acc - half_bits_to_float(uint16_t(w.dm >> 16)) * accm;
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+    const int h = (u >> 1) & 1, p = u & 1;
+    const float d = half_bits_to_float(uint16_t(w.dm)), dmin = half_bits_to_float(uint16_t(w.dm >> 16));
+    const int e0 = (u >> 2) * 256 + 128 * h + 16 * p;
+BATON_UNROLL
+    for (int g = 0; g < 8; g++) {  // group j = g / 2, elements 8(g & 1)..+7 of its 16
+      const int j = g >> 1;
+      const uint32_t sc = byte_of(w.sc, 8 * h + 2 * j + p);
+      const float dl = d * float(sc & 15), ml = dmin * float(sc >> 4);
+      BATON_PUT8(put, e0 + 32 * j + 8 * (g & 1), dl * float((byte_of(w.q, 8 * (g & 1) + i_) >> (2 * j)) & 3) - ml);
+    }
+  }
+};
+
+// Q3_K packed: [hmask 32][qs 64] per super-block, then [scales 12][d] (14 bytes, 2-byte aligned)
+// of every super-block.
+struct TQ3_K {
+  static constexpr GgmlType type = GgmlType::Q3_K;
+  static constexpr int unit = 64, unroll = 2;
+  static constexpr bool q8 = true;
+  struct W { uint4 hm, q; uint32_t s0, s1, s2, dh; };  // s0..s2: the 12 scale bytes; dh: d's half bits
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
+    const uint8_t* b = row + (u >> 2) * 96;
+    const uint8_t* s = row + (cols / 256) * 96 + (u >> 2) * 14;
+    return {ld16(b + 16 * (u & 1)), ld16(b + 32 + 16 * (u & 3)), ld2(s) | (uint32_t(ld2(s + 2)) << 16),
+            ld2(s + 4) | (uint32_t(ld2(s + 6)) << 16), ld2(s + 8) | (uint32_t(ld2(s + 10)) << 16), ld2(s + 12)};
+  }
+  BATON_DEV static uint32_t sbyte(const W& w, int i) {  // scale byte i (0..11)
+    const uint32_t v = i < 4 ? w.s0 : i < 8 ? w.s1 : w.s2;
+    return (v >> (8 * (i & 3))) & 0xFF;
+  }
+  // The signed 6-bit scale of sub-block 8h + 2j + p.
+  BATON_DEV static int scale(const W& w, int h, int j, int p) {
+    const int i = 2 * j + p;  // 0..7
+    const int low = int(sbyte(w, i) >> (4 * h)) & 15, high = int(sbyte(w, 8 + i % 4) >> (2 * (2 * h + j / 2))) & 3;
+    return (low | (high << 4)) - 32;
+  }
+  // Signed 3-bit values (−4..3) of group j, byte-lane word t.
+  BATON_DEV static int q3(const W& w, int h, int j, int t) {
+    const uint32_t hb = (word(w.hm, t) >> (4 * h + j)) & 0x01010101u;
+    return int(__vsub4(crumbs(word(w.q, t), j) | (hb << 2), 0x04040404u));
+  }
+  BATON_DEV static float dot(const W& w, const Act& a, int j0, int u) {
+    const int h = (u >> 1) & 1, p = u & 1;
+    const int8_t* x = a.q(j0) + (u >> 2) * 256 + 128 * h + 16 * p;
+    const float2* ds = a.d(j0) + (u >> 2) * 8 + 4 * h;
+    float acc = 0.0f;
+BATON_UNROLL
+    for (int j = 0; j < 4; j++) {
+      const int4 xj = ld16s(x + 32 * j);
+      int s = 0;
+BATON_UNROLL
+      for (int t = 0; t < 4; t++) s = __dp4a(q3(w, h, j, t), word(xj, t), s);
+      acc += ds[j].x * float(scale(w, h, j, p) * s);
+    }
+    return half_bits_to_float(uint16_t(w.dh)) * acc;
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+    const int h = (u >> 1) & 1, p = u & 1;
+    const float d = half_bits_to_float(uint16_t(w.dh));
+    const int e0 = (u >> 2) * 256 + 128 * h + 16 * p;
+BATON_UNROLL
+    for (int g = 0; g < 8; g++) {  // group j = g / 2, byte-lane words 2(g & 1), 2(g & 1) + 1
+      const int j = g >> 1, t0 = 2 * (g & 1);
+      const int lo_w = q3(w, h, j, t0), hi_w = q3(w, h, j, t0 + 1);
+      const float dl = d * float(scale(w, h, j, p));
+      BATON_PUT8(put, e0 + 32 * j + 8 * (g & 1), dl * float(int8_t(((i_ < 4 ? lo_w : hi_w) >> (8 * (i_ & 3))) & 0xFF)));
+    }
+  }
+};
+
 struct TQ4_K {  // [d, dmin][scales 12][qs 128] = 144 bytes, 16-byte aligned as stored
   static constexpr GgmlType type = GgmlType::Q4_K;
   static constexpr int unit = 64, unroll = 2;
@@ -467,7 +578,8 @@ struct TFloat {
 // The one list of weight types the CUDA kernels handle, and the one switch over it.
 #define BATON_CUDA_WEIGHT_TYPES(X) \
   X(::baton::cuda::TQ4_0) X(::baton::cuda::TQ4_1) X(::baton::cuda::TQ5_0) X(::baton::cuda::TQ5_1) X(::baton::cuda::TQ8_0) \
-  X(::baton::cuda::TQ4_K) X(::baton::cuda::TQ5_K) X(::baton::cuda::TQ6_K) \
+  X(::baton::cuda::TQ2_K) X(::baton::cuda::TQ3_K) X(::baton::cuda::TQ4_K) X(::baton::cuda::TQ5_K) \
+  X(::baton::cuda::TQ6_K) \
   X(::baton::cuda::TIQ4_NL) X(::baton::cuda::TIQ4_XS) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F16>) X(::baton::cuda::TFloat<::baton::GgmlType::BF16>) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F32>)
