@@ -14,6 +14,7 @@
 
 namespace baton::cuda {
 
+struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct int4 { int32_t x, y, z, w; };
 struct float2 { float x, y; };

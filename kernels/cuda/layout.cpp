@@ -19,8 +19,8 @@ bool packed_format(GgmlType t, PackedFormat& f) {
     case GgmlType::IQ4_XS: f = {256, 136, 8, 128, 0, 8}; return true;
     // Q2_K: [scales 16][qs 64][d, dmin] -> 80 bytes, then d, dmin
     case GgmlType::Q2_K: f = {256, 84, 0, 80, 80, 4}; return true;
-    // Q3_K: [hmask 32][qs 64][scales 12][d] -> 96 bytes, then scales and d (14 bytes)
-    case GgmlType::Q3_K: f = {256, 110, 0, 96, 96, 14}; return true;
+    // Q3_K: [hmask 32][qs 64][scales 12][d] -> 96 bytes, then scales and d (14 bytes + 2 of padding)
+    case GgmlType::Q3_K: f = {256, 110, 0, 96, 96, 14, 2}; return true;
     // Q6_K: [ql 128][qh 64][scales 16][d 2] -> 208 quant/scale bytes, then d
     case GgmlType::Q6_K: f = {256, 210, 0, 208, 208, 2}; return true;
     // already multiples of 16 bytes
@@ -53,7 +53,7 @@ static PackedFormat format_or_fail(GgmlType t, int64_t cols) {
 size_t packed_row_bytes(GgmlType t, int64_t cols) {
   const PackedFormat f = format_or_fail(t, cols);
   const size_t nb = size_t(cols / f.block_elems);
-  return (nb * (f.a_bytes + f.b_bytes) + 15) / 16 * 16;
+  return (nb * (f.a_bytes + f.b_bytes + f.b_pad) + 15) / 16 * 16;
 }
 
 void pack_rows(GgmlType t, const void* src, void* dst, int64_t rows, int64_t cols) {
@@ -70,7 +70,7 @@ void pack_rows(GgmlType t, const void* src, void* dst, int64_t rows, int64_t col
     }
     for (size_t i = 0; i < nb; i++) {
       std::memcpy(d + i * f.a_bytes, s + i * f.block_bytes + f.a_off, f.a_bytes);
-      std::memcpy(d + nb * f.a_bytes + i * f.b_bytes, s + i * f.block_bytes + f.b_off, f.b_bytes);
+      std::memcpy(d + nb * f.a_bytes + i * (f.b_bytes + f.b_pad), s + i * f.block_bytes + f.b_off, f.b_bytes);
     }
   }
 }
@@ -88,7 +88,7 @@ void unpack_rows(GgmlType t, const void* src, void* dst, int64_t rows, int64_t c
     }
     for (size_t i = 0; i < nb; i++) {
       std::memcpy(d + i * f.block_bytes + f.a_off, s + i * f.a_bytes, f.a_bytes);
-      std::memcpy(d + i * f.block_bytes + f.b_off, s + nb * f.a_bytes + i * f.b_bytes, f.b_bytes);
+      std::memcpy(d + i * f.block_bytes + f.b_off, s + nb * f.a_bytes + i * (f.b_bytes + f.b_pad), f.b_bytes);
     }
   }
 }

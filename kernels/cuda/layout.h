@@ -17,6 +17,7 @@ struct PackedFormat {
   uint32_t block_bytes = 0;  // bytes per block in the GGUF file
   uint32_t a_off = 0, a_bytes = 0;  // quant part: offset inside the file block, length
   uint32_t b_off = 0, b_bytes = 0;  // scale part (0 bytes: nothing to split off)
+  uint32_t b_pad = 0;  // zero bytes after each scale part (Q3_K: its 14 bytes read as one 16)
 };
 
 // False for types the CUDA backend does not compute with.

@@ -32,6 +32,7 @@ struct Act {
 
 BATON_DEV uint4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 BATON_DEV int4 ld16s(const int8_t* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
+BATON_DEV uint2 ld8(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 BATON_DEV uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
 BATON_DEV uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
 // Word i of a 16-byte vector by selects, not `(&v.x)[i]`: with an index known only at run time
@@ -295,10 +296,14 @@ struct TQ2_K {
   static constexpr GgmlType type = GgmlType::Q2_K;
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
-  struct W { uint4 sc, q; uint32_t dm; };  // dm: the half bits of d (low) and dmin (high)
+  // sc: scale bytes 8h..8h+7 (the unit's four are 8h + p + 2j); dm: the half bits of d and dmin
+  struct W { uint2 sc; uint4 q; uint32_t dm; };
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     const uint8_t* b = row + (u >> 2) * 80;
-    return {ld16(b), ld16(b + 16 + 16 * (u & 3)), ld4(row + (cols / 256) * 80 + (u >> 2) * 4)};
+    return {ld8(b + 8 * ((u >> 1) & 1)), ld16(b + 16 + 16 * (u & 3)), ld4(row + (cols / 256) * 80 + (u >> 2) * 4)};
+  }
+  BATON_DEV static uint32_t scale_byte(const W& w, int j, int p) {  // sub-block 8h + 2j + p
+    return ((j < 2 ? w.sc.x : w.sc.y) >> (8 * (2 * (j & 1) + p))) & 0xFF;
   }
   BATON_DEV static float dot(const W& w, const Act& a, int j0, int u) {
     const int h = (u >> 1) & 1, p = u & 1;
@@ -311,7 +316,7 @@ BATON_UNROLL
       int s = 0;
 BATON_UNROLL
       for (int t = 0; t < 4; t++) s = __dp4a(int(crumbs(word(w.q, t), j)), word(xj, t), s);
-      const uint32_t sc = byte_of(w.sc, 8 * h + 2 * j + p);
+      const uint32_t sc = scale_byte(w, j, p);
       acc += ds[j].x * float(int(sc & 15) * s);
       accm += ds[j].x * float(int(sc >> 4) * sum16(xj));
     }
@@ -324,30 +329,25 @@ BATON_UNROLL
 BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // group j = g / 2, elements 8(g & 1)..+7 of its 16
       const int j = g >> 1;
-      const uint32_t sc = byte_of(w.sc, 8 * h + 2 * j + p);
+      const uint32_t sc = scale_byte(w, j, p);
       const float dl = d * float(sc & 15), ml = dmin * float(sc >> 4);
       BATON_PUT8(put, e0 + 32 * j + 8 * (g & 1), dl * float((byte_of(w.q, 8 * (g & 1) + i_) >> (2 * j)) & 3) - ml);
     }
   }
 };
 
-// Q3_K packed: [hmask 32][qs 64] per super-block, then [scales 12][d] (14 bytes, 2-byte aligned)
-// of every super-block.
+// Q3_K packed: [hmask 32][qs 64] per super-block, then [scales 12][d][2 bytes of padding] of every
+// super-block.
 struct TQ3_K {
   static constexpr GgmlType type = GgmlType::Q3_K;
   static constexpr int unit = 64, unroll = 2;
   static constexpr bool q8 = true;
-  struct W { uint4 hm, q; uint32_t s0, s1, s2, dh; };  // s0..s2: the 12 scale bytes; dh: d's half bits
+  struct W { uint4 hm, q, s; };  // s: the 12 scale bytes, then d's half bits
   BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
     const uint8_t* b = row + (u >> 2) * 96;
-    const uint8_t* s = row + (cols / 256) * 96 + (u >> 2) * 14;
-    return {ld16(b + 16 * (u & 1)), ld16(b + 32 + 16 * (u & 3)), ld2(s) | (uint32_t(ld2(s + 2)) << 16),
-            ld2(s + 4) | (uint32_t(ld2(s + 6)) << 16), ld2(s + 8) | (uint32_t(ld2(s + 10)) << 16), ld2(s + 12)};
+    return {ld16(b + 16 * (u & 1)), ld16(b + 32 + 16 * (u & 3)), ld16(row + (cols / 256) * 96 + (u >> 2) * 16)};
   }
-  BATON_DEV static uint32_t sbyte(const W& w, int i) {  // scale byte i (0..11)
-    const uint32_t v = i < 4 ? w.s0 : i < 8 ? w.s1 : w.s2;
-    return (v >> (8 * (i & 3))) & 0xFF;
-  }
+  BATON_DEV static uint32_t sbyte(const W& w, int i) { return byte_of(w.s, i); }  // scale byte i (0..11)
   // The signed 6-bit scale of sub-block 8h + 2j + p.
   BATON_DEV static int scale(const W& w, int h, int j, int p) {
     const int i = 2 * j + p;  // 0..7
@@ -372,11 +372,11 @@ BATON_UNROLL
       for (int t = 0; t < 4; t++) s = __dp4a(q3(w, h, j, t), word(xj, t), s);
       acc += ds[j].x * float(scale(w, h, j, p) * s);
     }
-    return half_bits_to_float(uint16_t(w.dh)) * acc;
+    return half_bits_to_float(uint16_t(w.s.w)) * acc;
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
     const int h = (u >> 1) & 1, p = u & 1;
-    const float d = half_bits_to_float(uint16_t(w.dh));
+    const float d = half_bits_to_float(uint16_t(w.s.w));
     const int e0 = (u >> 2) * 256 + 128 * h + 16 * p;
 BATON_UNROLL
     for (int g = 0; g < 8; g++) {  // group j = g / 2, byte-lane words 2(g & 1), 2(g & 1) + 1
