@@ -585,12 +585,10 @@ int iq4_level(float v) {
 }
 
 // The weighted sums of the fit for one candidate inverse scale: Σw·q·x and Σw·q².
-void iq4_fit_sums(const float* x, const float* w, float inv, uint8_t* levels, float& sqx, float& sq2) {
+void iq4_fit_sums(const float* x, const float* w, float inv, float& sqx, float& sq2) {
   sqx = sq2 = 0.0f;
   for (int j = 0; j < 32; j++) {
-    const int l = iq4_level(inv * x[j]);
-    if (levels) levels[j] = uint8_t(l);
-    const float q = float(kIQ4Values[l]);
+    const float q = float(kIQ4Values[iq4_level(inv * x[j])]);
     sqx += w[j] * q * x[j];
     sq2 += w[j] * q * q;
   }
@@ -609,10 +607,10 @@ float iq4_group_scale(const float* x) {
   if (amax < kGroupEps) return 0.0f;
   const int8_t end = kIQ4Values[0];
   float sqx, sq2;
-  iq4_fit_sums(x, w, 1.0f / (-max / float(end)), nullptr, sqx, sq2);
+  iq4_fit_sums(x, w, 1.0f / (-max / float(end)), sqx, sq2);
   float d = sq2 > 0.0f ? sqx / sq2 : 0.0f, best = d * sqx;
   for (int t = -7; t <= 7; t++) {
-    iq4_fit_sums(x, w, float(t + end) / max, nullptr, sqx, sq2);
+    iq4_fit_sums(x, w, float(t + end) / max, sqx, sq2);
     if (sq2 > 0.0f && sqx * sqx > best * sq2) {
       d = sqx / sq2;
       best = d * sqx;

@@ -373,7 +373,6 @@ struct PackedIQ42 {
     for (int h = 0; h < NH; h++)
       for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
     alignas(32) float dsc[NH][8][8];
     for (int64_t i = 0; i < nb / kBlocks; i++) {
       const uint8_t* t = tiles + size_t(i) * kTile;
@@ -391,8 +390,8 @@ struct PackedIQ42 {
           for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
           for (int k = 0; k < 4; k++) {
             const __m256i raw = load256(t + kQs + 64 * (4 * b + k) + 32 * (H0 + h));
-            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
-            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            const __m256i lo = iq4_levels(_mm256_and_si256(raw, m4));
+            const __m256i hi = iq4_levels(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
             const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi);
             for (int c = 0; c < NC; c++) {
               const __m256i plo = _mm256_maddubs_epi16(ulo, _mm256_sign_epi8(bcast(x[c][b].q + 4 * k), lo));
