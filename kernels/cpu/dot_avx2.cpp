@@ -251,6 +251,21 @@ struct PackedK42 {
   }
 };
 
+// Bytes I and J of every row's dword of a scale line v as the high bytes of int16 pairs (low half:
+// byte I, high: J; the low bytes zero): srai 8 gives the signed byte, srai 3 32 × it, srli 12 its
+// high nibble.
+template <int I, int J>
+__m256i byte_pairs(__m256i v) {
+  constexpr char z = char(0x80);
+  const __m256i pat = _mm256_setr_epi8(z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J,  //
+                                       z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J);
+  return _mm256_shuffle_epi8(v, pat);
+}
+template <int I, int J, int S>
+__m256i scale_pairs(__m256i v) {
+  return _mm256_srai_epi16(byte_pairs<I, J>(v), S);
+}
+
 // Q6_K (tile layout in packed.h). Per output and 32-element block m the portable kernel's integer
 // sum s = sc_2m·(Σ u·q − 32·Σq16_0) + sc_2m+1·(Σ u·q − 32·Σq16_1) over its two 16-element
 // sub-blocks, exact in 32 bits, then acc = fma(float(s)·dx, d, acc), blocks in order. The int8
@@ -278,16 +293,6 @@ struct PackedQ62 {
     else hb = _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
   }
-  // Bytes I and J of every row's dword of scale line v as int16 pairs (low half: byte I, high: J),
-  // arithmetic-shifted right by S from the high byte (S = 8: the scale itself, 3: 32 × the scale).
-  template <int I, int J, int S>
-  static __m256i scale_pairs(__m256i v) {
-    constexpr char z = char(0x80);
-    const __m256i pat = _mm256_setr_epi8(z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J,  //
-                                         z, I, z, J, z, 4 + I, z, 4 + J, z, 8 + I, z, 8 + J, z, 12 + I, z, 12 + J);
-    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, pat), S);
-  }
-
   // Block M of row half R for columns 0..NC-1.
   template <int NC, int M>
   static void block(const uint8_t* t, int R, __m256 d, const ActQ8_32s* const* x, __m256* acc) {
@@ -335,6 +340,136 @@ struct PackedQ62 {
       __m256 d[NH];
       for (int h = 0; h < NH; h++) d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
       step<NC, H0, NH, 0>(t, d, x, acc);
+    }
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
+      store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
+  }
+};
+
+// Q2_K and Q3_K (tile layout in packed.h). Block M = 4n + j of a super-block is bits 2j, 2j + 1 of
+// quant lines 8n..8n+7 (Q3_K: bit M of the 8 hmask lines its bit 2, u = 0..7 for the value u − 4).
+// Per output the portable kernel's integer sums over the two 16-element sub-blocks: Q3_K
+// s = Σ_h sc_h·(Σ u·q − 4·Σq_h), as Q6_K's (the signed 6-bit scales unpacked once per tile); Q2_K
+// s = Σ_h sc_h·Σ u·q and n = Σ_h mn_h·Σq_h from the 4-bit scale/min bytes. Then acc = fma(float(s)·dx,
+// d, acc) (Q2_K: and acc = fma(float(n)·dx, −dmin, acc)), blocks in order. A sub-block's four
+// lines add their pmaddubsw pairs in 16 bits (8 products: 8 × 7 × 127 < 2^15) and meet its scale in
+// one pmaddwd. The lines of block 4n + j are re-read for each j (L1 hits).
+template <GgmlType T>
+struct PackedK23 {
+  static constexpr bool kThree = T == GgmlType::Q3_K;
+  static constexpr size_t kTile = kThree ? 16 * sizeof(BlockQ3_K) : 16 * sizeof(BlockQ2_K);
+  static constexpr size_t kSc = kThree ? 32 : 64, kHm = 224, kQs = kThree ? 736 : 320;
+  static constexpr int64_t kAhead = 4;  // tiles prefetched ahead, an eighth per block
+
+  template <int M>
+  static __m256i quants(const uint8_t* t, int k, int R) {
+    constexpr int N = M / 4, J = M % 4;
+    const __m256i raw = load256(t + kQs + 64 * (8 * N + k) + 32 * R);
+    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * J), _mm256_set1_epi8(3));
+    if constexpr (!kThree) {
+      return lo;
+    } else {
+      const __m256i hm = load256(t + kHm + 64 * k + 32 * R);
+      __m256i at2;
+      if constexpr (M <= 2) at2 = _mm256_slli_epi16(hm, 2 - M);
+      else at2 = _mm256_srli_epi16(hm, M - 2);
+      return _mm256_or_si256(lo, _mm256_and_si256(at2, _mm256_set1_epi8(4)));
+    }
+  }
+
+  // Q3_K: row half R's 16 scales as 4 lines of signed bytes (line v: scales 4v..4v+3 of each row).
+  static void scales3(const uint8_t* t, int R, __m256i* sc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    const __m256i l0 = load256(t + kSc + 32 * R), l1 = load256(t + kSc + 64 + 32 * R), l2 = load256(t + kSc + 128 + 32 * R);
+    auto make = [&](__m256i low, __m256i high) {
+      return _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30)), k32);
+    };
+    sc[0] = make(l0, _mm256_slli_epi16(l2, 4));
+    sc[1] = make(l1, _mm256_slli_epi16(l2, 2));
+    sc[2] = make(_mm256_srli_epi16(l0, 4), l2);
+    sc[3] = make(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(l2, 2));
+  }
+
+  // Block M of row half R for columns 0..NC-1 (sv: the block's scale line; d, ndmin: the rows'
+  // d and −dmin).
+  template <int NC, int M>
+  static void block(const uint8_t* t, int R, __m256i sv, __m256 d, __m256 ndmin, const ActQ8_32s* const* x,
+                    __m256* acc) {
+    constexpr int I = 2 * (M % 2);
+    __m256i sc[2], s[NC], mn;
+    for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+    if constexpr (kThree) {
+      sc[0] = scale_pairs<I, I, 8>(sv);
+      sc[1] = scale_pairs<I + 1, I + 1, 8>(sv);
+      const __m256i off = _mm256_sub_epi16(_mm256_setzero_si256(), scale_pairs<I, I + 1, 6>(sv));  // −4·sc
+      for (int c = 0; c < NC; c++) {
+        int32_t both;
+        std::memcpy(&both, x[c][M].sum16, 4);
+        s[c] = _mm256_madd_epi16(off, _mm256_set1_epi32(both));
+      }
+    } else {
+      const __m256i m4 = _mm256_set1_epi16(0x0F);
+      sc[0] = _mm256_and_si256(_mm256_srli_epi16(byte_pairs<I, I>(sv), 8), m4);
+      sc[1] = _mm256_and_si256(_mm256_srli_epi16(byte_pairs<I + 1, I + 1>(sv), 8), m4);
+      mn = _mm256_srli_epi16(byte_pairs<I, I + 1>(sv), 12);
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m256i u0 = quants<M>(t, 4 * h, R), u1 = quants<M>(t, 4 * h + 1, R);
+      const __m256i u2 = quants<M>(t, 4 * h + 2, R), u3 = quants<M>(t, 4 * h + 3, R);
+      for (int c = 0; c < NC; c++) {
+        const int8_t* q = x[c][M].q + 16 * h;
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(q)), _mm256_maddubs_epi16(u1, bcast(q + 4)));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast(q + 8)), _mm256_maddubs_epi16(u3, bcast(q + 12)));
+        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_add_epi16(p01, p23), sc[h]));
+      }
+    }
+    for (int c = 0; c < NC; c++) {
+      const __m256 dx = _mm256_set1_ps(x[c][M].d);
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), dx), d, acc[c]);
+      if constexpr (!kThree) {
+        int32_t both;
+        std::memcpy(&both, x[c][M].sum16, 4);
+        const __m256i n = _mm256_madd_epi16(mn, _mm256_set1_epi32(both));
+        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(n), dx), ndmin, acc[c]);
+      }
+    }
+  }
+
+  template <int NC, int H0, int NH, int M>
+  static void step(const uint8_t* t, const __m256* d, const __m256* ndmin, const __m256i (*sc3)[4],
+                   const ActQ8_32s* const* x, __m256 (*acc)[NC]) {
+    if constexpr (H0 == 0)
+      for (size_t l = 0; l < kTile / 8; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + (kTile / 8) * M + l), _MM_HINT_T0);
+    for (int h = 0; h < NH; h++) {
+      const __m256i sv = kThree ? sc3[h][M / 2] : load256(t + kSc + 64 * (M / 2) + 32 * (H0 + h));
+      block<NC, M>(t, H0 + h, sv, d[h], ndmin[h], x, acc[h]);
+    }
+    if constexpr (M < 7) step<NC, H0, NH, M + 1>(t, d, ndmin, sc3, x, acc);
+  }
+
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 acc[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
+    __m256i sc3[NH][4];
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+      const uint8_t* t = tiles + size_t(sb) * kTile;
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
+      __m256 d[NH], ndmin[NH];
+      for (int h = 0; h < NH; h++) {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
+        if constexpr (kThree) {
+          ndmin[h] = _mm256_setzero_ps();
+          scales3(t, H0 + h, sc3[h]);
+        } else {
+          ndmin[h] = _mm256_sub_ps(_mm256_setzero_ps(),
+                                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h)))));
+        }
+      }
+      step<NC, H0, NH, 0>(t, d, ndmin, sc3, x, acc);
     }
     for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
       store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
@@ -448,6 +583,8 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::Q4_1)] = tile_passes<Packed2<GgmlType::Q4_1>>;
   t.packed[int(GgmlType::Q5_0)] = tile_passes<Packed2<GgmlType::Q5_0>>;
   t.packed[int(GgmlType::Q8_0)] = tile_passes<Packed2<GgmlType::Q8_0>>;
+  t.packed[int(GgmlType::Q2_K)] = tile_passes<PackedK23<GgmlType::Q2_K>>;
+  t.packed[int(GgmlType::Q3_K)] = tile_passes<PackedK23<GgmlType::Q3_K>>;
   t.packed[int(GgmlType::Q4_K)] = tile_passes<PackedK42<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = tile_passes<PackedK42<GgmlType::Q5_K>>;
   t.packed[int(GgmlType::Q6_K)] = tile_passes<PackedQ62>;

@@ -40,6 +40,8 @@ TileLayout layout(GgmlType t) {
     case GgmlType::Q4_1: return {320, 32, 0, 64, 0, 32};
     case GgmlType::Q5_0: return {352, 0, 32, 96, 16, 32};
     case GgmlType::Q8_0: return {544, 0, 0, 32, 128, 32};
+    case GgmlType::Q2_K: return {16 * sizeof(BlockQ2_K), 0, 0, 0, 0, 256};
+    case GgmlType::Q3_K: return {16 * sizeof(BlockQ3_K), 0, 0, 0, 4, 256};
     case GgmlType::Q4_K: return {16 * sizeof(BlockQ4_K), 0, 0, 0, 0, 256};
     case GgmlType::Q5_K: return {16 * sizeof(BlockQ5_K), 0, 0, 0, 0, 256};
     case GgmlType::Q6_K: return {16 * sizeof(BlockQ6_K), 0, 0, 0, 32, 256};
@@ -68,6 +70,8 @@ Fields fields(GgmlType t) {
     case GgmlType::Q4_1: return {{{0, 2, 0}, {2, 2, 32}, {4, 16, 64}}, 3};
     case GgmlType::Q5_0: return {{{0, 2, 0}, {6, 16, 96}}, 2};
     case GgmlType::Q8_0: return {{{0, 2, 0}, {2, 32, 32}}, 2};
+    case GgmlType::Q2_K: return {{{80, 2, 0}, {82, 2, 32}, {0, 16, 64}, {16, 64, 320}}, 4};
+    case GgmlType::Q3_K: return {{{108, 2, 0}, {96, 12, 32}, {0, 32, 224}, {32, 64, 736}}, 4};
     case GgmlType::Q4_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 128, 256}}, 4};
     case GgmlType::Q5_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 32, 256}, {48, 128, 768}}, 5};
     case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288, 1}, {128, 64, 288, 2}}, 4};
@@ -195,8 +199,10 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 // The k-quants, per 32-element block m of a super-block (it meets exactly one activation block):
 //   Q4_K, Q5_K: s = Σ u·q, then acc = fma(float(s)·dx, d·sc_m, acc), acc = fma(−dmin·mn_m, dx·Σq, acc);
 //   IQ4_XS: s = Σ level·q, then acc = fma(float(s)·dx, d·(ls_m − 32), acc);
-//   Q6_K: s = Σ_h sc_2m+h·(−32·Σq_h + Σ u·q) over its 16-element halves h (exact in 32 bits: at most
-//         2 × 128 × 16 × 63 × 127), then acc = fma(float(s)·dx, d, acc).
+//   Q6_K, Q3_K: s = Σ_h sc_2m+h·(−off·Σq_h + Σ u·q) over its 16-element halves h, off = 32 / 4 (exact
+//         in 32 bits: at most 2 × 128 × 16 × 63 × 127), then acc = fma(float(s)·dx, d, acc);
+//   Q2_K: s = Σ_h sc_2m+h·Σ u·q and n = Σ_h mn_2m+h·Σq_h, then acc = fma(float(s)·dx, d, acc),
+//         acc = fma(float(n)·dx, −dmin, acc).
 // Blocks (and halves) in element order; the AVX-512 kernel does the same operations.
 template <GgmlType T>
 void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
@@ -219,14 +225,24 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
         for (int m = 0; m < 8; m++) {
           const ActQ8_32s& x = xs[m];
           const uint8_t* u = k.u + 32 * m;
-          if constexpr (T == GgmlType::Q6_K) {
+          if constexpr (T == GgmlType::Q6_K || T == GgmlType::Q3_K) {
             int32_t s = 0;
             for (int h = 0; h < 2; h++) {
-              int32_t sh = -32 * int32_t(x.sum16[h]);
+              int32_t sh = -k.off * int32_t(x.sum16[h]);
               for (int e = 16 * h; e < 16 * h + 16; e++) sh += int32_t(u[e]) * int32_t(x.q[e]);
               s += int32_t(k.s[2 * m + h]) * sh;
             }
             out = std::fma(float(s) * x.d, k.d, out);
+          } else if constexpr (T == GgmlType::Q2_K) {
+            int32_t s = 0, mn = 0;
+            for (int h = 0; h < 2; h++) {
+              int32_t sh = 0;
+              for (int e = 16 * h; e < 16 * h + 16; e++) sh += int32_t(u[e]) * int32_t(x.q[e]);
+              s += int32_t(k.s[2 * m + h]) * sh;
+              mn += int32_t(k.mn[2 * m + h]) * int32_t(x.sum16[h]);
+            }
+            out = std::fma(float(s) * x.d, k.d, out);
+            out = std::fma(float(mn) * x.d, -k.dmin, out);
           } else if constexpr (T == GgmlType::IQ4_XS) {
             int32_t s = -k.off * x.sum;  // u = level + 128
             for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
@@ -249,7 +265,7 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 
 bool packable(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
+         t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
          t == GgmlType::IQ4_XS;
 }
 
@@ -262,7 +278,7 @@ bool packing_enabled(GgmlType t) {
   switch (active_isa()) {
     // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
     // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21). The IQ4
-    // formats have AVX2 tiles only: AVX-512 keeps their rows.
+    // formats, Q2_K and Q3_K have AVX2 tiles only: AVX-512 keeps their rows.
     case Isa::Avx512: return t != GgmlType::Q6_K && kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
@@ -332,6 +348,8 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::Q4_1: return portable_kernel<GgmlType::Q4_1>;
     case GgmlType::Q5_0: return portable_kernel<GgmlType::Q5_0>;
     case GgmlType::Q8_0: return portable_kernel<GgmlType::Q8_0>;
+    case GgmlType::Q2_K: return portable_kquant<GgmlType::Q2_K>;
+    case GgmlType::Q3_K: return portable_kquant<GgmlType::Q3_K>;
     case GgmlType::Q4_K: return portable_kquant<GgmlType::Q4_K>;
     case GgmlType::Q5_K: return portable_kquant<GgmlType::Q5_K>;
     case GgmlType::Q6_K: return portable_kquant<GgmlType::Q6_K>;

@@ -17,6 +17,8 @@
 //
 // The k-quants tile 16 rows × one 256-element super-block; every field is kept as stored, the
 // byte arrays as 64-byte lines (byte j of row r at 64·(j / 4) + 4·r + j % 4):
+//   Q2_K  d[16] dmin[16] | 4 lines of scale/min bytes | 16 lines of qs                        1344 B
+//   Q3_K  d[16] | 3 lines of the 12 packed 6-bit scale bytes | 8 lines of hmask | 16 lines of qs 1760 B
 //   Q4_K  d[16] dmin[16] | 3 lines of the 12 packed 6-bit scale/min bytes | 32 lines of qs     2304 B
 //   Q5_K  d[16] dmin[16] | 3 scale lines | 8 lines of qh | 32 lines of qs                     2816 B
 //   Q6_K  d[16] | 4 lines of int8 scales | 48 lines: per half h and k = 0..7, ql line 16h + k,
@@ -24,7 +26,9 @@
 //   IQ4_XS  d[16] scales_h[16] | 1 line of scales_l | 32 lines of qs (sub-block b: lines 4b..4b+3,
 //         laid out as one IQ4_NL tile's)                                                       2176 B
 // A 32-element block of the super-block then reads 8 quant lines (Q4_K: chunk c = lines 8c..8c+7,
-// low nibbles block 2c, high nibbles 2c + 1) and meets exactly one 32-element activation block.
+// low nibbles block 2c, high nibbles 2c + 1; Q2_K/Q3_K: block 4n + j = bits 2j, 2j + 1 of lines
+// 8n..8n+7, Q3_K's third bit bit 4n + j of the 8 hmask lines) and meets exactly one 32-element
+// activation block.
 //
 // Every tile is exactly 16 × the GGUF block size: the packed matrix has the file's bytes (rows
 // padded to a multiple of 16 with zero rows, counted by packed_bytes()).
@@ -42,7 +46,7 @@ constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
 // whether this process packs it at load (the active ISA has its tile kernel and it beats the row
-// kernel there — AVX-512: all but Q6_K and the IQ4 formats, AVX2: all of them — and BATON_CPU_PACK
+// kernel there — AVX-512: all but Q2_K, Q3_K, Q6_K and the IQ4 formats, AVX2: all of them — and BATON_CPU_PACK
 // is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
