@@ -425,12 +425,14 @@ struct PackedK23 {
     }
     for (int c = 0; c < NC; c++) {
       const __m256 dx = _mm256_set1_ps(x[c][M].d);
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), dx), d, acc[c]);
-      if constexpr (!kThree) {
+      if constexpr (kThree) {
+        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), dx), d, acc[c]);
+      } else {
         int32_t both;
         std::memcpy(&both, x[c][M].sum16, 4);
-        const __m256i n = _mm256_madd_epi16(mn, _mm256_set1_epi32(both));
-        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(n), dx), ndmin, acc[c]);
+        const __m256 n = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_set1_epi32(both)));
+        const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), d, _mm256_mul_ps(n, ndmin));
+        acc[c] = _mm256_fmadd_ps(w, dx, acc[c]);
       }
     }
   }

@@ -241,8 +241,7 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
               s += int32_t(k.s[2 * m + h]) * sh;
               mn += int32_t(k.mn[2 * m + h]) * int32_t(x.sum16[h]);
             }
-            out = std::fma(float(s) * x.d, k.d, out);
-            out = std::fma(float(mn) * x.d, -k.dmin, out);
+            out = std::fma(std::fma(float(s), k.d, float(mn) * -k.dmin), x.d, out);
           } else if constexpr (T == GgmlType::IQ4_XS) {
             int32_t s = -k.off * x.sum;  // u = level + 128
             for (int e = 0; e < 32; e++) s += int32_t(u[e]) * int32_t(x.q[e]);
