@@ -361,14 +361,17 @@ struct PackedK23 {
   static constexpr size_t kSc = kThree ? 32 : 64, kHm = 224, kQs = kThree ? 736 : 320;
   static constexpr int64_t kAhead = 4;  // tiles prefetched ahead, an eighth per block
 
-  template <int M>
-  static __m256i quants(const uint8_t* t, int k, int R) {
-    constexpr int N = M / 4, J = M % 4;
+  // Block 4N + J, line k, row half R: unsigned quants. N is a run-time int for Q2_K (the two halves
+  // of the super-block share one copy of the code: GEMM +10 %) and a compile-time constant for
+  // Q3_K (its bit 4N + J of the hmask lines then takes one constant shift: a run-time N cost 4 %).
+  template <int J, class Nt>
+  static __m256i quants(const uint8_t* t, Nt N, int k, int R) {
     const __m256i raw = load256(t + kQs + 64 * (8 * N + k) + 32 * R);
     const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * J), _mm256_set1_epi8(3));
     if constexpr (!kThree) {
       return lo;
     } else {
+      constexpr int M = 4 * Nt::value + J;
       const __m256i hm = load256(t + kHm + 64 * k + 32 * R);
       __m256i at2;
       if constexpr (M <= 2) at2 = _mm256_slli_epi16(hm, 2 - M);
@@ -390,12 +393,13 @@ struct PackedK23 {
     sc[3] = make(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(l2, 2));
   }
 
-  // Block M of row half R for columns 0..NC-1 (sv: the block's scale line; d, ndmin: the rows'
-  // d and −dmin).
-  template <int NC, int M>
-  static void block(const uint8_t* t, int R, __m256i sv, __m256 d, __m256 ndmin, const ActQ8_32s* const* x,
+  // Block M = 4N + J of row half R for columns 0..NC-1 (sv: the block's scale line; d, ndmin: the
+  // rows' d and −dmin).
+  template <int NC, int J, class Nt>
+  static void block(const uint8_t* t, Nt N, int R, __m256i sv, __m256 d, __m256 ndmin, const ActQ8_32s* const* x,
                     __m256* acc) {
-    constexpr int I = 2 * (M % 2);
+    constexpr int I = 2 * (J % 2);
+    const int M = 4 * N + J;
     __m256i sc[2], s[NC], mn;
     for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
     if constexpr (kThree) {
@@ -414,8 +418,8 @@ struct PackedK23 {
       mn = _mm256_srli_epi16(byte_pairs<I, I + 1>(sv), 12);
     }
     for (int h = 0; h < 2; h++) {
-      const __m256i u0 = quants<M>(t, 4 * h, R), u1 = quants<M>(t, 4 * h + 1, R);
-      const __m256i u2 = quants<M>(t, 4 * h + 2, R), u3 = quants<M>(t, 4 * h + 3, R);
+      const __m256i u0 = quants<J>(t, N, 4 * h, R), u1 = quants<J>(t, N, 4 * h + 1, R);
+      const __m256i u2 = quants<J>(t, N, 4 * h + 2, R), u3 = quants<J>(t, N, 4 * h + 3, R);
       for (int c = 0; c < NC; c++) {
         const int8_t* q = x[c][M].q + 16 * h;
         const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(q)), _mm256_maddubs_epi16(u1, bcast(q + 4)));
@@ -437,17 +441,18 @@ struct PackedK23 {
     }
   }
 
-  template <int NC, int H0, int NH, int M>
-  static void step(const uint8_t* t, const __m256* d, const __m256* ndmin, const __m256i (*sc3)[4],
+  template <int NC, int H0, int NH, int J, class Nt>
+  static void step(const uint8_t* t, Nt N, const __m256* d, const __m256* ndmin, const __m256i (*sc3)[4],
                    const ActQ8_32s* const* x, __m256 (*acc)[NC]) {
+    const int M = 4 * N + J;
     if constexpr (H0 == 0)
       for (size_t l = 0; l < kTile / 8; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + (kTile / 8) * M + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + (kTile / 8) * size_t(M) + l), _MM_HINT_T0);
     for (int h = 0; h < NH; h++) {
       const __m256i sv = kThree ? sc3[h][M / 2] : load256(t + kSc + 64 * (M / 2) + 32 * (H0 + h));
-      block<NC, M>(t, H0 + h, sv, d[h], ndmin[h], x, acc[h]);
+      block<NC, J>(t, N, H0 + h, sv, d[h], ndmin[h], x, acc[h]);
     }
-    if constexpr (M < 7) step<NC, H0, NH, M + 1>(t, d, ndmin, sc3, x, acc);
+    if constexpr (J < 3) step<NC, H0, NH, J + 1>(t, N, d, ndmin, sc3, x, acc);
   }
 
   template <int NC, int H0, int NH>
@@ -471,7 +476,13 @@ struct PackedK23 {
                                    _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h)))));
         }
       }
-      step<NC, H0, NH, 0>(t, d, ndmin, sc3, x, acc);
+      if constexpr (kThree) {
+        step<NC, H0, NH, 0>(t, std::integral_constant<int, 0>{}, d, ndmin, sc3, x, acc);
+        step<NC, H0, NH, 0>(t, std::integral_constant<int, 1>{}, d, ndmin, sc3, x, acc);
+      } else {
+#pragma GCC unroll 1
+        for (int N = 0; N < 2; N++) step<NC, H0, NH, 0>(t, N, d, ndmin, sc3, x, acc);
+      }
     }
     for (int h = 0; h < NH && rows > 8 * (H0 + h); h++)
       store_half<NC>(acc[h], y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
