@@ -57,19 +57,23 @@ void store_half(const __m256* acc, float* y, size_t ys, int n) {
 // bytes 32..63 rows 8..15). Per output the arithmetic is the AVX-512 kernel's and the portable
 // one's: per block an exact integer sum (here pmaddubsw pairs added in 16 bits, then pmaddwd;
 // nothing saturates: u ≤ 31 against |q| ≤ 127), then f = float(s)·dx and acc = fma(f, d_r, acc)
-// (Q4_1: acc = fma(m_r, dx·Σq, acc)), blocks in order: the same bits. Q8_0 moves each weight's sign
+// (Q4_1, Q5_1: acc = fma(m_r, dx·Σq, acc)), blocks in order: the same bits. Q8_0 moves each weight's sign
 // onto the activation byte (psignb), so |w| ≤ 128 against |q| ≤ 127 fits as well and the sum
 // needs no offset. Column passes and halves: tile_passes.
 template <GgmlType T>
 struct Packed2 {
-  static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
-  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
+  static constexpr bool kFive = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
+  static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352
+                                : T == GgmlType::Q5_1 ? 384 : 544;
+  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : T == GgmlType::Q5_1 ? 128 : 32;
+  static constexpr size_t kQh = T == GgmlType::Q5_1 ? 64 : 32;  // the fifth-bit masks
   static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;  // Q8_0: signs, no offset
   // Tiles prefetched ahead, at every column count: one column too (decode), where the hardware
   // prefetcher alone left Q4_0 at ~55 GFLOP/s a thread and the prefetch makes it ~70 (session 24).
   static constexpr int64_t kAhead = 8;
 
-  // Bit i of m as byte i: 0x10 where set (Q5_0's fifth bit), 0 elsewhere.
+  // Bit i of m as byte i: 0x10 where set (Q5_0/Q5_1's fifth bit), 0 elsewhere.
   static __m256i fifth_bits(uint32_t m) {
     const __m256i spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(int(m)),
@@ -107,10 +111,10 @@ struct Packed2 {
           for (int k = 0; k < 4; k++) {
             const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * k));
             __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if constexpr (T == GgmlType::Q5_0) {
+            if constexpr (kFive) {
               uint64_t mlo, mhi;
-              std::memcpy(&mlo, t + 32 + 16 * k, 8);
-              std::memcpy(&mhi, t + 40 + 16 * k, 8);
+              std::memcpy(&mlo, t + kQh + 16 * k, 8);
+              std::memcpy(&mhi, t + kQh + 8 + 16 * k, 8);
               lo = _mm256_or_si256(lo, fifth_bits(uint32_t(mlo >> (32 * (H0 + h)))));
               hi = _mm256_or_si256(hi, fifth_bits(uint32_t(mhi >> (32 * (H0 + h)))));
             }
@@ -126,7 +130,7 @@ struct Packed2 {
           const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(x[c]->d));
           acc[h][c] = _mm256_fmadd_ps(f, dw, acc[h][c]);
         }
-        if constexpr (T == GgmlType::Q4_1) {
+        if constexpr (kMin) {
           const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h))));
           for (int c = 0; c < NC; c++) acc[h][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x[c]->ds), acc[h][c]);
         }
@@ -595,6 +599,7 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::Q4_0)] = tile_passes<Packed2<GgmlType::Q4_0>>;
   t.packed[int(GgmlType::Q4_1)] = tile_passes<Packed2<GgmlType::Q4_1>>;
   t.packed[int(GgmlType::Q5_0)] = tile_passes<Packed2<GgmlType::Q5_0>>;
+  t.packed[int(GgmlType::Q5_1)] = tile_passes<Packed2<GgmlType::Q5_1>>;
   t.packed[int(GgmlType::Q8_0)] = tile_passes<Packed2<GgmlType::Q8_0>>;
   t.packed[int(GgmlType::Q2_K)] = tile_passes<PackedK23<GgmlType::Q2_K>>;
   t.packed[int(GgmlType::Q3_K)] = tile_passes<PackedK23<GgmlType::Q3_K>>;

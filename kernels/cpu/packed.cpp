@@ -27,8 +27,8 @@ namespace {
 // Q4_1: d·u + m). A tile spans 32 elements (the legacy formats) or one 256-element super-block.
 struct TileLayout {
   size_t bytes = 0;
-  size_t m = 0;   // Q4_1: fp16 minimums
-  size_t qh = 0;  // Q5_0: eight u64 fifth-bit masks
+  size_t m = 0;   // Q4_1, Q5_1: fp16 minimums
+  size_t qh = 0;  // Q5_0, Q5_1: eight u64 fifth-bit masks
   size_t qs = 0;  // the 64-byte quant lines
   int off = 0;
   int elems = 32;
@@ -39,6 +39,7 @@ TileLayout layout(GgmlType t) {
     case GgmlType::Q4_0: return {288, 0, 0, 32, 8, 32};
     case GgmlType::Q4_1: return {320, 32, 0, 64, 0, 32};
     case GgmlType::Q5_0: return {352, 0, 32, 96, 16, 32};
+    case GgmlType::Q5_1: return {384, 32, 64, 128, 0, 32};
     case GgmlType::Q8_0: return {544, 0, 0, 32, 128, 32};
     case GgmlType::Q2_K: return {16 * sizeof(BlockQ2_K), 0, 0, 0, 0, 256};
     case GgmlType::Q3_K: return {16 * sizeof(BlockQ3_K), 0, 0, 0, 4, 256};
@@ -54,7 +55,7 @@ TileLayout layout(GgmlType t) {
 }
 
 // Tile ↔ block as a list of fields: a 2-byte field (an fp16 scale) goes to tile + 2·r, a longer
-// one to 64-byte lines, byte j of row r at tile + 64·(j / 4) + 4·r + j % 4. Q5_0's fifth bits are
+// one to 64-byte lines, byte j of row r at tile + 64·(j / 4) + 4·r + j % 4. Q5_0/Q5_1's fifth bits are
 // the one exception (bit masks, handled apart). See packed.h for each type's order.
 struct Field {
   size_t blk, len, tile;
@@ -69,6 +70,7 @@ Fields fields(GgmlType t) {
     case GgmlType::Q4_0: return {{{0, 2, 0}, {2, 16, 32}}, 2};
     case GgmlType::Q4_1: return {{{0, 2, 0}, {2, 2, 32}, {4, 16, 64}}, 3};
     case GgmlType::Q5_0: return {{{0, 2, 0}, {6, 16, 96}}, 2};
+    case GgmlType::Q5_1: return {{{0, 2, 0}, {2, 2, 32}, {8, 16, 128}}, 3};
     case GgmlType::Q8_0: return {{{0, 2, 0}, {2, 32, 32}}, 2};
     case GgmlType::Q2_K: return {{{80, 2, 0}, {82, 2, 32}, {0, 16, 64}, {16, 64, 320}}, 4};
     case GgmlType::Q3_K: return {{{108, 2, 0}, {96, 12, 32}, {0, 32, 224}, {32, 64, 736}}, 4};
@@ -95,6 +97,9 @@ inline size_t line_pos(const Field& f, size_t j, int r) {
   return f.tile + 64 * line + 4 * size_t(r) + j % 4;
 }
 
+// Where a Q5_0 / Q5_1 block keeps its 32 fifth bits.
+size_t qh_offset(GgmlType t) { return t == GgmlType::Q5_0 ? offsetof(BlockQ5_0, qh) : offsetof(BlockQ5_1, qh); }
+
 // Tile ↔ block: row r (0..15) of a tile holds the GGUF block `blk` (nullptr: a zero padding row).
 void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
   static const uint8_t zero[sizeof(BlockQ6_K)] = {};
@@ -105,10 +110,10 @@ void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
     if (f.len == 2) std::memcpy(tile + f.tile + 2 * size_t(r), blk + f.blk, 2);
     else for (size_t j = 0; j < f.len; j += 4) std::memcpy(tile + line_pos(f, j, r), blk + f.blk + j, 4);  // 4 bytes a line
   }
-  if (t == GgmlType::Q5_0) {
+  if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
     const size_t qh_at = layout(t).qh;
     uint32_t qh;
-    std::memcpy(&qh, blk + 2, 4);
+    std::memcpy(&qh, blk + qh_offset(t), 4);
     uint64_t mask[8];
     std::memcpy(mask, tile + qh_at, 64);
     for (int e = 0; e < 32; e++) {
@@ -128,7 +133,7 @@ void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
     if (f.len == 2) std::memcpy(blk + f.blk, tile + f.tile + 2 * size_t(r), 2);
     else for (size_t j = 0; j < f.len; j += 4) std::memcpy(blk + f.blk + j, tile + line_pos(f, j, r), 4);
   }
-  if (t == GgmlType::Q5_0) {
+  if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
     uint64_t mask[8];
     std::memcpy(mask, tile + layout(t).qh, 64);
     uint32_t qh = 0;
@@ -136,11 +141,11 @@ void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
       const int half = e / 16, k = (e % 16) / 4, i = e % 4;
       qh |= uint32_t((mask[2 * k + half] >> (4 * r + i)) & 1) << e;
     }
-    std::memcpy(blk + 2, &qh, 4);
+    std::memcpy(blk + qh_offset(t), &qh, 4);
   }
 }
 
-// The 32 unsigned quants of row r of a legacy tile, element order (value = d·(u − off), Q4_1 d·u + m).
+// The 32 unsigned quants of row r of a legacy tile, element order (value = d·(u − off), Q4_1/Q5_1 d·u + m).
 void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
   const TileLayout L = layout(t);
   const uint8_t* lines = tile + L.qs;
@@ -155,7 +160,7 @@ void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
   }
   if (t == GgmlType::IQ4_NL)
     for (int e = 0; e < 32; e++) u[e] = kIQ4Values[u[e]] + 128;
-  if (t == GgmlType::Q5_0) {
+  if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
     uint64_t mask[8];
     std::memcpy(mask, tile + L.qh, 64);
     for (int e = 0; e < 32; e++) {
@@ -172,7 +177,7 @@ float h2f(const uint8_t* p) {
 }
 
 // Per output: s = Σ (u − off)·q over the block in integers, then acc = fma(float(s)·dx, dw, acc)
-// (Q4_1: plus fma(m, dx·Σq, acc)), blocks in order. The SIMD kernels do the same operations.
+// (Q4_1, Q5_1: plus fma(m, dx·Σq, acc)), blocks in order. The SIMD kernels do the same operations.
 template <GgmlType T>
 void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
                      int rows) {
@@ -188,7 +193,7 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
         int32_t s = -L.off * x.sum;
         for (int e = 0; e < 32; e++) s += u[r][e] * int32_t(x.q[e]);
         acc[c][r] = std::fma(float(s) * x.d, h2f(tile + 2 * r), acc[c][r]);
-        if (T == GgmlType::Q4_1) acc[c][r] = std::fma(h2f(tile + L.m + 2 * r), x.ds, acc[c][r]);
+        if (T == GgmlType::Q4_1 || T == GgmlType::Q5_1) acc[c][r] = std::fma(h2f(tile + L.m + 2 * r), x.ds, acc[c][r]);
       }
     }
   }
@@ -263,7 +268,7 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 }  // namespace
 
 bool packable(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ||
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q8_0 ||
          t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
          t == GgmlType::IQ4_XS;
 }
@@ -277,7 +282,7 @@ bool packing_enabled(GgmlType t) {
   switch (active_isa()) {
     // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
     // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21). The IQ4
-    // formats, Q2_K and Q3_K have AVX2 tiles only: AVX-512 keeps their rows.
+    // formats, Q2_K, Q3_K and Q5_1 have AVX2 tiles only: AVX-512 keeps their rows.
     case Isa::Avx512: return t != GgmlType::Q6_K && kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
@@ -346,6 +351,7 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::Q4_0: return portable_kernel<GgmlType::Q4_0>;
     case GgmlType::Q4_1: return portable_kernel<GgmlType::Q4_1>;
     case GgmlType::Q5_0: return portable_kernel<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return portable_kernel<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return portable_kernel<GgmlType::Q8_0>;
     case GgmlType::Q2_K: return portable_kquant<GgmlType::Q2_K>;
     case GgmlType::Q3_K: return portable_kquant<GgmlType::Q3_K>;
