@@ -206,8 +206,8 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 //   IQ4_XS: s = Σ level·q, then acc = fma(float(s)·dx, d·(ls_m − 32), acc);
 //   Q6_K, Q3_K: s = Σ_h sc_2m+h·(−off·Σq_h + Σ u·q) over its 16-element halves h, off = 32 / 4 (exact
 //         in 32 bits: at most 2 × 128 × 16 × 63 × 127), then acc = fma(float(s)·dx, d, acc);
-//   Q2_K: s = Σ_h sc_2m+h·Σ u·q and n = Σ_h mn_2m+h·Σq_h, then acc = fma(float(s)·dx, d, acc),
-//         acc = fma(float(n)·dx, −dmin, acc).
+//   Q2_K: s = Σ_h sc_2m+h·Σ u·q and n = Σ_h mn_2m+h·Σq_h, then acc = fma(fma(float(s), d,
+//         float(n)·(−dmin)), dx, acc).
 // Blocks (and halves) in element order; the AVX-512 kernel does the same operations.
 template <GgmlType T>
 void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
