@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 need=()
 for pkg in build-essential cmake pkg-config libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libedit-dev \
            clang libclang-rt-dev python3 \
-           libsimde-dev \
+           libsimde-dev g++-aarch64-linux-gnu \
            libopenmpi-dev openmpi-bin; do  # Open MPI: the --distributed pipeline (docs/DISTRIBUTED.md)
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# setup + build + every test, then the AVX-512 kernels emulated, the GPU tests on the CUDA simulator,
-# then an ASan+UBSan build of the CPU tests, then a short fuzz run.
+# setup + build + every test, then the AVX-512 kernels emulated, an aarch64 compile check of the CPU
+# code, the GPU tests on the CUDA simulator, an ASan+UBSan build of the CPU tests, a short fuzz run.
 #   BATON_FUZZ_SECONDS  length of the fuzz run (default 60)
-#   BATON_SKIP_AVX512=1 / BATON_SKIP_SIM=1 / BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave those stages out
-#   while iterating locally.
+#   BATON_SKIP_AVX512=1 / BATON_SKIP_ARM=1 / BATON_SKIP_SIM=1 / BATON_SKIP_ASAN=1 / BATON_SKIP_FUZZ=1 to leave
+#   those stages out while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -35,6 +35,17 @@ if [ "${BATON_SKIP_AVX512:-0}" != 1 ]; then
     cmake --build build-avx512 -j "$(nproc)" --target test_matmul test_ops test_model_tiny test_peer_logits >/dev/null
     (cd build-avx512 && ctest --output-on-failure -j "$(nproc)" -R '^(test_matmul|test_ops|test_model_tiny|test_peer_logits)$')
   fi
+fi
+
+if [ "${BATON_SKIP_ARM:-0}" != 1 ] && command -v aarch64-linux-gnu-g++ >/dev/null; then
+  # Non-x86 CPUs (aarch64) run the scalar kernels: the CPU code must compile there without x86
+  # intrinsics (the x86 kernel files compile to nothing). A syntax check with the cross compiler;
+  # the header-only dependencies come from the host's /usr/include.
+  stage "aarch64: the CPU code compiles without x86 intrinsics"
+  for f in quant/*.cpp gguf/*.cpp kernels/cpu/*.cpp; do
+    aarch64-linux-gnu-g++ -std=c++20 -I. -idirafter /usr/include -fsyntax-only -Wall -Wextra -Werror \
+      -Wno-missing-field-initializers "$f"
+  done
 fi
 
 if [ "${BATON_SKIP_SIM:-0}" != 1 ]; then

@@ -1,6 +1,7 @@
 // AVX2 kernels: 8-bit products with pmaddubsw (u8×s8 → s16 pairs) and pmaddwd. The sub-block
 // scales ride along in pmaddwd for free. Compiled for AVX2 by the pragma below; only reached
 // when the CPU reports AVX2, FMA and F16C (see detected_isa()).
+#if defined(__x86_64__)  // elsewhere detected_isa() is Scalar (stand-in tables: matmul.cpp)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -620,3 +621,5 @@ const KernelTable& kernels_avx2() {
 }
 
 }  // namespace baton::cpu
+
+#endif  // __x86_64__

@@ -2,6 +2,7 @@
 // instruction, with no 16-bit saturation step. 256-bit vectors (AVX-512VL) match the 32-byte
 // blocks of every format. Compiled for AVX-512 by the pragma below; only reached when the CPU
 // reports AVX-512 F/BW/VL/VNNI (see detected_isa()).
+#if defined(__x86_64__)  // elsewhere detected_isa() is Scalar (stand-in tables: matmul.cpp)
 #include <immintrin.h>
 
 #include <cstring>
@@ -581,3 +582,5 @@ const KernelTable& kernels_avx512() {
 }
 
 }  // namespace baton::cpu
+
+#endif  // __x86_64__

@@ -37,6 +37,13 @@ Isa detected_isa() {
   return isa;
 }
 
+#if !defined(__x86_64__)
+// Not an x86 CPU: dot_avx2.cpp and dot_avx512.cpp compile to nothing and detected_isa() never
+// picks their levels; these tables only satisfy the linker (the scalar kernels).
+const KernelTable& kernels_avx2() { return kernels_scalar(); }
+const KernelTable& kernels_avx512() { return kernels_scalar(); }
+#endif
+
 namespace {
 Isa env_limit() {
   const char* e = std::getenv("BATON_CPU_ISA");
