@@ -277,9 +277,9 @@ TEST_CASE("a column's result does not depend on how many columns came with it") 
 
 namespace {
 
-constexpr GgmlType kPackable[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                  GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL,
-                                  GgmlType::IQ4_XS};
+constexpr GgmlType kPackable[] = {GgmlType::Q4_0,   GgmlType::Q4_1,  GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                  GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                                  GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 
 // The row-length unit of a packed type: its block (32, or a 256-element k-quant super-block).
 int64_t unit(GgmlType t) { return traits(t).block_elems; }

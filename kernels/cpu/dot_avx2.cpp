@@ -389,7 +389,8 @@ struct PackedK23 {
   // Q3_K: row half R's 16 scales as 4 lines of signed bytes (line v: scales 4v..4v+3 of each row).
   static void scales3(const uint8_t* t, int R, __m256i* sc) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-    const __m256i l0 = load256(t + kSc + 32 * R), l1 = load256(t + kSc + 64 + 32 * R), l2 = load256(t + kSc + 128 + 32 * R);
+    const __m256i l0 = load256(t + kSc + 32 * R), l1 = load256(t + kSc + 64 + 32 * R);
+    const __m256i l2 = load256(t + kSc + 128 + 32 * R);
     auto make = [&](__m256i low, __m256i high) {
       return _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30)), k32);
     };
@@ -428,8 +429,10 @@ struct PackedK23 {
       const __m256i u2 = quants<J>(t, N, 4 * h + 2, R), u3 = quants<J>(t, N, 4 * h + 3, R);
       for (int c = 0; c < NC; c++) {
         const int8_t* q = x[c][M].q + 16 * h;
-        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(q)), _mm256_maddubs_epi16(u1, bcast(q + 4)));
-        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast(q + 8)), _mm256_maddubs_epi16(u3, bcast(q + 12)));
+        const __m256i p01 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast(q)), _mm256_maddubs_epi16(u1, bcast(q + 4)));
+        const __m256i p23 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast(q + 8)), _mm256_maddubs_epi16(u3, bcast(q + 12)));
         s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_add_epi16(p01, p23), sc[h]));
       }
     }
@@ -478,8 +481,8 @@ struct PackedK23 {
           ndmin[h] = _mm256_setzero_ps();
           scales3(t, H0 + h, sc3[h]);
         } else {
-          ndmin[h] = _mm256_sub_ps(_mm256_setzero_ps(),
-                                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h)))));
+          const __m128i dmin = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (H0 + h)));
+          ndmin[h] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(dmin));
         }
       }
       if constexpr (kThree) {

@@ -268,9 +268,12 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
 }  // namespace
 
 bool packable(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q8_0 ||
-         t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_NL ||
-         t == GgmlType::IQ4_XS;
+  switch (t) {  // every quantized type (since session 26); the float types stay in rows
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: return true;
+    default: return false;
+  }
 }
 
 bool packing_enabled(GgmlType t) {
