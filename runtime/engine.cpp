@@ -4,6 +4,7 @@
 
 #include "gguf/error.h"
 #include "runtime/batch.h"
+#include "runtime/grammar.h"
 #include "runtime/pipeline.h"
 #include "runtime/stop.h"
 
@@ -31,6 +32,7 @@ struct Engine::Active {
   Sampler sampler;
   StopMatcher stop;
   std::unique_ptr<TokenStream> text;
+  std::optional<GrammarState> grammar;
   int slot = -1;
   std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
   size_t next_prompt = 0;        // first prompt token not yet evaluated
@@ -45,10 +47,31 @@ struct Engine::Active {
   // What its output rows hold: a greedy request takes only the argmax from the pipeline, a
   // top-k one only the best candidates (runtime/batch.h), the others the full row.
   uint8_t out_mode(int n_vocab) const {
+    if (grammar) return kLogitsRow;  // the grammar may refuse every one of the best candidates
     if (sampler.argmax_only()) return kArgmaxOnly;
     return sampler.top_k_suffices(top_k_candidates(n_vocab)) ? kTopK : kLogitsRow;
   }
-  int32_t take(const float* row, int n_vocab) {
+  // A token's bytes as the grammar sees them: the reply's text, so without the space a
+  // SentencePiece reply's first token loses.
+  std::string_view grammar_piece(const Vocab& vocab, int32_t t) const {
+    std::string_view p = vocab.piece(t);
+    if (res.tokens.empty() && vocab.strips_first_space() && !p.empty() && p[0] == ' ') p.remove_prefix(1);
+    return p;
+  }
+  // The next token; -1 (with res.error set) when the grammar allows none.
+  int32_t take(const float* row, int n_vocab, const Vocab& vocab) {
+    if (grammar) {
+      try {
+        const int32_t t = sampler.sample(row, n_vocab, history, [&](int32_t id) {
+          return vocab.is_eog(id) ? grammar->complete() : grammar->allows(grammar_piece(vocab, id));
+        });
+        if (t < 0) res.error = "grammar: no token of the vocabulary can continue the reply";
+        return t;
+      } catch (const Error& e) {
+        res.error = e.what();
+        return -1;
+      }
+    }
     switch (out_mode(n_vocab)) {
       case kArgmaxOnly: return argmax_token(row);
       case kTopK: return sampler.sample_top_k(row, top_k_candidates(n_vocab));
@@ -130,6 +153,14 @@ bool Engine::admit(Active& a) {
       r.error = fmt::format("prompt token {} is outside the vocabulary (0..{})", t, n_vocab_ - 1);
       return false;
     }
+  if (a.req.grammar) {
+    try {
+      a.grammar.emplace(a.req.grammar);
+    } catch (const Error& e) {
+      r.error = e.what();
+      return false;
+    }
+  }
   auto& have = cached_[a.slot];
   size_t common = 0;
   while (common < have.size() && common < a.req.prompt.size() && have[common] == a.req.prompt[common]) common++;
@@ -168,10 +199,12 @@ void Engine::accept(Active& a, int32_t t) {
   if (a.req.max_tokens == 0) return finish(a, FinishReason::Length);  // the prompt only, as llama.cpp's -n 0
   if (a.res.tokens.empty() && !vocab_.is_eog(t)) a.t_first = Clock::now();
   if (vocab_.is_eog(t)) return finish(a, FinishReason::Stop);
+  if (a.grammar) BATON_CHECK(a.grammar->accept(a.grammar_piece(vocab_, t)));  // sampled among allowed ones
   a.res.tokens.push_back(t);
   a.history.push_back(t);
   a.emit(a.stop.push(a.text->push(t)));
   if (a.stop.stopped()) return finish(a, FinishReason::Stop);
+  if (a.grammar && a.grammar->finished()) return finish(a, FinishReason::Stop);
   if (a.req.max_tokens >= 0 && a.res.completion_tokens() >= a.req.max_tokens) return finish(a, FinishReason::Length);
   a.pending = t;
   // The token goes at position cached.size(); a full cache cannot take it.
@@ -337,9 +370,10 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       Active& a = *st.rows[r];
       a.waiting = false;
       const float* row = st.logits.data() + r * size_t(n_vocab_);
-      const int32_t t = a.take(row, n_vocab_);
+      const int32_t t = a.take(row, n_vocab_, vocab_);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
-      accept(a, t);
+      if (t < 0) finish(a, FinishReason::Stop);  // a grammar with nowhere to go (res.error says so)
+      else accept(a, t);
     }
     spare.push_back(std::move(st));
 

@@ -20,6 +20,7 @@
 
 namespace baton {
 
+class Grammar;
 class Pipeline;
 class Tokenizer;
 
@@ -40,6 +41,10 @@ class Vocab {
   virtual ~Vocab() = default;
   virtual bool is_eog(int32_t id) const = 0;
   virtual std::unique_ptr<TokenStream> stream() const = 0;
+  // The bytes a token adds to the reply's text ("" for tokens that show nothing), and whether a
+  // reply's first token loses a leading space (SentencePiece): what a grammar is checked against.
+  virtual std::string_view piece(int32_t id) const = 0;
+  virtual bool strips_first_space() const { return false; }
 };
 std::unique_ptr<Vocab> tokenizer_vocab(const Tokenizer& tok);
 
@@ -48,13 +53,16 @@ struct Request {
   SamplingParams sampling;            // sampling.seed is used as given
   int max_tokens = -1;                // < 0: until end of generation or the context end
   std::vector<std::string> stop;      // stop strings (not part of the returned text)
+  std::shared_ptr<const Grammar> grammar;  // if set, the reply is a prefix of one of its sentences
+                                           // and ends when the grammar allows nothing more
   std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
   uint64_t tag = 0;                   // caller's id, returned in the Result
 };
 
 struct Result {
   uint64_t tag = 0;
-  std::string error;                  // non-empty: the request was rejected, nothing generated
+  std::string error;                  // non-empty: the request was rejected (nothing generated), or
+                                      // its grammar let no token of the vocabulary go on
   std::string text;
   std::vector<int32_t> tokens;        // generated ids (an end-of-generation token not included)
   FinishReason finish = FinishReason::Stop;

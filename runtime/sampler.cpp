@@ -58,29 +58,27 @@ double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
+// Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever the
+// sign of its logit (on a copy; without a penalty the logits are read as they are).
+const float* Sampler::penalized(const float* logits, int n_vocab, std::span<const int32_t> history) {
+  if (!penalizes() || history.empty()) return logits;
+  work_.assign(logits, logits + n_vocab);
+  size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
+  std::unordered_set<int32_t> seen;
+  for (size_t i = history.size() - n; i < history.size(); i++) {
+    int32_t t = history[i];
+    if (t < 0 || t >= n_vocab || !seen.insert(t).second) continue;
+    float& l = work_[t];
+    l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+  }
+  return work_.data();
+}
+
 int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history) {
   BATON_CHECK(n_vocab > 0);
-  const bool penalize = p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0 && !history.empty();
-  // Greedy without a penalty reads the logits as they are (ties go to the lowest id, so greedy
-  // output is fully reproducible).
-  if (p_.greedy() && !penalize) return cpu::argmax(logits, n_vocab);
-
-  // Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever
-  // the sign of its logit (on a copy; without a penalty the logits are read as they are).
-  const float* src = logits;
-  if (penalize) {
-    work_.assign(logits, logits + n_vocab);
-    size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
-    std::unordered_set<int32_t> seen;
-    for (size_t i = history.size() - n; i < history.size(); i++) {
-      int32_t t = history[i];
-      if (t < 0 || t >= n_vocab || !seen.insert(t).second) continue;
-      float& l = work_[t];
-      l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
-    }
-    src = work_.data();
-  }
-
+  // Greedy reads the logits as they are (ties go to the lowest id, so greedy output is fully
+  // reproducible).
+  const float* src = penalized(logits, n_vocab, history);
   if (p_.greedy()) return cpu::argmax(src, n_vocab);
 
   if (p_.top_k <= 0 || p_.top_k >= n_vocab) return sample_row(src, n_vocab);
@@ -93,6 +91,49 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
   cand_.resize(k);
   for (size_t i = 0; i < k; i++) cand_[i] = {top_val_[i], top_idx_[i]};
   return draw(k);
+}
+
+int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow) {
+  BATON_CHECK(n_vocab > 0);
+  const float* src = penalized(logits, n_vocab, history);
+  if (!p_.greedy() && (p_.top_k <= 0 || p_.top_k >= n_vocab)) {
+    // Top-k off: the whole row's softmax needs every refused token out of it.
+    masked_.assign(src, src + n_vocab);
+    bool any = false;
+    for (int i = 0; i < n_vocab; i++) {
+      if (allow(i)) any = true;
+      else masked_[size_t(i)] = -INFINITY;
+    }
+    return any ? sample_row(masked_.data(), n_vocab) : -1;
+  }
+  if (!allowed_best(src, n_vocab, p_.greedy() ? 1 : size_t(p_.top_k), allow)) return -1;
+  return p_.greedy() ? cand_[0].second : draw(cand_.size());
+}
+
+bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow) {
+  cand_.clear();
+  // The best m by logit (cpu::top_k's total order, so the best m/2 are the ones found before),
+  // asking only the new ones; m doubles until `want` are allowed.
+  size_t asked = 0;
+  for (int m = 64; m <= n_vocab / 4; m *= 2) {
+    top_idx_.resize(size_t(m));
+    top_val_.resize(size_t(m));
+    const size_t found = size_t(cpu::top_k(src, n_vocab, m, top_idx_.data(), top_val_.data()));
+    for (; asked < found && cand_.size() < want; asked++)
+      if (allow(top_idx_[asked])) cand_.push_back({top_val_[asked], top_idx_[asked]});
+    if (cand_.size() == want || found < size_t(m)) return !cand_.empty();
+  }
+  // Few allowed tokens: one pass over the row is cheaper than more top_k rounds.
+  cand_.clear();
+  for (int i = 0; i < n_vocab; i++)
+    if (!std::isnan(src[i]) && allow(i)) cand_.push_back({src[i], i});
+  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  const size_t keep = std::min(want, cand_.size());
+  std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(keep), cand_.end(), better);
+  cand_.resize(keep);
+  return keep > 0;
 }
 
 int32_t Sampler::sample_row(const float* src, int n_vocab) {

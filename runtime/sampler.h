@@ -3,6 +3,7 @@
 // its settings and its own logits — never on which other requests share the batch.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,12 +39,19 @@ class Rng {
   uint64_t s_[4];
 };
 
+// Which tokens may come next (a grammar's verdict); sample() draws only among those it allows.
+using TokenFilter = std::function<bool(int32_t)>;
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
   // Picks a token from one row of logits. `history` is the sequence so far (prompt and generated
   // tokens); only its last repeat_last_n entries matter. `logits` is not modified.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
+  // The same draw from the logits with every token `allow` refuses set to -inf, without asking it
+  // about the whole vocabulary: candidates are asked best first until the draw is decided (all of
+  // them only with top-k off). -1 when it allows none.
+  int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow);
   // The same draw from a kTopK row (runtime/batch.h) of K candidates, when top_k_suffices(K):
   // given the candidates of the same logits, it returns what sample() returns from the full row.
   int32_t sample_top_k(const float* row, int K);
@@ -59,10 +67,14 @@ class Sampler {
   bool penalizes() const { return p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0; }
   int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
   int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
+  const float* penalized(const float* logits, int n_vocab, std::span<const int32_t> history);
+  // cand_ = the best `want` tokens `allow` accepts, in top_k's order; false when there are none.
+  bool allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow);
 
   SamplingParams p_;
   Rng rng_;
   std::vector<float> work_;               // penalised logits
+  std::vector<float> masked_;             // top-k off with a filter: the refused tokens at -inf
   std::vector<float> prob_;               // sample_row(): the row's probabilities
   std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output

@@ -12,6 +12,7 @@
 #include "gguf/error.h"
 #include "kernels/cpu/ops.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
 #include "runtime/pipeline.h"
 
 using namespace baton;
@@ -99,6 +100,9 @@ class ToyVocab : public Vocab {
  public:
   bool is_eog(int32_t id) const override { return id == 0; }
   std::unique_ptr<TokenStream> stream() const override { return std::make_unique<ToyStream>(); }
+  std::string_view piece(int32_t id) const override {
+    return id > 0 && id < kVocab ? std::string_view(kChars + id, 1) : std::string_view();
+  }
 };
 
 std::vector<Request> make_requests(int n, uint64_t seed) {
@@ -341,6 +345,68 @@ TEST_CASE("stop strings end the reply and never leak a partial match into the st
     checked++;
   }
   CHECK(checked == 20);
+}
+
+TEST_CASE("a grammar shapes every reply, streamed text included, and ends it") {
+  // "the", a word of 2-6 letters, maybe a second word, a full stop: whatever the toy model wants.
+  auto g = Grammar::parse("root ::= \"the \" [a-z]{2,6} (\" \" [a-z]+)? [.!]");
+  ToyPipeline p(512, 4);
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  std::vector<Request> reqs = make_requests(24, 9);
+  std::map<uint64_t, std::string> streamed;
+  for (size_t i = 0; i < reqs.size(); i++) {
+    Request& r = reqs[i];
+    r.max_tokens = 60;
+    if (i % 3 == 0) r.sampling.temperature = 0;  // greedy too
+    if (i % 4 != 3) r.grammar = g;                // and neighbours without a grammar
+    r.on_text = [&streamed, tag = r.tag](std::string_view s) { streamed[tag] += s; };
+  }
+  std::vector<Request> alone;
+  for (size_t i = 3; i < reqs.size(); i += 4) alone.push_back(reqs[i]);
+  auto res = run_all(e, reqs, 4);
+  int shaped = 0;
+  for (auto& [tag, r] : res) {
+    INFO("request " << tag << ": " << r.text);
+    CHECK(r.error.empty());
+    CHECK(streamed[tag] == r.text);
+    if (tag % 4 == 3) continue;
+    GrammarState s(g);
+    REQUIRE(s.accept(r.text));
+    CHECK(s.finished());
+    CHECK(r.finish == FinishReason::Stop);
+    CHECK(r.tokens.size() == r.text.size());  // ended by the grammar, not by an end token
+    shaped++;
+  }
+  CHECK(shaped == 18);
+  // Requests without a grammar generate what they generate alone.
+  ToyPipeline p1(512, 1);
+  Engine e1(p1, vocab);
+  for (auto& [tag, r] : run_all(e1, alone, 1)) CHECK(r.tokens == res.at(tag).tokens);
+}
+
+TEST_CASE("a grammar: the end token only where a sentence is complete; no way on is an error") {
+  ToyPipeline p(512, 1, /*eog_bias=*/100.0f);  // the toy model wants to stop at once
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  Request r;
+  r.prompt = {1, 2, 3};
+  r.sampling.temperature = 0;
+  r.grammar = Grammar::parse("root ::= [a-z] [a-z] [a-z]*");
+  Result got = e.generate(r);
+  CHECK(got.error.empty());
+  CHECK(got.text.size() == 2);  // two letters, then the end token it wanted all along
+  CHECK(got.finish == FinishReason::Stop);
+  // A character the vocabulary does not have: nothing can be generated.
+  r.grammar = Grammar::parse("root ::= \"ab\" \"X\"");
+  got = e.generate(r);
+  CHECK_THAT(got.error, Catch::Contains("no token of the vocabulary can continue"));
+  CHECK(got.text == "ab");
+  // A grammar too ambiguous to start is refused like any bad request.
+  r.grammar = Grammar::parse("root ::= x{0,5000} \"b\"\nx ::= \"a\"?");
+  got = e.generate(r);
+  CHECK_THAT(got.error, Catch::Contains("too ambiguous"));
+  CHECK(got.tokens.empty());
 }
 
 TEST_CASE("context: too long a prompt is rejected, the context end finishes with 'context'") {

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <algorithm>
 #include <map>
 #include <random>
@@ -162,6 +163,61 @@ TEST_CASE("top-k off: top-p and min-p over the whole row draw what sorting the r
     }
   }
   CHECK(compared == 4 * 16 * 30);
+}
+
+TEST_CASE("a token filter draws exactly what the logits with the refused tokens at -inf draw") {
+  // Random logits over a vocabulary of 1000; filters allowing many, few, one and no tokens.
+  std::mt19937 g(5);
+  std::vector<float> l(1000);
+  for (auto& x : l) x = std::normal_distribution<float>(0.0f, 2.0f)(g);
+  std::vector<int32_t> history = {3, 17, 999, 17, 250};
+  struct Filter { const char* name; std::function<bool(int32_t)> allow; };
+  const std::vector<Filter> filters = {
+      {"every other", [](int32_t t) { return t % 2 == 0; }},
+      {"one in 97", [](int32_t t) { return t % 97 == 5; }},
+      {"three", [](int32_t t) { return t == 998 || t == 3 || t == 600; }},
+      {"one", [](int32_t t) { return t == 421; }},
+  };
+  struct Setting { float temp; int top_k; float top_p, min_p, penalty; };
+  const std::vector<Setting> settings = {
+      {0.0f, 40, 0.95f, 0.05f, 1.0f}, {0.0f, 40, 1.0f, 0.0f, 1.3f}, {0.9f, 40, 0.95f, 0.05f, 1.0f},
+      {1.2f, 5, 1.0f, 0.0f, 1.0f},    {0.7f, 40, 0.9f, 0.0f, 1.2f},  {1.0f, 0, 0.9f, 0.05f, 1.0f},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f},    {1.0f, 1000, 1.0f, 0.1f, 1.0f}};
+  for (const auto& f : filters)
+    for (const auto& st : settings) {
+      SamplingParams p;
+      p.temperature = st.temp;
+      p.top_k = st.top_k;
+      p.top_p = st.top_p;
+      p.min_p = st.min_p;
+      p.repeat_penalty = st.penalty;
+      p.seed = 77;
+      std::vector<float> masked = l;
+      for (int t = 0; t < 1000; t++)
+        if (!f.allow(t)) masked[size_t(t)] = -INFINITY;
+      Sampler a(p), b(p);
+      int asked = 0;
+      auto counting = [&](int32_t t) { asked++; return f.allow(t); };
+      INFO(f.name << " temp " << st.temp << " top_k " << st.top_k << " top_p " << st.top_p << " penalty " << st.penalty);
+      for (int i = 0; i < 200; i++) {
+        const int32_t want = a.sample(masked.data(), 1000, history);
+        const int32_t got = b.sample(l.data(), 1000, history, counting);
+        REQUIRE(got == want);
+        REQUIRE(f.allow(got));
+      }
+      // With top-k on, the filter is asked about the best candidates only when enough of them pass.
+      if (std::string(f.name) == "every other" && st.top_k > 0 && st.top_k < 100) CHECK(asked <= 200 * 128);
+    }
+  SamplingParams p;
+  Sampler s(p);
+  CHECK(s.sample(l.data(), 1000, {}, [](int32_t) { return false; }) == -1);
+  p.temperature = 0;
+  Sampler greedy(p);
+  CHECK(greedy.sample(l.data(), 1000, {}, [](int32_t) { return false; }) == -1);
+  p.temperature = 1;
+  p.top_k = 0;
+  Sampler row(p);
+  CHECK(row.sample(l.data(), 1000, {}, [](int32_t) { return false; }) == -1);
 }
 
 TEST_CASE("top-p keeps the smallest set reaching the mass") {

@@ -1,0 +1,89 @@
+// Constrained generation: GBNF grammars (the grammar format llama.cpp users write), compiled to a
+// small pushdown recognizer that says, for any candidate token's bytes, whether the text generated
+// so far can still become a sentence of the grammar.
+//
+//   root   ::= "{" ws pair ("," ws pair)* "}"      rules: name ::= alternatives, `root` starts
+//   pair   ::= [a-z]+ ":" ws [0-9]{1,3}            "literal", [class], [^negated], . (any char)
+//   ws     ::= [ \t\n]*                            ( ), |, * + ? {m} {m,} {m,n}, # comment
+//
+// Text is matched per code point (UTF-8); a token may end inside a character, and the state then
+// remembers the partial character and only allows what can still complete it. Grammars are
+// compiled once and shared (immutable); every generation owns a GrammarState.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton {
+
+class Grammar {
+ public:
+  // Compiles GBNF text. Bad input (a syntax error, an undefined rule, no start rule, a rule that
+  // can call itself before reading a character) throws Error(Usage) naming the line and the rule.
+  static std::shared_ptr<const Grammar> parse(std::string_view text, std::string_view start = "root");
+
+  // One element of an alternative: a set of code points, a call of another rule, or the end.
+  struct Elem {
+    enum Kind : uint8_t { End, Chars, Ref } kind = End;
+    bool negated = false;  // Chars: matches the code points NOT in its ranges
+    uint32_t a = 0;        // Chars: first range in ranges_; Ref: the rule
+    uint32_t b = 0;        // Chars: number of ranges
+  };
+  struct Rule {
+    std::string name;             // generated rules (groups, repetitions) are named parent_N
+    std::vector<uint32_t> alts;   // first element of each alternative in elems()
+  };
+
+  const std::vector<Elem>& elems() const { return elems_; }
+  const std::vector<Rule>& rules() const { return rules_; }
+  uint32_t start() const { return start_; }
+  // Elem e (Chars) matches code points lo..hi: all of them (exact) or at least one (any).
+  bool matches(const Elem& e, uint32_t cp) const;
+  bool matches_some(const Elem& e, uint32_t lo, uint32_t hi) const;
+
+ private:
+  friend class GrammarParser;
+  std::vector<Elem> elems_;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges_;  // inclusive code point ranges
+  std::vector<Rule> rules_;
+  uint32_t start_ = 0;
+};
+
+// Where a generation stands in its grammar: every way the text so far can continue (a set of
+// call stacks of element positions, each stopped at a set of characters, or empty once the
+// start rule is complete) plus the bytes of an unfinished UTF-8 character.
+class GrammarState {
+ public:
+  explicit GrammarState(std::shared_ptr<const Grammar> g);
+
+  // Would the text so far followed by `bytes` still be a prefix of a sentence? (Empty bytes: no.)
+  bool allows(std::string_view bytes) const;
+  // Moves past `bytes`; returns false (and changes nothing) when allows(bytes) is false.
+  bool accept(std::string_view bytes);
+  // The text so far is a whole sentence (generation may end here).
+  bool complete() const;
+  // Complete and nothing may follow: generation must end here.
+  bool finished() const;
+
+  using Stack = std::vector<uint32_t>;
+
+ private:
+  bool step(std::string_view bytes, std::vector<Stack>& stacks, uint32_t& cp, int& left) const;
+  void advance(const std::vector<Stack>& in, uint32_t cp, std::vector<Stack>& out) const;
+  void expand(Stack s, std::vector<Stack>& out) const;
+
+  std::shared_ptr<const Grammar> g_;
+  std::vector<Stack> stacks_;  // sorted, no duplicates
+  uint32_t partial_ = 0;       // bits of an unfinished character so far
+  int partial_left_ = 0;       // its continuation bytes still to come (0: none pending)
+  mutable std::vector<Stack> scratch_;
+};
+
+// Built-in grammars. Any JSON object (Ollama's `format: "json"`): the reply is one object, with
+// at most one space or a newline and indentation between tokens, and generation ends at its
+// closing brace.
+std::string json_object_gbnf();
+
+}  // namespace baton
