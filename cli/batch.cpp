@@ -44,6 +44,7 @@ struct Job {
   std::optional<uint64_t> seed;
   int max_tokens = -1;
   std::vector<std::string> stop;
+  std::shared_ptr<const Grammar> grammar;  // the line's own, or the flags'
   bool duplicate = false;      // an id seen on an earlier line
 };
 
@@ -68,13 +69,45 @@ bool get_number(const json& j, const char* name, T& out, std::string& err) {
 // A repeated id is tracked by its line, so its error record never hides the first one's result.
 std::string key_of(const Job& j) { return j.duplicate ? key_of(json(), j.line) : key_of(j.id, j.line); }
 
-Job parse_json_line(const std::string& text, int line, const SamplingFlags& defaults) {
+// A line's "grammar" (GBNF text), "json_schema" (a schema) or "format" ("json" or a schema, as
+// Ollama takes it): compiled, or an error message. Schemas are read again from the line in key
+// order, since properties are generated in the order the schema lists them.
+std::string line_grammar(const json& v, const std::string& text, Job& j) {
+  int given = 0;
+  for (const char* k : {"grammar", "json_schema", "format"}) given += v.contains(k);
+  if (given == 0) return "";
+  if (given > 1) return "give at most one of 'grammar', 'json_schema' and 'format'";
+  try {
+    if (v.contains("grammar")) {
+      if (!v["grammar"].is_string()) return "field 'grammar' must be a string (GBNF)";
+      j.grammar = compile_constraint("grammar", v["grammar"].get<std::string>(), "field 'grammar'");
+      return "";
+    }
+    const char* key = v.contains("json_schema") ? "json_schema" : "format";
+    const auto ordered = nlohmann::ordered_json::parse(text)[key];
+    if (ordered.is_string() && std::string(key) == "format") {
+      if (ordered.get<std::string>() != "json") return "field 'format' must be \"json\" or a JSON Schema object";
+      j.grammar = compile_constraint("format", "json", "field 'format'");
+    } else if (ordered.is_object() || ordered.is_boolean()) {
+      j.grammar = compile_constraint("json_schema", ordered.dump(), fmt::format("field '{}'", key));
+    } else {
+      return fmt::format("field '{}' must be a JSON Schema object", key);
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Job parse_json_line(const std::string& text, int line, const SamplingFlags& defaults,
+                    const std::shared_ptr<const Grammar>& default_grammar) {
   Job j;
   j.line = line;
   j.sampling = defaults.params;
   j.seed = defaults.seed;
   j.max_tokens = defaults.max_tokens;
   j.stop = defaults.stop;
+  j.grammar = default_grammar;
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) { j.error = "invalid JSON"; return j; }
   if (!v.is_object()) { j.error = "expected a JSON object"; return j; }
@@ -128,6 +161,7 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       return j;
     }
   }
+  if (std::string e = line_grammar(v, text, j); !e.empty()) { j.error = e; return j; }
   if (std::string e = j.sampling.validate(); !e.empty()) j.error = e;
   return j;
 }
@@ -201,6 +235,7 @@ void draw_progress(int done, int total, double tps, double eta_s) {
 int run(const BatchOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   if (o.resume && o.out == "-") fail(ErrorKind::Usage, "--resume needs an output file, not stdout (-o -)");
+  const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling);
   std::ifstream file;
   if (o.in != "-") {
     file.open(o.in, std::ios::binary);
@@ -227,7 +262,7 @@ int run(const BatchOpts& o) {
     if (l.find_first_not_of(" \t") == std::string::npos) continue;
     int line = int(i + 1);
     if (jsonl) {
-      jobs.push_back(parse_json_line(l, line, o.sampling));
+      jobs.push_back(parse_json_line(l, line, o.sampling, grammar));
     } else {
       Job j;
       j.line = line;
@@ -237,6 +272,7 @@ int run(const BatchOpts& o) {
       j.seed = o.sampling.seed;
       j.max_tokens = o.sampling.max_tokens;
       j.stop = o.sampling.stop;
+      j.grammar = grammar;
       jobs.push_back(std::move(j));
     }
   }
@@ -315,6 +351,7 @@ int run(const BatchOpts& o) {
       r.sampling.seed = resolve_seed(j.seed);
       r.max_tokens = j.max_tokens;
       r.stop = j.stop;
+      r.grammar = j.grammar;
       r.tag = tag;
       return r;
     }

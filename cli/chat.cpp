@@ -157,10 +157,11 @@ std::string trim(const std::string& s) {
 
 class Chat {
  public:
-  Chat(const ChatOpts& o, Loaded& m)
+  Chat(const ChatOpts& o, Loaded& m, std::shared_ptr<const Grammar> grammar)
       : o_(o), m_(m), prompter_(*m.pipe, o.sampling.chat_template), engine_(*m.pipe, *m.vocab),
         tty_(stdin_is_tty() && isatty(STDOUT_FILENO)), input_(stdin_is_tty()) {
     system_ = o.sampling.system;
+    grammar_ = std::move(grammar);
     params_ = o.sampling.params;
     seed_ = o.sampling.seed;
     max_tokens_ = o.sampling.max_tokens;
@@ -276,6 +277,7 @@ class Chat {
     r.sampling.seed = resolve_seed(seed_);
     r.max_tokens = max_tokens_;
     r.stop = o_.sampling.stop;
+    r.grammar = grammar_;
     r.on_text = [](std::string_view s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
@@ -415,13 +417,15 @@ class Chat {
   std::optional<uint64_t> seed_;
   int max_tokens_ = -1;
   bool show_stats_ = false;
+  std::shared_ptr<const Grammar> grammar_;  // every reply's, if the flags gave one
 };
 
 int run(const ChatOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling);  // a bad one fails before loading
   Loaded m = load_model(o.model, 1);
   install_interrupt_handler();
-  Chat chat(o, m);
+  Chat chat(o, m, std::move(grammar));
   return chat.loop();
 }
 

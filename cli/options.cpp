@@ -18,7 +18,10 @@
 
 #include "cli/distributed.h"
 #include "gguf/error.h"
+#include <nlohmann/json.hpp>
+
 #include "runtime/chat_template.h"
+#include "runtime/json_schema.h"
 #include "runtime/model_files.h"
 #include "runtime/tokenizer.h"
 
@@ -73,6 +76,16 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  auto* g = app.add_option("--grammar", f.grammar, "constrain replies to a GBNF grammar (start rule: root)");
+  auto* gf = app.add_option("--grammar-file", f.grammar_file, "constrain replies to the GBNF grammar in a file");
+  auto* js = app.add_option("--json-schema", f.json_schema,
+                            "constrain replies to JSON that this JSON Schema accepts, e.g. '{\"type\": \"object\", "
+                            "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'");
+  auto* jsf = app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file");
+  auto* fmt_opt = app.add_option("--format", f.format, "json: every reply is one JSON object")->check(CLI::IsMember({"json"}));
+  for (auto* a : {g, gf, js, jsf, fmt_opt})
+    for (auto* b : {g, gf, js, jsf, fmt_opt})
+      if (a != b) a->excludes(b);
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -98,6 +111,28 @@ std::vector<double> parse_tensor_split(const std::string& s) {
     out.push_back(v);
   }
   return out;
+}
+
+std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what) {
+  try {
+    if (kind == "grammar") return Grammar::parse(text);
+    if (kind == "format" && text == "json") return Grammar::parse(json_object_gbnf());
+    auto schema = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (schema.is_discarded()) fail(ErrorKind::Usage, "not valid JSON");
+    return Grammar::parse(json_schema_to_gbnf(schema));
+  } catch (const Error& e) {
+    fail(ErrorKind::Usage, "{}: {}", what, e.what());
+  }
+}
+
+std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f) {
+  if (!f.grammar.empty()) return compile_constraint("grammar", f.grammar, "--grammar");
+  if (!f.grammar_file.empty()) return compile_constraint("grammar", read_text(f.grammar_file), "--grammar-file " + f.grammar_file);
+  if (!f.json_schema.empty()) return compile_constraint("json_schema", f.json_schema, "--json-schema");
+  if (!f.json_schema_file.empty())
+    return compile_constraint("json_schema", read_text(f.json_schema_file), "--json-schema-file " + f.json_schema_file);
+  if (!f.format.empty()) return compile_constraint("format", f.format, "--format");
+  return nullptr;
 }
 
 uint64_t resolve_seed(const std::optional<uint64_t>& s) { return s ? *s : random_seed(); }

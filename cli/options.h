@@ -13,6 +13,7 @@
 
 #include "runtime/devices.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
 #include "runtime/pipeline.h"
 #include "runtime/sampler.h"
 
@@ -66,9 +67,18 @@ struct SamplingFlags {
   std::vector<std::string> stop;
   std::string chat_template;         // --chat-template NAME ("" = from the model)
   std::string system;
+  // Constrained replies, at most one: a GBNF grammar (text or file), a JSON Schema (text or
+  // file), or --format json (any JSON object).
+  std::string grammar, grammar_file, json_schema, json_schema_file, format;
 };
 // with_prompt_flags: --system and --chat-template too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
+// The grammar the constraint flags ask for, compiled once; nullptr when none is given. Error(Usage)
+// names the flag and what is wrong with its grammar or schema.
+std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f);
+// The same from text: kind is "grammar" (GBNF), "json_schema" (JSON Schema text) or "format"
+// ("json", or a JSON Schema as Ollama's format takes it); `what` names the source in errors.
+std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what);
 // The seed a request runs with: given, or drawn now.
 uint64_t resolve_seed(const std::optional<uint64_t>& s);
 

@@ -30,6 +30,7 @@ int run(const RunOpts& o) {
     while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
   if (prompt.empty()) fail(ErrorKind::Usage, "the prompt is empty");
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling);  // a bad one fails before loading
 
   Loaded m = load_model(o.model, 1);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
@@ -46,6 +47,7 @@ int run(const RunOpts& o) {
   req.sampling.seed = resolve_seed(o.sampling.seed);
   req.max_tokens = o.sampling.max_tokens;
   req.stop = o.sampling.stop;
+  req.grammar = grammar;
   if (!o.json)
     req.on_text = [](std::string_view s) {
       std::fwrite(s.data(), 1, s.size(), stdout);

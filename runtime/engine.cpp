@@ -59,16 +59,25 @@ struct Engine::Active {
     return p;
   }
   // The next token; -1 (with res.error set) when the grammar allows none.
-  int32_t take(const float* row, int n_vocab, const Vocab& vocab) {
+  int32_t take(const float* row, int n_vocab, Engine& e) {
     if (grammar) {
+      const Vocab& vocab = e.vocab_;
       try {
-        const int32_t t = sampler.sample(row, n_vocab, history, [&](int32_t id) {
+        auto allow = [&](int32_t id) {
           return vocab.is_eog(id) ? grammar->complete() : grammar->allows(grammar_piece(vocab, id));
-        });
+        };
+        // The trie holds the pieces as they are, so not for a first token losing its space.
+        AllowedSet all;
+        if (!res.tokens.empty() || !vocab.strips_first_space())
+          all = [&](std::vector<int32_t>& ids) {
+            grammar->allowed(e.trie(), ids);
+            if (grammar->complete()) ids.insert(ids.end(), e.eog_ids_.begin(), e.eog_ids_.end());
+          };
+        const int32_t t = sampler.sample(row, n_vocab, history, allow, all);
         if (t < 0) res.error = "grammar: no token of the vocabulary can continue the reply";
         return t;
-      } catch (const Error& e) {
-        res.error = e.what();
+      } catch (const Error& err) {
+        res.error = err.what();
         return -1;
       }
     }
@@ -91,6 +100,20 @@ Engine::Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt)
   if (opt_.prefill_chunk < 1) opt_.prefill_chunk = 1;
   cached_.resize(pipe.n_seq());
   for (int s = 0; s < pipe.n_seq(); s++) cached_[s].reserve(64);
+}
+
+Engine::~Engine() = default;
+
+const TokenTrie& Engine::trie() {
+  if (!trie_) {
+    std::vector<std::string_view> pieces(static_cast<size_t>(n_vocab_));
+    for (int32_t i = 0; i < n_vocab_; i++) {
+      if (vocab_.is_eog(i)) eog_ids_.push_back(i);
+      else pieces[size_t(i)] = vocab_.piece(i);
+    }
+    trie_ = std::make_unique<TokenTrie>(pieces);
+  }
+  return *trie_;
 }
 
 void Engine::forget(int slot) {
@@ -370,7 +393,7 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       Active& a = *st.rows[r];
       a.waiting = false;
       const float* row = st.logits.data() + r * size_t(n_vocab_);
-      const int32_t t = a.take(row, n_vocab_, vocab_);
+      const int32_t t = a.take(row, n_vocab_, *this);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
       if (t < 0) finish(a, FinishReason::Stop);  // a grammar with nowhere to go (res.error says so)
       else accept(a, t);

@@ -22,6 +22,7 @@ namespace baton {
 
 class Grammar;
 class Pipeline;
+class TokenTrie;
 class Tokenizer;
 
 enum class FinishReason { Stop, Length, Context, Cancelled };
@@ -90,6 +91,7 @@ struct EngineOptions {
 class Engine {
  public:
   Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt = {});
+  ~Engine();
 
   // One request on KV slot `slot`, reusing the longest prefix of its prompt the slot holds.
   // The cancel flag is read between steps: setting it stops the compute and returns what was
@@ -118,6 +120,7 @@ class Engine {
   bool admit(Active& a);
   void finish(Active& a, FinishReason why);
   void accept(Active& a, int32_t token);
+  const TokenTrie& trie();  // the vocabulary's pieces, for grammars; built on first use
 
   Pipeline& pipe_;
   const Vocab& vocab_;
@@ -125,6 +128,8 @@ class Engine {
   int n_ctx_ = 0;
   int n_vocab_ = 0;
   std::vector<std::vector<int32_t>> cached_;  // per slot: tokens in its KV cache, in order
+  std::unique_ptr<TokenTrie> trie_;
+  std::vector<int32_t> eog_ids_;              // with trie_: the end-of-generation tokens
 };
 
 }  // namespace baton

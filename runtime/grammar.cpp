@@ -427,85 +427,118 @@ void GrammarState::advance(const std::vector<Stack>& in, uint32_t cp, std::vecto
   dedup(out);
 }
 
+namespace {
+constexpr uint32_t kMinOfLength[5] = {0, 0, 0x80, 0x800, 0x10000};  // shorter forms are overlong
+
+// One byte of UTF-8 into u: false when it cannot come here. u.left > 0 afterwards: the character
+// is unfinished; u.left == 0: u.cp is a whole, valid code point.
+bool utf8_byte(uint8_t b, GrammarState::Utf8& u) {
+  if (u.left == 0) {
+    if (b < 0x80) { u.cp = b; u.len = 1; return true; }
+    if ((b & 0xE0) == 0xC0) { u.cp = b & 0x1Fu; u.len = 2; }
+    else if ((b & 0xF0) == 0xE0) { u.cp = b & 0x0Fu; u.len = 3; }
+    else if ((b & 0xF8) == 0xF0) { u.cp = b & 0x07u; u.len = 4; }
+    else return false;  // a continuation byte or 0xF8..0xFF: not the start of a character
+    u.left = uint8_t(u.len - 1);
+  } else {
+    if ((b & 0xC0) != 0x80) return false;
+    u.cp = (u.cp << 6) | (b & 0x3Fu);
+    u.left--;
+  }
+  if (u.left > 0) return true;
+  return u.cp >= kMinOfLength[u.len] && u.cp <= kMaxCodePoint && !(u.cp >= 0xD800 && u.cp <= 0xDFFF);
+}
+}  // namespace
+
+// An unfinished character is fine when something accepts one of its valid completions.
+bool GrammarState::partial_ok(const std::vector<Stack>& stacks, const Utf8& u) const {
+  if (u.left == 0) return true;
+  const uint32_t lo = std::max(u.cp << (6 * u.left), kMinOfLength[u.len]);
+  const uint32_t hi = std::min((u.cp << (6 * u.left)) | ((1u << (6 * u.left)) - 1), kMaxCodePoint);
+  if (lo > hi) return false;
+  const auto& elems = g_->elems();
+  return std::any_of(stacks.begin(), stacks.end(),
+                     [&](const Stack& s) { return !s.empty() && g_->matches_some(elems[s.back()], lo, hi); });
+}
+
 // Runs `bytes` through: `stacks` and the partial character are updated in place.
-bool GrammarState::step(std::string_view bytes, std::vector<Stack>& stacks, uint32_t& cp, int& left) const {
+bool GrammarState::step(std::string_view bytes, std::vector<Stack>& stacks, Utf8& u) const {
   std::vector<Stack> next;
   for (const char ch : bytes) {
-    const uint8_t b = uint8_t(ch);
-    if (left == 0) {
-      if (b < 0x80) { cp = b; }
-      else if ((b & 0xE0) == 0xC0 && b >= 0xC2) { cp = b & 0x1Fu; left = 1; }
-      else if ((b & 0xF0) == 0xE0) { cp = b & 0x0Fu; left = 2; }
-      else if ((b & 0xF8) == 0xF0 && b <= 0xF4) { cp = b & 0x07u; left = 3; }
-      else return false;  // not the start of a UTF-8 character
-    } else {
-      if ((b & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (b & 0x3Fu);
-      left--;
-    }
-    if (left > 0) continue;
-    if (cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    advance(stacks, cp, next);
+    if (!utf8_byte(uint8_t(ch), u)) return false;
+    if (u.left > 0) continue;
+    advance(stacks, u.cp, next);
     if (next.empty()) return false;
     stacks.swap(next);
   }
-  if (left > 0) {  // an unfinished character: something must accept one of its completions
-    const uint32_t lo = cp << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
-    const auto& elems = g_->elems();
-    return std::any_of(stacks.begin(), stacks.end(),
-                       [&](const Stack& s) { return !s.empty() && g_->matches_some(elems[s.back()], lo, hi); });
+  return partial_ok(stacks, u);
+}
+
+TokenTrie::TokenTrie(const std::vector<std::string_view>& pieces) {
+  for (size_t i = 0; i < pieces.size(); i++)
+    if (!pieces[i].empty()) entries_.push_back({pieces[i], int32_t(i)});
+  std::sort(entries_.begin(), entries_.end());  // bytes compare unsigned (char_traits<char>)
+}
+
+// entries [lo, hi) share their first `depth` bytes, which leave the grammar at (stacks, cp, left);
+// the ones exactly `depth` long come first and are whole tokens the grammar accepts.
+void GrammarState::collect(const TokenTrie& trie, size_t lo, size_t hi, size_t depth, const std::vector<Stack>& stacks,
+                           const Utf8& u, std::vector<int32_t>& out) const {
+  const auto& e = trie.entries();
+  for (; lo < hi && e[lo].first.size() == depth; lo++) out.push_back(e[lo].second);
+  std::vector<Stack> next;
+  while (lo < hi) {
+    const uint8_t b = uint8_t(e[lo].first[depth]);
+    const size_t end = size_t(std::partition_point(e.begin() + ptrdiff_t(lo), e.begin() + ptrdiff_t(hi), [&](const auto& x) {
+                                return uint8_t(x.first[depth]) == b;
+                              }) - e.begin());
+    Utf8 u2 = u;
+    if (utf8_byte(b, u2)) {
+      if (u2.left > 0) {
+        if (partial_ok(stacks, u2)) collect(trie, lo, end, depth + 1, stacks, u2, out);
+      } else {
+        advance(stacks, u2.cp, next);
+        if (!next.empty()) collect(trie, lo, end, depth + 1, next, u2, out);
+      }
+    }
+    lo = end;
   }
-  return true;
+}
+
+void GrammarState::allowed(const TokenTrie& trie, std::vector<int32_t>& out) const {
+  out.clear();
+  collect(trie, 0, trie.entries().size(), 0, stacks_, partial_, out);
 }
 
 bool GrammarState::allows(std::string_view bytes) const {
   if (bytes.empty()) return false;
   // Most candidates fail on their first character: test it before copying anything.
   const uint8_t b0 = uint8_t(bytes[0]);
-  if (partial_left_ == 0 && b0 < 0x80) {
+  if (partial_.left == 0 && b0 < 0x80) {
     const auto& elems = g_->elems();
     if (std::none_of(stacks_.begin(), stacks_.end(),
                      [&](const Stack& s) { return !s.empty() && g_->matches(elems[s.back()], b0); }))
       return false;
   }
   scratch_ = stacks_;
-  uint32_t cp = partial_;
-  int left = partial_left_;
-  return step(bytes, scratch_, cp, left);
+  Utf8 u = partial_;
+  return step(bytes, scratch_, u);
 }
 
 bool GrammarState::accept(std::string_view bytes) {
   if (bytes.empty()) return false;
   std::vector<Stack> stacks = stacks_;
-  uint32_t cp = partial_;
-  int left = partial_left_;
-  if (!step(bytes, stacks, cp, left)) return false;
+  Utf8 u = partial_;
+  if (!step(bytes, stacks, u)) return false;
   stacks_.swap(stacks);
-  partial_ = cp;
-  partial_left_ = left;
+  partial_ = u;
   return true;
 }
 
 bool GrammarState::complete() const {
-  return partial_left_ == 0 && std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
+  return partial_.left == 0 && std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
 }
 
-bool GrammarState::finished() const { return partial_left_ == 0 && stacks_.size() == 1 && stacks_[0].empty(); }
-
-// ---- built-in grammars ----
-
-std::string json_object_gbnf() {
-  return R"GBNF(# One JSON object. Between tokens: nothing, one space, or a newline and indentation.
-root    ::= object
-value   ::= object | array | string | number | "true" | "false" | "null"
-object  ::= "{" ws ( member ( "," ws member )* )? "}"
-member  ::= string ws ":" ws value ws
-array   ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
-string  ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex ) )* "\""
-hex     ::= [0-9a-fA-F]
-number  ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
-ws      ::= ( " " | "\n" [ \t]{0,24} )?
-)GBNF";
-}
+bool GrammarState::finished() const { return partial_.left == 0 && stacks_.size() == 1 && stacks_[0].empty(); }
 
 }  // namespace baton

@@ -51,6 +51,19 @@ class Grammar {
   uint32_t start_ = 0;
 };
 
+// A vocabulary's token bytes sorted, so that tokens sharing a prefix are neighbours: a grammar
+// walks the prefixes once for all the tokens under them (a trie without the nodes).
+class TokenTrie {
+ public:
+  // pieces[id]: the bytes token id stands for; empty ones never match and are left out. The
+  // views must outlive the trie.
+  explicit TokenTrie(const std::vector<std::string_view>& pieces);
+  const std::vector<std::pair<std::string_view, int32_t>>& entries() const { return entries_; }
+
+ private:
+  std::vector<std::pair<std::string_view, int32_t>> entries_;
+};
+
 // Where a generation stands in its grammar: every way the text so far can continue (a set of
 // call stacks of element positions, each stopped at a set of characters, or empty once the
 // start rule is complete) plus the bytes of an unfinished UTF-8 character.
@@ -60,6 +73,9 @@ class GrammarState {
 
   // Would the text so far followed by `bytes` still be a prefix of a sentence? (Empty bytes: no.)
   bool allows(std::string_view bytes) const;
+  // Every token of the trie that allows() would accept (in trie order): one walk over the shared
+  // prefixes, cheap where the grammar allows little, which is where asking token by token is not.
+  void allowed(const TokenTrie& trie, std::vector<int32_t>& out) const;
   // Moves past `bytes`; returns false (and changes nothing) when allows(bytes) is false.
   bool accept(std::string_view bytes);
   // The text so far is a whole sentence (generation may end here).
@@ -68,22 +84,24 @@ class GrammarState {
   bool finished() const;
 
   using Stack = std::vector<uint32_t>;
+  // A UTF-8 character being read: its bits so far, continuation bytes still due, its length.
+  struct Utf8 {
+    uint32_t cp = 0;
+    uint8_t left = 0, len = 0;
+  };
 
  private:
-  bool step(std::string_view bytes, std::vector<Stack>& stacks, uint32_t& cp, int& left) const;
+  bool step(std::string_view bytes, std::vector<Stack>& stacks, Utf8& u) const;
+  bool partial_ok(const std::vector<Stack>& stacks, const Utf8& u) const;
+  void collect(const TokenTrie& trie, size_t lo, size_t hi, size_t depth, const std::vector<Stack>& stacks,
+               const Utf8& u, std::vector<int32_t>& out) const;
   void advance(const std::vector<Stack>& in, uint32_t cp, std::vector<Stack>& out) const;
   void expand(Stack s, std::vector<Stack>& out) const;
 
   std::shared_ptr<const Grammar> g_;
   std::vector<Stack> stacks_;  // sorted, no duplicates
-  uint32_t partial_ = 0;       // bits of an unfinished character so far
-  int partial_left_ = 0;       // its continuation bytes still to come (0: none pending)
+  Utf8 partial_;               // an unfinished character (left == 0: none)
   mutable std::vector<Stack> scratch_;
 };
-
-// Built-in grammars. Any JSON object (Ollama's `format: "json"`): the reply is one object, with
-// at most one space or a newline and indentation between tokens, and generation ends at its
-// closing brace.
-std::string json_object_gbnf();
 
 }  // namespace baton

@@ -93,29 +93,38 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
   return draw(k);
 }
 
-int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow) {
+int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow,
+                        const AllowedSet& all) {
   BATON_CHECK(n_vocab > 0);
   const float* src = penalized(logits, n_vocab, history);
   if (!p_.greedy() && (p_.top_k <= 0 || p_.top_k >= n_vocab)) {
     // Top-k off: the whole row's softmax needs every refused token out of it.
-    masked_.assign(src, src + n_vocab);
     bool any = false;
-    for (int i = 0; i < n_vocab; i++) {
-      if (allow(i)) any = true;
-      else masked_[size_t(i)] = -INFINITY;
+    if (all) {
+      all(allowed_);
+      masked_.assign(size_t(n_vocab), -INFINITY);
+      for (int32_t t : allowed_) masked_[size_t(t)] = src[t];
+      any = !allowed_.empty();
+    } else {
+      masked_.assign(src, src + n_vocab);
+      for (int i = 0; i < n_vocab; i++) {
+        if (allow(i)) any = true;
+        else masked_[size_t(i)] = -INFINITY;
+      }
     }
     return any ? sample_row(masked_.data(), n_vocab) : -1;
   }
-  if (!allowed_best(src, n_vocab, p_.greedy() ? 1 : size_t(p_.top_k), allow)) return -1;
+  if (!allowed_best(src, n_vocab, p_.greedy() ? 1 : size_t(p_.top_k), allow, all)) return -1;
   return p_.greedy() ? cand_[0].second : draw(cand_.size());
 }
 
-bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow) {
+bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow, const AllowedSet& all) {
   cand_.clear();
   // The best m by logit (cpu::top_k's total order, so the best m/2 are the ones found before),
-  // asking only the new ones; m doubles until `want` are allowed.
+  // asking only the new ones; m doubles until `want` are allowed. A filter that can list its
+  // tokens gets one round: when the best 64 do not do, few tokens are allowed and the list is short.
   size_t asked = 0;
-  for (int m = 64; m <= n_vocab / 4; m *= 2) {
+  for (int m = 64; m <= (all ? 64 : n_vocab / 4); m *= 2) {
     top_idx_.resize(size_t(m));
     top_val_.resize(size_t(m));
     const size_t found = size_t(cpu::top_k(src, n_vocab, m, top_idx_.data(), top_val_.data()));
@@ -123,10 +132,16 @@ bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const Tok
       if (allow(top_idx_[asked])) cand_.push_back({top_val_[asked], top_idx_[asked]});
     if (cand_.size() == want || found < size_t(m)) return !cand_.empty();
   }
-  // Few allowed tokens: one pass over the row is cheaper than more top_k rounds.
+  // Few allowed tokens: one pass over the row (or the filter's list) is cheaper than more rounds.
   cand_.clear();
-  for (int i = 0; i < n_vocab; i++)
-    if (!std::isnan(src[i]) && allow(i)) cand_.push_back({src[i], i});
+  if (all) {
+    all(allowed_);
+    for (int32_t t : allowed_)
+      if (!std::isnan(src[t])) cand_.push_back({src[t], t});
+  } else {
+    for (int i = 0; i < n_vocab; i++)
+      if (!std::isnan(src[i]) && allow(i)) cand_.push_back({src[i], i});
+  }
   auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };

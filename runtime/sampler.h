@@ -41,6 +41,9 @@ class Rng {
 
 // Which tokens may come next (a grammar's verdict); sample() draws only among those it allows.
 using TokenFilter = std::function<bool(int32_t)>;
+// The same verdict for the whole vocabulary at once (every allowed id, any order): optional, for
+// filters that can list their tokens faster than they can be asked one by one.
+using AllowedSet = std::function<void(std::vector<int32_t>&)>;
 
 class Sampler {
  public:
@@ -50,8 +53,10 @@ class Sampler {
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
   // The same draw from the logits with every token `allow` refuses set to -inf, without asking it
   // about the whole vocabulary: candidates are asked best first until the draw is decided (all of
-  // them only with top-k off). -1 when it allows none.
-  int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow);
+  // them only with top-k off, or all_allowed when it is given and few are allowed). -1 when it
+  // allows none.
+  int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow,
+                 const AllowedSet& all_allowed = {});
   // The same draw from a kTopK row (runtime/batch.h) of K candidates, when top_k_suffices(K):
   // given the candidates of the same logits, it returns what sample() returns from the full row.
   int32_t sample_top_k(const float* row, int K);
@@ -69,12 +74,13 @@ class Sampler {
   int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
   const float* penalized(const float* logits, int n_vocab, std::span<const int32_t> history);
   // cand_ = the best `want` tokens `allow` accepts, in top_k's order; false when there are none.
-  bool allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow);
+  bool allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow, const AllowedSet& all);
 
   SamplingParams p_;
   Rng rng_;
   std::vector<float> work_;               // penalised logits
   std::vector<float> masked_;             // top-k off with a filter: the refused tokens at -inf
+  std::vector<int32_t> allowed_;          // AllowedSet's answer
   std::vector<float> prob_;               // sample_row(): the row's probabilities
   std::vector<std::pair<float, int32_t>> cand_;  // (logit or prob, token)
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output

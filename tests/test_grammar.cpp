@@ -10,6 +10,7 @@
 
 #include "gguf/error.h"
 #include "runtime/grammar.h"
+#include "runtime/json_schema.h"
 
 using namespace baton;
 
@@ -162,6 +163,55 @@ TEST_CASE("a character split over tokens: partial bytes are held and only comple
   CHECK(n.allows("\xE2"));
   CHECK_FALSE(n.allows("\xFF"));      // never valid UTF-8
   CHECK_FALSE(n.allows("\xED\xA0\x80"));  // a surrogate
+}
+
+TEST_CASE("lead bytes of overlong or out-of-range forms allow nothing ASCII or small") {
+  // E0 and F0 start three- and four-byte characters of U+0800 and U+10000 up: never "s".
+  GrammarState s = state("root ::= \"s\"");
+  for (const char* b : {"\xC0", "\xC1", "\xE0", "\xF0", "\xF5", "\xE0\x81"}) CHECK_FALSE(s.allows(b));
+  GrammarState any = state("root ::= [^a]");
+  CHECK_FALSE(any.allows("\xE0\x80"));      // would be an overlong U+0000..U+003F
+  CHECK(any.allows("\xE0\xA0"));            // U+0800..U+083F
+  CHECK_FALSE(any.allows("\xF4\x90"));      // beyond U+10FFFF
+  CHECK(any.allows("\xF4\x8F"));
+  CHECK_FALSE(any.accept("\xC1\xBF"));      // overlong "\x7F"
+  CHECK(any.accept("\xC2\x80"));
+}
+
+TEST_CASE("the trie walk finds exactly the tokens allows() accepts") {
+  // A vocabulary of random pieces: JSON punctuation, letters, spaces, whole and split UTF-8
+  // characters, stray bytes; states reached by random accepted text.
+  std::mt19937 rng(21);
+  const std::vector<std::string> atoms = {"{", "}", "[", "]", "\"", ",", ":", " ", "\n", "a", "b", "e", "n", "t",
+                                          "r", "u", "l", "f", "s", "0", "1", "9", "-", ".", "\\", "é", "€", "😀",
+                                          "\xC3", "\xA9", "\xE2", "\x82", "\xF0", "\x9F", "\xE0", "\xFF"};
+  std::vector<std::string> vocab;
+  for (int i = 0; i < 4000; i++) {
+    std::string p;
+    for (int k = int(1 + rng() % 4); k > 0; k--) p += atoms[rng() % atoms.size()];
+    vocab.push_back(p);
+  }
+  vocab.push_back("");  // a token that shows nothing
+  std::vector<std::string_view> views(vocab.begin(), vocab.end());
+  TokenTrie trie(views);
+  auto g = Grammar::parse(json_object_gbnf());
+  int states = 0;
+  for (int walk = 0; walk < 40; walk++) {
+    GrammarState s(g);
+    for (int step = 0; step < 30 && !s.finished(); step++) {
+      std::vector<int32_t> got;
+      s.allowed(trie, got);
+      std::sort(got.begin(), got.end());
+      std::vector<int32_t> want;
+      for (int32_t id = 0; id < int32_t(vocab.size()); id++)
+        if (s.allows(vocab[size_t(id)])) want.push_back(id);
+      REQUIRE(got == want);
+      states++;
+      if (want.empty()) break;
+      REQUIRE(s.accept(vocab[size_t(want[rng() % want.size()])]));
+    }
+  }
+  CHECK(states > 400);
 }
 
 TEST_CASE("allows() never moves the state; a refused accept() changes nothing") {

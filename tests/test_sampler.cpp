@@ -195,15 +195,22 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
       std::vector<float> masked = l;
       for (int t = 0; t < 1000; t++)
         if (!f.allow(t)) masked[size_t(t)] = -INFINITY;
-      Sampler a(p), b(p);
+      Sampler a(p), b(p), c(p);
       int asked = 0;
       auto counting = [&](int32_t t) { asked++; return f.allow(t); };
+      // A list of the allowed tokens in a scrambled order gives the same draws too.
+      auto listing = [&](std::vector<int32_t>& ids) {
+        ids.clear();
+        for (int t = 999; t >= 0; t--)
+          if (f.allow((t * 7) % 1000)) ids.push_back((t * 7) % 1000);
+      };
       INFO(f.name << " temp " << st.temp << " top_k " << st.top_k << " top_p " << st.top_p << " penalty " << st.penalty);
       for (int i = 0; i < 200; i++) {
         const int32_t want = a.sample(masked.data(), 1000, history);
         const int32_t got = b.sample(l.data(), 1000, history, counting);
         REQUIRE(got == want);
         REQUIRE(f.allow(got));
+        REQUIRE(c.sample(l.data(), 1000, history, f.allow, listing) == want);
       }
       // With top-k on, the filter is asked about the best candidates only when enough of them pass.
       if (std::string(f.name) == "every other" && st.top_k > 0 && st.top_k < 100) CHECK(asked <= 200 * 128);

@@ -1,0 +1,337 @@
+#include "runtime/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "gguf/error.h"
+
+namespace baton {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The JSON building blocks every schema grammar shares. Between tokens: nothing, one space, or a
+// newline and some indentation (never runs of blank lines); numbers of at most 16 digits and
+// exponents of two (so that every number fits a double).
+constexpr const char* kJsonRules = R"GBNF(ws ::= ( " " | "\n" [ \t]{0,24} )?
+json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null
+json-object ::= "{" ws ( json-member ( "," ws json-member )* )? "}"
+json-member ::= json-string ws ":" ws json-value ws
+json-array ::= "[" ws ( json-value ws ( "," ws json-value ws )* )? "]"
+json-string ::= "\"" json-char* "\""
+json-char ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex4 )
+hex4 ::= [0-9a-fA-F]{4}
+json-int ::= "-"? json-natural
+json-natural ::= "0" | [1-9] [0-9]{0,15}
+json-number ::= json-int ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?
+json-bool ::= "true" | "false"
+json-null ::= "null"
+)GBNF";
+
+// JSON text as a GBNF literal.
+std::string literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto u = uint8_t(c);
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (c == '\n') out += "\\n";
+    else if (u < 0x20) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out + "\"";
+}
+
+// Alternatives of fixed texts as a tree on their common prefixes, so that reading a character
+// never leaves more than one way on (an enum of 10,000 integers is one path, not 10,000).
+std::string trie(const std::vector<std::string>& sorted_words, size_t depth = 0) {
+  std::vector<std::string> alts;
+  bool may_end = false;
+  for (size_t i = 0; i < sorted_words.size();) {
+    if (sorted_words[i].size() == depth) { may_end = true; i++; continue; }
+    const char c = sorted_words[i][depth];
+    size_t j = i;
+    while (j < sorted_words.size() && sorted_words[j].size() > depth && sorted_words[j][depth] == c) j++;
+    // A UTF-8 character is written whole: cut the tree only between characters.
+    size_t len = 1;
+    while (sorted_words[i].size() > depth + len && (uint8_t(sorted_words[i][depth + len]) & 0xC0) == 0x80) len++;
+    const std::vector<std::string> group(sorted_words.begin() + ptrdiff_t(i), sorted_words.begin() + ptrdiff_t(j));
+    const std::string rest = trie(group, depth + len);
+    alts.push_back(literal(sorted_words[i].substr(depth, len)) + (rest.empty() ? "" : " " + rest));
+    i = j;
+  }
+  if (alts.empty()) return "";
+  std::string body = alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+  if (may_end) body = "( " + body + " )?";
+  return body;
+}
+
+std::string trie_of(std::vector<std::string> words) {
+  std::sort(words.begin(), words.end());
+  words.erase(std::unique(words.begin(), words.end()), words.end());
+  return trie(words);
+}
+
+const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$comment", "$schema",
+                                            "$id", "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                                            "contentMediaType", "contentEncoding"};
+
+class SchemaGrammar {
+ public:
+  explicit SchemaGrammar(const json& root) : root_(root) {}
+
+  std::string run() {
+    const std::string top = visit(root_, "#", "value");
+    std::string out = "root ::= " + top + "\n";
+    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+    return out + kJsonRules;
+  }
+
+ private:
+  template <class... Args>
+  [[noreturn]] static void error(const std::string& at, fmt::format_string<Args...> f, Args&&... args) {
+    throw Error(ErrorKind::Usage, fmt::format("JSON schema at {}: {}", at, fmt::format(f, std::forward<Args>(args)...)));
+  }
+
+  // A fresh rule name from a hint (property names can be anything: keep letters and digits).
+  std::string name(const std::string& hint) {
+    std::string base;
+    for (const char c : hint)
+      if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) base += c;
+      else if (!base.empty() && base.back() != '-') base += '-';
+    while (!base.empty() && base.back() == '-') base.pop_back();
+    if (base.empty() || base == "ws" || base.rfind("json", 0) == 0 || base == "hex4") base = "s-" + base;
+    std::string n = base;
+    for (int i = 2; taken_.count(n); i++) n = fmt::format("{}-{}", base, i);
+    taken_.insert(n);
+    return n;
+  }
+  std::string define(const std::string& hint, const std::string& body) {
+    const std::string n = name(hint);
+    rules_.emplace_back(n, body);
+    return n;
+  }
+
+  // A rule for schema `s` (found at `at`); returns the rule's name or a primitive's.
+  std::string visit(const json& s, const std::string& at, const std::string& hint) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) error(at, "'false' accepts no value at all");
+      return "json-value";
+    }
+    if (!s.is_object()) error(at, "a schema must be an object or a boolean");
+    for (const auto& [key, v] : s.items()) {
+      static const std::set<std::string> known = {
+          "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
+          "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "format", "minimum", "maximum",
+          "exclusiveMinimum", "exclusiveMaximum"};
+      if (!known.count(key) && !kAnnotations.count(key)) error(at, "'{}' is not supported", key);
+    }
+    if (s.contains("$ref")) return ref(s, at);
+    if (s.contains("const")) return define(hint, literal(s["const"].dump()));
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) error(at, "'enum' must be a non-empty array");
+      std::vector<std::string> texts;
+      for (const json& v : s["enum"]) texts.push_back(v.dump());
+      return define(hint, trie_of(texts));
+    }
+    for (const char* key : {"anyOf", "oneOf"})
+      if (s.contains(key)) {
+        if (!s[key].is_array() || s[key].empty()) error(at, "'{}' must be a non-empty array", key);
+        std::vector<std::string> alts;
+        for (size_t i = 0; i < s[key].size(); i++)
+          alts.push_back(visit(s[key][i], fmt::format("{}/{}/{}", at, key, i), hint));
+        return define(hint, fmt::format("{}", fmt::join(alts, " | ")));
+      }
+    if (s.contains("allOf")) {
+      if (!s["allOf"].is_array() || s["allOf"].size() != 1) error(at, "'allOf' is supported with one schema only");
+      return visit(s["allOf"][0], at + "/allOf/0", hint);
+    }
+    if (!s.contains("type")) {
+      if (s.contains("properties") || s.contains("additionalProperties")) return object(s, at, hint);
+      if (s.contains("items")) return array(s, at, hint);
+      return "json-value";  // {}: anything
+    }
+    const json& t = s["type"];
+    if (t.is_string()) return typed(t.get<std::string>(), s, at, hint);
+    if (!t.is_array() || t.empty()) error(at, "'type' must be a string or a non-empty array of strings");
+    std::vector<std::string> alts;
+    for (const json& x : t) {
+      if (!x.is_string()) error(at, "'type' must be a string or a non-empty array of strings");
+      alts.push_back(typed(x.get<std::string>(), s, at, hint));
+    }
+    return define(hint, fmt::format("{}", fmt::join(alts, " | ")));
+  }
+
+  std::string typed(const std::string& type, const json& s, const std::string& at, const std::string& hint) {
+    if (type == "object") return object(s, at, hint);
+    if (type == "array") return array(s, at, hint);
+    if (type == "string") return string(s, at, hint);
+    if (type == "integer") return integer(s, at, hint);
+    if (type == "number") {
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+        if (s.contains(k)) error(at, "'{}' on a number is not supported (only on an integer)", k);
+      return "json-number";
+    }
+    if (type == "boolean") return "json-bool";
+    if (type == "null") return "json-null";
+    error(at, "unknown type '{}'", type);
+  }
+
+  std::string ref(const json& s, const std::string& at) {
+    if (!s["$ref"].is_string()) error(at, "'$ref' must be a string");
+    const std::string r = s["$ref"].get<std::string>();
+    if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+    if (r.rfind("#", 0) != 0) error(at, "'$ref' {} points outside this schema", r);
+    const json* target = &root_;
+    try {
+      target = &root_.at(json::json_pointer(r.substr(1)));
+    } catch (const json::exception&) {
+      error(at, "'$ref' {} points to nothing in this schema", r);
+    }
+    // Named before it is visited, so a schema that refers to itself calls its own rule.
+    const std::string n = name(r.substr(r.rfind('/') + 1));
+    refs_[r] = n;
+    const size_t slot = rules_.size();
+    rules_.emplace_back(n, "");
+    const std::string body = visit(*target, r, n + "-body");
+    rules_[slot].second = body;
+    return n;
+  }
+
+  std::string object(const json& s, const std::string& at, const std::string& hint) {
+    const json props = s.value("properties", json::object());
+    if (!props.is_object()) error(at, "'properties' must be an object");
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) error(at, "'required' must be an array of names");
+      for (const json& r : s["required"]) {
+        if (!r.is_string()) error(at, "'required' must be an array of names");
+        required.insert(r.get<std::string>());
+      }
+    }
+    // More keys than the listed ones: additionalProperties true or a schema. Without `properties`,
+    // any keys unless it says false.
+    std::string extra;
+    const json add = s.value("additionalProperties", json(props.empty()));
+    if (add.is_object() || (add.is_boolean() && add.get<bool>())) {
+      const std::string value = add.is_object() ? visit(add, at + "/additionalProperties", hint + "-value") : "json-value";
+      extra = define(hint + "-extra", fmt::format("json-string ws \":\" ws {} ws", value));
+    }
+    if (props.empty() && required.empty()) {
+      if (extra.empty()) return define(hint, "\"{\" ws \"}\"");
+      if (!add.is_object()) return "json-object";
+      return define(hint, fmt::format("\"{{\" ws ( {0} ( \",\" ws {0} )* )? \"}}\"", extra));
+    }
+    // One member per listed property (and required names without a schema), in order.
+    std::vector<std::pair<std::string, bool>> members;  // (rule, required)
+    std::vector<std::string> names;
+    for (const auto& [key, sub] : props.items()) names.push_back(key);
+    for (const std::string& r : required)
+      if (!props.contains(r)) names.push_back(r);
+    for (const std::string& key : names) {
+      const std::string value = props.contains(key) ? visit(props[key], at + "/properties/" + key, hint + "-" + key)
+                                                    : "json-value";
+      members.push_back({define(hint + "-" + key + "-kv", fmt::format("{} ws \":\" ws {} ws", literal(json(key).dump()), value)),
+                         required.count(key) > 0});
+    }
+    // head(i): nothing written yet, at member i; tail(i): something written. Optional members
+    // may be skipped; commas go between what is written.
+    const size_t n = members.size();
+    const std::string more = extra.empty() ? "" : fmt::format("( \",\" ws {} )*", extra);
+    std::vector<std::string> head(n + 1), tail(n + 1);
+    tail[n] = more;
+    head[n] = extra.empty() ? "" : fmt::format("( {} {} )?", extra, more);
+    for (size_t i = n; i-- > 0;) {
+      const auto& [kv, req] = members[i];
+      const std::string t = tail[i + 1].empty() ? "" : " " + tail[i + 1];
+      tail[i] = define(fmt::format("{}-tail{}", hint, i), req ? fmt::format("\",\" ws {}{}", kv, t)
+                                                               : fmt::format("( \",\" ws {} )?{}", kv, t));
+      const std::string h = req ? kv + " " + tail[i + 1] : fmt::format("{} {} | {}", kv, tail[i + 1], head[i + 1]);
+      head[i] = define(fmt::format("{}-head{}", hint, i), h);
+    }
+    return define(hint, fmt::format("\"{{\" ws {} \"}}\"", head[0]));
+  }
+
+  static int count(const json& s, const char* key, const std::string& at) {
+    if (!s.contains(key)) return -1;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0 || s[key].get<int64_t>() > 10000)
+      error(at, "'{}' must be an integer from 0 to 10000", key);
+    return s[key].get<int>();
+  }
+
+  std::string array(const json& s, const std::string& at, const std::string& hint) {
+    const std::string item = s.contains("items") ? visit(s["items"], at + "/items", hint + "-item") : "json-value";
+    const int lo = std::max(count(s, "minItems", at), 0), hi = count(s, "maxItems", at);
+    if (hi >= 0 && hi < lo) error(at, "maxItems {} is below minItems {}", hi, lo);
+    if (hi == 0) return define(hint, "\"[\" ws \"]\"");
+    const std::string rest = hi < 0 ? fmt::format("{{{},}}", std::max(lo - 1, 0)) : fmt::format("{{{},{}}}", std::max(lo - 1, 0), hi - 1);
+    const std::string items = fmt::format("{0} ws ( \",\" ws {0} ws ){1}", item, rest);
+    return define(hint, lo > 0 ? fmt::format("\"[\" ws {} \"]\"", items) : fmt::format("\"[\" ws ( {} )? \"]\"", items));
+  }
+
+  std::string string(const json& s, const std::string& at, const std::string& hint) {
+    const int lo = count(s, "minLength", at), hi = count(s, "maxLength", at);
+    if (s.contains("format") && s["format"].is_string()) {
+      const std::string f = s["format"].get<std::string>();
+      const char* date = "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )";
+      const char* time = "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? "
+                         "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
+      std::string body;
+      if (f == "date") body = date;
+      else if (f == "time") body = time;
+      else if (f == "date-time") body = fmt::format("{} \"T\" {}", date, time);
+      else if (f == "uuid") body = "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}";
+      if (!body.empty()) {
+        if (lo >= 0 || hi >= 0) error(at, "minLength/maxLength with format '{}' is not supported", f);
+        return define(hint, "\"\\\"\" " + body + " \"\\\"\"");
+      }
+    }
+    if (lo < 0 && hi < 0) return "json-string";
+    if (hi >= 0 && hi < std::max(lo, 0)) error(at, "maxLength {} is below minLength {}", hi, lo);
+    const std::string rep = hi < 0 ? fmt::format("{{{},}}", lo) : fmt::format("{{{},{}}}", std::max(lo, 0), hi);
+    return define(hint, "\"\\\"\" json-char" + rep + " \"\\\"\"");
+  }
+
+  std::string integer(const json& s, const std::string& at, const std::string& hint) {
+    auto bound = [&](const char* key) -> std::optional<int64_t> {
+      if (!s.contains(key)) return std::nullopt;
+      const json& v = s[key];
+      if (v.is_number_integer()) return v.get<int64_t>();
+      if (v.is_number() && v.get<double>() == double(int64_t(v.get<double>()))) return int64_t(v.get<double>());
+      error(at, "'{}' must be a whole number on an integer", key);
+    };
+    std::optional<int64_t> lo = bound("minimum"), hi = bound("maximum");
+    if (auto x = bound("exclusiveMinimum")) lo = std::max(lo.value_or(*x + 1), *x + 1);
+    if (auto x = bound("exclusiveMaximum")) hi = std::min(hi.value_or(*x - 1), *x - 1);
+    if (!lo && !hi) return "json-int";
+    if (lo && hi) {
+      if (*hi < *lo) error(at, "no integer lies between minimum {} and maximum {}", *lo, *hi);
+      if (*hi - *lo > 100000) error(at, "integer bounds more than 100,000 apart ({}..{}) are not supported", *lo, *hi);
+      std::vector<std::string> words;
+      for (int64_t v = *lo; v <= *hi; v++) words.push_back(std::to_string(v));
+      return define(hint, trie_of(words));
+    }
+    if (lo && (*lo == 0 || *lo == 1)) return *lo == 0 ? "json-natural" : define(hint, "[1-9] [0-9]{0,15}");
+    error(at, "an integer bound alone is supported only as minimum 0 or 1 (give both minimum and maximum)");
+  }
+
+  const json& root_;
+  std::vector<std::pair<std::string, std::string>> rules_;
+  std::set<std::string> taken_ = {"root"};
+  std::map<std::string, std::string> refs_;
+};
+
+}  // namespace
+
+std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema) { return SchemaGrammar(schema).run(); }
+
+std::string json_object_gbnf() { return std::string("root ::= json-object\n") + kJsonRules; }
+
+}  // namespace baton

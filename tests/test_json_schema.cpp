@@ -1,0 +1,243 @@
+// JSON Schema → grammar: texts drawn at random from each schema's grammar must be JSON that a
+// small validator written from the JSON Schema spec accepts; hand-written valid and invalid
+// instances go the expected way; keywords the grammar cannot enforce are refused by name.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gguf/error.h"
+#include "runtime/grammar.h"
+#include "runtime/json_schema.h"
+
+using namespace baton;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// The subset of JSON Schema validation the converter claims, from the spec's definitions.
+bool valid(const json& v, const json& s, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) return valid(v, root.at(json::json_pointer(s["$ref"].get<std::string>().substr(1))), root);
+  if (s.contains("const") && v != s["const"]) return false;
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+  if (s.contains("anyOf") &&
+      std::none_of(s["anyOf"].begin(), s["anyOf"].end(), [&](const json& a) { return valid(v, a, root); }))
+    return false;
+  if (s.contains("allOf") &&
+      !std::all_of(s["allOf"].begin(), s["allOf"].end(), [&](const json& a) { return valid(v, a, root); }))
+    return false;
+  if (s.contains("type")) {
+    json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
+    auto is = [&](const std::string& t) {
+      if (t == "object") return v.is_object();
+      if (t == "array") return v.is_array();
+      if (t == "string") return v.is_string();
+      if (t == "integer") return v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>())));
+      if (t == "number") return v.is_number();
+      if (t == "boolean") return v.is_boolean();
+      return t == "null" && v.is_null();
+    };
+    if (std::none_of(types.begin(), types.end(), [&](const json& t) { return is(t.get<std::string>()); })) return false;
+  }
+  if (v.is_number()) {
+    if (s.contains("minimum") && v.get<double>() < s["minimum"].get<double>()) return false;
+    if (s.contains("maximum") && v.get<double>() > s["maximum"].get<double>()) return false;
+  }
+  if (v.is_string()) {
+    // Length in code points.
+    size_t n = 0;
+    for (const unsigned char c : v.get<std::string>()) n += (c & 0xC0) != 0x80;
+    if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return false;
+  }
+  if (v.is_array()) {
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
+    if (s.contains("items"))
+      for (const json& x : v)
+        if (!valid(x, s["items"], root)) return false;
+  }
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    if (s.contains("required"))
+      for (const json& r : s["required"])
+        if (!v.contains(r.get<std::string>())) return false;
+    for (const auto& [k, x] : v.items()) {
+      if (props.contains(k)) {
+        if (!valid(x, props[k], root)) return false;
+      } else if (s.contains("additionalProperties")) {
+        if (!valid(x, s["additionalProperties"], root)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// A random walk through the grammar: each step appends a random piece the grammar allows, until
+// it says the text is finished. Pieces: single characters, a two-byte character split in two,
+// and a few multi-character chunks, as tokens would be.
+std::string random_sentence(const std::shared_ptr<const Grammar>& g, std::mt19937& rng, bool& ok) {
+  static const std::vector<std::string> pieces = [] {
+    std::vector<std::string> p = {"\n", "\n  ", "\xC3", "\xA9", "é", "true", "false", "null", "\":", "\",", "20", "-0", "00"};
+    for (char c = ' '; c <= '~'; c++) p.push_back(std::string(1, c));
+    return p;
+  }();
+  GrammarState s(g);
+  std::string out;
+  ok = false;
+  for (int step = 0; step < 3000; step++) {
+    if (s.finished()) { ok = true; return out; }
+    std::vector<const std::string*> allowed;
+    for (const auto& p : pieces)
+      if (s.allows(p)) allowed.push_back(&p);
+    if (allowed.empty()) return out;  // stuck: a dead end the grammar should never have
+    // A quote whenever one fits, one time in four: strings end before they grow long.
+    const std::string& p = s.allows("\"") && rng() % 4 == 0 ? pieces[size_t(std::find(pieces.begin(), pieces.end(), "\"") - pieces.begin())]
+                                                             : *allowed[rng() % allowed.size()];
+    REQUIRE(s.accept(p));
+    out += p;
+  }
+  return out;
+}
+
+void check_schema(const ojson& schema, int walks = 200) {
+  INFO("schema " << schema.dump());
+  const std::string gbnf = json_schema_to_gbnf(schema);
+  INFO(gbnf);
+  auto g = Grammar::parse(gbnf);
+  std::mt19937 rng(3);
+  int finished = 0;
+  for (int i = 0; i < walks; i++) {
+    bool ok = false;
+    const std::string text = random_sentence(g, rng, ok);
+    if (!ok) continue;  // ran out of steps inside a long string
+    finished++;
+    INFO("generated " << text);
+    const json v = json::parse(text, nullptr, false);
+    REQUIRE_FALSE(v.is_discarded());
+    const json plain = json::parse(schema.dump());
+    CHECK(valid(v, plain, plain));
+  }
+  CHECK(finished > walks / 2);
+}
+
+bool accepts(const ojson& schema, const std::string& text) {
+  GrammarState s(Grammar::parse(json_schema_to_gbnf(schema)));
+  return s.accept(text) && s.complete();
+}
+
+std::string schema_error(const ojson& schema) {
+  try {
+    json_schema_to_gbnf(schema);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::Usage);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("random texts of a schema's grammar are JSON the schema accepts") {
+  check_schema(ojson::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 8},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 3},
+      "ok": {"type": "boolean"}}, "required": ["name", "age"]})"));
+  check_schema(ojson::parse(R"({"type": "object", "properties": {
+      "a": {"type": "number"}, "b": {"type": ["string", "null"]}, "c": {"enum": ["red", "green", 3, null]},
+      "d": {"const": {"x": [1, 2]}}}})"));
+  check_schema(ojson::parse(R"({"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 1},
+      {"type": "object", "additionalProperties": {"type": "integer", "minimum": -5, "maximum": 5}}]}})"));
+  check_schema(ojson::parse(R"({"$defs": {"node": {"type": "object", "properties": {
+      "v": {"type": "integer", "exclusiveMinimum": -1, "maximum": 20},
+      "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}},
+      "$ref": "#/$defs/node"})"));
+  check_schema(ojson::parse(R"({"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
+      "id": {"type": "string", "format": "uuid"}, "day": {"type": "string", "format": "date"}},
+      "required": ["when", "day"], "additionalProperties": false})"));
+  check_schema(ojson::parse(R"({"type": "object", "properties": {"p": {"type": "integer"}}, "additionalProperties": true})"));
+  check_schema(ojson::parse(R"({"type": "object"})"));
+  check_schema(ojson::parse(R"({})"));
+  check_schema(ojson::parse(R"({"type": "string", "minLength": 2, "maxLength": 4})"));
+}
+
+TEST_CASE("schema grammars: hand-written instances") {
+  const ojson person = ojson::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "email": {"type": "string"}}, "required": ["name", "age"]})");
+  CHECK(accepts(person, R"({"name": "Ada", "age": 36})"));
+  CHECK(accepts(person, R"({"name":"Ada","age":36,"email":"a@b.c"})"));
+  CHECK(accepts(person, "{\n  \"name\": \"Ada\",\n  \"age\": 150\n}"));
+  CHECK_FALSE(accepts(person, R"({"name": "Ada"})"));                  // age is required
+  CHECK_FALSE(accepts(person, R"({"age": 36, "name": "Ada"})"));       // the schema's order
+  CHECK_FALSE(accepts(person, R"({"name": "Ada", "age": 151})"));      // above maximum
+  CHECK_FALSE(accepts(person, R"({"name": "Ada", "age": -1})"));
+  CHECK_FALSE(accepts(person, R"({"name": "Ada", "age": 036})"));
+  CHECK_FALSE(accepts(person, R"({"name": "Ada", "age": 36, "x": 1})"));  // only listed keys
+  CHECK_FALSE(accepts(person, R"({"name": 5, "age": 36})"));
+  const ojson opt = ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+      "c": {"type": "integer"}}})");
+  for (const char* t : {"{}", R"({"a":1})", R"({"b":1})", R"({"c":1})", R"({"a":1,"c":2})", R"({"b":1,"c":2})",
+                        R"({"a":1,"b":2,"c":3})"})
+    CHECK(accepts(opt, t));
+  for (const char* t : {R"({,"b":1})", R"({"a":1,})", R"({"a":1,,"c":2})", R"({"b":1,"a":2})"}) CHECK_FALSE(accepts(opt, t));
+  const ojson arr = ojson::parse(R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3})");
+  CHECK_FALSE(accepts(arr, "[1]"));
+  CHECK(accepts(arr, "[1, 2]"));
+  CHECK(accepts(arr, "[1,2,3]"));
+  CHECK_FALSE(accepts(arr, "[1,2,3,4]"));
+  CHECK(accepts(ojson::parse(R"({"enum": ["é", "e", "ée"]})"), "\"ée\""));
+  CHECK_FALSE(accepts(ojson::parse(R"({"enum": ["é", "e"]})"), "\"ée\""));
+  CHECK(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "12"));
+  CHECK_FALSE(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "0"));
+  CHECK(accepts(ojson::parse(R"({"type": "string", "format": "date"})"), "\"2026-12-06\""));
+  CHECK_FALSE(accepts(ojson::parse(R"({"type": "string", "format": "date"})"), "\"2026-13-06\""));
+  CHECK(accepts(ojson::parse(R"({"type": "string", "format": "email"})"), "\"anything\""));  // an annotation
+  // A big integer range stays one path through a tree of digits: fast to build and to follow.
+  const ojson big = ojson::parse(R"({"type": "integer", "minimum": -50000, "maximum": 50000})");
+  CHECK(accepts(big, "-50000"));
+  CHECK(accepts(big, "49999"));
+  CHECK_FALSE(accepts(big, "50001"));
+  CHECK_FALSE(accepts(big, "-0"));
+}
+
+TEST_CASE("what the grammar cannot enforce is refused, naming the keyword and where") {
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "string", "pattern": "^a+$"})")),
+             Catch::Contains("'pattern' is not supported") && Catch::Contains("at #"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 0}}})")),
+             Catch::Contains("#/properties/x") && Catch::Contains("'minimum' on a number"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "integer", "minimum": 5})")), Catch::Contains("minimum 0 or 1"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "integer", "minimum": 0, "maximum": 1000000})")),
+             Catch::Contains("100,000"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})")), Catch::Contains("allOf"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"$ref": "#/$defs/missing"})")), Catch::Contains("points to nothing"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"$ref": "other.json#/a"})")), Catch::Contains("outside this schema"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "thing"})")), Catch::Contains("unknown type 'thing'"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "array", "minItems": 3, "maxItems": 2})")), Catch::Contains("below"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "array", "prefixItems": []})")), Catch::Contains("'prefixItems'"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"enum": []})")), Catch::Contains("'enum'"));
+  CHECK_THAT(schema_error(ojson::parse("false")), Catch::Contains("no value"));
+  CHECK_THAT(schema_error(ojson::parse("[1]")), Catch::Contains("must be an object"));
+  // Annotations are fine.
+  CHECK(schema_error(ojson::parse(R"({"title": "T", "description": "d", "type": "object", "properties":
+      {"a": {"type": "string", "title": "A", "default": "x", "examples": ["y"]}}})")) == "");
+}
+
+TEST_CASE("a pydantic-style schema with $defs, titles and a nested model") {
+  const ojson s = ojson::parse(R"({"$defs": {"Address": {"properties": {"city": {"title": "City", "type": "string"},
+      "zip": {"title": "Zip", "type": "string", "maxLength": 5}}, "required": ["city", "zip"], "title": "Address",
+      "type": "object"}, "Color": {"enum": ["red", "blue"], "title": "Color", "type": "string"}},
+      "properties": {"name": {"title": "Name", "type": "string"}, "home": {"$ref": "#/$defs/Address"},
+      "colors": {"items": {"$ref": "#/$defs/Color"}, "title": "Colors", "type": "array"},
+      "nick": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nick"}},
+      "required": ["name", "home", "colors"], "title": "Person", "type": "object"})");
+  check_schema(s);
+  CHECK(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1"}, "colors": ["red"], "nick": null})"));
+  CHECK_FALSE(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1234X"}, "colors": []})"));
+  CHECK_FALSE(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1"}, "colors": ["green"]})"));
+}
