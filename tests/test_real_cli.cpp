@@ -189,6 +189,82 @@ TEST_CASE("run --json prints one object with the documented fields") {
   CHECK(json::parse(again.out)["text"] == j["text"]);
 }
 
+TEST_CASE("structured output: --format json, --json-schema, --grammar; bad ones fail before loading") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  // Sampled, so that the grammar, not a greedy habit, is what makes the text valid.
+  Out o = run_baton("run -m " + m + " -p 'Describe a cat.' --format json --temp 1.0 -s 3 -n 200 -t 2");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  const json cat = json::parse(o.out, nullptr, false);
+  CHECK(cat.is_object());
+  const std::string schema = R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+      "age": {"type": "integer", "minimum": 0, "maximum": 30},
+      "colors": {"type": "array", "items": {"enum": ["black", "white", "grey"]}, "minItems": 1, "maxItems": 2}},
+      "required": ["name", "age", "colors"]})";
+  std::string dir = temp_dir();
+  std::ofstream(dir + "/cat.schema.json") << schema;
+  for (int seed : {1, 2, 3}) {
+    Out s = run_baton(fmt::format("run -m {} -p 'Describe a cat.' --json-schema-file {}/cat.schema.json --temp 1.0 -s {} -n 200 -t 2",
+                                  m, dir, seed));
+    INFO(s.err);
+    REQUIRE(s.code == 0);
+    const json j = json::parse(s.out, nullptr, false);
+    INFO(s.out);
+    REQUIRE(j.is_object());
+    CHECK(j.size() == 3);
+    CHECK(j["name"].get<std::string>().size() <= 12 * 4);
+    CHECK(j["age"].get<int>() >= 0);
+    CHECK(j["age"].get<int>() <= 30);
+    CHECK(j["colors"].size() >= 1);
+    CHECK(j["colors"].size() <= 2);
+    CHECK(std::string(s.out, 0, 1) == "{");
+  }
+  Out g = run_baton("run -m " + m + " -p 'Is the sky blue?' --grammar 'root ::= (\"yes\" | \"no\") \", because \" [a-z ]{1,40} \".\"' --temp 1.0 -s 5 -t 2");
+  INFO(g.err);
+  REQUIRE(g.code == 0);
+  CHECK((g.out.rfind("yes, because ", 0) == 0 || g.out.rfind("no, because ", 0) == 0));
+  CHECK(g.out.find(".\n") == g.out.size() - 2);
+  // Errors: named, exit 1, and before the model loads (no load line).
+  Out bad = run_baton("run -m " + m + " -p hi --grammar 'root ::= item'");
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("--grammar: grammar line 1: rule 'item' is used but never defined") != std::string::npos);
+  CHECK(bad.err.find("load") == std::string::npos);
+  Out pattern = run_baton("run -m " + m + " -p hi --json-schema '{\"type\": \"string\", \"pattern\": \"a+\"}'");
+  CHECK(pattern.code == 1);
+  CHECK(pattern.err.find("'pattern' is not supported") != std::string::npos);
+  Out not_json = run_baton("run -m " + m + " -p hi --json-schema '{type: object}'");
+  CHECK(not_json.code == 1);
+  CHECK(not_json.err.find("--json-schema: not valid JSON") != std::string::npos);
+  CHECK(run_baton("run -m " + m + " -p hi --format yaml").code == 1);
+  CHECK(run_baton("run -m " + m + " -p hi --format json --grammar 'root ::= \"a\"'").code == 1);  // one at most
+  // batch: a line's own schema or format, the flag's default for the others, errors per line.
+  std::ofstream(dir + "/in.jsonl") << R"({"id": 1, "prompt": "Describe a cat.", "json_schema": )" << json::parse(schema).dump() << R"(, "temperature": 1.0, "seed": 4}
+{"id": 2, "prompt": "Describe a dog.", "format": "json", "temperature": 1.0, "seed": 4, "max_tokens": 300}
+{"id": 3, "prompt": "Say yes or no.", "temperature": 1.0, "seed": 4}
+{"id": 4, "prompt": "Hi", "grammar": "root ::= x"}
+{"id": 5, "prompt": "Hi", "format": "yaml"}
+{"id": 6, "prompt": "Hi", "grammar": "root ::= \"a\"", "format": "json"}
+)";
+  Out b = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --parallel 3 -t 2 "
+                    "--grammar 'root ::= \"yes\" | \"no\"'");
+  INFO(b.err);
+  REQUIRE(b.code == 0);
+  std::map<int, json> by;
+  for (auto& r : read_jsonl(dir + "/out.jsonl")) by[r["id"].get<int>()] = r;
+  REQUIRE(by.size() == 6);
+  INFO(by[1].dump() << by[2].dump() << by[3].dump());
+  const json j1 = json::parse(by[1]["text"].get<std::string>(), nullptr, false);
+  REQUIRE(j1.is_object());
+  CHECK(j1.size() == 3);
+  CHECK(json::parse(by[2]["text"].get<std::string>(), nullptr, false).is_object());
+  const std::string yn = by[3]["text"];
+  CHECK((yn == "yes" || yn == "no"));
+  CHECK(by[4]["error"].get<std::string>().find("'x' is used but never defined") != std::string::npos);
+  CHECK(by[5]["error"].get<std::string>().find("'format' must be") != std::string::npos);
+  CHECK(by[6]["error"].get<std::string>().find("at most one") != std::string::npos);
+}
+
 TEST_CASE("exit codes: usage 1, model 2") {
   Out bare = run_baton("");  // no subcommand: the list of them, as a usage error
   CHECK(bare.code == 1);
