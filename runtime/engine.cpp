@@ -66,13 +66,10 @@ struct Engine::Active {
         auto allow = [&](int32_t id) {
           return vocab.is_eog(id) ? grammar->complete() : grammar->allows(grammar_piece(vocab, id));
         };
-        // The trie holds the pieces as they are, so not for a first token losing its space.
-        AllowedSet all;
-        if (!res.tokens.empty() || !vocab.strips_first_space())
-          all = [&](std::vector<int32_t>& ids) {
-            grammar->allowed(e.trie(), ids);
-            if (grammar->complete()) ids.insert(ids.end(), e.eog_ids_.begin(), e.eog_ids_.end());
-          };
+        auto all = [&](std::vector<int32_t>& ids) {
+          grammar->allowed(e.trie(res.tokens.empty()), ids);
+          if (grammar->complete()) ids.insert(ids.end(), e.eog_ids_.begin(), e.eog_ids_.end());
+        };
         const int32_t t = sampler.sample(row, n_vocab, history, allow, all);
         if (t < 0) res.error = "grammar: no token of the vocabulary can continue the reply";
         return t;
@@ -104,7 +101,7 @@ Engine::Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt)
 
 Engine::~Engine() = default;
 
-const TokenTrie& Engine::trie() {
+const TokenTrie& Engine::trie(bool first) {
   if (!trie_) {
     std::vector<std::string_view> pieces(static_cast<size_t>(n_vocab_));
     for (int32_t i = 0; i < n_vocab_; i++) {
@@ -112,8 +109,13 @@ const TokenTrie& Engine::trie() {
       else pieces[size_t(i)] = vocab_.piece(i);
     }
     trie_ = std::make_unique<TokenTrie>(pieces);
+    if (vocab_.strips_first_space()) {
+      for (auto& p : pieces)
+        if (!p.empty() && p[0] == ' ') p.remove_prefix(1);
+      trie_first_ = std::make_unique<TokenTrie>(pieces);
+    }
   }
-  return *trie_;
+  return first && trie_first_ ? *trie_first_ : *trie_;
 }
 
 void Engine::forget(int slot) {
@@ -177,6 +179,7 @@ bool Engine::admit(Active& a) {
       return false;
     }
   if (a.req.grammar) {
+    trie(false);  // built now, in the request's prompt time, not between two of its tokens
     try {
       a.grammar.emplace(a.req.grammar);
     } catch (const Error& e) {

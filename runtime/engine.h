@@ -120,7 +120,9 @@ class Engine {
   bool admit(Active& a);
   void finish(Active& a, FinishReason why);
   void accept(Active& a, int32_t token);
-  const TokenTrie& trie();  // the vocabulary's pieces, for grammars; built on first use
+  // The vocabulary's pieces for grammars (first: as a reply's first token shows them), built on
+  // first use.
+  const TokenTrie& trie(bool first);
 
   Pipeline& pipe_;
   const Vocab& vocab_;
@@ -128,7 +130,7 @@ class Engine {
   int n_ctx_ = 0;
   int n_vocab_ = 0;
   std::vector<std::vector<int32_t>> cached_;  // per slot: tokens in its KV cache, in order
-  std::unique_ptr<TokenTrie> trie_;
+  std::unique_ptr<TokenTrie> trie_, trie_first_;
   std::vector<int32_t> eog_ids_;              // with trie_: the end-of-generation tokens
 };
 

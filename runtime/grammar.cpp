@@ -475,9 +475,28 @@ bool GrammarState::step(std::string_view bytes, std::vector<Stack>& stacks, Utf8
 }
 
 TokenTrie::TokenTrie(const std::vector<std::string_view>& pieces) {
-  for (size_t i = 0; i < pieces.size(); i++)
-    if (!pieces[i].empty()) entries_.push_back({pieces[i], int32_t(i)});
-  std::sort(entries_.begin(), entries_.end());  // bytes compare unsigned (char_traits<char>)
+  // Sorted by bytes (unsigned, as char_traits<char> compares). A vocabulary of 262k tokens sorts
+  // ~4x faster on the first 8 bytes as one big-endian integer, the rest only on ties: a smaller
+  // key means a smaller string, zero padding included.
+  struct Keyed {
+    uint64_t key;
+    std::string_view piece;
+    int32_t id;
+  };
+  std::vector<Keyed> keyed;
+  keyed.reserve(pieces.size());
+  for (size_t i = 0; i < pieces.size(); i++) {
+    if (pieces[i].empty()) continue;
+    uint64_t key = 0;
+    for (size_t k = 0; k < 8; k++) key = key << 8 | (k < pieces[i].size() ? uint8_t(pieces[i][k]) : 0u);
+    keyed.push_back({key, pieces[i], int32_t(i)});
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    if (a.key != b.key) return a.key < b.key;
+    return a.piece != b.piece ? a.piece < b.piece : a.id < b.id;
+  });
+  entries_.reserve(keyed.size());
+  for (const Keyed& k : keyed) entries_.push_back({k.piece, k.id});
 }
 
 // entries [lo, hi) share their first `depth` bytes, which leave the grammar at (stacks, cp, left);
