@@ -1,7 +1,6 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
-#include <functional>
 #include <unordered_map>
 
 #include "gguf/error.h"
@@ -12,6 +11,7 @@ namespace baton {
 namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int kMaxRepeat = 10000;     // {m,n}: larger bounds are refused (each copy is an element)
+constexpr int kMaxNesting = 200;     // parentheses (the parser recurses on them)
 constexpr size_t kMaxStacks = 4096;   // ways to continue; more means a hopelessly ambiguous grammar
 constexpr size_t kMaxExpanded = 1 << 18;  // the same before duplicates are dropped
 
@@ -208,7 +208,9 @@ class GrammarParser {
     }
     if (c == '(') {
       pos_++;
+      if (++depth_ > kMaxNesting) error(at, "parentheses nested more than {} deep", kMaxNesting);
       Alts body = parse_alts(rule, /*nested=*/true);
+      depth_--;
       if (pos_ >= s_.size() || s_[pos_] != ')') error(at, "missing ')' for the '(' here");
       pos_++;
       return {ref(generated_rule(rule, std::move(body)))};
@@ -324,19 +326,29 @@ class GrammarParser {
           if (!nullable[e.a]) break;
         }
     std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
-    std::function<void(uint32_t)> visit = [&](uint32_t r) {
-      color[r] = 1;
-      for (uint32_t s : first[r]) {
-        if (color[s] == 1)
+    std::vector<std::pair<uint32_t, size_t>> path;  // (rule, next of its first[] to visit)
+    for (uint32_t r0 = 0; r0 < n; r0++) {
+      if (color[r0] != 0) continue;
+      color[r0] = 1;
+      path.push_back({r0, 0});
+      while (!path.empty()) {
+        auto& [r, next] = path.back();
+        if (next == first[r].size()) {
+          color[r] = 2;
+          path.pop_back();
+          continue;
+        }
+        const uint32_t t = first[r][next++];
+        if (color[t] == 1)
           fail(ErrorKind::Usage, "grammar: rule '{}' can call itself before reading a character (left recursion); "
                                  "rewrite it to repeat on the right, e.g. list ::= item (\",\" item)*",
-               g_.rules_[s].name);
-        if (color[s] == 0) visit(s);
+               g_.rules_[t].name);
+        if (color[t] == 0) {
+          color[t] = 1;
+          path.push_back({t, 0});
+        }
       }
-      color[r] = 2;
-    };
-    for (uint32_t r = 0; r < n; r++)
-      if (color[r] == 0) visit(r);
+    }
   }
 
   std::string_view s_;
@@ -347,6 +359,7 @@ class GrammarParser {
   std::vector<bool> defined_;
   std::vector<size_t> used_at_;    // where a rule was first named (for "never defined")
   std::vector<int> generated_;     // generated rules per parent so far (their names' suffix)
+  int depth_ = 0;                  // parentheses open
 };
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, std::string_view start) {
@@ -392,27 +405,34 @@ GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) 
 // replaces its frame instead of stacking it, so `x*` keeps a flat stack however long it runs.
 void GrammarState::expand(Stack s, std::vector<Stack>& out) const {
   const auto& elems = g_->elems();
+  // The other alternatives of each call wait in a work list (not in recursion: a chain of nested
+  // optional rules, x{0,5000} with x nullable, opens thousands of them at once).
+  std::vector<Stack> work;
   for (;;) {
-    if (s.empty()) break;
-    const Grammar::Elem& e = elems[s.back()];
-    if (e.kind == Grammar::Elem::Chars) break;
-    if (e.kind == Grammar::Elem::End) {
+    for (;;) {
+      if (s.empty()) break;
+      const Grammar::Elem& e = elems[s.back()];
+      if (e.kind == Grammar::Elem::Chars) break;
+      if (e.kind == Grammar::Elem::End) {
+        s.pop_back();
+        continue;
+      }
+      const uint32_t cont = s.back() + 1;
       s.pop_back();
-      continue;
+      if (elems[cont].kind != Grammar::Elem::End) s.push_back(cont);
+      const auto& alts = g_->rules()[e.a].alts;
+      for (size_t i = 0; i + 1 < alts.size(); i++) {
+        work.push_back(s);
+        work.back().push_back(alts[i]);
+      }
+      s.push_back(alts.back());
     }
-    const uint32_t cont = s.back() + 1;
-    s.pop_back();
-    if (elems[cont].kind != Grammar::Elem::End) s.push_back(cont);
-    const auto& alts = g_->rules()[e.a].alts;
-    for (size_t i = 0; i + 1 < alts.size(); i++) {
-      Stack t = s;
-      t.push_back(alts[i]);
-      expand(std::move(t), out);
-    }
-    s.push_back(alts.back());
+    if (out.size() >= kMaxExpanded) too_ambiguous();
+    out.push_back(std::move(s));
+    if (work.empty()) return;
+    s = std::move(work.back());
+    work.pop_back();
   }
-  if (out.size() >= kMaxExpanded) too_ambiguous();
-  out.push_back(std::move(s));
 }
 
 void GrammarState::advance(const std::vector<Stack>& in, uint32_t cp, std::vector<Stack>& out) const {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/error.h"
+#include "runtime/unicode.h"
 
 namespace baton {
 
@@ -50,21 +51,31 @@ std::string literal(std::string_view text) {
 }
 
 // Alternatives of fixed texts as a tree on their common prefixes, so that reading a character
-// never leaves more than one way on (an enum of 10,000 integers is one path, not 10,000).
+// never leaves more than one way on (an enum of 10,000 integers is one path, not 10,000). A run
+// of characters all the words under a branch share is one literal: the recursion only goes as
+// deep as the branch points, never as long as the words.
 std::string trie(const std::vector<std::string>& sorted_words, size_t depth = 0) {
   std::vector<std::string> alts;
   bool may_end = false;
   for (size_t i = 0; i < sorted_words.size();) {
-    if (sorted_words[i].size() == depth) { may_end = true; i++; continue; }
-    const char c = sorted_words[i][depth];
+    const std::string& w = sorted_words[i];
+    if (w.size() == depth) { may_end = true; i++; continue; }
+    // The words starting with w's next character (whole: literals never split a character).
+    const size_t clen = std::min(unicode::utf8_len(uint8_t(w[depth])), w.size() - depth);
     size_t j = i;
-    while (j < sorted_words.size() && sorted_words[j].size() > depth && sorted_words[j][depth] == c) j++;
-    // A UTF-8 character is written whole: cut the tree only between characters.
-    size_t len = 1;
-    while (sorted_words[i].size() > depth + len && (uint8_t(sorted_words[i][depth + len]) & 0xC0) == 0x80) len++;
+    while (j < sorted_words.size() && sorted_words[j].compare(depth, clen, w, depth, clen) == 0) j++;
+    // What they all share: the first and the last agree on it (they are sorted).
+    const std::string& last = sorted_words[j - 1];
+    size_t shared = clen;
+    for (;;) {
+      if (depth + shared >= w.size() || depth + shared >= last.size()) break;
+      const size_t n = unicode::utf8_len(uint8_t(w[depth + shared]));
+      if (last.compare(depth + shared, n, w, depth + shared, n) != 0) break;
+      shared = std::min(shared + n, w.size() - depth);
+    }
     const std::vector<std::string> group(sorted_words.begin() + ptrdiff_t(i), sorted_words.begin() + ptrdiff_t(j));
-    const std::string rest = trie(group, depth + len);
-    alts.push_back(literal(sorted_words[i].substr(depth, len)) + (rest.empty() ? "" : " " + rest));
+    const std::string rest = trie(group, depth + shared);
+    alts.push_back(literal(w.substr(depth, shared)) + (rest.empty() ? "" : " " + rest));
     i = j;
   }
   if (alts.empty()) return "";
@@ -121,6 +132,12 @@ class SchemaGrammar {
 
   // A rule for schema `s` (found at `at`); returns the rule's name or a primitive's.
   std::string visit(const json& s, const std::string& at, const std::string& hint) {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { d--; }
+    } depth(depth_);
+    if (depth_ > 64) error(at, "schemas nested more than 64 deep are not supported");
     if (s.is_boolean()) {
       if (!s.get<bool>()) error(at, "'false' accepts no value at all");
       return "json-value";
@@ -326,6 +343,7 @@ class SchemaGrammar {
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> taken_ = {"root"};
   std::map<std::string, std::string> refs_;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -136,6 +136,12 @@ TEST_CASE("grammar errors name the line and the problem") {
   CHECK_THAT(parse_error("\n\nroot ::= \"a\" @"), Catch::Contains("line 3") && Catch::Contains("unexpected '@'"));
   CHECK_THAT(parse_error("root ::= []"), Catch::Contains("matches nothing"));
   CHECK_THAT(parse_error(""), Catch::Contains("no 'root' rule"));
+  CHECK_THAT(parse_error("root ::= " + std::string(100000, '(')), Catch::Contains("nested more than 200 deep"));
+  // A long chain of rules, each first calling the next: no recursion in the checks either.
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < 20000; i++) chain += fmt::format("r{} ::= r{} | \"x\"\n", i, i + 1);
+  chain += "r20000 ::= \"y\" | r0\n";
+  CHECK_THAT(parse_error(chain), Catch::Contains("left recursion"));
 }
 
 TEST_CASE("a character split over tokens: partial bytes are held and only completions allowed") {

@@ -193,6 +193,14 @@ TEST_CASE("schema grammars: hand-written instances") {
   CHECK_FALSE(accepts(arr, "[1,2,3,4]"));
   CHECK(accepts(ojson::parse(R"({"enum": ["é", "e", "ée"]})"), "\"ée\""));
   CHECK_FALSE(accepts(ojson::parse(R"({"enum": ["é", "e"]})"), "\"ée\""));
+  // Enum trees: characters sharing a first byte (é C3 A9, Ã C3 83), long shared runs, prefixes.
+  const std::string long_a = std::string(20000, 'q') + "a", long_b = std::string(20000, 'q') + "b";
+  ojson words = ojson::array({"é", "Ã", "éa", "shared prefix 1", "shared prefix 2", "shared", long_a, long_b, 7, 75});
+  const ojson en = {{"enum", words}};
+  for (const auto& w : words) CHECK(accepts(en, w.dump()));
+  for (const char* t : {"\"\xC3\"", "\"shared prefix\"", "\"shared prefix 3\"", "\"éaa\"", "7.5", "757"})
+    CHECK_FALSE(accepts(en, t));
+  CHECK_FALSE(accepts(en, "\"" + std::string(20000, 'q') + "\""));
   CHECK(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "12"));
   CHECK_FALSE(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "0"));
   CHECK(accepts(ojson::parse(R"({"type": "string", "format": "date"})"), "\"2026-12-06\""));
@@ -223,6 +231,9 @@ TEST_CASE("what the grammar cannot enforce is refused, naming the keyword and wh
   CHECK_THAT(schema_error(ojson::parse(R"({"enum": []})")), Catch::Contains("'enum'"));
   CHECK_THAT(schema_error(ojson::parse("false")), Catch::Contains("no value"));
   CHECK_THAT(schema_error(ojson::parse("[1]")), Catch::Contains("must be an object"));
+  ojson deep = ojson::parse(R"({"type": "integer"})");
+  for (int i = 0; i < 100; i++) deep = ojson{{"type", "array"}, {"items", deep}};
+  CHECK_THAT(schema_error(deep), Catch::Contains("nested more than 64 deep"));
   // Annotations are fine.
   CHECK(schema_error(ojson::parse(R"({"title": "T", "description": "d", "type": "object", "properties":
       {"a": {"type": "string", "title": "A", "default": "x", "examples": ["y"]}}})")) == "");
