@@ -42,6 +42,7 @@ const char* kHelp =
     "  /reset                forget the conversation (the system prompt stays)\n"
     "  /system TEXT          set the system prompt\n"
     "  /set NAME VALUE       temp, top_p, top_k, min_p, seed, max_tokens\n"
+    "  /set format json      replies are JSON objects (/set noformat: free text again)\n"
     "  /stats                show or hide the line after each reply\n"
     "  /save FILE            write the conversation as JSON\n"
     "  /load FILE            read a conversation written by /save\n"
@@ -356,6 +357,15 @@ class Chat {
     std::istringstream in(args);
     std::string name, value;
     in >> name >> value;
+    if (name == "noformat" || (name == "format" && (value == "off" || value == "none"))) {
+      grammar_ = nullptr;
+      return say("(replies are free text)");
+    }
+    if (name == "format") {
+      if (value != "json") return say("usage: /set format json (or /set noformat)");
+      grammar_ = compile_constraint("format", "json", "/set format");
+      return say("(replies are JSON objects)");
+    }
     SamplingParams p = params_;
     try {
       size_t used = 0;
@@ -365,7 +375,7 @@ class Chat {
       else if (name == "min_p") p.min_p = std::stof(value, &used);
       else if (name == "seed") { seed_ = std::stoull(value, &used); }
       else if (name == "max_tokens") { max_tokens_ = std::stoi(value, &used); }
-      else return say("usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE");
+      else return say("usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE, /set format json, /set noformat");
       if (used != value.size()) throw std::invalid_argument("trailing characters");
     } catch (const std::exception&) {
       return say(fmt::format("/set {}: '{}' is not a number", name, value));

@@ -622,6 +622,28 @@ TEST_CASE("chat with piped stdin: one answer per message, each followed by a bla
   CHECK(second.find("\n\n") == second.size() - 2);
 }
 
+TEST_CASE("chat: /set format json turns replies into JSON objects, /set noformat back") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out o = run_baton("chat -m " + m + " --temp 0.8 -s 2 -n 200 -t 2",
+                    "/set format json\nDescribe a dog as a JSON object with its name and breed.\n/set noformat\nSay hello.\n"
+                    "/set format yaml\n");
+  INFO(o.out << o.err);
+  CHECK(o.code == 0);
+  const std::string all = o.out + o.err;
+  CHECK(all.find("(replies are JSON objects)") != std::string::npos);
+  CHECK(all.find("(replies are free text)") != std::string::npos);
+  CHECK(all.find("usage: /set format json") != std::string::npos);
+  // The first answer is one JSON object, ended by its closing brace.
+  const size_t open = o.out.find('{');
+  REQUIRE(open != std::string::npos);
+  const size_t end = o.out.find("\n\n", open);
+  REQUIRE(end != std::string::npos);
+  const json dog = json::parse(o.out.substr(open, end - open), nullptr, false);
+  CHECK(dog.is_object());
+  CHECK(dog.contains("name"));
+}
+
 TEST_CASE("run: the context end is reported, too long a prompt is an error, Ctrl-C exits 130") {
   std::string m = smollm2();
   if (m.empty()) return;
