@@ -74,14 +74,19 @@ if [ "${BATON_SKIP_ASAN:-0}" != 1 ]; then
 fi
 
 if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  stage "fuzz the GGUF parser for ${BATON_FUZZ_SECONDS:-60}s"
+  # BATON_FUZZ_SECONDS split: two thirds to the GGUF parser, one third to grammars and schemas.
+  fuzz_s=${BATON_FUZZ_SECONDS:-60}
+  stage "fuzz the GGUF parser for $((fuzz_s * 2 / 3))s and the grammar compiler for $((fuzz_s / 3))s"
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF \
      -DBATON_FUZZ=ON >/dev/null
-  cmake --build build-fuzz -j "$(nproc)" --target fuzz_gguf >/dev/null
-  corpus=$(mktemp -d)
-  cp tests/fuzz/corpus/* "$corpus"/
-  build-fuzz/tests/fuzz_gguf -max_total_time="${BATON_FUZZ_SECONDS:-60}" -max_len=65536 -rss_limit_mb=2048 \
-     -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
-  rm -rf "$corpus"
+  cmake --build build-fuzz -j "$(nproc)" --target fuzz_gguf fuzz_grammar >/dev/null
+  for target in gguf:corpus:65536:$((fuzz_s * 2 / 3)) grammar:corpus_grammar:8192:$((fuzz_s / 3)); do
+    IFS=: read -r name seeds max_len seconds <<<"$target"
+    corpus=$(mktemp -d)
+    cp tests/fuzz/"$seeds"/* "$corpus"/
+    build-fuzz/tests/fuzz_"$name" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 \
+       -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+    rm -rf "$corpus"
+  done
 fi
 stage "all tests passed"
