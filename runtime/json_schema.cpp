@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/error.h"
+#include "runtime/regex_gbnf.h"
 #include "runtime/unicode.h"
 
 namespace baton {
@@ -21,15 +22,17 @@ using json = nlohmann::ordered_json;
 
 // The JSON building blocks every schema grammar shares. Between tokens: nothing, one space, or a
 // newline and some indentation (never runs of blank lines); numbers of at most 16 digits and
-// exponents of two (so that every number fits a double).
+// exponents of two (so that every number fits a double); \u escapes of lone surrogates (D800-DFFF)
+// are not JSON a strict parser takes, so there are none.
 constexpr const char* kJsonRules = R"GBNF(ws ::= ( " " | "\n" [ \t]{0,24} )?
 json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null
 json-object ::= "{" ws ( json-member ( "," ws json-member )* )? "}"
 json-member ::= json-string ws ":" ws json-value ws
 json-array ::= "[" ws ( json-value ws ( "," ws json-value ws )* )? "]"
 json-string ::= "\"" json-char* "\""
-json-char ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex4 )
-hex4 ::= [0-9a-fA-F]{4}
+json-char ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" json-u4 )
+json-u4 ::= [0-9a-cA-CefEF] json-hex3 | [dD] [0-7] [0-9a-fA-F]{2}
+json-hex3 ::= [0-9a-fA-F]{3}
 json-int ::= "-"? json-natural
 json-natural ::= "0" | [1-9] [0-9]{0,15}
 json-number ::= json-int ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?
@@ -118,7 +121,7 @@ class SchemaGrammar {
       if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) base += c;
       else if (!base.empty() && base.back() != '-') base += '-';
     while (!base.empty() && base.back() == '-') base.pop_back();
-    if (base.empty() || base == "ws" || base.rfind("json", 0) == 0 || base == "hex4") base = "s-" + base;
+    if (base.empty() || base == "ws" || base.rfind("json", 0) == 0) base = "s-" + base;
     std::string n = base;
     for (int i = 2; taken_.count(n); i++) n = fmt::format("{}-{}", base, i);
     taken_.insert(n);
@@ -147,7 +150,7 @@ class SchemaGrammar {
       static const std::set<std::string> known = {
           "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
           "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "format", "minimum", "maximum",
-          "exclusiveMinimum", "exclusiveMaximum"};
+          "exclusiveMinimum", "exclusiveMaximum", "pattern"};
       if (!known.count(key) && !kAnnotations.count(key)) error(at, "'{}' is not supported", key);
     }
     if (s.contains("$ref")) return ref(s, at);
@@ -295,6 +298,18 @@ class SchemaGrammar {
 
   std::string string(const json& s, const std::string& at, const std::string& hint) {
     const int lo = count(s, "minLength", at), hi = count(s, "maxLength", at);
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) error(at, "'pattern' must be a string");
+      if (lo >= 0 || hi >= 0 || s.contains("format"))
+        error(at, "'pattern' together with minLength, maxLength or format is not supported");
+      std::string body;
+      try {
+        body = regex_to_gbnf(s["pattern"].get<std::string>());
+      } catch (const Error& e) {
+        error(at, "{}", e.what());
+      }
+      return define(hint, "\"\\\"\" " + body + " \"\\\"\"");
+    }
     if (s.contains("format") && s["format"].is_string()) {
       const std::string f = s["format"].get<std::string>();
       const char* date = "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )";

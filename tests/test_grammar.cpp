@@ -346,4 +346,7 @@ TEST_CASE("JSON grammar: what it accepts as complete, a JSON parser parses") {
   CHECK_FALSE(state(json_object_gbnf()).accept("{\"a\":1,}"));
   CHECK_FALSE(state(json_object_gbnf()).accept("{\n\n\"a\":1}"));  // one newline between tokens
   CHECK_FALSE(state(json_object_gbnf()).accept("{\"a\":12345678901234567}"));  // 17 digits: runaway numbers
+  CHECK_FALSE(state(json_object_gbnf()).accept("{\"a\":\"\\ud800\"}"));  // a lone surrogate escape
+  CHECK_FALSE(state(json_object_gbnf()).accept("{\"a\":\"\\uDFFF\"}"));
+  CHECK(state(json_object_gbnf()).accept("{\"a\":\"\\u00e9\\uD7FF\\uE000\"}"));
 }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <regex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "gguf/error.h"
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
+#include "runtime/unicode.h"
 
 using namespace baton;
 using nlohmann::json;
@@ -215,8 +217,8 @@ TEST_CASE("schema grammars: hand-written instances") {
 }
 
 TEST_CASE("what the grammar cannot enforce is refused, naming the keyword and where") {
-  CHECK_THAT(schema_error(ojson::parse(R"({"type": "string", "pattern": "^a+$"})")),
-             Catch::Contains("'pattern' is not supported") && Catch::Contains("at #"));
+  CHECK_THAT(schema_error(ojson::parse(R"({"type": "string", "format": "email", "pattern": "^a+$"})")),
+             Catch::Contains("'pattern' together with") && Catch::Contains("at #"));
   CHECK_THAT(schema_error(ojson::parse(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 0}}})")),
              Catch::Contains("#/properties/x") && Catch::Contains("'minimum' on a number"));
   CHECK_THAT(schema_error(ojson::parse(R"({"type": "integer", "minimum": 5})")), Catch::Contains("minimum 0 or 1"));
@@ -251,4 +253,60 @@ TEST_CASE("a pydantic-style schema with $defs, titles and a nested model") {
   CHECK(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1"}, "colors": ["red"], "nick": null})"));
   CHECK_FALSE(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1234X"}, "colors": []})"));
   CHECK_FALSE(accepts(s, R"({"name": "Ada", "home": {"city": "London", "zip": "N1"}, "colors": ["green"]})"));
+}
+
+TEST_CASE("pattern: strings drawn from the grammar match the regular expression (std::regex, ECMAScript)") {
+  const char* patterns[] = {
+      "^[A-Z]{2}-\\d{3}$",      "^(foo|bar)+baz?$",           "\\d+",
+      "^a.c$",                    "^[a-z0-9._%+-]+@[a-z0-9.-]+\\.[a-z]{2,4}$",
+      "^\\w+\\s\\w+$",      "^x{2,}y?$",                  "^(?:ab|cd){1,3}$",
+      "^[^a-z]{1,3}$",            "q\"|\\\\",              "^\\D\\S\\W$",
+      "^(a|)b*?$",                "^[\\u00e9\\x41-\\x43]+$", "^a{2}b{0,1}c{1}$"};
+  for (const char* pat : patterns) {
+    INFO("pattern " << pat);
+    const ojson schema = {{"type", "string"}, {"pattern", pat}};
+    auto g = Grammar::parse(json_schema_to_gbnf(schema));
+    // Wide strings: JSON Schema patterns work on characters, std::regex on char would on bytes.
+    auto wide = [](const std::string& u) {
+      std::wstring w;
+      for (uint32_t cp : unicode::decode(u)) w += wchar_t(cp);
+      return w;
+    };
+    const std::wregex re(wide(pat), std::regex::ECMAScript);
+    std::mt19937 rng(9);
+    int matched = 0;
+    for (int i = 0; i < 150; i++) {
+      bool ok = false;
+      const std::string text = random_sentence(g, rng, ok);
+      if (!ok) continue;
+      INFO("generated " << text);
+      const json v = json::parse(text, nullptr, false);
+      REQUIRE(v.is_string());
+      CHECK(std::regex_search(wide(v.get<std::string>()), re));
+      matched++;
+    }
+    CHECK(matched > 50);
+  }
+}
+
+TEST_CASE("pattern: hand-written strings, JSON escapes, and what is refused") {
+  auto ok = [](const char* pat, const std::string& text) { return accepts(ojson{{"type", "string"}, {"pattern", pat}}, text); };
+  CHECK(ok("^[A-Z]{2}-\\d{3}$", R"("AB-123")"));
+  CHECK_FALSE(ok("^[A-Z]{2}-\\d{3}$", R"("AB-1234")"));
+  CHECK_FALSE(ok("^[A-Z]{2}-\\d{3}$", R"("ab-123")"));
+  CHECK(ok("\\d", R"("room 101, floor 1")"));  // not anchored: anywhere in the value
+  CHECK_FALSE(ok("\\d", R"("no digits")"));
+  CHECK(ok("^\"q\\\\$", R"("\"q\\")"));  // the value "q\ written as JSON writes it
+  CHECK_FALSE(ok("^\"q\\\\$", R"(""q\")"));
+  CHECK(ok("^a\\nb$", R"("a\nb")"));
+  CHECK(ok("^[^a]$", R"("\\")"));
+  CHECK_FALSE(ok("^[^a]$", R"("a")"));
+  CHECK(ok("^é+$", R"("éé")"));
+  for (const char* bad : {"(?=a)", "(?<n>a)", "\\1", "a\\bc", "a^b", "a$b", "\\p{L}", "[\\D]", "(a", "a)", "*a", "a**"}) {
+    INFO(bad);
+    CHECK_THAT(schema_error(ojson{{"type", "string"}, {"pattern", bad}}), Catch::Contains("not supported"));
+  }
+  CHECK_THAT(schema_error(ojson{{"type", "string"}, {"pattern", "a"}, {"maxLength", 3}}), Catch::Contains("together with"));
+  CHECK_THAT(schema_error(ojson{{"type", "object"}, {"properties", {{"id", {{"type", "string"}, {"pattern", "(?!x)"}}}}}}),
+             Catch::Contains("#/properties/id") && Catch::Contains("pattern /(?!x)/"));
 }
