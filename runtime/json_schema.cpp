@@ -1,6 +1,7 @@
 #include "runtime/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -332,26 +333,67 @@ class SchemaGrammar {
   }
 
   std::string integer(const json& s, const std::string& at, const std::string& hint) {
-    auto bound = [&](const char* key) -> std::optional<int64_t> {
+    // Bounds may be fractional (minimum 0.5 on an integer means 1); past 16 digits they are refused.
+    constexpr double kLimit = 1e15;
+    auto bound = [&](const char* key, bool up) -> std::optional<int64_t> {
       if (!s.contains(key)) return std::nullopt;
       const json& v = s[key];
-      if (v.is_number_integer()) return v.get<int64_t>();
-      if (v.is_number() && v.get<double>() == double(int64_t(v.get<double>()))) return int64_t(v.get<double>());
-      error(at, "'{}' must be a whole number on an integer", key);
+      if (!v.is_number()) error(at, "'{}' must be a number", key);
+      const double x = v.get<double>();
+      if (!(std::fabs(x) <= kLimit)) error(at, "'{}' {} is beyond the 16 digits the grammar writes", key, x);
+      return int64_t(up ? std::ceil(x) : std::floor(x));
     };
-    std::optional<int64_t> lo = bound("minimum"), hi = bound("maximum");
-    if (auto x = bound("exclusiveMinimum")) lo = std::max(lo.value_or(*x + 1), *x + 1);
-    if (auto x = bound("exclusiveMaximum")) hi = std::min(hi.value_or(*x - 1), *x - 1);
+    std::optional<int64_t> lo = bound("minimum", true), hi = bound("maximum", false);
+    if (auto x = bound("exclusiveMinimum", false)) lo = std::max(lo.value_or(*x + 1), *x + 1);
+    if (auto x = bound("exclusiveMaximum", true)) hi = std::min(hi.value_or(*x - 1), *x - 1);
     if (!lo && !hi) return "json-int";
-    if (lo && hi) {
-      if (*hi < *lo) error(at, "no integer lies between minimum {} and maximum {}", *lo, *hi);
-      if (*hi - *lo > 100000) error(at, "integer bounds more than 100,000 apart ({}..{}) are not supported", *lo, *hi);
-      std::vector<std::string> words;
-      for (int64_t v = *lo; v <= *hi; v++) words.push_back(std::to_string(v));
-      return define(hint, trie_of(words));
+    if (lo && hi && *hi < *lo) error(at, "no integer lies between the bounds ({} > {})", *lo, *hi);
+    return define(hint, integer_range(lo, hi));
+  }
+
+  // The decimal numerals of lo..hi, both the same length (leading zeros allowed inside the
+  // recursion): a digit both share, or a split into lo's first digit, the digits between, and
+  // hi's first digit, each followed by the range its tail allows.
+  static std::string digits(const std::string& lo, const std::string& hi) {
+    const size_t n = lo.size();
+    if (n == 0) return "";
+    const bool lo_zeros = lo.find_first_not_of('0', 1) == std::string::npos;
+    const bool hi_nines = hi.find_first_not_of('9', 1) == std::string::npos;
+    const std::string any_tail = n > 1 ? fmt::format(" [0-9]{{{}}}", n - 1) : "";
+    auto cls = [](char a, char b) { return a == b ? fmt::format("\"{}\"", a) : fmt::format("[{}-{}]", a, b); };
+    if (lo_zeros && hi_nines) return cls(lo[0], hi[0]) + any_tail;
+    if (lo[0] == hi[0]) return cls(lo[0], lo[0]) + " " + digits(lo.substr(1), hi.substr(1));
+    std::vector<std::string> alts;
+    char from = lo[0], to = hi[0];
+    if (!lo_zeros) alts.push_back(cls(from, from) + " " + digits(lo.substr(1), std::string(n - 1, '9'))), from++;
+    if (!hi_nines) to--;
+    if (from <= to) alts.push_back(cls(from, to) + any_tail);
+    if (!hi_nines) alts.push_back(cls(hi[0], hi[0]) + " " + digits(std::string(n - 1, '0'), hi.substr(1)));
+    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+  }
+
+  // Non-negative lo..hi (hi < 0: no upper bound, up to 16 digits) as numerals without leading zeros.
+  static std::string naturals(int64_t lo, int64_t hi) {
+    const std::string a = std::to_string(lo);
+    const size_t max_len = hi < 0 ? 16 : std::to_string(hi).size();
+    std::vector<std::string> alts;
+    for (size_t len = a.size(); len <= max_len; len++) {
+      const std::string from = len == a.size() ? a : "1" + std::string(len - 1, '0');
+      const std::string to = hi >= 0 && len == max_len ? std::to_string(hi) : std::string(len, '9');
+      alts.push_back(digits(from, to));
     }
-    if (lo && (*lo == 0 || *lo == 1)) return *lo == 0 ? "json-natural" : define(hint, "[1-9] [0-9]{0,15}");
-    error(at, "an integer bound alone is supported only as minimum 0 or 1 (give both minimum and maximum)");
+    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+  }
+
+  // Integers lo..hi, either side open, as JSON writes them ("0", never "-0" or leading zeros).
+  static std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    std::vector<std::string> alts;
+    if (!lo || *lo < 0) {  // the negative part: "-" and the magnitudes max(1, -hi) .. -lo
+      const int64_t mag_lo = hi && *hi < 0 ? -*hi : 1;
+      alts.push_back("\"-\" " + naturals(mag_lo, lo ? -*lo : -1));
+    }
+    if (!hi || *hi >= 0) alts.push_back(naturals(lo && *lo > 0 ? *lo : 0, hi ? *hi : -1));
+    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
   }
 
   const json& root_;

@@ -6,8 +6,8 @@
 // Enforced: type (one or a list), properties, required, additionalProperties, items, minItems,
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref into the document
 // ($defs, definitions; recursion allowed), minLength, maxLength, format date / time / date-time /
-// uuid (other formats are annotations: any string), integer minimum/maximum (both bounds within
-// 100,000 of each other, or a lower bound of 0 or 1 alone), pattern (runtime/regex_gbnf.h; not with
+// uuid (other formats are annotations: any string), integer minimum/maximum/exclusiveMinimum/
+// exclusiveMaximum (within ±10^15, either side open), pattern (runtime/regex_gbnf.h; not with
 // minLength/maxLength/format). Annotations (title, description,
 // default, examples, ...) are ignored.
 //
