@@ -195,11 +195,7 @@ class SchemaGrammar {
     if (type == "array") return array(s, at, hint);
     if (type == "string") return string(s, at, hint);
     if (type == "integer") return integer(s, at, hint);
-    if (type == "number") {
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-        if (s.contains(k)) error(at, "'{}' on a number is not supported (only on an integer)", k);
-      return "json-number";
-    }
+    if (type == "number") return number(s, at, hint);
     if (type == "boolean") return "json-bool";
     if (type == "null") return "json-null";
     error(at, "unknown type '{}'", type);
@@ -349,6 +345,39 @@ class SchemaGrammar {
     if (!lo && !hi) return "json-int";
     if (lo && hi && *hi < *lo) error(at, "no integer lies between the bounds ({} > {})", *lo, *hi);
     return define(hint, integer_range(lo, hi));
+  }
+
+  // Numbers between whole bounds: an integer part in range with any fraction, the top bound itself
+  // only with a zero fraction; no exponent. Fractional or exclusive bounds are refused.
+  std::string number(const json& s, const std::string& at, const std::string& hint) {
+    for (const char* k : {"exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(k)) error(at, "'{}' on a number is not supported (minimum/maximum are, and all bounds on an integer)", k);
+    auto bound = [&](const char* key) -> std::optional<int64_t> {
+      if (!s.contains(key)) return std::nullopt;
+      const json& v = s[key];
+      const double x = v.is_number() ? v.get<double>() : NAN;
+      if (!(std::fabs(x) <= 1e15) || x != std::floor(x))
+        error(at, "'{}' on a number must be a whole number within ±10^15 (got {})", key, v.dump());
+      return int64_t(x);
+    };
+    const std::optional<int64_t> lo = bound("minimum"), hi = bound("maximum");
+    if (!lo && !hi) return "json-number";
+    if (lo && hi && *hi < *lo) error(at, "no number lies between the bounds ({} > {})", *lo, *hi);
+    const std::string frac = " ( \".\" [0-9]{1,16} )?", zero = " ( \".\" \"0\"{1,16} )?";
+    std::vector<std::string> alts;
+    // [from, to] with any fraction below `to`, `to` itself with a zero one (to < 0: open).
+    auto part = [&](const std::string& sign, int64_t from, int64_t to) {
+      if (to < 0) return alts.push_back(sign + naturals(from, -1) + frac);
+      if (to - 1 >= from) alts.push_back(sign + naturals(from, to - 1) + frac);
+      if (to >= from) alts.push_back(sign + naturals(to, to) + zero);
+    };
+    if (!hi || *hi >= 0) part("", std::max<int64_t>(lo.value_or(0), 0), hi.value_or(-1));
+    if (!lo || *lo < 0) {  // v = -(m + f): m from -hi (or 0) up to -lo, -lo itself only whole
+      const int64_t m_lo = hi && *hi < 0 ? -*hi : 0;
+      if (m_lo == 0) alts.push_back("\"-0.\" [0-9]{0,15} [1-9]");  // -0.x, never -0 itself
+      part("\"-\" ", std::max<int64_t>(m_lo, 1), lo ? -*lo : -1);
+    }
+    return define(hint, alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )");
   }
 
   // The decimal numerals of lo..hi, both the same length (leading zeros allowed inside the

@@ -7,7 +7,7 @@
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref into the document
 // ($defs, definitions; recursion allowed), minLength, maxLength, format date / time / date-time /
 // uuid (other formats are annotations: any string), integer minimum/maximum/exclusiveMinimum/
-// exclusiveMaximum (within ±10^15, either side open), pattern (runtime/regex_gbnf.h; not with
+// exclusiveMaximum (within ±10^15, either side open), number minimum/maximum when whole, pattern (runtime/regex_gbnf.h; not with
 // minLength/maxLength/format). Annotations (title, description,
 // default, examples, ...) are ignored.
 //
