@@ -10,9 +10,9 @@ namespace baton {
 
 namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-constexpr int kMaxRepeat = 10000;     // {m,n}: larger bounds are refused (each copy is an element)
-constexpr int kMaxNesting = 200;     // parentheses (the parser recurses on them)
-constexpr size_t kMaxStacks = 4096;   // ways to continue; more means a hopelessly ambiguous grammar
+constexpr int kMaxRepeat = 10000;         // {m,n}: larger bounds are refused (each copy is an element)
+constexpr int kMaxNesting = 200;          // parentheses (the parser recurses on them)
+constexpr size_t kMaxStacks = 4096;       // ways to continue; more means a hopelessly ambiguous grammar
 constexpr size_t kMaxExpanded = 1 << 18;  // the same before duplicates are dropped
 
 [[noreturn]] void too_ambiguous() {

@@ -39,7 +39,7 @@ class Grammar {
   const std::vector<Elem>& elems() const { return elems_; }
   const std::vector<Rule>& rules() const { return rules_; }
   uint32_t start() const { return start_; }
-  // Elem e (Chars) matches code points lo..hi: all of them (exact) or at least one (any).
+  // Elem e (Chars) matches code point cp; matches_some: at least one of lo..hi.
   bool matches(const Elem& e, uint32_t cp) const;
   bool matches_some(const Elem& e, uint32_t lo, uint32_t hi) const;
 

@@ -407,7 +407,7 @@ class SchemaGrammar {
     const size_t max_len = hi < 0 ? 16 : std::to_string(hi).size();
     std::vector<std::string> alts;
     for (size_t len = a.size(); len <= max_len; len++) {
-      const std::string from = len == a.size() ? a : "1" + std::string(len - 1, '0');
+      const std::string from = len == a.size() ? a : fmt::format("1{}", std::string(len - 1, '0'));
       const std::string to = hi >= 0 && len == max_len ? std::to_string(hi) : std::string(len, '9');
       alts.push_back(digits(from, to));
     }

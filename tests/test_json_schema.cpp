@@ -7,6 +7,7 @@
 #include <regex>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "gguf/error.h"
@@ -82,7 +83,7 @@ bool valid(const json& v, const json& s, const json& root) {
 // A random walk through the grammar: each step appends a random piece the grammar allows, until
 // it says the text is finished. Pieces: single characters, a two-byte character split in two,
 // and a few multi-character chunks, as tokens would be.
-std::string random_sentence(const std::shared_ptr<const Grammar>& g, std::mt19937& rng, bool& ok) {
+std::string random_sentence(const std::shared_ptr<const Grammar>& g, std::mt19937& rng, bool& ok, int max_steps = 3000) {
   static const std::vector<std::string> pieces = [] {
     std::vector<std::string> p = {"\n", "\n  ", "\xC3", "\xA9", "é", "true", "false", "null", "\":", "\",", "20", "-0", "00"};
     for (char c = ' '; c <= '~'; c++) p.push_back(std::string(1, c));
@@ -91,7 +92,7 @@ std::string random_sentence(const std::shared_ptr<const Grammar>& g, std::mt1993
   GrammarState s(g);
   std::string out;
   ok = false;
-  for (int step = 0; step < 3000; step++) {
+  for (int step = 0; step < max_steps; step++) {
     if (s.finished()) { ok = true; return out; }
     std::vector<const std::string*> allowed;
     for (const auto& p : pieces)
@@ -202,7 +203,7 @@ TEST_CASE("schema grammars: hand-written instances") {
   for (const auto& w : words) CHECK(accepts(en, w.dump()));
   for (const char* t : {"\"\xC3\"", "\"shared prefix\"", "\"shared prefix 3\"", "\"éaa\"", "7.5", "757"})
     CHECK_FALSE(accepts(en, t));
-  CHECK_FALSE(accepts(en, "\"" + std::string(20000, 'q') + "\""));
+  CHECK_FALSE(accepts(en, fmt::format("\"{}\"", std::string(20000, 'q'))));
   CHECK(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "12"));
   CHECK_FALSE(accepts(ojson::parse(R"({"type": "integer", "minimum": 1})"), "0"));
   CHECK(accepts(ojson::parse(R"({"type": "string", "format": "date"})"), "\"2026-12-06\""));
@@ -261,7 +262,7 @@ TEST_CASE("pattern: strings drawn from the grammar match the regular expression 
       "^[A-Z]{2}-\\d{3}$",      "^(foo|bar)+baz?$",           "\\d+",
       "^a.c$",                    "^[a-z0-9._%+-]+@[a-z0-9.-]+\\.[a-z]{2,4}$",
       "^\\w+\\s\\w+$",      "^x{2,}y?$",                  "^(?:ab|cd){1,3}$",
-      "^[^a-z]{1,3}$",            "q\"|\\\\",              "^\\D\\S\\W$",
+      "^[^a-z]{1,3}$",            "^(q\"|\\\\)+$",           "^\\D\\S\\W$",
       "^(a|)b*?$",                "^[\\u00e9\\x41-\\x43]+$", "^a{2}b{0,1}c{1}$"};
   for (const char* pat : patterns) {
     INFO("pattern " << pat);
@@ -276,9 +277,9 @@ TEST_CASE("pattern: strings drawn from the grammar match the regular expression 
     const std::wregex re(wide(pat), std::regex::ECMAScript);
     std::mt19937 rng(9);
     int matched = 0;
-    for (int i = 0; i < 150; i++) {
+    for (int i = 0; i < 40; i++) {
       bool ok = false;
-      const std::string text = random_sentence(g, rng, ok);
+      const std::string text = random_sentence(g, rng, ok, 800);
       if (!ok) continue;
       INFO("generated " << text);
       const json v = json::parse(text, nullptr, false);
@@ -286,7 +287,7 @@ TEST_CASE("pattern: strings drawn from the grammar match the regular expression 
       CHECK(std::regex_search(wide(v.get<std::string>()), re));
       matched++;
     }
-    CHECK(matched > 50);
+    CHECK(matched > 20);
   }
 }
 
@@ -358,6 +359,7 @@ TEST_CASE("integer bounds: exactly the integers in range, any bounds, either sid
 
 TEST_CASE("number bounds: exactly the decimals in range, either side open") {
   std::mt19937_64 rng(23);
+  const std::regex json_decimal("-?(0|[1-9][0-9]*)(\\.[0-9]+)?"), negative_zero("-0\\.0+");
   auto pick = [&]() -> int64_t { return rng() % 3 == 0 ? int64_t(rng() % 20) - 10 : int64_t(rng() % 20000) - 10000; };
   for (int trial = 0; trial < 40; trial++) {
     std::optional<int64_t> lo, hi;
@@ -374,13 +376,13 @@ TEST_CASE("number bounds: exactly the decimals in range, either side open") {
       if (b)
         for (int64_t d = -3; d <= 3; d++)
           for (const char* f : {"", ".0", ".00", ".5", ".001", ".999", ".0000000001"})
-            probes.push_back(std::to_string(*b + d) + f);
-    for (int k = 0; k < 100; k++) probes.push_back(std::to_string(pick()) + (k % 2 ? "." + std::to_string(rng() % 1000) : ""));
+            probes.push_back(fmt::format("{}{}", *b + d, f));
+    for (int k = 0; k < 100; k++)
+      probes.push_back(k % 2 ? fmt::format("{}.{}", pick(), rng() % 1000) : fmt::format("{}", pick()));
     for (const std::string& t : probes) {
       // JSON's number syntax (no "1.", ".5", "007", exponents here), then the value in range; "-0" and
       // "-0.0" are numbers but the grammar writes zero as "0".
-      const bool syntax = std::regex_match(t, std::regex("-?(0|[1-9][0-9]*)(\\.[0-9]+)?")) && t != "-0" &&
-                          !std::regex_match(t, std::regex("-0\\.0+"));
+      const bool syntax = std::regex_match(t, json_decimal) && t != "-0" && !std::regex_match(t, negative_zero);
       const double v = std::strtod(t.c_str(), nullptr);
       const bool in = syntax && (!lo || v >= double(*lo)) && (!hi || v <= double(*hi));
       GrammarState st(g);
