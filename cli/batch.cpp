@@ -235,7 +235,7 @@ void draw_progress(int done, int total, double tps, double eta_s) {
 int run(const BatchOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   if (o.resume && o.out == "-") fail(ErrorKind::Usage, "--resume needs an output file, not stdout (-o -)");
-  const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling);
+  const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);
   std::ifstream file;
   if (o.in != "-") {
     file.open(o.in, std::ios::binary);

@@ -113,25 +113,31 @@ std::vector<double> parse_tensor_split(const std::string& s) {
   return out;
 }
 
-std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what) {
+std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what,
+                                                  bool verbose) {
   try {
-    if (kind == "grammar") return Grammar::parse(text);
-    if (kind == "format" && text == "json") return Grammar::parse(json_object_gbnf());
-    auto schema = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (schema.is_discarded()) fail(ErrorKind::Usage, "not valid JSON");
-    return Grammar::parse(json_schema_to_gbnf(schema));
+    std::string gbnf = text;
+    if (kind == "format" && text == "json") {
+      gbnf = json_object_gbnf();
+    } else if (kind != "grammar") {
+      auto schema = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded()) fail(ErrorKind::Usage, "not valid JSON");
+      gbnf = json_schema_to_gbnf(schema);
+    }
+    if (verbose && kind != "grammar") std::fprintf(stderr, "%s as GBNF:\n%s", what.c_str(), gbnf.c_str());
+    return Grammar::parse(gbnf);
   } catch (const Error& e) {
     fail(ErrorKind::Usage, "{}: {}", what, e.what());
   }
 }
 
-std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f) {
+std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbose) {
   if (!f.grammar.empty()) return compile_constraint("grammar", f.grammar, "--grammar");
   if (!f.grammar_file.empty()) return compile_constraint("grammar", read_text(f.grammar_file), "--grammar-file " + f.grammar_file);
-  if (!f.json_schema.empty()) return compile_constraint("json_schema", f.json_schema, "--json-schema");
+  if (!f.json_schema.empty()) return compile_constraint("json_schema", f.json_schema, "--json-schema", verbose);
   if (!f.json_schema_file.empty())
-    return compile_constraint("json_schema", read_text(f.json_schema_file), "--json-schema-file " + f.json_schema_file);
-  if (!f.format.empty()) return compile_constraint("format", f.format, "--format");
+    return compile_constraint("json_schema", read_text(f.json_schema_file), "--json-schema-file " + f.json_schema_file, verbose);
+  if (!f.format.empty()) return compile_constraint("format", f.format, "--format", verbose);
   return nullptr;
 }
 

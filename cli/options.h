@@ -74,11 +74,13 @@ struct SamplingFlags {
 // with_prompt_flags: --system and --chat-template too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
 // The grammar the constraint flags ask for, compiled once; nullptr when none is given. Error(Usage)
-// names the flag and what is wrong with its grammar or schema.
-std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f);
+// names the flag and what is wrong with its grammar or schema. verbose: a schema's (or --format
+// json's) GBNF goes to stderr.
+std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbose = false);
 // The same from text: kind is "grammar" (GBNF), "json_schema" (JSON Schema text) or "format"
 // ("json", or a JSON Schema as Ollama's format takes it); `what` names the source in errors.
-std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what);
+std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what,
+                                                  bool verbose = false);
 // The seed a request runs with: given, or drawn now.
 uint64_t resolve_seed(const std::optional<uint64_t>& s);
 

@@ -30,7 +30,7 @@ int run(const RunOpts& o) {
     while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
   if (prompt.empty()) fail(ErrorKind::Usage, "the prompt is empty");
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
-  std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling);  // a bad one fails before loading
+  std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);  // a bad one fails before loading
 
   Loaded m = load_model(o.model, 1);
   Prompter prompter(*m.pipe, o.sampling.chat_template);

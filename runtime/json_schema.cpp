@@ -268,9 +268,10 @@ class SchemaGrammar {
     for (size_t i = n; i-- > 0;) {
       const auto& [kv, req] = members[i];
       const std::string t = tail[i + 1].empty() ? "" : " " + tail[i + 1];
-      tail[i] = define(fmt::format("{}-tail{}", hint, i), req ? fmt::format("\",\" ws {}{}", kv, t)
-                                                               : fmt::format("( \",\" ws {} )?{}", kv, t));
-      const std::string h = req ? kv + " " + tail[i + 1] : fmt::format("{} {} | {}", kv, tail[i + 1], head[i + 1]);
+      if (i > 0)  // tail(0) would follow nothing: never used
+        tail[i] = define(fmt::format("{}-tail{}", hint, i), req ? fmt::format("\",\" ws {}{}", kv, t)
+                                                                 : fmt::format("( \",\" ws {} )?{}", kv, t));
+      const std::string h = req ? kv + t : fmt::format("{}{} | {}", kv, t, head[i + 1]);
       head[i] = define(fmt::format("{}-head{}", hint, i), h);
     }
     return define(hint, fmt::format("\"{{\" ws {} \"}}\"", head[0]));
