@@ -76,16 +76,13 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  auto* g = app.add_option("--grammar", f.grammar, "constrain replies to a GBNF grammar (start rule: root)");
-  auto* gf = app.add_option("--grammar-file", f.grammar_file, "constrain replies to the GBNF grammar in a file");
-  auto* js = app.add_option("--json-schema", f.json_schema,
-                            "constrain replies to JSON that this JSON Schema accepts, e.g. '{\"type\": \"object\", "
-                            "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'");
-  auto* jsf = app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file");
-  auto* fmt_opt = app.add_option("--format", f.format, "json: every reply is one JSON object")->check(CLI::IsMember({"json"}));
-  for (auto* a : {g, gf, js, jsf, fmt_opt})
-    for (auto* b : {g, gf, js, jsf, fmt_opt})
-      if (a != b) a->excludes(b);
+  app.add_option("--grammar", f.grammar, "constrain replies to a GBNF grammar (start rule: root)");
+  app.add_option("--grammar-file", f.grammar_file, "constrain replies to the GBNF grammar in a file");
+  app.add_option("--json-schema", f.json_schema,
+                 "constrain replies to JSON that this JSON Schema accepts, e.g. '{\"type\": \"object\", "
+                 "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'");
+  app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file");
+  app.add_option("--format", f.format, "json: every reply is one JSON object")->check(CLI::IsMember({"json"}));
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -132,6 +129,10 @@ std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const
 }
 
 std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbose) {
+  const int given = !f.grammar.empty() + !f.grammar_file.empty() + !f.json_schema.empty() + !f.json_schema_file.empty() +
+                    !f.format.empty();
+  if (given > 1)
+    fail(ErrorKind::Usage, "give at most one of --grammar, --grammar-file, --json-schema, --json-schema-file, --format");
   if (!f.grammar.empty()) return compile_constraint("grammar", f.grammar, "--grammar");
   if (!f.grammar_file.empty()) return compile_constraint("grammar", read_text(f.grammar_file), "--grammar-file " + f.grammar_file);
   if (!f.json_schema.empty()) return compile_constraint("json_schema", f.json_schema, "--json-schema", verbose);
