@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "gguf/error.h"
 #include "quant/types.h"
 #include "runtime/batch.h"
 
@@ -86,6 +87,18 @@ inline std::string temp_dir() {
   REQUIRE(d != nullptr);
   made.dirs.push_back(d);
   return d;
+}
+
+// The message of the baton::Error (of kind Usage) that f() throws; "" when it throws none.
+template <class F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const baton::Error& e) {
+    CHECK(e.kind() == baton::ErrorKind::Usage);
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace baton::test

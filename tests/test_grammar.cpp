@@ -11,6 +11,7 @@
 #include "gguf/error.h"
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
+#include "tests/helpers.h"
 
 using namespace baton;
 
@@ -26,13 +27,7 @@ bool full(const std::string& gbnf, const std::string& text) {
 bool prefix(const std::string& gbnf, const std::string& text) { return state(gbnf).allows(text); }
 
 std::string parse_error(const std::string& gbnf) {
-  try {
-    Grammar::parse(gbnf);
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::Usage);
-    return e.what();
-  }
-  return "";
+  return test::usage_error([&] { Grammar::parse(gbnf); });
 }
 
 }  // namespace

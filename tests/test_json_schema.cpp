@@ -14,6 +14,7 @@
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 #include "runtime/unicode.h"
+#include "tests/helpers.h"
 
 using namespace baton;
 using nlohmann::json;
@@ -134,13 +135,17 @@ bool accepts(const ojson& schema, const std::string& text) {
 }
 
 std::string schema_error(const ojson& schema) {
-  try {
-    json_schema_to_gbnf(schema);
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::Usage);
-    return e.what();
-  }
-  return "";
+  return test::usage_error([&] { json_schema_to_gbnf(schema); });
+}
+
+// Random bounds for trial t: both, only an upper (t % 4 == 1), only a lower (t % 4 == 2).
+template <class Pick>
+std::pair<std::optional<int64_t>, std::optional<int64_t>> random_bounds(int t, Pick&& pick) {
+  std::optional<int64_t> lo, hi;
+  if (t % 4 != 1) lo = pick();
+  if (t % 4 != 2) hi = pick();
+  if (lo && hi && *hi < *lo) std::swap(*lo, *hi);
+  return {lo, hi};
 }
 
 }  // namespace
@@ -324,10 +329,7 @@ TEST_CASE("integer bounds: exactly the integers in range, any bounds, either sid
     }
   };
   for (int trial = 0; trial < 60; trial++) {
-    std::optional<int64_t> lo, hi;
-    if (trial % 4 != 1) lo = pick();
-    if (trial % 4 != 2) hi = pick();
-    if (lo && hi && *hi < *lo) std::swap(*lo, *hi);
+    const auto [lo, hi] = random_bounds(trial, pick);
     ojson schema = {{"type", "integer"}};
     if (lo) schema[trial % 3 == 0 ? "exclusiveMinimum" : "minimum"] = trial % 3 == 0 ? *lo - 1 : *lo;
     if (hi) schema["maximum"] = *hi;
@@ -362,10 +364,7 @@ TEST_CASE("number bounds: exactly the decimals in range, either side open") {
   const std::regex json_decimal("-?(0|[1-9][0-9]*)(\\.[0-9]+)?"), negative_zero("-0\\.0+");
   auto pick = [&]() -> int64_t { return rng() % 3 == 0 ? int64_t(rng() % 20) - 10 : int64_t(rng() % 20000) - 10000; };
   for (int trial = 0; trial < 40; trial++) {
-    std::optional<int64_t> lo, hi;
-    if (trial % 4 != 1) lo = pick();
-    if (trial % 4 != 2) hi = pick();
-    if (lo && hi && *hi < *lo) std::swap(*lo, *hi);
+    const auto [lo, hi] = random_bounds(trial, pick);
     ojson schema = {{"type", "number"}};
     if (lo) schema["minimum"] = *lo;
     if (hi) schema["maximum"] = *hi;
