@@ -83,7 +83,7 @@ std::string trie(const std::vector<std::string>& sorted_words, size_t depth = 0)
     i = j;
   }
   if (alts.empty()) return "";
-  std::string body = alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+  std::string body = alternation(alts);
   if (may_end) body = "( " + body + " )?";
   return body;
 }
@@ -378,7 +378,7 @@ class SchemaGrammar {
       if (m_lo == 0) alts.push_back("\"-0.\" [0-9]{0,15} [1-9]");  // -0.x, never -0 itself
       part("\"-\" ", std::max<int64_t>(m_lo, 1), lo ? -*lo : -1);
     }
-    return define(hint, alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )");
+    return define(hint, alternation(alts));
   }
 
   // The decimal numerals of lo..hi, both the same length (leading zeros allowed inside the
@@ -399,7 +399,7 @@ class SchemaGrammar {
     if (!hi_nines) to--;
     if (from <= to) alts.push_back(cls(from, to) + any_tail);
     if (!hi_nines) alts.push_back(cls(hi[0], hi[0]) + " " + digits(std::string(n - 1, '0'), hi.substr(1)));
-    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+    return alternation(alts);
   }
 
   // Non-negative lo..hi (hi < 0: no upper bound, up to 16 digits) as numerals without leading zeros.
@@ -412,7 +412,7 @@ class SchemaGrammar {
       const std::string to = hi >= 0 && len == max_len ? std::to_string(hi) : std::string(len, '9');
       alts.push_back(digits(from, to));
     }
-    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+    return alternation(alts);
   }
 
   // Integers lo..hi, either side open, as JSON writes them ("0", never "-0" or leading zeros).
@@ -423,7 +423,7 @@ class SchemaGrammar {
       alts.push_back("\"-\" " + naturals(mag_lo, lo ? -*lo : -1));
     }
     if (!hi || *hi >= 0) alts.push_back(naturals(lo && *lo > 0 ? *lo : 0, hi ? *hi : -1));
-    return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+    return alternation(alts);
   }
 
   const json& root_;

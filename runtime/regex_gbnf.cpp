@@ -69,7 +69,7 @@ std::string json_chars(const Ranges& set) {
   }
   if (!cls.empty()) alts.insert(alts.begin(), "[" + cls + "]");
   if (alts.empty()) return "";
-  return alts.size() == 1 ? alts[0] : "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+  return alternation(alts);
 }
 
 const Ranges kDigit = {{'0', '9'}};
@@ -108,7 +108,7 @@ class RegexParser {
     if (alts.size() == 1) return alts[0].empty() ? "\"\"" : alts[0];
     for (auto& a : alts)
       if (a.empty()) a = "\"\"";
-    return "( " + fmt::format("{}", fmt::join(alts, " | ")) + " )";
+    return alternation(alts);
   }
 
   std::string sequence() {
@@ -259,5 +259,9 @@ class RegexParser {
 }  // namespace
 
 std::string regex_to_gbnf(std::string_view pattern) { return RegexParser(pattern).run(); }
+
+std::string alternation(const std::vector<std::string>& alts) {
+  return alts.size() == 1 ? alts[0] : fmt::format("( {} )", fmt::join(alts, " | "));
+}
 
 }  // namespace baton

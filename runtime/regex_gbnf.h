@@ -13,9 +13,13 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace baton {
 
 std::string regex_to_gbnf(std::string_view pattern);
+
+// GBNF building: alternatives in parentheses ("( a | b )"), a single one as it is.
+std::string alternation(const std::vector<std::string>& alts);
 
 }  // namespace baton
