@@ -35,7 +35,8 @@ int run_synth(const SynthArgs& a) {
       if (a.arch == "llama") p.architecture = "llama";
       else if (a.arch == "qwen2") p.architecture = "qwen2", p.qkv_bias = true;
       else if (a.arch == "qwen3") p.architecture = "qwen3", p.qkv_bias = false;
-      else fail(ErrorKind::Usage, "--arch '{}': custom shapes are llama, qwen2 or qwen3 (gemma3 through --shape)", a.arch);
+      else if (a.arch == "phi3") p.architecture = "phi3", p.qkv_bias = false;
+      else fail(ErrorKind::Usage, "--arch '{}': custom shapes are llama, qwen2, qwen3 or phi3 (gemma3 through --shape)", a.arch);
     }
     if (a.n_embd) p.n_embd = *a.n_embd;
     if (a.n_layer) p.n_layer = *a.n_layer;
@@ -64,12 +65,12 @@ int run_synth(const SynthArgs& a) {
 Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (deterministic per seed)",
               [](CLI::App& app) {
                 auto a = std::make_shared<SynthArgs>();
-                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, llama3-8b, llama3-70b");
+                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, llama3-8b, llama3-70b, phi3-mini, phi3.5-mini, phi4-14b");
                 app.add_option("--type", a->type, "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS")->required();
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
-                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2 or qwen3");
+                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3 or phi3");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
                 app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
                 app.add_option("--n-head", a->n_head, "Custom shape: query heads");

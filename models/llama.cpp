@@ -26,6 +26,15 @@ cpu::QMatrix matrix(const gguf::TensorInfo& t) {
   return m;
 }
 
+// Rows [first, first + n) of a matrix: whole rows are contiguous in every type, so a view.
+cpu::QMatrix rows_of(const cpu::QMatrix& m, int64_t first, int64_t n) {
+  BATON_CHECK(0 <= first && first + n <= m.rows);
+  cpu::QMatrix v = m;
+  v.data = static_cast<const uint8_t*>(m.data) + size_t(first) * m.row_bytes;
+  v.rows = n;
+  return v;
+}
+
 const float* floats(const gguf::TensorInfo& t) { return reinterpret_cast<const float*>(t.data); }
 
 }  // namespace
@@ -54,12 +63,25 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
   w.layers.resize(size_t(c.n_layer));
   for (int l = begin; l < end; ++l) {
     LayerWeights& L = w.layers[size_t(l)];
-    L.wq = mat(l, LayerTensor::Wq);
-    L.wk = mat(l, LayerTensor::Wk);
-    L.wv = mat(l, LayerTensor::Wv);
+    if (c.fused_qkv) {
+      const cpu::QMatrix qkv = mat(l, LayerTensor::Wqkv);
+      L.wq = rows_of(qkv, 0, c.n_embd_q());
+      L.wk = rows_of(qkv, c.n_embd_q(), c.n_embd_k());
+      L.wv = rows_of(qkv, c.n_embd_q() + c.n_embd_k(), c.n_embd_v());
+    } else {
+      L.wq = mat(l, LayerTensor::Wq);
+      L.wk = mat(l, LayerTensor::Wk);
+      L.wv = mat(l, LayerTensor::Wv);
+    }
     L.wo = mat(l, LayerTensor::Wo);
-    L.gate = mat(l, LayerTensor::Gate);
-    L.up = mat(l, LayerTensor::Up);
+    if (c.fused_gate_up) {
+      const cpu::QMatrix gu = mat(l, LayerTensor::Up);
+      L.gate = rows_of(gu, 0, c.n_ff);
+      L.up = rows_of(gu, c.n_ff, c.n_ff);
+    } else {
+      L.gate = mat(l, LayerTensor::Gate);
+      L.up = mat(l, LayerTensor::Up);
+    }
     L.down = mat(l, LayerTensor::Down);
     L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
     L.ffn_norm = norm(layer_tensor_key(l, LayerTensor::FfnNorm));

@@ -25,6 +25,7 @@ constexpr TensorRow kLayerTensors[] = {
   {LayerTensor::FfnNorm, "ffn_norm", false},    {LayerTensor::Gate, "ffn_gate", false},
   {LayerTensor::Up, "ffn_up", false},           {LayerTensor::Down, "ffn_down", false},
   {LayerTensor::PostFfnNorm, "post_ffw_norm", false},
+  {LayerTensor::Wqkv, "attn_qkv", false},
 };
 static_assert(std::size(kLayerTensors) == size_t(LayerTensor::Count));
 
@@ -36,6 +37,7 @@ struct Family {
   bool embd_scale_sqrt;  // multiply embeddings by sqrt(n_embd)
   bool post_norms, qk_norm, attn_bias;
   int swa_pattern;       // every Nth layer is global, the others sliding-window (0: all global)
+  bool fused_gate_up = false;  // ffn_up is [n_embd, 2 n_ff]: gate rows then up rows, no ffn_gate
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -45,6 +47,8 @@ constexpr Family kFamilies[] = {
   {"qwen2", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0},
   {"gemma3", RopeStyle::NeoX, Activation::GeluTanh, true, true, true, false, 6},
   {"qwen3", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0},  // q/k norms, no biases
+  // Phi-3, 3.5 and 4: fused q/k/v and gate/up matrices; the 128k files add long-context RoPE factors.
+  {"phi3", RopeStyle::NeoX, Activation::SiLU, false, false, false, false, 0, true},
 };
 
 }  // namespace
@@ -61,6 +65,9 @@ bool ModelConfig::has(LayerTensor t) const {
     case LayerTensor::Bq: case LayerTensor::Bk: case LayerTensor::Bv: return attn_bias;
     case LayerTensor::QNorm: case LayerTensor::KNorm: return qk_norm;
     case LayerTensor::PostAttnNorm: case LayerTensor::PostFfnNorm: return post_norms;
+    case LayerTensor::Wq: case LayerTensor::Wk: case LayerTensor::Wv: return !fused_qkv;
+    case LayerTensor::Wqkv: return fused_qkv;
+    case LayerTensor::Gate: return !fused_gate_up;
     default: return true;
   }
 }
@@ -178,6 +185,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.attn_bias = fam->attn_bias;
   c.attn_scale = attention_scale(c.arch, c.n_layer, c.n_embd, c.n_head, c.head_dim_k);
   c.final_softcap = float(get_float("final_logit_softcapping", 0.0));
+  c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
+  c.fused_gate_up = fam->fused_gate_up;
+  if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
 
   c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);
   if (fam->swa_pattern > 0) {
@@ -218,7 +228,41 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         for (int i = 0; i < c.rope_dim / 2; ++i) c.rope_freqs[size_t(i)] /= d[i];
       }
     }
+    // Phi-3's LongRoPE: divisors for short contexts and for long ones, and a magnitude for the
+    // rotated values (use_context picks the divisors).
+    const std::vector<float> plain = c.rope_freqs;
+    auto divided = [&](const char* name, std::vector<float>& out) {
+      const gguf::TensorInfo* rf = f.tensor(name);
+      if (!rf) return false;
+      if (rf->type != GgmlType::F32 || rf->nelements() != c.rope_dim / 2) {
+        problems.push_back(fmt::format("{} must be F32 [{}], found {} {}", name, c.rope_dim / 2, type_name(rf->type),
+                                       rf->shape_str()));
+        return false;
+      }
+      const float* d = reinterpret_cast<const float*>(rf->data);
+      out = plain;
+      for (int i = 0; i < c.rope_dim / 2; ++i) {
+        if (!(d[i] > 0)) {
+          problems.push_back(fmt::format("{}[{}] = {} must be > 0", name, i, d[i]));
+          return false;
+        }
+        out[size_t(i)] /= d[i];
+      }
+      return true;
+    };
+    divided("rope_factors_short.weight", c.rope_freqs);
+    if (divided("rope_factors_long.weight", c.rope_freqs_long))
+      c.rope_long_ctx = int(get_int("rope.scaling.original_context_length", false, c.n_ctx_train));
   }
+  c.rope_attn_factor = float(get_float("rope.scaling.attn_factor", 1.0));
+  if (!(c.rope_attn_factor > 0 && c.rope_attn_factor < 100))
+    problems.push_back(fmt::format("rope.scaling.attn_factor {} is out of range", c.rope_attn_factor));
+  // Rotated q and k both scaled by it: q·k by its square, exactly, when every dim is rotated.
+  if (c.rope_attn_factor != 1.f && c.rope_dim == c.head_dim_k)
+    c.attn_scale *= c.rope_attn_factor * c.rope_attn_factor;
+  else if (c.rope_attn_factor != 1.f)
+    problems.push_back(fmt::format("rope.scaling.attn_factor {} with partial rotation (rope.dimension_count {} < head "
+                                   "dim {}) is not supported yet", c.rope_attn_factor, c.rope_dim, c.head_dim_k));
 
   // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
   auto check = [&](const std::string& name, bool required, std::vector<int64_t> dims) {
@@ -249,7 +293,8 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
       const int64_t dims[][2] = {
         {E, 0}, {E, c.n_embd_q()}, {E, c.n_embd_k()}, {E, c.n_embd_v()}, {c.n_embd_attn(), E},
         {c.n_embd_q(), 0}, {c.n_embd_k(), 0}, {c.n_embd_v(), 0}, {c.head_dim_k, 0}, {c.head_dim_k, 0},
-        {E, 0}, {E, 0}, {E, c.n_ff}, {E, c.n_ff}, {c.n_ff, E}, {E, 0},
+        {E, 0}, {E, 0}, {E, c.n_ff}, {E, c.fused_gate_up ? 2 * c.n_ff : c.n_ff}, {c.n_ff, E}, {E, 0},
+        {E, c.n_embd_q() + c.n_embd_k() + c.n_embd_v()},
       };
       for (int t = 0; t < int(LayerTensor::Count); ++t) {
         const LayerTensor lt = LayerTensor(t);
@@ -269,6 +314,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     throw Error(ErrorKind::Model, msg);
   }
   return c;
+}
+
+void ModelConfig::use_context(int n_ctx) {
+  if (!rope_freqs_long.empty() && n_ctx > rope_long_ctx) rope_freqs = rope_freqs_long;
 }
 
 std::string ModelConfig::summary() const {

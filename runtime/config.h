@@ -19,6 +19,7 @@ enum class Activation { SiLU, GeluTanh };  // the FFN gate: down(act(gate·x) * 
 enum class LayerTensor : int {
   AttnNorm, Wq, Wk, Wv, Wo, Bq, Bk, Bv, QNorm, KNorm, PostAttnNorm,
   FfnNorm, Gate, Up, Down, PostFfnNorm,
+  Wqkv,  // q, k and v rows in one matrix (phi3 files; any family may store them so)
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
@@ -47,6 +48,11 @@ struct ModelConfig {
   float rope_scale_factor = 1.f;
   std::vector<float> rope_freqs;        // theta_i per pair for global layers
   std::vector<float> rope_freqs_local;  // theta_i per pair for sliding-window layers
+  // Phi-3's long-context RoPE: per-pair divisors for contexts beyond rope_long_ctx (the training
+  // context before the extension); rope_freqs holds the short ones until use_context picks.
+  std::vector<float> rope_freqs_long;
+  int rope_long_ctx = 0;
+  float rope_attn_factor = 1.f;     // rope.scaling.attn_factor: rotated q and k are multiplied by it
 
   // Family flags.
   Activation act = Activation::SiLU;
@@ -58,6 +64,8 @@ struct ModelConfig {
   float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k)
   float final_softcap = 0.f;     // logits = c * tanh(logits / c) when > 0
   bool tied_output = false;      // no output.weight: the head reuses token_embd
+  bool fused_qkv = false;        // attn_qkv holds the q, k and v rows, in that order
+  bool fused_gate_up = false;    // ffn_up holds the gate rows, then the up rows (phi3)
   int sliding_window = 0;        // tokens a local layer sees (itself included); 0: none
   std::vector<int> layer_window; // per layer: 0 = full attention, else the window
 
@@ -72,6 +80,9 @@ struct ModelConfig {
   // Reads everything; every missing or inconsistent key is collected and reported in one Error.
   // Tensor shapes are checked against the dimensions as well.
   static ModelConfig from_gguf(const gguf::File& f);
+  // Settles what depends on the context per sequence: Phi-3's long RoPE factors apply past
+  // rope_long_ctx (as llama.cpp decides). Call once, before the weights are bound.
+  void use_context(int n_ctx);
   std::string summary() const;  // one line for logs
 };
 

@@ -509,6 +509,7 @@ struct Worker {
     const StageSetup su = setup = get_stage(r, &planned);
     file = gguf::File::open(resolve_model(args.model));
     cfg = ModelConfig::from_gguf(*file);
+    cfg.use_context(su.n_ctx);
     // This rank's own device, as its hello reported it (probed once).
     if (devices.size() != 1) fail(ErrorKind::Usage, "this rank lists {} devices; give one per rank", devices.size());
     stage = load_stage(*file, cfg, su, devices[0], stage_threads(args.n_threads, args.threads_per_stage), {});

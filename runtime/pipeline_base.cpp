@@ -29,6 +29,7 @@ void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) 
   if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
     fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
   n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
+  cfg_.use_context(n_ctx_);
   len_.assign(size_t(opt.n_seq), 0);
 }
 

@@ -190,6 +190,9 @@ const std::vector<ShapePreset>& shape_presets() {
     {"qwen3-8b", "qwen3", "Qwen3 8B (q/k norms)", 36, 4096, 32, 8, 128, 12288, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false},
     {"llama3-8b", "llama", "Llama 3 8B", 32, 4096, 32, 8, 128, 14336, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
     {"llama3-70b", "llama", "Llama 3 70B", 80, 8192, 64, 8, 128, 28672, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
+    {"phi3-mini", "phi3", "Phi-3 mini 4k (fused q/k/v and gate/up, head dim 96)", 32, 3072, 32, 32, 96, 8192, 32064, 4096, false, 0, 0, 10000.f, 1e-5f, false},
+    {"phi3.5-mini", "phi3", "Phi-3.5 mini (LongRoPE to 128k from 4k)", 32, 3072, 32, 32, 96, 8192, 32064, 131072, false, 0, 0, 10000.f, 1e-5f, false, 4096},
+    {"phi4-14b", "phi3", "Phi-4 14B (fused, GQA 4:1)", 40, 5120, 40, 10, 128, 17920, 100352, 16384, false, 0, 0, 250000.f, 1e-5f, false},
   };
   return k;
 }
@@ -241,14 +244,23 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const bool gemma = std::string_view(p.architecture) == "gemma3";
   const bool qk_norm = gemma || std::string_view(p.architecture) == "qwen3";
+  const bool phi3 = std::string_view(p.architecture) == "phi3";  // fused q/k/v, fused gate/up
 
   mat("token_embd.weight", E, V);
+  if (p.rope_long_ctx) {
+    vec("rope_factors_long.weight", p.head_dim / 2);
+    vec("rope_factors_short.weight", p.head_dim / 2);
+  }
   for (uint32_t i = 0; i < p.n_layer; i++) {
     const std::string b = "blk." + std::to_string(i) + ".";
     vec(b + "attn_norm.weight", E);
-    mat(b + "attn_q.weight", E, q);
-    mat(b + "attn_k.weight", E, kv);
-    mat(b + "attn_v.weight", E, kv);
+    if (phi3) {
+      mat(b + "attn_qkv.weight", E, q + 2 * kv);
+    } else {
+      mat(b + "attn_q.weight", E, q);
+      mat(b + "attn_k.weight", E, kv);
+      mat(b + "attn_v.weight", E, kv);
+    }
     if (p.qkv_bias) {
       vec(b + "attn_q.bias", q);
       vec(b + "attn_k.bias", kv);
@@ -261,8 +273,12 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
     mat(b + "attn_output.weight", q, E);
     if (gemma) vec(b + "post_attention_norm.weight", E);
     vec(b + "ffn_norm.weight", E);
-    mat(b + "ffn_gate.weight", E, F);
-    mat(b + "ffn_up.weight", E, F);
+    if (phi3) {
+      mat(b + "ffn_up.weight", E, 2 * F);
+    } else {
+      mat(b + "ffn_gate.weight", E, F);
+      mat(b + "ffn_up.weight", E, F);
+    }
     mat(b + "ffn_down.weight", F, E);
     if (gemma) vec(b + "post_ffw_norm.weight", E);
   }

@@ -66,7 +66,7 @@ ModelShape shape_from_gguf(const gguf::File& f);
 
 struct ShapePreset {
   const char* name;          // what users type: --shape llama3-8b
-  const char* architecture;  // llama, qwen2, qwen3, gemma3
+  const char* architecture;  // llama, qwen2, qwen3, gemma3, phi3
   const char* what;          // one line for --help
   uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
   bool tied;                 // no output.weight
@@ -75,6 +75,7 @@ struct ShapePreset {
   float rope_base;
   float rms_eps;
   bool qkv_bias;             // qwen2: attn_{q,k,v}.bias
+  uint32_t rope_long_ctx = 0;  // phi3: LongRoPE factors for contexts beyond this one (0: none)
 };
 const std::vector<ShapePreset>& shape_presets();
 const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names

@@ -33,7 +33,7 @@ uint64_t hash_name(uint64_t seed, const std::string& name) {
   return h;
 }
 
-enum class Init { Normal, One, Bias };
+enum class Init { Normal, One, Bias, RopeShort, RopeLong };
 
 // Fills a tensor: row r gets its own stream, rows are split over threads.
 void fill_tensor(const TensorSpec& t, Init init, uint64_t seed, uint8_t* dst, size_t nbytes) {
@@ -48,7 +48,12 @@ void fill_tensor(const TensorSpec& t, Init init, uint64_t seed, uint8_t* dst, si
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; r++) {
       Rng rng{base ^ (uint64_t(r) * 0xd1b54a32d192ed03ull)};
-      for (auto& x : row) x = init == Init::One ? 1.0f : rng.normal() * sigma;
+      for (size_t i = 0; i < row.size(); i++) {
+        // LongRoPE divisors shaped like Phi-3.5's: near 1 for short contexts, growing to ~30 for long.
+        const float at = float(i) / float(cols);
+        row[i] = init == Init::One ? 1.0f : init == Init::RopeShort ? 1.0f + 0.05f * at
+               : init == Init::RopeLong ? 1.0f + 30.0f * at * at : rng.normal() * sigma;
+      }
       quantize_row(t.type, row.data(), dst + size_t(r) * rb, cols);
     }
   };
@@ -69,6 +74,8 @@ Init init_for(const std::string& name) {
     return n.size() >= suf.size() && n.substr(n.size() - suf.size()) == suf;
   };
   if (ends_with(".bias")) return Init::Bias;
+  if (name == "rope_factors_short.weight") return Init::RopeShort;
+  if (name == "rope_factors_long.weight") return Init::RopeLong;
   if (ends_with("norm.weight")) return Init::One;
   return Init::Normal;
 }
@@ -138,7 +145,10 @@ void check_shape(const ShapePreset& p) {
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
-  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3", "architecture must be llama, qwen2, qwen3 or gemma3");
+  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3",
+       "architecture must be llama, qwen2, qwen3, gemma3 or phi3");
+  need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
+       "LongRoPE factors are for phi3, from a context shorter than the trained one");
   need(p.sliding_window == 0 || a == "gemma3", "a sliding window is only supported for gemma3");
 }
 
@@ -173,6 +183,12 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
     w.set(key("vocab_size"), gguf::Value::of_u32(p.n_vocab));
   }
   w.set(key("rope.freq_base"), gguf::Value::of_f32(p.rope_base));
+  if (p.rope_long_ctx) {  // as the Phi-3 converter writes LongRoPE: the original context and a magnitude
+    const double scale = double(p.n_ctx_train) / p.rope_long_ctx;
+    w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(p.rope_long_ctx));
+    w.set(key("rope.scaling.attn_factor"),
+          gguf::Value::of_f32(float(std::sqrt(1 + std::log(scale) / std::log(double(p.rope_long_ctx))))));
+  }
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));

@@ -5,7 +5,10 @@
 // gemma3-shaped one (NeoX RoPE, GeGLU, q/k norms, post-norms, embedding scale, sliding-window layers
 // with their own RoPE base, tied output) and a qwen3-shaped one (NeoX RoPE with base 1e6, SwiGLU, q/k
 // norms before the rotation, heads wider than n_embd / n_head, tied output): per Qwen3's modeling code,
-// q_norm/k_norm are RMSNorms over each head's head_dim values.
+// q_norm/k_norm are RMSNorms over each head's head_dim values. And a phi3-shaped one, per Phi-3's
+// modeling code: one qkv_proj whose output splits into q, k, v; one gate_up_proj whose output
+// chunks into gate then up; LongRoPE (per-pair divisors, the long ones past the original context)
+// with cos and sin multiplied by the attention factor.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +30,8 @@ struct Spec {
   GgmlType wtype = GgmlType::Q4_0;
   int n_layer = 2, n_embd = 256, n_head = 4, n_head_kv = 2, head_dim = 64, n_ff = 512, n_vocab = 300;
   int window = 0, swa_pattern = 0;  // gemma3: sliding window and every Nth layer global
+  int rope_long_ctx = 0;            // phi3: LongRoPE factors past this context
+  float rope_attn_factor = 1.f;     // phi3: rope.scaling.attn_factor
   uint32_t seed = 7;
 };
 
@@ -56,6 +61,10 @@ Model make_model(const Spec& s) {
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
   wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
+  if (s.rope_long_ctx > 0) {
+    wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(uint32_t(s.rope_long_ctx)));
+    wr.set(a + ".rope.scaling.attn_factor", gguf::Value::of_f32(s.rope_attn_factor));
+  }
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
     wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
@@ -85,19 +94,32 @@ Model make_model(const Spec& s) {
   add("token_embd.weight", s.n_vocab, E, a == "gemma3" ? 4.f / float(E) : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
   add("output_norm.weight", 1, E, a == "gemma3" ? 2.f : 0.2f, a == "gemma3" ? 12.f : 1.f, false);
-  if (a == "llama") add("output.weight", s.n_vocab, E, we, 0.f, true);
+  const bool phi3 = a == "phi3";
+  if (a == "llama" || phi3) add("output.weight", s.n_vocab, E, we, 0.f, true);
+  if (s.rope_long_ctx > 0) {
+    add("rope_factors_long.weight", 1, D / 2, 4.f, 5.f, false);
+    add("rope_factors_short.weight", 1, D / 2, 0.2f, 1.1f, false);
+  }
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", 1, E, 0.2f, 1.f, false);
-    add(b + "attn_q.weight", s.n_head * D, E, we, 0.f, true);
-    add(b + "attn_k.weight", s.n_head_kv * D, E, we, 0.f, true);
-    add(b + "attn_v.weight", s.n_head_kv * D, E, we, 0.f, true);
+    if (phi3) {
+      add(b + "attn_qkv.weight", (s.n_head + 2 * s.n_head_kv) * D, E, we, 0.f, true);
+    } else {
+      add(b + "attn_q.weight", s.n_head * D, E, we, 0.f, true);
+      add(b + "attn_k.weight", s.n_head_kv * D, E, we, 0.f, true);
+      add(b + "attn_v.weight", s.n_head_kv * D, E, we, 0.f, true);
+    }
     add(b + "attn_output.weight", E, s.n_head * D, we, 0.f, true);
     add(b + "ffn_norm.weight", 1, E, 0.2f, 1.f, false);
-    add(b + "ffn_gate.weight", s.n_ff, E, we, 0.f, true);
-    add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
+    if (phi3) {
+      add(b + "ffn_up.weight", 2 * s.n_ff, E, we, 0.f, true);
+    } else {
+      add(b + "ffn_gate.weight", s.n_ff, E, we, 0.f, true);
+      add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
+    }
     add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a != "llama") {
+    if (a == "gemma3" || a == "qwen3") {
       add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
@@ -131,21 +153,26 @@ Vec rmsnorm(const Vec& x, const float* w, size_t off, size_t n, double eps) {
   return y;
 }
 
-void rope_ref(Vec& v, int n_head, int D, int pos, double base, bool neox) {
+// div: LongRoPE's per-pair divisors of the frequency (or none); mscale multiplies cos and sin.
+void rope_ref(Vec& v, int n_head, int D, int pos, double base, bool neox, const float* div = nullptr,
+              double mscale = 1.0) {
   for (int h = 0; h < n_head; ++h)
     for (int i = 0; i < D / 2; ++i) {
-      const double ang = pos * std::pow(base, -2.0 * i / D);
+      const double ang = pos * std::pow(base, -2.0 * i / D) / (div ? double(div[i]) : 1.0);
       const size_t i0 = size_t(h * D + (neox ? i : 2 * i)), i1 = size_t(h * D + (neox ? i + D / 2 : 2 * i + 1));
-      const double a = v[i0], b = v[i1];
-      v[i0] = a * std::cos(ang) - b * std::sin(ang);
-      v[i1] = a * std::sin(ang) + b * std::cos(ang);
+      const double a = v[i0], b = v[i1], c = std::cos(ang) * mscale, sn = std::sin(ang) * mscale;
+      v[i0] = a * c - b * sn;
+      v[i1] = a * sn + b * c;
     }
 }
 
-// Logits for every position of `ids` (one sequence starting at position 0).
-std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
+// Logits for every position of `ids` (one sequence starting at position 0) with a context of n_ctx.
+std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx) {
   const Spec& s = m.spec;
-  const bool gemma = s.arch == "gemma3", qwen3 = s.arch == "qwen3", neox = gemma || qwen3;
+  const bool gemma = s.arch == "gemma3", qwen3 = s.arch == "qwen3", phi3 = s.arch == "phi3";
+  const bool neox = gemma || qwen3 || phi3;
+  const float* rope_div = s.rope_long_ctx == 0 ? nullptr
+                          : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
   const int E = s.n_embd, D = s.head_dim, T = int(ids.size()), rep = s.n_head / s.n_head_kv;
   const double eps = 1e-6;
   auto W = [&](const std::string& n) -> const std::vector<float>& { return m.w.at(n); };
@@ -158,14 +185,22 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma ? (local ? 10000.0 : 1e6) : qwen3 ? 1e6 : 10000.0;
+    const double base = gemma ? (local ? 10000.0 : 1e6) : s.arch == "llama" ? 10000.0 : 1e6;  // as make_model writes
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "attn_norm.weight").data(), 0, size_t(E), eps);
-      q[size_t(t)] = matvec(W(b + "attn_q.weight"), s.n_head * D, E, h);
-      k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
-      v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
-      if (neox) {  // gemma3 and qwen3: q/k norms per head, then the rotation
+      if (phi3) {  // qkv_proj, then q, k and v split off its output in that order
+        const Vec qkv = matvec(W(b + "attn_qkv.weight"), (s.n_head + 2 * s.n_head_kv) * D, E, h);
+        const auto at = [&](int from, int n) { return Vec(qkv.begin() + from, qkv.begin() + from + n); };
+        q[size_t(t)] = at(0, s.n_head * D);
+        k[size_t(t)] = at(s.n_head * D, s.n_head_kv * D);
+        v[size_t(t)] = at((s.n_head + s.n_head_kv) * D, s.n_head_kv * D);
+      } else {
+        q[size_t(t)] = matvec(W(b + "attn_q.weight"), s.n_head * D, E, h);
+        k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
+        v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
+      }
+      if (gemma || qwen3) {  // q/k norms per head, then the rotation
         for (int hh = 0; hh < s.n_head; ++hh) {
           const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), q[size_t(t)].begin() + hh * D);
@@ -175,8 +210,8 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
           std::copy(n.begin(), n.end(), k[size_t(t)].begin() + hh * D);
         }
       }
-      rope_ref(q[size_t(t)], s.n_head, D, t, base, neox);
-      rope_ref(k[size_t(t)], s.n_head_kv, D, t, base, neox);
+      rope_ref(q[size_t(t)], s.n_head, D, t, base, neox, rope_div, s.rope_attn_factor);
+      rope_ref(k[size_t(t)], s.n_head_kv, D, t, base, neox, rope_div, s.rope_attn_factor);
     }
     for (int t = 0; t < T; ++t) {
       Vec o(size_t(s.n_head * D), 0.0);
@@ -201,8 +236,15 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
     }
     for (int t = 0; t < T; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
-      const Vec g = matvec(W(b + "ffn_gate.weight"), s.n_ff, E, h);
-      const Vec u = matvec(W(b + "ffn_up.weight"), s.n_ff, E, h);
+      Vec g, u;
+      if (phi3) {  // gate_up_proj: its output chunks into gate, then up
+        const Vec gu = matvec(W(b + "ffn_up.weight"), 2 * s.n_ff, E, h);
+        g.assign(gu.begin(), gu.begin() + s.n_ff);
+        u.assign(gu.begin() + s.n_ff, gu.end());
+      } else {
+        g = matvec(W(b + "ffn_gate.weight"), s.n_ff, E, h);
+        u = matvec(W(b + "ffn_up.weight"), s.n_ff, E, h);
+      }
       Vec a(size_t(s.n_ff));
       for (size_t i = 0; i < a.size(); ++i) {
         const double z = g[i];
@@ -216,7 +258,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids) {
     }
   }
   std::vector<Vec> logits;
-  const std::string out = s.arch == "llama" ? "output.weight" : "token_embd.weight";  // gemma3, qwen3: tied
+  const std::string out = gemma || qwen3 ? "token_embd.weight" : "output.weight";  // gemma3, qwen3: tied
   for (int t = 0; t < T; ++t)
     logits.push_back(matvec(W(out), s.n_vocab, E, rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps)));
   return logits;
@@ -229,9 +271,9 @@ std::vector<int32_t> prompt(const Spec& s, int n, uint32_t seed) {
   return ids;
 }
 
-std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1) {
+std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1, int n_ctx = 64) {
   LoadOptions o;
-  o.n_ctx = 64;
+  o.n_ctx = n_ctx;
   o.n_seq = n_seq;
   o.n_batch = n_batch;
   o.n_threads = 2;
@@ -239,8 +281,9 @@ std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1) {
 }
 
 // Max |fast - reference| over all logits, relative to the reference's standard deviation.
-void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, const char* what) {
-  const auto ref = reference(m, ids);
+void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, const char* what,
+             int n_ctx = 64) {
+  const auto ref = reference(m, ids, n_ctx);
   const int V = m.spec.n_vocab;
   double max_d = 0, sum_d = 0, sum = 0, sum2 = 0;
   size_t agree = 0;
@@ -288,6 +331,17 @@ Spec qwen3_spec(GgmlType t) {
   return s;
 }
 
+// Phi-3's layout, shrunk: fused q/k/v and gate/up, GQA 2:1 (as Phi-4), LongRoPE from a context
+// of 32 (so the tests' 64 take the long factors) with an attention factor.
+Spec phi3_spec(GgmlType t) {
+  Spec s;
+  s.arch = "phi3";
+  s.wtype = t;
+  s.rope_long_ctx = 32;
+  s.rope_attn_factor = 1.2f;
+  return s;
+}
+
 Spec gemma_spec(GgmlType t) {
   Spec s;
   s.arch = "gemma3";
@@ -304,8 +358,8 @@ Spec gemma_spec(GgmlType t) {
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
-    for (const char* arch : {"llama", "gemma3", "qwen3"}) {
-      Spec s = std::string(arch) == "gemma3" ? gemma_spec(t) : std::string(arch) == "qwen3" ? qwen3_spec(t) : Spec{};
+    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3"}) {
+      Spec s = arch == "gemma3" ? gemma_spec(t) : arch == "qwen3" ? qwen3_spec(t) : arch == "phi3" ? phi3_spec(t) : Spec{};
       s.wtype = t;
       const Model m = make_model(s);
       const auto ids = prompt(s, 12, 11);
@@ -313,6 +367,19 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       compare(m, ids, run_prompt(*p, ids), "one batch");
     }
   }
+}
+
+TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original context, long ones past it") {
+  const Spec s = phi3_spec(GgmlType::Q8_0);
+  const Model m = make_model(s);
+  const auto ids = prompt(s, 12, 5);
+  auto short_ctx = load(m, 64, 1, 32), long_ctx = load(m, 64, 1, 33);
+  const auto a = run_prompt(*short_ctx, ids), b = run_prompt(*long_ctx, ids);
+  compare(m, ids, a, "context 32 (short)", 32);
+  compare(m, ids, b, "context 33 (long)", 33);
+  double d = 0;  // and the choice matters: the two differ by far more than the tolerance
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+  CHECK(d > 1.0);
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
