@@ -336,7 +336,7 @@ struct CpuLayers {
       angles.resize(size_t(n) * size_t(2 * half));
       for (int t = 0; t < n; ++t)
         cpu::rope_angles(batch.pos[size_t(t)], freqs, half, angles.data() + size_t(t) * 2 * half,
-                         angles.data() + size_t(t) * 2 * half + half);
+                         angles.data() + size_t(t) * 2 * half + half, c.rope_attn_factor);
       angles_of = freqs;
     }
     const cpu::RowFn token = [&](int t) {

@@ -257,12 +257,6 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rope_attn_factor = float(get_float("rope.scaling.attn_factor", 1.0));
   if (!(c.rope_attn_factor > 0 && c.rope_attn_factor < 100))
     problems.push_back(fmt::format("rope.scaling.attn_factor {} is out of range", c.rope_attn_factor));
-  // Rotated q and k both scaled by it: q·k by its square, exactly, when every dim is rotated.
-  if (c.rope_attn_factor != 1.f && c.rope_dim == c.head_dim_k)
-    c.attn_scale *= c.rope_attn_factor * c.rope_attn_factor;
-  else if (c.rope_attn_factor != 1.f)
-    problems.push_back(fmt::format("rope.scaling.attn_factor {} with partial rotation (rope.dimension_count {} < head "
-                                   "dim {}) is not supported yet", c.rope_attn_factor, c.rope_dim, c.head_dim_k));
 
   // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
   auto check = [&](const std::string& name, bool required, std::vector<int64_t> dims) {

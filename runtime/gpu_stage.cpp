@@ -339,7 +339,8 @@ struct CudaLayers {
     const float* fr = g.freqs.at(c.freqs(l).data());
     const bool neox = c.rope_style == RopeStyle::NeoX;
     cuda::rope_stage(g.ctx, g.kv_type, {q, size_t(nq), c.n_head}, {k, size_t(nk), g.k_new, g.k_row, nk},
-                     {v, size_t(nv), g.v_new, g.v_row, nv}, n, c.head_dim_k, c.rope_dim, g.pos, fr, neox);
+                     {v, size_t(nv), g.v_new, g.v_row, nv}, n, c.head_dim_k, c.rope_dim, g.pos, fr, neox,
+                     c.rope_attn_factor);
   }
 
   void attention(int l, int n) {
@@ -371,7 +372,7 @@ struct CudaLayers {
       if (rope_here) {
         const ModelConfig& c = g.c;
         rope = {k, size_t(c.n_embd_k()), v, size_t(c.n_embd_v()), c.rope_dim, g.freqs.at(c.freqs(l).data()),
-                c.rope_style == RopeStyle::NeoX};
+                c.rope_style == RopeStyle::NeoX, c.rope_attn_factor};
       }
       cuda::attention(g.ctx, a, max_len, true, commit_args(a), rope);  // the commit in the same launches
       q8_of = a.out, q8_rows = n, q8_cols = cols;

@@ -192,6 +192,7 @@ const std::vector<ShapePreset>& shape_presets() {
     {"llama3-70b", "llama", "Llama 3 70B", 80, 8192, 64, 8, 128, 28672, 128256, 8192, false, 0, 0, 500000.f, 1e-5f, false},
     {"phi3-mini", "phi3", "Phi-3 mini 4k (fused q/k/v and gate/up, head dim 96)", 32, 3072, 32, 32, 96, 8192, 32064, 4096, false, 0, 0, 10000.f, 1e-5f, false},
     {"phi3.5-mini", "phi3", "Phi-3.5 mini (LongRoPE to 128k from 4k)", 32, 3072, 32, 32, 96, 8192, 32064, 131072, false, 0, 0, 10000.f, 1e-5f, false, 4096},
+    {"phi4-mini", "phi3", "Phi-4 mini (tied head, 200k vocab, 3/4 of each head rotated, LongRoPE from 4k)", 32, 3072, 24, 8, 128, 8192, 200064, 131072, true, 0, 0, 10000.f, 1e-5f, false, 4096, 96},
     {"phi4-14b", "phi3", "Phi-4 14B (fused, GQA 4:1)", 40, 5120, 40, 10, 128, 17920, 100352, 16384, false, 0, 0, 250000.f, 1e-5f, false},
   };
   return k;
@@ -248,8 +249,9 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
 
   mat("token_embd.weight", E, V);
   if (p.rope_long_ctx) {
-    vec("rope_factors_long.weight", p.head_dim / 2);
-    vec("rope_factors_short.weight", p.head_dim / 2);
+    const int64_t pairs = (p.rope_dim ? p.rope_dim : p.head_dim) / 2;
+    vec("rope_factors_long.weight", pairs);
+    vec("rope_factors_short.weight", pairs);
   }
   for (uint32_t i = 0; i < p.n_layer; i++) {
     const std::string b = "blk." + std::to_string(i) + ".";

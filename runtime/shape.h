@@ -76,6 +76,7 @@ struct ShapePreset {
   float rms_eps;
   bool qkv_bias;             // qwen2: attn_{q,k,v}.bias
   uint32_t rope_long_ctx = 0;  // phi3: LongRoPE factors for contexts beyond this one (0: none)
+  uint32_t rope_dim = 0;       // rotated dims per head (0: head_dim; Phi-4-mini rotates 3/4)
 };
 const std::vector<ShapePreset>& shape_presets();
 const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names

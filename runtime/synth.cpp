@@ -142,6 +142,7 @@ void check_shape(const ShapePreset& p) {
   need(p.n_vocab >= 259, "n_vocab must be at least 259 (3 specials and 256 byte tokens)");
   need(p.n_ctx_train > 0, "the context length must be positive");
   need(p.head_dim % 2 == 0, "head_dim must be even (rotary pairs)");
+  need(p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim, "the rotated dims must be even and at most head_dim");
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
@@ -179,7 +180,7 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
     w.set(key("attention.value_length"), gguf::Value::of_u32(p.head_dim));
   }
   if (a != "gemma3") {
-    w.set(key("rope.dimension_count"), gguf::Value::of_u32(p.head_dim));
+    w.set(key("rope.dimension_count"), gguf::Value::of_u32(p.rope_dim ? p.rope_dim : p.head_dim));
     w.set(key("vocab_size"), gguf::Value::of_u32(p.n_vocab));
   }
   w.set(key("rope.freq_base"), gguf::Value::of_f32(p.rope_base));

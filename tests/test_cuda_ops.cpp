@@ -673,15 +673,17 @@ TEST_CASE("rope (adjacent pairs and NeoX) matches kernels/cpu/ops") {
   for (bool neox : {false, true}) {
     for (int head_dim : {64, 128}) {
       const int n_head = 5, n_tok = 7, rope_dim = head_dim == 64 ? 64 : 96;  // partial rotation too
+      const float mscale = head_dim == 64 ? 1.f : 1.19f;  // LongRoPE's attention factor (Phi-4-mini's)
       const size_t stride = size_t(n_head * head_dim);
       auto x = random_floats(stride * n_tok, rng);
       std::vector<float> freqs(size_t(rope_dim / 2));
       for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
       const std::vector<int32_t> pos = {0, 1, 5, 17, 300, 4095, 70000};
       auto dx = to_dev(x), df = to_dev(freqs), dp = to_dev(pos);
-      cu::rope(ctx(), dx.as<float>(), n_tok, stride, n_head, head_dim, rope_dim, dp.as<int32_t>(), df.as<float>(), neox);
+      cu::rope(ctx(), dx.as<float>(), n_tok, stride, n_head, head_dim, rope_dim, dp.as<int32_t>(), df.as<float>(), neox,
+               mscale);
       for (int t = 0; t < n_tok; t++)
-        cpu::rope(x.data() + size_t(t) * stride, n_head, head_dim, rope_dim, pos[size_t(t)], freqs.data(), neox);
+        cpu::rope(x.data() + size_t(t) * stride, n_head, head_dim, rope_dim, pos[size_t(t)], freqs.data(), neox, mscale);
       const auto y = to_host<float>(dx, x.size());
       int bad = 0;
       for (size_t i = 0; i < y.size(); i++) bad += std::fabs(y[i] - x[i]) > 2e-6f;
@@ -736,6 +738,7 @@ TEST_CASE("rope_stage equals rope_qk then kv_convert_kv") {
     for (bool neox : {false, true})
       for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
         const int rope_dim = head_dim == 64 ? 64 : 96, wk = hk * head_dim, wv = hk * head_dim;
+        const float mscale = head_dim == 64 ? 1.f : 1.19f;
         const size_t sq = size_t(hq * head_dim) + 32, sk = size_t(wk) + 32, sv = size_t(wv) + 64;  // padded rows
         std::vector<float> freqs(size_t(rope_dim / 2));
         for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
@@ -746,12 +749,12 @@ TEST_CASE("rope_stage equals rope_qk then kv_convert_kv") {
         auto q1 = to_dev(q), k1 = to_dev(k), q2 = to_dev(q), k2 = to_dev(k), dv = to_dev(v);
         cu::DeviceBuffer kn1(rk * n_tok), vn1(rv * n_tok), kn2(rk * n_tok), vn2(rv * n_tok);
         cu::rope_qk(ctx(), {q1.as<float>(), sq, hq}, {k1.as<float>(), sk, hk}, n_tok, head_dim, rope_dim, dp.as<int32_t>(),
-                    df.as<float>(), neox);
+                    df.as<float>(), neox, mscale);
         cu::kv_convert_kv(ctx(), kt, {k1.as<float>(), sk, kn1.as<uint8_t>(), rk, wk},
                           {dv.as<float>(), sv, vn1.as<uint8_t>(), rv, wv}, n_tok);
         cu::rope_stage(ctx(), kt, {q2.as<float>(), sq, hq}, {k2.as<float>(), sk, kn2.as<uint8_t>(), rk, wk},
                        {dv.as<float>(), sv, vn2.as<uint8_t>(), rv, wv}, n_tok, head_dim, rope_dim, dp.as<int32_t>(),
-                       df.as<float>(), neox);
+                       df.as<float>(), neox, mscale);
         INFO(type_name(kt) << " head_dim " << head_dim << " neox " << neox);
         CHECK(to_host<float>(q1, q.size()) == to_host<float>(q2, q.size()));
         CHECK(to_host<uint8_t>(kn1, rk * n_tok) == to_host<uint8_t>(kn2, rk * n_tok));
@@ -1007,6 +1010,7 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
     for (int hd : {64, 128, 256})
       for (bool neox : {false, true}) {
         const int rope_dim = neox ? hd / 2 : hd;  // partial rotary with NeoX pairs
+        const float mscale = neox ? 1.19f : 1.f;  // and LongRoPE's attention factor
         AttnCase C(kt, hd, n, rng, 310);
         AttnBatch B(C, {75, 300}, {0, 1}, {75, 300}, {0, 1}, 0, rng);
         const std::vector<float>& q = B.q;
@@ -1020,7 +1024,7 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
         for (int i = 0; i < rope_dim / 2; i++) freqs[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rope_dim));
         auto dk = to_dev(k), dv = to_dev(v), df = to_dev(freqs);
         const cu::KvCommit cm{C.dkn.as<uint8_t>(), C.dvn.as<uint8_t>(), g.row0, g.seq, g.pos, n};
-        const cu::RopeStage rope{dk.as<float>(), sk, dv.as<float>(), sv, rope_dim, df.as<float>(), neox};
+        const cu::RopeStage rope{dk.as<float>(), sk, dv.as<float>(), sv, rope_dim, df.as<float>(), neox, mscale};
         const size_t staged = C.k_row * n;
         auto reset = [&] {  // the cache's history back; staged rows and output overwritten with junk
           C.restore();
@@ -1040,7 +1044,7 @@ TEST_CASE("attention with the rope and staging of a decode step equals rope_stag
             auto q2 = to_dev(q);
             cu::rope_stage(ctx(), kt, {q2.as<float>(), qs, C.n_head}, {dk.as<float>(), sk, C.dkn.as<uint8_t>(), C.k_row, wk},
                            {dv.as<float>(), sv, C.dvn.as<uint8_t>(), C.k_row, wk}, n, hd, rope_dim, g.pos,
-                           df.as<float>(), neox);
+                           df.as<float>(), neox, mscale);
             cu::AttentionArgs g2 = g;
             g2.q = q2.as<float>();
             cu::attention(ctx(), g2, max_len, true, cm);

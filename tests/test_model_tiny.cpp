@@ -30,6 +30,7 @@ struct Spec {
   GgmlType wtype = GgmlType::Q4_0;
   int n_layer = 2, n_embd = 256, n_head = 4, n_head_kv = 2, head_dim = 64, n_ff = 512, n_vocab = 300;
   int window = 0, swa_pattern = 0;  // gemma3: sliding window and every Nth layer global
+  int rope_dim = 0;                 // rotated dims per head (0: all; Phi-4-mini rotates 3/4)
   int rope_long_ctx = 0;            // phi3: LongRoPE factors past this context
   float rope_attn_factor = 1.f;     // phi3: rope.scaling.attn_factor
   uint32_t seed = 7;
@@ -61,6 +62,7 @@ Model make_model(const Spec& s) {
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
   wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
+  if (s.rope_dim > 0) wr.set(a + ".rope.dimension_count", gguf::Value::of_u32(uint32_t(s.rope_dim)));
   if (s.rope_long_ctx > 0) {
     wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(uint32_t(s.rope_long_ctx)));
     wr.set(a + ".rope.scaling.attn_factor", gguf::Value::of_f32(s.rope_attn_factor));
@@ -97,8 +99,9 @@ Model make_model(const Spec& s) {
   const bool phi3 = a == "phi3";
   if (a == "llama" || phi3) add("output.weight", s.n_vocab, E, we, 0.f, true);
   if (s.rope_long_ctx > 0) {
-    add("rope_factors_long.weight", 1, D / 2, 4.f, 5.f, false);
-    add("rope_factors_short.weight", 1, D / 2, 0.2f, 1.1f, false);
+    const int R = s.rope_dim > 0 ? s.rope_dim : D;
+    add("rope_factors_long.weight", 1, R / 2, 4.f, 5.f, false);
+    add("rope_factors_short.weight", 1, R / 2, 0.2f, 1.1f, false);
   }
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -153,13 +156,14 @@ Vec rmsnorm(const Vec& x, const float* w, size_t off, size_t n, double eps) {
   return y;
 }
 
-// div: LongRoPE's per-pair divisors of the frequency (or none); mscale multiplies cos and sin.
-void rope_ref(Vec& v, int n_head, int D, int pos, double base, bool neox, const float* div = nullptr,
+// The first R dims of each head rotate, the rest pass. div: LongRoPE's per-pair divisors of the
+// frequency (or none); mscale multiplies cos and sin (the rotated dims only).
+void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox, const float* div = nullptr,
               double mscale = 1.0) {
   for (int h = 0; h < n_head; ++h)
-    for (int i = 0; i < D / 2; ++i) {
-      const double ang = pos * std::pow(base, -2.0 * i / D) / (div ? double(div[i]) : 1.0);
-      const size_t i0 = size_t(h * D + (neox ? i : 2 * i)), i1 = size_t(h * D + (neox ? i + D / 2 : 2 * i + 1));
+    for (int i = 0; i < R / 2; ++i) {
+      const double ang = pos * std::pow(base, -2.0 * i / R) / (div ? double(div[i]) : 1.0);
+      const size_t i0 = size_t(h * D + (neox ? i : 2 * i)), i1 = size_t(h * D + (neox ? i + R / 2 : 2 * i + 1));
       const double a = v[i0], b = v[i1], c = std::cos(ang) * mscale, sn = std::sin(ang) * mscale;
       v[i0] = a * c - b * sn;
       v[i1] = a * sn + b * c;
@@ -210,8 +214,9 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
           std::copy(n.begin(), n.end(), k[size_t(t)].begin() + hh * D);
         }
       }
-      rope_ref(q[size_t(t)], s.n_head, D, t, base, neox, rope_div, s.rope_attn_factor);
-      rope_ref(k[size_t(t)], s.n_head_kv, D, t, base, neox, rope_div, s.rope_attn_factor);
+      const int R = s.rope_dim > 0 ? s.rope_dim : D;
+      rope_ref(q[size_t(t)], s.n_head, D, R, t, base, neox, rope_div, s.rope_attn_factor);
+      rope_ref(k[size_t(t)], s.n_head_kv, D, R, t, base, neox, rope_div, s.rope_attn_factor);
     }
     for (int t = 0; t < T; ++t) {
       Vec o(size_t(s.n_head * D), 0.0);
@@ -380,6 +385,13 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
   double d = 0;  // and the choice matters: the two differ by far more than the tolerance
   for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
   CHECK(d > 1.0);
+
+  // Phi-4-mini rotates 3/4 of each head: the attention factor scales only the rotated dims.
+  Spec p = s;
+  p.rope_dim = 48;
+  const Model pm = make_model(p);
+  auto partial = load(pm, 64);
+  compare(pm, ids, run_prompt(*partial, ids), "rotating 48 of 64");
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {

@@ -63,11 +63,11 @@ void rms_norm(const float* x, const float* w, float* y, int rows, int n, float e
   }
 }
 
-void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn) {
+void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn, float mscale) {
   for (int i = 0; i < half; ++i) {
     const double a = double(pos) * double(freqs[i]);
-    cs[i] = float(std::cos(a));
-    sn[i] = float(std::sin(a));
+    cs[i] = float(std::cos(a)) * mscale;  // rounded as the CUDA rope: float(cos), then the product
+    sn[i] = float(std::sin(a)) * mscale;
   }
 }
 
@@ -84,11 +84,11 @@ void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* 
   }
 }
 
-void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox) {
+void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox, float mscale) {
   const int half = rope_dim / 2;
   float cs[512], sn[512];  // rope_dim <= 1024 is checked by the caller's config (head dims are small)
   BATON_CHECK(half <= 512);
-  rope_angles(pos, freqs, half, cs, sn);
+  rope_angles(pos, freqs, half, cs, sn, mscale);
   rope_rotate(x, n_head, head_dim, rope_dim, cs, sn, neox);
 }
 

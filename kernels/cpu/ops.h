@@ -15,11 +15,12 @@ void rms_norm(const float* x, const float* w, float* y, int rows, int n, float e
 
 // Rotates the first rope_dim dims of each of n_head heads (head_dim apart) of one token at `pos`.
 // freqs[i] is the angle per position of pair i. neox=false: pairs (2i, 2i+1); true: (i, i+rope_dim/2).
-void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox);
+// mscale multiplies cos and sin: LongRoPE's attention factor (1 for every other model).
+void rope(float* x, int n_head, int head_dim, int rope_dim, int pos, const float* freqs, bool neox, float mscale = 1.f);
 // rope() in two steps, so that the angles of a position are computed once for q, k and every layer
 // sharing the frequencies: cs/sn[i] = cos/sin(pos · freqs[i]) (in double, rounded), i < half; then
-// the rotation with them.
-void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn);
+// the rotation with them (mscale as for rope()).
+void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn, float mscale = 1.f);
 void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* cs, const float* sn, bool neox);
 
 void softmax(float* x, int n);                                    // in place, max-subtracted

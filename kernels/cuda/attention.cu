@@ -127,7 +127,7 @@ __device__ void stage_own_head(const AttentionArgs& a, const RopeStage& r, int t
   uint8_t* k_row = const_cast<uint8_t*>(a.k_new) + size_t(row) * a.kv.k_row;
   uint8_t* v_row = const_cast<uint8_t*>(a.v_new) + size_t(row) * a.kv.v_row;
   for (int e = threadIdx.x; e < D; e += blockDim.x) {  // whole warps: D is a multiple of 32
-    const float x = rope_value(kh, e, r.rope_dim, r.neox, p, r.freqs), y = vh[e];
+    const float x = rope_value(kh, e, r.rope_dim, r.neox, p, r.freqs, r.mscale), y = vh[e];
     const int i = g * D + e;
     if constexpr (Q8) {
       kv_store_q8(k_row, i / 32, i % 32, x);
@@ -244,7 +244,7 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
 
   const float* qh = a.q + size_t(t) * a.q_stride + size_t(h) * D;
   if (rope) {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = rope_value(qh, d, e.rope.rope_dim, e.rope.neox, p, e.rope.freqs);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = rope_value(qh, d, e.rope.rope_dim, e.rope.neox, p, e.rope.freqs, e.rope.mscale);
     if (kb < ke && ke == p + 1) {  // this block reads the token's own key (the only staged one): stage it itself
       // One block per KV head also writes the cell, when no key of the step is read from it.
       const bool to_cell = fused && e.commit_first && e.commit.n > 0 && h % (a.n_head / a.kv.n_head_kv) == 0;

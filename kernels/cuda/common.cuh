@@ -207,18 +207,20 @@ __device__ __forceinline__ float2 rotate_pair(float a, float b, float c, float s
 }
 
 // RoPE: pair i of a head is elements (2i, 2i + 1), or (i, i + half) NeoX-style, rotated by the
-// angle pos · freq (taken in double, as on the CPU). rope_rotate returns the pair's new values.
+// angle pos · freq (taken in double, as on the CPU) and multiplied by mscale (1 but for LongRoPE's
+// attention factor: cos and sin times mscale, as cpu::rope_angles). Returns the pair's new values.
 __device__ __forceinline__ float2 rope_rotate(const float* head, int i, int half, bool neox, int pos, float freq,
-                                              int& i0, int& i1) {
+                                              float mscale, int& i0, int& i1) {
   i0 = neox ? i : 2 * i;
   i1 = neox ? i + half : 2 * i + 1;
   double sd, cd;
   sincos(double(pos) * double(freq), &sd, &cd);
-  return rotate_pair(head[i0], head[i1], float(cd), float(sd));
+  return rotate_pair(head[i0], head[i1], __fmul_rn(float(cd), mscale), __fmul_rn(float(sd), mscale));
 }
-__device__ __forceinline__ void rope_in_place(float* head, int i, int half, bool neox, int pos, float freq) {
+__device__ __forceinline__ void rope_in_place(float* head, int i, int half, bool neox, int pos, float freq,
+                                              float mscale) {
   int i0, i1;
-  const float2 r = rope_rotate(head, i, half, neox, pos, freq, i0, i1);
+  const float2 r = rope_rotate(head, i, half, neox, pos, freq, mscale, i0, i1);
   head[i0] = r.x;
   head[i1] = r.y;
 }
@@ -226,11 +228,11 @@ __device__ __forceinline__ void rope_in_place(float* head, int i, int half, bool
 // Element e of a head after RoPE (e ≥ rope_dim: as it is): the rotated value of e's pair, computed
 // from the unrotated head (which stays as it is), the same bits as rope_in_place.
 __device__ __forceinline__ float rope_value(const float* head, int e, int rope_dim, bool neox, int pos,
-                                            const float* freqs) {
+                                            const float* freqs, float mscale) {
   if (e >= rope_dim) return head[e];
   const int half = rope_dim / 2, i = neox ? e % half : e / 2;  // e's pair, and e its first or second element
   int i0, i1;
-  const float2 r = rope_rotate(head, i, half, neox, pos, freqs[i], i0, i1);
+  const float2 r = rope_rotate(head, i, half, neox, pos, freqs[i], mscale, i0, i1);
   return e == i0 ? r.x : r.y;
 }
 

@@ -140,7 +140,7 @@ __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
 template <bool Q8>
 __global__ void __launch_bounds__(256)
 rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
-                  const float* __restrict__ freqs, bool neox) {
+                  const float* __restrict__ freqs, bool neox, float mscale) {
   griddep_release();
   griddep_wait();
   const int t = blockIdx.x, half = rope_dim / 2;
@@ -148,14 +148,14 @@ rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, co
   if (blockIdx.y == 0) {
     if (j >= half * q.n_head) return;
     const int h = j / half, i = j % half;
-    rope_in_place(q.x + size_t(t) * q.stride + size_t(h) * head_dim, i, half, neox, pos[t], freqs[i]);
+    rope_in_place(q.x + size_t(t) * q.stride + size_t(h) * head_dim, i, half, neox, pos[t], freqs[i], mscale);
     return;
   }
   const KvRows p = blockIdx.y == 1 ? k : v;
   if ((Q8 ? j - int(threadIdx.x % 32) : j) >= p.width) return;  // Q8_0: whole warps (widths are multiples of 32)
   const float* src = p.src + size_t(t) * p.src_stride;
   const int e = j % head_dim;
-  const float x = blockIdx.y == 1 ? rope_value(src + (j - e), e, rope_dim, neox, pos[t], freqs) : src[j];
+  const float x = blockIdx.y == 1 ? rope_value(src + (j - e), e, rope_dim, neox, pos[t], freqs, mscale) : src[j];
   if constexpr (Q8) kv_store_q8(p.dst + size_t(t) * p.dst_row, j / 32, j % 32, x);
   else kv_store_f16(p.dst + size_t(t) * p.dst_row, j, x);
 }
@@ -190,7 +190,7 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 }
 
 void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
-                int rope_dim, const int32_t* pos, const float* freqs, bool neox) {
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox, float mscale) {
   if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope_stage: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
   if (type != GgmlType::F16 && type != GgmlType::Q8_0)
@@ -209,9 +209,11 @@ void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, c
   const dim3 grid(unsigned(n_tok), 3u, ceil_div(most, 256));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   if (type == GgmlType::Q8_0)
-    launch_early(c.early_launch, rope_stage_kernel<true>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
+    launch_early(c.early_launch, rope_stage_kernel<true>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox,
+                 mscale);
   else
-    launch_early(c.early_launch, rope_stage_kernel<false>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox);
+    launch_early(c.early_launch, rope_stage_kernel<false>, grid, 256, s, q, k, v, head_dim, rope_dim, pos, freqs, neox,
+                 mscale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -134,7 +134,7 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
 constexpr int kRopeThreads = 256;
 __global__ void __launch_bounds__(kRopeThreads)
 rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
-            const float* __restrict__ freqs, bool neox) {
+            const float* __restrict__ freqs, bool neox, float mscale) {
   griddep_release();
   griddep_wait();
   const int half = rope_dim / 2;
@@ -142,29 +142,30 @@ rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* _
   const int j = int(blockIdx.z) * blockDim.x + threadIdx.x;
   if (j >= half * p.n_head) return;
   const int h = j / half, i = j % half;
-  rope_in_place(p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim, i, half, neox, pos[blockIdx.x], freqs[i]);
+  rope_in_place(p.x + size_t(blockIdx.x) * p.stride + size_t(h) * head_dim, i, half, neox, pos[blockIdx.x], freqs[i],
+                mscale);
 }
 
 static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,
-                        const int32_t* pos, const float* freqs, bool neox) {
+                        const int32_t* pos, const float* freqs, bool neox, float mscale) {
   if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
   if (n_tok <= 0) return;
   const int heads = std::max(q.n_head, k ? k->n_head : 0);
   const dim3 grid(unsigned(n_tok), k ? 2u : 1u, unsigned(ceil_div(int64_t(heads) * (rope_dim / 2), kRopeThreads)));
   launch_early(c.early_launch, rope_kernel, grid, kRopeThreads, static_cast<cudaStream_t>(c.stream()), q, k ? *k : q,
-               head_dim, rope_dim, pos, freqs, neox);
+               head_dim, rope_dim, pos, freqs, neox, mscale);
   CUDA_CHECK_LAUNCH();
 }
 
 void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
-          const int32_t* pos, const float* freqs, bool neox) {
-  rope_launch(c, {x, stride, n_head}, nullptr, n_tok, head_dim, rope_dim, pos, freqs, neox);
+          const int32_t* pos, const float* freqs, bool neox, float mscale) {
+  rope_launch(c, {x, stride, n_head}, nullptr, n_tok, head_dim, rope_dim, pos, freqs, neox, mscale);
 }
 
 void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
-             const int32_t* pos, const float* freqs, bool neox) {
-  rope_launch(c, q, &k, n_tok, head_dim, rope_dim, pos, freqs, neox);
+             const int32_t* pos, const float* freqs, bool neox, float mscale) {
+  rope_launch(c, q, &k, n_tok, head_dim, rope_dim, pos, freqs, neox, mscale);
 }
 
 }  // namespace baton::cuda

@@ -379,8 +379,9 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
 // RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
 // token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
 // neox=false: pairs (2i, 2i+1); true: (i, i + rope_dim/2). Angles in double, as on the CPU.
+// mscale multiplies cos and sin (LongRoPE's attention factor; 1 for every other model).
 void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
-          const int32_t* pos, const float* freqs, bool neox);
+          const int32_t* pos, const float* freqs, bool neox, float mscale = 1.f);
 // The same for q and k of the same tokens in one launch (as rope on q, then on k).
 struct RopeRows {
   float* x;
@@ -388,7 +389,7 @@ struct RopeRows {
   int n_head;
 };
 void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
-             const int32_t* pos, const float* freqs, bool neox);
+             const int32_t* pos, const float* freqs, bool neox, float mscale = 1.f);
 
 // silu(g)·u and gelu_tanh(g)·u; q8 as for rms_norm (q8_scratch(c, row width, rows), n a multiple of 32).
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
@@ -431,7 +432,7 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 // rotated and stored as `type` (the F32 rows k.src stay as they were), v's rows stored; the same
 // bytes as rope_qk on q and k, then kv_convert_kv. k.width: whole heads of head_dim.
 void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
-                int rope_dim, const int32_t* pos, const float* freqs, bool neox);
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox, float mscale = 1.f);
 // The commit after attention: staged row row[t] of k_new/v_new into cache cell (seq[t], pos[t])
 // for t < n (device arrays).
 struct KvCommit {
@@ -481,6 +482,7 @@ struct RopeStage {
   int rope_dim = 0;
   const float* freqs = nullptr;
   bool neox = false;
+  float mscale = 1.f;  // as rope()'s
 };
 void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out = false, const KvCommit& commit = {},
                const RopeStage& rope = {});

@@ -454,21 +454,21 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
 }
 
 void rope(Context&, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim, const int32_t* pos,
-          const float* freqs, bool neox) {
+          const float* freqs, bool neox, float mscale) {
   if (rope_dim % 2 != 0 || rope_dim > head_dim)
     input_error(fmt::format("CUDA rope: rope_dim {} must be even and at most head_dim {}", rope_dim, head_dim));
   const int half = rope_dim / 2;
   std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   for (int t = 0; t < n_tok; ++t) {
-    cpu::rope_angles(pos[t], freqs, half, cs.data(), sn.data());
+    cpu::rope_angles(pos[t], freqs, half, cs.data(), sn.data(), mscale);
     cpu::rope_rotate(x + size_t(t) * stride, n_head, head_dim, rope_dim, cs.data(), sn.data(), neox);
   }
 }
 
 void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
-             const int32_t* pos, const float* freqs, bool neox) {
-  rope(c, q.x, n_tok, q.stride, q.n_head, head_dim, rope_dim, pos, freqs, neox);
-  rope(c, k.x, n_tok, k.stride, k.n_head, head_dim, rope_dim, pos, freqs, neox);
+             const int32_t* pos, const float* freqs, bool neox, float mscale) {
+  rope(c, q.x, n_tok, q.stride, q.n_head, head_dim, rope_dim, pos, freqs, neox, mscale);
+  rope(c, k.x, n_tok, k.stride, k.n_head, head_dim, rope_dim, pos, freqs, neox, mscale);
 }
 
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
@@ -518,11 +518,11 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 }
 
 void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
-                int rope_dim, const int32_t* pos, const float* freqs, bool neox) {
+                int rope_dim, const int32_t* pos, const float* freqs, bool neox, float mscale) {
   std::vector<float> kr(size_t(n_tok) * size_t(k.width));  // k rotated; its F32 rows stay as they were
   for (int t = 0; t < n_tok; ++t)
     std::copy_n(k.src + size_t(t) * k.src_stride, k.width, kr.data() + size_t(t) * size_t(k.width));
-  rope_qk(c, q, {kr.data(), size_t(k.width), k.width / head_dim}, n_tok, head_dim, rope_dim, pos, freqs, neox);
+  rope_qk(c, q, {kr.data(), size_t(k.width), k.width / head_dim}, n_tok, head_dim, rope_dim, pos, freqs, neox, mscale);
   kv_convert_kv(c, type, {kr.data(), size_t(k.width), k.dst, k.dst_row, k.width}, v, n_tok);
 }
 
@@ -569,7 +569,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool, const KvCo
     rope_stage(c, a.kv.type, {q.data(), a.q_stride, a.n_head},
                {rope.k, rope.k_stride, const_cast<uint8_t*>(a.k_new), a.kv.k_row, kw},
                {rope.v, rope.v_stride, const_cast<uint8_t*>(a.v_new), a.kv.v_row, kw}, a.n_tokens, d, rope.rope_dim,
-               a.pos, rope.freqs, rope.neox);
+               a.pos, rope.freqs, rope.neox, rope.mscale);
   }
   auto* buf = static_cast<float*>(c.scratch(attention_scratch_bytes(c, a.n_tokens, a.n_head, a.kv.head_dim, max_len)));
   for (int t = 0; t < a.n_tokens; ++t) attend(b, t, a.pos[t], a.seq[t], a.first[t], a.row0[t], max_len, buf);
