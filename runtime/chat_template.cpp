@@ -18,7 +18,7 @@ struct Named {
 const Named kNames[] = {
     {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
-    {"zephyr", ChatFamily::Zephyr},
+    {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4mini", ChatFamily::Phi4Mini},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
@@ -60,6 +60,7 @@ std::string chatml_default_system(std::string_view src) {
 }
 
 std::optional<ChatFamily> family_from_markers(std::string_view s) {
+  if (contains(s, "<|im_sep|>")) return ChatFamily::Phi4;
   if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
   if (contains(s, "<start_of_turn>")) return ChatFamily::Gemma;
   if (contains(s, "<|start_header_id|>")) return ChatFamily::Llama3;
@@ -102,6 +103,8 @@ ChatTemplate::ChatTemplate(ChatFamily family, std::string bos_text, std::string 
 ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, std::string eos_text,
                                   std::string* warning) {
   if (auto f = family_from_markers(jinja)) {
+    // Phi-4-mini writes Phi-3's turns with no newline anywhere (neither a real one nor a "\n" escape).
+    if (*f == ChatFamily::Phi3 && !contains(jinja, "\n") && !contains(jinja, "\\n")) f = ChatFamily::Phi4Mini;
     std::string sys = *f == ChatFamily::ChatML ? chatml_default_system(jinja) : "";
     return ChatTemplate(*f, std::move(bos_text), std::move(eos_text), std::move(sys));
   }
@@ -140,7 +143,7 @@ bool ChatTemplate::starts_with_bos() const {
     case ChatFamily::Llama2: case ChatFamily::Llama3: case ChatFamily::Mistral: case ChatFamily::Gemma:
     case ChatFamily::Phi3:
       return !bos_.empty();
-    case ChatFamily::ChatML: case ChatFamily::Zephyr:
+    case ChatFamily::ChatML: case ChatFamily::Zephyr: case ChatFamily::Phi4: case ChatFamily::Phi4Mini:
       return false;
   }
   return false;
@@ -230,6 +233,21 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
         out += "<|assistant|>\n";
       else if (closing)
         out += eos_;  // the template ends a conversation without a generation prompt with EOS
+      break;
+
+    case ChatFamily::Phi4:  // only the three roles are written
+      for (const auto& m : msgs)
+        if (m.role == "system" || m.role == "user" || m.role == "assistant")
+          out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
+      if (gen) out += "<|im_start|>assistant<|im_sep|>";
+      break;
+
+    case ChatFamily::Phi4Mini:
+      for (const auto& m : msgs) out += "<|" + m.role + "|>" + m.content + "<|end|>";
+      if (gen)
+        out += "<|assistant|>";
+      else if (closing)
+        out += eos_;  // as Phi-3's template
       break;
 
     case ChatFamily::Zephyr:

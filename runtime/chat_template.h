@@ -12,7 +12,9 @@ namespace baton {
 namespace gguf { class File; }
 class Tokenizer;
 
-enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr };
+// Phi4: ChatML's turns with <|im_sep|> after the role (Phi-4 14B). Phi4Mini: Phi-3's turns without
+// the newlines (Phi-4-mini).
+enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"

@@ -32,7 +32,7 @@ ChatFamily family_of_fixture(const std::string& name) {
 
 TEST_CASE("each family renders exactly what its Jinja template renders") {
   auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
-  REQUIRE(j.size() == 8);
+  REQUIRE(j.size() == 10);
   size_t compared = 0;
   for (const auto& [name, fx] : j.items()) {
     const std::string src = test::read_all(dir() + name + ".jinja");
@@ -51,7 +51,7 @@ TEST_CASE("each family renders exactly what its Jinja template renders") {
       ++compared;
     }
   }
-  CHECK(compared >= 35);
+  CHECK(compared >= 45);
 }
 
 TEST_CASE("a new turn after a rendered history is exactly the tail of the full rendering") {
@@ -65,7 +65,7 @@ TEST_CASE("a new turn after a rendered history is exactly the tail of the full r
     REQUIRE(tail);
     // What a REPL feeds: the history as rendered (without any closing token), then the tail.
     std::string fed = t.render(history, false);
-    if (t.family() == ChatFamily::Phi3) fed.resize(fed.size() - std::string(fx["eos_token"]).size());
+    if (t.family() == ChatFamily::Phi3 || t.family() == ChatFamily::Phi4Mini) fed.resize(fed.size() - std::string(fx["eos_token"]).size());
     CHECK(fed + *tail == t.render(all, true));
     if (!fx["cases"][0]["expected"].is_null()) CHECK(fed + *tail == std::string(fx["cases"][0]["expected"]));
   }
@@ -93,9 +93,10 @@ TEST_CASE("detection, names and the fallback warning") {
   CHECK(chat_family_from_name("gemma3") == ChatFamily::Gemma);
   CHECK(chat_family_from_name("llama-3") == ChatFamily::Llama3);
   CHECK(chat_family_from_name("phi-3") == ChatFamily::Phi3);
+  CHECK(chat_family_from_name("phi-4-mini") == ChatFamily::Phi4Mini);
   CHECK_FALSE(chat_family_from_name("vicuna"));
   for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
-                       ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr})
+                       ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini})
     CHECK(chat_family_from_name(chat_family_name(f)) == f);
 
   std::string warning;

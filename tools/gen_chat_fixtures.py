@@ -6,7 +6,7 @@ and write the expected strings to tests/data/chat_templates/expected.json.
 Templates: smollm2.jinja is SmolLM2-135M-Instruct's `tokenizer.chat_template`; gemma3.jinja is
 Gemma 3's tokenizer_config.json template (the Gemma 3 270M GGUF carries none); the others are the
 published templates of OpenHermes (ChatML), Llama 2 chat, Llama 3 instruct, Mistral 7B instruct
-v0.1/v0.2, Phi-3 and Zephyr. Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
+v0.1/v0.2, Phi-3, Zephyr, Phi-4 and Phi-4-mini. Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
 """
 import json
 import os
@@ -26,6 +26,8 @@ TOKENS = {  # bos_token, eos_token as each model's tokenizer defines them
     "mistral": ("<s>", "</s>"),
     "phi3": ("<s>", "<|endoftext|>"),
     "zephyr": ("<s>", "</s>"),
+    "phi4": ("<|endoftext|>", "<|im_end|>"),
+    "phi4mini": ("<|endoftext|>", "<|endoftext|>"),
 }
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
