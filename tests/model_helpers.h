@@ -117,6 +117,15 @@ inline std::string tiny_gemma3_model() {
   return path;
 }
 
+// A generated Phi-3-shaped model: fused q/k/v and gate/up, LongRoPE factors past a context of 64
+// (with the attention factor that scales the rotated dims), 48 of 64 head dims rotated (Phi-4-mini).
+inline std::string tiny_phi3_model() {
+  static const std::string path = synth_model(
+      {"tiny-phi3", "phi3", "test", 3, 256, 4, 2, 64, 512, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, false, 64, 48}, 7,
+      GgmlType::Q4_K);
+  return path;
+}
+
 // A generated llama whose every matrix has type t (rows of 256 and 768: any k-quant or IQ4 type),
 // the embedding table included, in this process's temp folder as tiny-<type>.gguf.
 inline std::string tiny_model_of(GgmlType t) {

@@ -1,6 +1,8 @@
 // The attention scale: 1/sqrt(query_pre_attn_scalar) as each published Gemma 3 config sets it,
 // checked on the real sizes' shapes, and through ModelConfig::from_gguf on a tiny 62-layer file.
 #include <cmath>
+#include <cstring>
+#include <functional>
 
 #include "gguf/gguf.h"
 #include "helpers.h"
@@ -57,4 +59,67 @@ TEST_CASE("ModelConfig gives a 62-layer Gemma 3 the 27B's scale and other depths
     REQUIRE(c.head_dim_k == 64);
     CHECK(c.attn_scale == Approx(layers == 62 ? 1.0 / std::sqrt(32.0) : 1.0 / 8.0).epsilon(1e-6));
   }
+}
+
+namespace {
+
+// The tensors of a small phi3 file (fused q/k/v and gate/up, LongRoPE factors), zero-filled, after
+// `edit` renamed, reshaped or dropped (empty name) some; the config's verdict on it.
+ModelConfig phi3_config(const std::function<void(TensorSpec&)>& edit) {
+  const ShapePreset p{"tiny-phi3", "phi3", "test", 2, 128, 4, 2, 32, 256, 300, 1024, false, 0, 0, 1e4f, 1e-5f, false,
+                      32, 24};
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::of_str("phi3"));
+  const std::pair<const char*, uint32_t> keys[] = {
+      {"phi3.block_count", 2}, {"phi3.embedding_length", 128}, {"phi3.feed_forward_length", 256},
+      {"phi3.attention.head_count", 4}, {"phi3.attention.head_count_kv", 2}, {"phi3.context_length", 1024},
+      {"phi3.rope.dimension_count", 24}, {"phi3.vocab_size", 300}, {"phi3.rope.scaling.original_context_length", 32}};
+  for (const auto& [k, v] : keys) w.set(k, gguf::Value::of_u32(v));
+  w.set("phi3.rope.scaling.attn_factor", gguf::Value::of_f32(1.19f));
+  for (TensorSpec t : preset_tensors(p, GgmlType::F32)) {
+    edit(t);
+    if (t.name.empty()) continue;
+    w.add_tensor_lazy(t.name, t.type, t.dims, [](uint8_t* d, size_t n) {
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        const float one = 1.f;
+        std::memcpy(d + i, &one, 4);
+      }
+    });
+  }
+  const auto bytes = w.to_bytes();
+  return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("phi3: fused matrices and LongRoPE read from the file; what is wrong with them is named") {
+  const ModelConfig c = phi3_config([](TensorSpec&) {});
+  CHECK(c.fused_qkv);
+  CHECK(c.fused_gate_up);
+  CHECK(c.rope_dim == 24);
+  CHECK(c.rope_long_ctx == 32);
+  CHECK(c.rope_attn_factor == 1.19f);
+  REQUIRE(c.rope_freqs.size() == 12);
+  REQUIRE(c.rope_freqs_long.size() == 12);
+  CHECK(c.rope_freqs[3] == Approx(std::pow(1e4, -6.0 / 24)));  // the factors are ones here
+  ModelConfig longer = c;
+  longer.use_context(32);
+  CHECK(longer.rope_freqs == c.rope_freqs);
+  longer.use_context(33);
+  CHECK(longer.rope_freqs == c.rope_freqs_long);
+
+  auto error_of = [](const std::function<void(TensorSpec&)>& edit) {
+    try {
+      phi3_config(edit);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error_of([](TensorSpec& t) { if (t.name == "blk.1.attn_qkv.weight") t.name = "blk.1.attn_q.weight"; }),
+             Catch::Contains("missing tensor blk.1.attn_qkv.weight"));
+  CHECK_THAT(error_of([](TensorSpec& t) { if (t.name == "blk.0.ffn_up.weight") t.dims = {128, 256}; }),
+             Catch::Contains("tensor blk.0.ffn_up.weight has shape [128, 256], expected [128, 512]"));
+  CHECK_THAT(error_of([](TensorSpec& t) { if (t.name == "rope_factors_long.weight") t.dims = {16}; }),
+             Catch::Contains("rope_factors_long.weight must be F32 [12]"));
 }

@@ -86,8 +86,8 @@ std::vector<float> run(Pipeline& p) {
 
 }  // namespace
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama and Gemma 3 shapes, Q3_K and IQ4_XS llamas)") {
-  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model(),
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3 and Phi-3 shapes, Q3_K and IQ4_XS llamas)") {
+  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model(), test::tiny_phi3_model(),
                                   test::tiny_model_of(GgmlType::Q3_K), test::tiny_model_of(GgmlType::IQ4_XS)}) {
     auto cpu = load(path, "cpu");
     auto gpu = load(path, "cuda:0");
