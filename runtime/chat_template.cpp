@@ -18,7 +18,7 @@ struct Named {
 const Named kNames[] = {
     {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
-    {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4mini", ChatFamily::Phi4Mini},
+    {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4-mini", ChatFamily::Phi4Mini},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
@@ -86,14 +86,18 @@ std::string chat_family_names() {
 }
 
 std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
-  std::string k;
-  for (char c : name)
-    if (c != '-' && c != '_' && c != '.') k += char(std::tolower(uint8_t(c)));
+  auto key = [](std::string_view s) {  // "Phi-4_mini" and "phi4mini" are the same name
+    std::string k;
+    for (char c : s)
+      if (c != '-' && c != '_' && c != '.') k += char(std::tolower(uint8_t(c)));
+    return k;
+  };
+  std::string k = key(name);
   if (k == "gemma3" || k == "gemma2") k = "gemma";
   if (k == "llama") k = "llama2";
   if (k == "phi") k = "phi3";
   for (const Named& n : kNames)
-    if (k == n.name) return n.family;
+    if (k == key(n.name)) return n.family;
   return std::nullopt;
 }
 
