@@ -75,6 +75,7 @@ std::vector<Range> split(const Text& t, const std::vector<Range>& in, const Matc
 bool is_ascii_lower(const Text& t, size_t i, char c, bool any_case) {
   uint32_t x = t.cp[i];
   if (any_case && x >= 'A' && x <= 'Z') x += 'a' - 'A';
+  if (any_case && x == 0x17F) x = 's';  // LATIN SMALL LETTER LONG S folds to s, as Oniguruma's (?i) has it
   return x == uint32_t(c);
 }
 
@@ -132,6 +133,51 @@ size_t match_llama3(const Text& t, size_t pos, size_t end, size_t max_digits) {
   return k;
 }
 
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+// \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// The two word alternatives as a backtracking regex tries them: each first with its optional
+// leading character, then without; the "upper" run (Lm, Lo and marks are in both sets) gives back
+// characters until a "lower" one can start the second run.
+size_t match_gpt4o(const Text& t, size_t pos, size_t end) {
+  using unicode::LetterCase;
+  auto upper = [&](size_t i) {
+    const LetterCase c = unicode::letter_case(t.cp[i]);
+    return c == LetterCase::Upper || c == LetterCase::Other || t.cat[i] == Cat::Mark;
+  };
+  auto lower = [&](size_t i) {
+    const LetterCase c = unicode::letter_case(t.cp[i]);
+    return c == LetterCase::Lower || c == LetterCase::Other || t.cat[i] == Cat::Mark;
+  };
+  auto newline = [&](size_t i) { return t.cp[i] == '\r' || t.cp[i] == '\n'; };
+  auto with_contraction = [&](size_t e) { return (e < end ? e + contraction(t, e, end, true) : e) - pos; };
+  const bool lead = !newline(pos) && !t.letter(pos) && !t.number(pos);  // [^\r\n\p{L}\p{N}] (marks too)
+  for (int alt = 1; alt <= 2; ++alt)
+    for (size_t s : {pos + (lead ? 1 : 0), pos}) {
+      const size_t j = s + run(s, end, upper);
+      if (alt == 1) {
+        for (size_t k = j + 1; k-- > s;)  // the upper run gives back until a lower one starts at k
+          if (k < end && lower(k)) return with_contraction(k + run(k, end, lower));
+      } else if (j > s) {
+        return with_contraction(j + run(j, end, lower));
+      }
+      if (!lead) break;  // without a leading character both starts are the same
+    }
+  if (t.number(pos)) return std::min<size_t>(3, run(pos, end, [&](size_t i) { return t.number(i); }));
+  size_t start = pos;
+  if (t.cp[pos] == ' ' && pos + 1 < end && t.other(pos + 1)) start = pos + 1;
+  if (t.other(start)) {
+    size_t j = start + run(start, end, [&](size_t i) { return t.other(i); });
+    j += run(j, end, [&](size_t i) { return newline(i) || t.cp[i] == '/'; });
+    return j - pos;
+  }
+  size_t k = run(pos, end, [&](size_t i) { return bool(t.ws[i]); });
+  for (size_t j = pos + k; j > pos; --j)  // \s*[\r\n]+ ends at the run's last newline
+    if (newline(j - 1)) return j - pos;
+  if (pos + k < end && k > 1) return k - 1;
+  return k;
+}
+
 // [\p{P}<extra ASCII>]+
 Matcher punct_run(std::string extra) {
   return [extra](const Text& t, size_t pos, size_t end) {
@@ -167,7 +213,7 @@ PreTokenizer pretokenizer_from_name(std::string_view name) {
       {"refact", PreTokenizer::Starcoder},  {"command-r", PreTokenizer::Starcoder}, {"codeshell", PreTokenizer::Starcoder},
       {"llama-bpe", PreTokenizer::Llama3},  {"llama3", PreTokenizer::Llama3},      {"dbrx", PreTokenizer::Llama3},
       {"smaug-bpe", PreTokenizer::Llama3},  {"qwen2", PreTokenizer::Qwen2},        {"deepseek-r1-qwen", PreTokenizer::Qwen2},
-      {"stablelm2", PreTokenizer::Qwen2},
+      {"stablelm2", PreTokenizer::Qwen2},   {"phi-2", PreTokenizer::Gpt2},         {"gpt-4o", PreTokenizer::Gpt4o},
   };
   for (const Alias& a : aliases)
     if (name == a.name) return a.p;
@@ -184,6 +230,7 @@ const char* pretokenizer_name(PreTokenizer p) {
     case PreTokenizer::Starcoder: return "starcoder";
     case PreTokenizer::Llama3: return "llama3";
     case PreTokenizer::Qwen2: return "qwen2";
+    case PreTokenizer::Gpt4o: return "gpt-4o";
   }
   return "?";
 }
@@ -216,6 +263,9 @@ std::vector<std::string_view> pretokenize(PreTokenizer p, std::string_view text)
       break;
     case PreTokenizer::Qwen2:
       r = split(t, r, [](const Text& x, size_t pos, size_t end) { return match_llama3(x, pos, end, 1); });
+      break;
+    case PreTokenizer::Gpt4o:
+      r = split(t, r, match_gpt4o);
       break;
   }
   std::vector<std::string_view> out;

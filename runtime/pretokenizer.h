@@ -15,6 +15,7 @@ enum class PreTokenizer {
   Starcoder,  // every \p{N} alone, then GPT-2 words (also SmolLM, Refact, Command-R)
   Llama3,     // the Llama 3 regex: case-insensitive contractions, \p{N}{1,3}, newline-aware whitespace
   Qwen2,      // the Llama 3 regex with single digits
+  Gpt4o,      // GPT-4o's (o200k): words split by case (CamelCase parts), contractions after words, \p{N}{1,3}
 };
 
 // Maps a `tokenizer.ggml.pre` value to its splitter; unknown names are an Error(Model).

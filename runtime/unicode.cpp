@@ -15,25 +15,39 @@ const Range kRanges[] = {
 #include "runtime/unicode_tables.inc"
 };
 
+// The table's class of a code point (0: unassigned); letters are 1 (Lm, Lo), 8 (Lu, Lt), 9 (Ll).
+uint8_t table_class(uint32_t cp) {
+  const Range* end = kRanges + std::size(kRanges);
+  const Range* it = std::upper_bound(kRanges, end, cp, [](uint32_t c, const Range& r) { return c < r.first; });
+  if (it == kRanges) return 0;
+  --it;
+  return cp <= it->last ? it->cls : 0;
+}
+constexpr uint8_t kUpper = 8, kLower = 9;
+
 // ASCII is by far the most common input: answer it from a small table.
-const std::array<Cat, 128> kAscii = [] {
-  std::array<Cat, 128> a{};
-  for (const Range& r : kRanges) {
-    if (r.first >= 128) break;
-    for (uint32_t c = r.first; c <= r.last && c < 128; ++c) a[c] = Cat(r.cls);
-  }
+const std::array<uint8_t, 128> kAscii = [] {
+  std::array<uint8_t, 128> a{};
+  for (uint32_t c = 0; c < 128; ++c) a[c] = table_class(c);
   return a;
 }();
+
+uint8_t class_of(uint32_t cp) { return cp < 128 ? kAscii[cp] : table_class(cp); }
 
 }  // namespace
 
 Cat category(uint32_t cp) {
-  if (cp < 128) return kAscii[cp];
-  const Range* end = kRanges + std::size(kRanges);
-  const Range* it = std::upper_bound(kRanges, end, cp, [](uint32_t c, const Range& r) { return c < r.first; });
-  if (it == kRanges) return Cat::None;
-  --it;
-  return cp <= it->last ? Cat(it->cls) : Cat::None;
+  const uint8_t c = class_of(cp);
+  return c == kUpper || c == kLower ? Cat::Letter : Cat(c);
+}
+
+LetterCase letter_case(uint32_t cp) {
+  switch (class_of(cp)) {
+    case kUpper: return LetterCase::Upper;
+    case kLower: return LetterCase::Lower;
+    case uint8_t(Cat::Letter): return LetterCase::Other;
+    default: return LetterCase::None;
+  }
 }
 
 bool is_whitespace(uint32_t cp) {

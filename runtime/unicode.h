@@ -12,6 +12,9 @@ namespace baton::unicode {
 enum class Cat : uint8_t { None = 0, Letter = 1, Number = 2, Punct = 3, Symbol = 4, Mark = 5, Separator = 6, Control = 7 };
 
 Cat category(uint32_t cp);
+// A letter's case: Upper (Lu, Lt), Lower (Ll), Other (Lm, Lo: no case); None for non-letters.
+enum class LetterCase : uint8_t { None, Upper, Lower, Other };
+LetterCase letter_case(uint32_t cp);
 inline bool is_letter(uint32_t cp) { return category(cp) == Cat::Letter; }
 inline bool is_number(uint32_t cp) { return category(cp) == Cat::Number; }
 inline bool is_punct(uint32_t cp) { return category(cp) == Cat::Punct; }

@@ -87,7 +87,7 @@ TEST_CASE("pre-tokenizers split like their regexes") {
   auto j = nlohmann::json::parse(test::read_all(std::string(BATON_TEST_DATA) + "/pretokenizer_splits.json"));
   const auto& inputs = j["inputs"];
   REQUIRE(inputs.size() > 60);
-  for (const char* name : {"default", "gpt-2", "falcon", "starcoder", "llama3", "qwen2"}) {
+  for (const char* name : {"default", "gpt-2", "falcon", "starcoder", "llama3", "qwen2", "gpt-4o"}) {
     PreTokenizer p = pretokenizer_from_name(name);
     const auto& want = j["splits"][name];
     REQUIRE(want.size() == inputs.size());

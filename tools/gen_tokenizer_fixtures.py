@@ -26,6 +26,10 @@ GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|
 LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# GPT-4o's (o200k) regex as its tokenizer.json has it: Oniguruma's own \p{Lu}/\p{Ll} and (?i:).
+GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+         r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+         r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE = {
     "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
     "gpt-2": [GPT2],
@@ -33,6 +37,7 @@ PRE = {
     "starcoder": [r"\p{N}", GPT2],
     "llama3": [LLAMA3],
     "qwen2": [QWEN2],
+    "gpt-4o": [GPT4O],
 }
 
 EXTRA = [
@@ -42,6 +47,10 @@ EXTRA = [
     "مرحبا ١٢٣ عالم", "x = a+b<=c^d~e|f`g$h", "def f(x):\n    return x**2  # square\n", "((( ))) --- ...",
     "Ünïcödé ÀÉÎ ß", "tab\tseparated\tvalues", "\u0301combining e\u0301", "a' b '' c'", "§¶•‣",
     "The year 2024 had 365 days.", "What is the capital of France?", "<|im_start|>user\nhi<|im_end|>",
+    # letter case (GPT-4o splits words where lower case turns upper), titlecase, modifiers, marks
+    "HelloWorld CamelCaseXMLParser iPhone getHTTPResponse", "ÉCOLE École STRAßE ǅemal ǈubljana",
+    "don'T WE'LL HE'S it'ſ x'Re", "ʰmodifier ˢup ΑΒΓ αβγ Άλφα ДОМ дом", "e\u0301\u0302X \u0301A \u0301a 1\u0301",
+    "path/to/file\n", "a/b\r\n/c //\n", "_under_score __init__ ++i -x", "12345 1234567890 ١٢٣٤",
 ]
 
 
