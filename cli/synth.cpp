@@ -65,7 +65,7 @@ int run_synth(const SynthArgs& a) {
 Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (deterministic per seed)",
               [](CLI::App& app) {
                 auto a = std::make_shared<SynthArgs>();
-                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, llama3-8b, llama3-70b, phi3-mini, phi3.5-mini, phi4-mini, phi4-14b");
+                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, llama3-8b, llama3-70b, phi3-mini, phi3.5-mini, phi4-mini, phi4-14b, gemma2-2b, gemma2-9b");
                 app.add_option("--type", a->type, "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS")->required();
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");

@@ -61,6 +61,7 @@ Args attention_args(const ModelConfig& c, int l, int n, const float* q, float* o
   a.v_new = v_new;
   a.n_head = c.n_head;
   a.scale = c.attn_scale;
+  a.softcap = c.attn_softcap;
   a.window = c.layer_window[size_t(l)];
   return a;
 }

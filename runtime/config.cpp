@@ -38,6 +38,10 @@ struct Family {
   bool post_norms, qk_norm, attn_bias;
   int swa_pattern;       // every Nth layer is global, the others sliding-window (0: all global)
   bool fused_gate_up = false;  // ffn_up is [n_embd, 2 n_ff]: gate rows then up rows, no ffn_gate
+  // Sliding-window layers: their RoPE base unless the file says (rope.freq_base_swa; 0: the global
+  // base) and their window unless the file says (0: the file must say).
+  float local_rope_base = 10000.f;
+  int default_window = 0;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -46,6 +50,9 @@ constexpr Family kFamilies[] = {
   {"llama", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0},
   {"qwen2", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0},
   {"gemma3", RopeStyle::NeoX, Activation::GeluTanh, true, true, true, false, 6},
+  // Gemma 2: Gemma 3 without q/k norms, every other layer sliding (window 4096 by default) with the
+  // global RoPE base, attention scores soft-capped (attn_logit_softcapping) as well as the logits.
+  {"gemma2", RopeStyle::NeoX, Activation::GeluTanh, true, true, false, false, 2, false, 0.f, 4096},
   {"qwen3", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0},  // q/k norms, no biases
   // Phi-3, 3.5 and 4: fused q/k/v and gate/up matrices; the 128k files add long-context RoPE factors.
   {"phi3", RopeStyle::NeoX, Activation::SiLU, false, false, false, false, 0, true},
@@ -98,8 +105,8 @@ std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s) {
 }
 
 float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_head, int head_dim_k) {
-  const bool gemma3_27b = arch == "gemma3" && n_layer == 62 && n_head > 0;
-  const int query_pre_attn_scalar = gemma3_27b ? n_embd / n_head : head_dim_k;
+  const bool gemma_27b = ((arch == "gemma3" && n_layer == 62) || (arch == "gemma2" && n_layer == 46)) && n_head > 0;
+  const int query_pre_attn_scalar = gemma_27b ? n_embd / n_head : head_dim_k;
   return 1.f / std::sqrt(float(query_pre_attn_scalar));
 }
 
@@ -185,13 +192,18 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.attn_bias = fam->attn_bias;
   c.attn_scale = attention_scale(c.arch, c.n_layer, c.n_embd, c.n_head, c.head_dim_k);
   c.final_softcap = float(get_float("final_logit_softcapping", 0.0));
+  c.attn_softcap = float(get_float("attn_logit_softcapping", 0.0));
+  if (!(c.attn_softcap >= 0) || !(c.final_softcap >= 0))
+    problems.push_back(fmt::format("soft-capping values {} / {} must be >= 0", c.attn_softcap, c.final_softcap));
+  c.rope_base_local = float(get_float("rope.freq_base_swa", fam->local_rope_base > 0 ? fam->local_rope_base : c.rope_base));
   c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
   c.fused_gate_up = fam->fused_gate_up;
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
 
   c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);
   if (fam->swa_pattern > 0) {
-    c.sliding_window = positive("attention.sliding_window", get_int("attention.sliding_window", true, 1));
+    c.sliding_window = positive("attention.sliding_window", get_int("attention.sliding_window", fam->default_window == 0,
+                                                                     fam->default_window));
     const int pattern = int(get_int("attention.sliding_window_pattern", false, fam->swa_pattern));
     for (int l = 0; l < c.n_layer; ++l)
       if (pattern <= 0 || (l + 1) % pattern != 0) c.layer_window[size_t(l)] = c.sliding_window;

@@ -63,6 +63,7 @@ struct ModelConfig {
   bool attn_bias = false;        // q/k/v projections have biases (qwen2)
   float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k)
   float final_softcap = 0.f;     // logits = c * tanh(logits / c) when > 0
+  float attn_softcap = 0.f;      // attention scores (scaled q·k) = c * tanh(s / c) when > 0 (gemma2)
   bool tied_output = false;      // no output.weight: the head reuses token_embd
   bool fused_qkv = false;        // attn_qkv holds the q, k and v rows, in that order
   bool fused_gate_up = false;    // ffn_up holds the gate rows, then the up rows (phi3)
@@ -101,7 +102,8 @@ std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s);
 // the head dimension, except Gemma 3 27B, which uses n_embd / n_head (5376 / 32 = 168, its head
 // dimension being 128). GGUF files do not store the scalar, and no shape rule tells the 27B apart
 // (n_embd / n_head is not the head dimension at any Gemma 3 size: 160, 288, 320, 240 against
-// 256), so the 27B is recognised the way llama.cpp does, by its 62 layers.
+// 256), so the 27B is recognised the way llama.cpp does, by its 62 layers. Gemma 2 27B likewise
+// (46 layers, 4608 / 32 = 144 against a head dimension of 128).
 float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_head, int head_dim_k);
 
 }  // namespace baton

@@ -184,6 +184,8 @@ const std::vector<ShapePreset>& shape_presets() {
     // name, arch, what, layers, embd, heads, kv heads, head_dim, ff, vocab, ctx, tied, window, period, rope, eps, bias
     {"smollm2-135m", "llama", "SmolLM2 135M (tied head)", 30, 576, 9, 3, 64, 1536, 49152, 8192, true, 0, 0, 100000.f, 1e-5f, false},
     {"gemma3-270m", "gemma3", "Gemma 3 270M (tied head, 262k vocab, window 512)", 18, 640, 4, 1, 256, 2048, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
+    {"gemma2-2b", "gemma2", "Gemma 2 2B (tied head, 256k vocab, every other layer window 4096, soft-capped)", 26, 2304, 8, 4, 256, 9216, 256000, 8192, true, 4096, 2, 10000.f, 1e-6f, false},
+    {"gemma2-9b", "gemma2", "Gemma 2 9B (tied head, 256k vocab, every other layer window 4096, soft-capped)", 42, 3584, 16, 8, 256, 14336, 256000, 8192, true, 4096, 2, 10000.f, 1e-6f, false},
     {"gemma3-1b", "gemma3", "Gemma 3 1B (tied head, 262k vocab, window 512)", 26, 1152, 4, 1, 256, 6912, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
     {"qwen2-7b", "qwen2", "Qwen2 7B (q/k/v bias)", 28, 3584, 28, 4, 128, 18944, 152064, 32768, false, 0, 0, 1000000.f, 1e-6f, true},
     {"qwen3-0.6b", "qwen3", "Qwen3 0.6B (tied head, q/k norms)", 28, 1024, 16, 8, 128, 3072, 151936, 40960, true, 0, 0, 1000000.f, 1e-6f, false},
@@ -243,8 +245,8 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
     out.push_back({std::move(name), weight_type_for_row(type, cols), {cols, rows}});
   };
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
-  const bool gemma = std::string_view(p.architecture) == "gemma3";
-  const bool qk_norm = gemma || std::string_view(p.architecture) == "qwen3";
+  const bool gemma = std::string_view(p.architecture) == "gemma3" || std::string_view(p.architecture) == "gemma2";
+  const bool qk_norm = std::string_view(p.architecture) == "gemma3" || std::string_view(p.architecture) == "qwen3";
   const bool phi3 = std::string_view(p.architecture) == "phi3";  // fused q/k/v, fused gate/up
 
   mat("token_embd.weight", E, V);

@@ -146,11 +146,11 @@ void check_shape(const ShapePreset& p) {
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
-  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3",
-       "architecture must be llama, qwen2, qwen3, gemma3 or phi3");
+  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3",
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2 or phi3");
   need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
        "LongRoPE factors are for phi3, from a context shorter than the trained one");
-  need(p.sliding_window == 0 || a == "gemma3", "a sliding window is only supported for gemma3");
+  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2", "a sliding window is only supported for gemma3 and gemma2");
 }
 
 gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
@@ -175,15 +175,20 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   w.set(key("feed_forward_length"), gguf::Value::of_u32(p.n_ff));
   w.set(key("attention.head_count"), gguf::Value::of_u32(p.n_head));
   w.set(key("attention.head_count_kv"), gguf::Value::of_u32(p.n_head_kv));
-  if (a == "gemma3" || p.head_dim * p.n_head != p.n_embd) {
+  const bool gemma = a == "gemma3" || a == "gemma2";
+  if (gemma || p.head_dim * p.n_head != p.n_embd) {
     w.set(key("attention.key_length"), gguf::Value::of_u32(p.head_dim));
     w.set(key("attention.value_length"), gguf::Value::of_u32(p.head_dim));
   }
-  if (a != "gemma3") {
+  if (!gemma) {
     w.set(key("rope.dimension_count"), gguf::Value::of_u32(p.rope_dim ? p.rope_dim : p.head_dim));
     w.set(key("vocab_size"), gguf::Value::of_u32(p.n_vocab));
   }
   w.set(key("rope.freq_base"), gguf::Value::of_f32(p.rope_base));
+  if (a == "gemma2") {  // Gemma 2's published soft-caps
+    w.set(key("attn_logit_softcapping"), gguf::Value::of_f32(50.f));
+    w.set(key("final_logit_softcapping"), gguf::Value::of_f32(30.f));
+  }
   if (p.rope_long_ctx) {  // as the Phi-3 converter writes LongRoPE: the original context and a magnitude
     const double scale = double(p.n_ctx_train) / p.rope_long_ctx;
     w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(p.rope_long_ctx));
@@ -193,7 +198,7 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));
-    if (a != "gemma3" || p.swa_period != 6)  // gemma3's period 6 is implied, as in real files
+    if (!gemma || p.swa_period != (a == "gemma3" ? 6u : 2u))  // gemma's periods are implied, as in real files
       w.set(key("attention.sliding_window_pattern"), gguf::Value::of_u32(p.swa_period));
   }
   if (opt.vocab_from.empty()) synthetic_vocab(w, p.n_vocab);

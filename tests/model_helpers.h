@@ -117,6 +117,13 @@ inline std::string tiny_gemma3_model() {
   return path;
 }
 
+// A generated Gemma 2-shaped model: every other layer sliding (window 16), the published soft-caps.
+inline std::string tiny_gemma2_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-gemma2", "gemma2", "test", 4, 128, 2, 1, 64, 256, 1000, 2048, true, 16, 2, 1e4f, 1e-6f, false}, 9);
+  return path;
+}
+
 // A generated Phi-3-shaped model: fused q/k/v and gate/up, LongRoPE factors past a context of 64
 // (with the attention factor that scales the rotated dims), 48 of 64 head dims rotated (Phi-4-mini).
 inline std::string tiny_phi3_model() {

@@ -439,10 +439,10 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
   CHECK(kind == int(ErrorKind::Usage));
 }
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3 shapes, IQ4_XS; F16 and Q8_0 KV)") {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2 shapes, IQ4_XS; F16 and Q8_0 KV)") {
   for (const std::string& path :
        {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(),
-        test::tiny_phi3_model(), test::tiny_model_of(GgmlType::IQ4_XS)}) {
+        test::tiny_phi3_model(), test::tiny_gemma2_model(), test::tiny_model_of(GgmlType::IQ4_XS)}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
@@ -464,7 +464,8 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
 }
 
 TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a CPU stage the CPU's") {
-  for (const std::string& path : {tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(), test::tiny_phi3_model()}) {
+  for (const std::string& path : {tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(), test::tiny_phi3_model(),
+                                  test::tiny_gemma2_model()}) {
     const Model m(path);
     const int cut = m.cfg.n_layer / 2;
     Chain cpu = chain(m, GgmlType::F16, 0, "cpu");

@@ -8,7 +8,9 @@
 // q_norm/k_norm are RMSNorms over each head's head_dim values. And a phi3-shaped one, per Phi-3's
 // modeling code: one qkv_proj whose output splits into q, k, v; one gate_up_proj whose output
 // chunks into gate then up; LongRoPE (per-pair divisors, the long ones past the original context)
-// with cos and sin multiplied by the attention factor.
+// with cos and sin multiplied by the attention factor. And a gemma2-shaped one, per Gemma 2's
+// modeling code: Gemma 3's layer without q/k norms, one RoPE base, every other layer sliding, the
+// attention scores (scaled) and the final logits soft-capped, cap·tanh(x / cap).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -29,7 +31,8 @@ struct Spec {
   std::string arch = "llama";
   GgmlType wtype = GgmlType::Q4_0;
   int n_layer = 2, n_embd = 256, n_head = 4, n_head_kv = 2, head_dim = 64, n_ff = 512, n_vocab = 300;
-  int window = 0, swa_pattern = 0;  // gemma3: sliding window and every Nth layer global
+  int window = 0, swa_pattern = 0;  // gemma3/gemma2: sliding window and every Nth layer global
+  float attn_softcap = 0.f, final_softcap = 0.f;  // gemma2
   int rope_dim = 0;                 // rotated dims per head (0: all; Phi-4-mini rotates 3/4)
   int rope_long_ctx = 0;            // phi3: LongRoPE factors past this context
   float rope_attn_factor = 1.f;     // phi3: rope.scaling.attn_factor
@@ -62,6 +65,8 @@ Model make_model(const Spec& s) {
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
   wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
+  if (s.attn_softcap > 0) wr.set(a + ".attn_logit_softcapping", gguf::Value::of_f32(s.attn_softcap));
+  if (s.final_softcap > 0) wr.set(a + ".final_logit_softcapping", gguf::Value::of_f32(s.final_softcap));
   if (s.rope_dim > 0) wr.set(a + ".rope.dimension_count", gguf::Value::of_u32(uint32_t(s.rope_dim)));
   if (s.rope_long_ctx > 0) {
     wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(uint32_t(s.rope_long_ctx)));
@@ -93,9 +98,10 @@ Model make_model(const Spec& s) {
   const float we = 1.f / std::sqrt(float(E)) * 1.7f, wf = 1.f / std::sqrt(float(s.n_ff)) * 1.7f;
   // Gemma scales embeddings up by sqrt(n_embd): store them small, as real Gemma files do, so the
   // layers (not the embedding) dominate the residual stream and a wrong layer detail shows.
-  add("token_embd.weight", s.n_vocab, E, a == "gemma3" ? 4.f / float(E) : 1.0f, 0.f, true);
+  const bool gemma = a == "gemma3" || a == "gemma2";
+  add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
-  add("output_norm.weight", 1, E, a == "gemma3" ? 2.f : 0.2f, a == "gemma3" ? 12.f : 1.f, false);
+  add("output_norm.weight", 1, E, gemma ? 2.f : 0.2f, gemma ? 12.f : 1.f, false);
   const bool phi3 = a == "phi3";
   if (a == "llama" || phi3) add("output.weight", s.n_vocab, E, we, 0.f, true);
   if (s.rope_long_ctx > 0) {
@@ -126,7 +132,7 @@ Model make_model(const Spec& s) {
       add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
-    if (a == "gemma3") {
+    if (gemma) {
       add(b + "post_attention_norm.weight", 1, E, 0.2f, 1.f, false);
       add(b + "post_ffw_norm.weight", 1, E, 0.2f, 1.f, false);
     }
@@ -173,7 +179,8 @@ void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox,
 // Logits for every position of `ids` (one sequence starting at position 0) with a context of n_ctx.
 std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx) {
   const Spec& s = m.spec;
-  const bool gemma = s.arch == "gemma3", qwen3 = s.arch == "qwen3", phi3 = s.arch == "phi3";
+  const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2", qwen3 = s.arch == "qwen3";
+  const bool phi3 = s.arch == "phi3";
   const bool neox = gemma || qwen3 || phi3;
   const float* rope_div = s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
@@ -189,7 +196,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma ? (local ? 10000.0 : 1e6) : s.arch == "llama" ? 10000.0 : 1e6;  // as make_model writes
+    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" ? 10000.0 : 1e6;  // as make_model writes
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "attn_norm.weight").data(), 0, size_t(E), eps);
@@ -204,7 +211,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
         v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
       }
-      if (gemma || qwen3) {  // q/k norms per head, then the rotation
+      if (gemma3 || qwen3) {  // q/k norms per head, then the rotation
         for (int hh = 0; hh < s.n_head; ++hh) {
           const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), q[size_t(t)].begin() + hh * D);
@@ -227,7 +234,9 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         for (int j = lo; j <= t; ++j) {
           double d = 0;
           for (int i = 0; i < D; ++i) d += q[size_t(t)][size_t(hh * D + i)] * k[size_t(j)][size_t(g * D + i)];
-          sc.push_back(d / std::sqrt(double(D)));
+          d /= std::sqrt(double(D));
+          if (s.attn_softcap > 0) d = s.attn_softcap * std::tanh(d / s.attn_softcap);
+          sc.push_back(d);
         }
         const double mx = *std::max_element(sc.begin(), sc.end());
         double sum = 0;
@@ -263,9 +272,12 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
     }
   }
   std::vector<Vec> logits;
-  const std::string out = gemma || qwen3 ? "token_embd.weight" : "output.weight";  // gemma3, qwen3: tied
-  for (int t = 0; t < T; ++t)
+  const std::string out = gemma || qwen3 ? "token_embd.weight" : "output.weight";  // gemma, qwen3: tied
+  for (int t = 0; t < T; ++t) {
     logits.push_back(matvec(W(out), s.n_vocab, E, rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps)));
+    if (s.final_softcap > 0)
+      for (double& z : logits.back()) z = s.final_softcap * std::tanh(z / s.final_softcap);
+  }
   return logits;
 }
 
@@ -347,6 +359,21 @@ Spec phi3_spec(GgmlType t) {
   return s;
 }
 
+// Gemma 2's layout, shrunk: layers 0 and 2 sliding (window 5), caps small enough to bite here
+// (Gemma 2's own are 50 and 30, above what these tiny scores and logits reach).
+Spec gemma2_spec(GgmlType t) {
+  Spec s;
+  s.arch = "gemma2";
+  s.wtype = t;
+  s.n_layer = 3;
+  s.n_head_kv = 2;
+  s.window = 5;
+  s.swa_pattern = 2;
+  s.attn_softcap = 0.8f;
+  s.final_softcap = 2.5f;
+  return s;
+}
+
 Spec gemma_spec(GgmlType t) {
   Spec s;
   s.arch = "gemma3";
@@ -363,8 +390,9 @@ Spec gemma_spec(GgmlType t) {
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
-    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3"}) {
-      Spec s = arch == "gemma3" ? gemma_spec(t) : arch == "qwen3" ? qwen3_spec(t) : arch == "phi3" ? phi3_spec(t) : Spec{};
+    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2"}) {
+      Spec s = arch == "gemma3" ? gemma_spec(t) : arch == "qwen3" ? qwen3_spec(t) : arch == "phi3" ? phi3_spec(t)
+             : arch == "gemma2" ? gemma2_spec(t) : Spec{};
       s.wtype = t;
       const Model m = make_model(s);
       const auto ids = prompt(s, 12, 11);

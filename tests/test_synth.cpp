@@ -23,13 +23,14 @@ using namespace baton;
 
 namespace {
 
-// Small shapes of the five architectures (same fields as the presets, a fraction of the size).
+// Small shapes of the six architectures (same fields as the presets, a fraction of the size).
 const ShapePreset kTinyLlama{"tiny-llama", "llama", "test", 3, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 10000.f, 1e-5f, false};
 const ShapePreset kTinyQwen{"tiny-qwen2", "qwen2", "test", 2, 96, 3, 1, 32, 192, 700, 1024, false, 0, 0, 1e6f, 1e-6f, true};
 // (qwen3: 4 heads of 64 on a 128-wide residual, as Qwen3's heads are wider than n_embd / n_head)
 const ShapePreset kTinyQwen3{"tiny-qwen3", "qwen3", "test", 2, 128, 4, 2, 64, 256, 800, 1024, true, 0, 0, 1e6f, 1e-6f, false};
 const ShapePreset kTinyGemma{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 6, 1e6f, 1e-6f, false};
 // (phi3: fused q/k/v and gate/up, LongRoPE factors past a context of 32, 24 of 32 head dims rotated)
+const ShapePreset kTinyGemma2{"tiny-gemma2", "gemma2", "test", 4, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 2, 1e4f, 1e-6f, false};
 const ShapePreset kTinyPhi3{"tiny-phi3", "phi3", "test", 2, 128, 4, 2, 32, 256, 700, 1024, false, 0, 0, 1e4f, 1e-5f, false, 32, 24};
 
 std::vector<uint8_t> read_all(const std::string& path) {
@@ -41,7 +42,7 @@ std::vector<uint8_t> read_all(const std::string& path) {
 
 TEST_CASE("synth writes files whose shape equals the preset's") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3}) {
+  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
       INFO(p->name << " " << type_name(t));
       const std::string path = dir + "/" + p->name + "-" + type_name(t) + ".gguf";
@@ -112,7 +113,7 @@ TEST_CASE("synth is deterministic for a seed and differs between seeds") {
 
 TEST_CASE("synthetic models run through the CPU forward with sane logits") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3}) {
+  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
     INFO(p->name);
     const std::string path = dir + "/" + p->name + ".gguf";
     SynthOptions o;
@@ -147,7 +148,7 @@ TEST_CASE("synthetic models run through the CPU forward with sane logits") {
 
 TEST_CASE("the planner's KV and scratch bytes equal the CPU forward's allocations") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3}) {
+  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
     const std::string path = dir + "/" + p->name + ".gguf";
     synth_write(*p, SynthOptions{}, path);
     const auto f = gguf::File::open(path);

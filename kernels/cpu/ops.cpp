@@ -1092,6 +1092,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
           std::fill(p, p + kKeyChunk, 0.f);
           continue;
         }
+        if (a.softcap > 0)  // Gemma 2: scores capped before the softmax (float tanh, as the CUDA kernels)
+          for (int j = v0; j < v1; ++j) p[j] = a.softcap * std::tanh(p[j] / a.softcap);
         const float c = kern.chunk_softmax(p, v0, v1, run_max[i], run_sum[i]);
         if (c != 1.f) scale(orow[size_t(i)], c, dv);
       }

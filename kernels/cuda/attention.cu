@@ -274,7 +274,7 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
 #pragma unroll
         for (int i = 0; i < 8; i++) acc += qs[e0 + i] * kv[i];
       }
-      score = acc * a.scale;
+      score = softcap_score(acc * a.scale, a.softcap);
     }
     const float m_new = fmaxf(m, warp_max(score));  // lane 0's key is always valid here
     const float pj = j < ke ? expf(score - m_new) : 0.0f;
@@ -455,7 +455,7 @@ attn_prefill_kernel(AttentionArgs a, int seq, int pos0, int row0) {
       const int qi = q_first + warp * QPW + r, pq = pos0 + qi, j = k0 + lane;
       const int lo_q = a.window > 0 ? max(0, pq - a.window + 1) : 0;
       const bool ok = lane < BK && qi < a.n_tokens && j <= pq && j >= lo_q;
-      const float s = ok ? sc[r] * a.scale : -INFINITY;
+      const float s = ok ? softcap_score(sc[r] * a.scale, a.softcap) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(s));
       if (m_new == -INFINITY) {  // nothing visible yet for this query
         pr[r] = 0.0f;
@@ -635,7 +635,7 @@ attn_prefill_mma_kernel(AttentionArgs a, int seq, int pos0, int row0) {
           const int j = k0 + 8 * n + 2 * t + c;
           const bool ok = qi < a.n_tokens && j <= pq && j >= lo_q;
           float& v = s[n][2 * r + c];
-          v = ok ? v : -INFINITY;
+          v = ok ? softcap_score(v, a.softcap) : -INFINITY;  // (q was scaled)
           mx = fmaxf(mx, v);
         }
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));

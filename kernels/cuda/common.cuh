@@ -202,6 +202,9 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
 
 // The rotation of pair (a, b) by the angle with cosine c and sine s: (a·c − b·s, a·s + b·c), each
 // product rounded before the sum (never fused), so that every kernel that rotates gets the same bits.
+// Gemma 2's attention soft-cap: a score s becomes cap·tanh(s / cap); cap 0 leaves it.
+__device__ __forceinline__ float softcap_score(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+
 __device__ __forceinline__ float2 rotate_pair(float a, float b, float c, float s) {
   return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
 }

@@ -457,6 +457,7 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
   const uint8_t* v_new = nullptr;
   int n_head = 0;
   float scale = 1.f;
+  float softcap = 0.f;  // > 0: every score s (scale included) becomes softcap·tanh(s / softcap) (Gemma 2)
   int window = 0;
   KvLayer kv;
 };

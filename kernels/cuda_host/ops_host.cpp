@@ -121,6 +121,7 @@ void attend(const AttentionArgs& a, int t, int pos, int seq, int first, int row0
       float s = 0;
       for (int i = 0; i < D; ++i) s += q[i] * kf[i];
       sc[j] = s * a.scale;
+      if (a.softcap > 0) sc[j] = a.softcap * std::tanh(sc[j] / a.softcap);
     }
     cpu::softmax(sc, n);
     float* out = a.out + size_t(t) * a.out_stride + size_t(h) * size_t(D);
