@@ -331,11 +331,14 @@ std::string ModelConfig::summary() const {
   for (int w : layer_window) n_local += w > 0;
   return fmt::format(
       "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
-      "dim {} scaling {}, {}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      "dim {} scaling {}, {}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
       n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
       rope_scaling, act == Activation::SiLU ? "SwiGLU" : "GeGLU", tied_output ? ", tied output" : "",
       n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
-      qk_norm ? ", q/k norm" : "");
+      qk_norm ? ", q/k norm" : "",
+      attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
+      fused_qkv || fused_gate_up ? ", fused matrices" : "",
+      rope_freqs_long.empty() ? "" : fmt::format(", LongRoPE past {} (factor {})", rope_long_ctx, rope_attn_factor));
 }
 
 }  // namespace baton
