@@ -107,23 +107,16 @@ size_t match_gpt2(const Text& t, size_t pos, size_t end) {
   return k;
 }
 
-// (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}|
-//  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-size_t match_llama3(const Text& t, size_t pos, size_t end, size_t max_digits) {
-  if (size_t n = contraction(t, pos, end, true)) return n;
-  auto letter = [&](size_t i) { return t.letter(i); };
+// The alternatives after the words, the same in the Llama 3 and GPT-4o regexes:
+// \p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+  (GPT-4o: [\r\n/]* after the punctuation)
+size_t match_numbers_punct_space(const Text& t, size_t pos, size_t end, size_t max_digits, bool slash) {
   auto newline = [&](size_t i) { return t.cp[i] == '\r' || t.cp[i] == '\n'; };
-  const uint32_t c = t.cp[pos];
-  const bool c_nl = c == '\r' || c == '\n';
-  if (!c_nl && !t.letter(pos) && !t.number(pos) && pos + 1 < end && t.letter(pos + 1))
-    return 1 + run(pos + 1, end, letter);
-  if (t.letter(pos)) return run(pos, end, letter);
   if (t.number(pos)) return std::min(max_digits, run(pos, end, [&](size_t i) { return t.number(i); }));
   size_t start = pos;
-  if (c == ' ' && pos + 1 < end && t.other(pos + 1)) start = pos + 1;
+  if (t.cp[pos] == ' ' && pos + 1 < end && t.other(pos + 1)) start = pos + 1;
   if (t.other(start)) {
     size_t j = start + run(start, end, [&](size_t i) { return t.other(i); });
-    j += run(j, end, newline);
+    j += run(j, end, [&](size_t i) { return newline(i) || (slash && t.cp[i] == '/'); });
     return j - pos;
   }
   size_t k = run(pos, end, [&](size_t i) { return bool(t.ws[i]); });
@@ -131,6 +124,19 @@ size_t match_llama3(const Text& t, size_t pos, size_t end, size_t max_digits) {
     if (newline(j - 1)) return j - pos;
   if (pos + k < end && k > 1) return k - 1;
   return k;
+}
+
+// (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}|
+//  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+size_t match_llama3(const Text& t, size_t pos, size_t end, size_t max_digits) {
+  if (size_t n = contraction(t, pos, end, true)) return n;
+  auto letter = [&](size_t i) { return t.letter(i); };
+  const uint32_t c = t.cp[pos];
+  const bool c_nl = c == '\r' || c == '\n';
+  if (!c_nl && !t.letter(pos) && !t.number(pos) && pos + 1 < end && t.letter(pos + 1))
+    return 1 + run(pos + 1, end, letter);
+  if (t.letter(pos)) return run(pos, end, letter);
+  return match_numbers_punct_space(t, pos, end, max_digits, false);
 }
 
 // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
@@ -163,19 +169,7 @@ size_t match_gpt4o(const Text& t, size_t pos, size_t end) {
       }
       if (!lead) break;  // without a leading character both starts are the same
     }
-  if (t.number(pos)) return std::min<size_t>(3, run(pos, end, [&](size_t i) { return t.number(i); }));
-  size_t start = pos;
-  if (t.cp[pos] == ' ' && pos + 1 < end && t.other(pos + 1)) start = pos + 1;
-  if (t.other(start)) {
-    size_t j = start + run(start, end, [&](size_t i) { return t.other(i); });
-    j += run(j, end, [&](size_t i) { return newline(i) || t.cp[i] == '/'; });
-    return j - pos;
-  }
-  size_t k = run(pos, end, [&](size_t i) { return bool(t.ws[i]); });
-  for (size_t j = pos + k; j > pos; --j)  // \s*[\r\n]+ ends at the run's last newline
-    if (newline(j - 1)) return j - pos;
-  if (pos + k < end && k > 1) return k - 1;
-  return k;
+  return match_numbers_punct_space(t, pos, end, 3, true);
 }
 
 // [\p{P}<extra ASCII>]+
