@@ -230,20 +230,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim_k) {
     c.rope_freqs = rope_frequencies(c.rope_dim, c.rope_base, rs);
     c.rope_freqs_local = rope_frequencies(c.rope_dim, c.rope_base_local, RopeScaling{});
-    // Llama 3 files store their scaling as a tensor of per-pair divisors instead of keys.
-    if (const gguf::TensorInfo* rf = f.tensor("rope_freqs.weight")) {
-      if (rf->type != GgmlType::F32 || rf->nelements() != c.rope_dim / 2) {
-        problems.push_back(fmt::format("rope_freqs.weight must be F32 [{}], found {} {}", c.rope_dim / 2,
-                                       type_name(rf->type), rf->shape_str()));
-      } else {
-        const float* d = reinterpret_cast<const float*>(rf->data);
-        for (int i = 0; i < c.rope_dim / 2; ++i) c.rope_freqs[size_t(i)] /= d[i];
-      }
-    }
-    // Phi-3's LongRoPE: divisors for short contexts and for long ones, and a magnitude for the
-    // rotated values (use_context picks the divisors).
-    const std::vector<float> plain = c.rope_freqs;
-    auto divided = [&](const char* name, std::vector<float>& out) {
+    // Per-pair divisors of the frequencies stored as tensors: Llama 3's scaling (rope_freqs.weight,
+    // instead of keys), then Phi-3's LongRoPE factors for short and for long contexts (use_context
+    // picks; rope.scaling.attn_factor below is their magnitude).
+    auto divided = [&](const char* name, const std::vector<float>& from, std::vector<float>& out) {
       const gguf::TensorInfo* rf = f.tensor(name);
       if (!rf) return false;
       if (rf->type != GgmlType::F32 || rf->nelements() != c.rope_dim / 2) {
@@ -252,18 +242,19 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         return false;
       }
       const float* d = reinterpret_cast<const float*>(rf->data);
-      out = plain;
-      for (int i = 0; i < c.rope_dim / 2; ++i) {
+      for (int i = 0; i < c.rope_dim / 2; ++i)
         if (!(d[i] > 0)) {
           problems.push_back(fmt::format("{}[{}] = {} must be > 0", name, i, d[i]));
           return false;
         }
-        out[size_t(i)] /= d[i];
-      }
+      out = from;
+      for (int i = 0; i < c.rope_dim / 2; ++i) out[size_t(i)] /= d[i];
       return true;
     };
-    divided("rope_factors_short.weight", c.rope_freqs);
-    if (divided("rope_factors_long.weight", c.rope_freqs_long))
+    divided("rope_freqs.weight", c.rope_freqs, c.rope_freqs);
+    const std::vector<float> unfactored = c.rope_freqs;
+    divided("rope_factors_short.weight", unfactored, c.rope_freqs);
+    if (divided("rope_factors_long.weight", unfactored, c.rope_freqs_long))
       c.rope_long_ctx = int(get_int("rope.scaling.original_context_length", false, c.n_ctx_train));
   }
   c.rope_attn_factor = float(get_float("rope.scaling.attn_factor", 1.0));

@@ -63,9 +63,10 @@ TEST_CASE("ModelConfig gives a 62-layer Gemma 3 the 27B's scale and other depths
 
 namespace {
 
-// The tensors of a small phi3 file (fused q/k/v and gate/up, LongRoPE factors), zero-filled, after
-// `edit` renamed, reshaped or dropped (empty name) some; the config's verdict on it.
-ModelConfig phi3_config(const std::function<void(TensorSpec&)>& edit) {
+// The tensors of a small phi3 file (fused q/k/v and gate/up, LongRoPE factors), filled with ones,
+// after `edit` renamed, reshaped or dropped (empty name) some, with `extra` tensors of twos; the
+// config's verdict on it.
+ModelConfig phi3_config(const std::function<void(TensorSpec&)>& edit, const std::vector<TensorSpec>& extra = {}) {
   const ShapePreset p{"tiny-phi3", "phi3", "test", 2, 128, 4, 2, 32, 256, 300, 1024, false, 0, 0, 1e4f, 1e-5f, false,
                       32, 24};
   gguf::Writer w;
@@ -76,16 +77,16 @@ ModelConfig phi3_config(const std::function<void(TensorSpec&)>& edit) {
       {"phi3.rope.dimension_count", 24}, {"phi3.vocab_size", 300}, {"phi3.rope.scaling.original_context_length", 32}};
   for (const auto& [k, v] : keys) w.set(k, gguf::Value::of_u32(v));
   w.set("phi3.rope.scaling.attn_factor", gguf::Value::of_f32(1.19f));
+  auto filled = [](float x) {
+    return [x](uint8_t* d, size_t n) {
+      for (size_t i = 0; i + 4 <= n; i += 4) std::memcpy(d + i, &x, 4);
+    };
+  };
   for (TensorSpec t : preset_tensors(p, GgmlType::F32)) {
     edit(t);
-    if (t.name.empty()) continue;
-    w.add_tensor_lazy(t.name, t.type, t.dims, [](uint8_t* d, size_t n) {
-      for (size_t i = 0; i + 4 <= n; i += 4) {
-        const float one = 1.f;
-        std::memcpy(d + i, &one, 4);
-      }
-    });
+    if (!t.name.empty()) w.add_tensor_lazy(t.name, t.type, t.dims, filled(1.f));
   }
+  for (const TensorSpec& t : extra) w.add_tensor_lazy(t.name, t.type, t.dims, filled(2.f));
   const auto bytes = w.to_bytes();
   return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
 }
@@ -122,4 +123,15 @@ TEST_CASE("phi3: fused matrices and LongRoPE read from the file; what is wrong w
              Catch::Contains("tensor blk.0.ffn_up.weight has shape [128, 256], expected [128, 512]"));
   CHECK_THAT(error_of([](TensorSpec& t) { if (t.name == "rope_factors_long.weight") t.dims = {16}; }),
              Catch::Contains("rope_factors_long.weight must be F32 [12]"));
+
+  // Llama 3's rope_freqs.weight divides first, the LongRoPE factors after (any family reads it).
+  const ModelConfig l3 = phi3_config([](TensorSpec&) {}, {{"rope_freqs.weight", GgmlType::F32, {12}}});
+  CHECK(l3.rope_freqs[3] == Approx(std::pow(1e4, -6.0 / 24) / 2));
+  CHECK(l3.rope_freqs_long[3] == Approx(std::pow(1e4, -6.0 / 24) / 2));
+  try {
+    phi3_config([](TensorSpec&) {}, {{"rope_freqs.weight", GgmlType::F32, {13}}});
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("rope_freqs.weight must be F32 [12], found F32 [13]"));
+  }
 }
