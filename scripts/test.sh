@@ -26,7 +26,8 @@ if [ "${BATON_SKIP_AVX512:-0}" != 1 ]; then
   # The AVX-512 kernels (the path most servers take) on this AVX2 machine through SIMDe, compared
   # bit for bit with the portable kernels, and a model forward against llama.cpp's logits
   # (kernels/cpu/avx512_emulated.h). Skipped where the CPU itself has AVX-512: the main tests ran them.
-  if grep -q avx512vnni /proc/cpuinfo 2>/dev/null; then
+  # (/proc/cpuinfo spells the flag avx512_vnni; the kernels ask the compiler's avx512vnni.)
+  if grep -qE 'avx512_?vnni' /proc/cpuinfo 2>/dev/null && grep -qw avx512vl /proc/cpuinfo; then
     stage "AVX-512 kernels: this CPU has them, the tests above ran them"
   else
     stage "AVX-512 kernels emulated on AVX2 (SIMDe)"
