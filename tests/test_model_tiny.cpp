@@ -336,52 +336,29 @@ std::vector<float> run_prompt(Pipeline& p, const std::vector<int32_t>& ids, int 
   return out;
 }
 
-// Qwen3 0.6B's proportions, shrunk: heads twice as wide as n_embd / n_head, GQA 2:1.
-Spec qwen3_spec(GgmlType t) {
+// Each family's tiny model: the llama defaults of Spec, changed where the family's layout differs.
+Spec spec_of(const std::string& arch, GgmlType t) {
   Spec s;
-  s.arch = "qwen3";
+  s.arch = arch;
   s.wtype = t;
-  s.n_embd = 256;
-  s.n_head = 8;
-  s.n_head_kv = 4;
-  s.head_dim = 64;
-  return s;
-}
-
-// Phi-3's layout, shrunk: fused q/k/v and gate/up, GQA 2:1 (as Phi-4), LongRoPE from a context
-// of 32 (so the tests' 64 take the long factors) with an attention factor.
-Spec phi3_spec(GgmlType t) {
-  Spec s;
-  s.arch = "phi3";
-  s.wtype = t;
-  s.rope_long_ctx = 32;
-  s.rope_attn_factor = 1.2f;
-  return s;
-}
-
-// Gemma 2's layout, shrunk: layers 0 and 2 sliding (window 5), caps small enough to bite here
-// (Gemma 2's own are 50 and 30, above what these tiny scores and logits reach).
-Spec gemma2_spec(GgmlType t) {
-  Spec s;
-  s.arch = "gemma2";
-  s.wtype = t;
-  s.n_layer = 3;
-  s.n_head_kv = 2;
-  s.window = 5;
-  s.swa_pattern = 2;
-  s.attn_softcap = 0.8f;
-  s.final_softcap = 2.5f;
-  return s;
-}
-
-Spec gemma_spec(GgmlType t) {
-  Spec s;
-  s.arch = "gemma3";
-  s.wtype = t;
-  s.n_layer = 3;
-  s.n_head_kv = 1;
-  s.window = 5;
-  s.swa_pattern = 3;  // layers 0 and 1 sliding, layer 2 global
+  if (arch == "qwen3") {  // Qwen3 0.6B's proportions: heads twice as wide as n_embd / n_head, GQA 2:1
+    s.n_head = 8;
+    s.n_head_kv = 4;
+  } else if (arch == "phi3") {  // fused q/k/v and gate/up; LongRoPE past 32 (the tests' 64: long factors)
+    s.rope_long_ctx = 32;
+    s.rope_attn_factor = 1.2f;
+  } else if (arch == "gemma3") {  // layers 0 and 1 sliding (window 5), layer 2 global
+    s.n_layer = 3;
+    s.n_head_kv = 1;
+    s.window = 5;
+    s.swa_pattern = 3;
+  } else if (arch == "gemma2") {  // layers 0 and 2 sliding; caps small enough to bite here (Gemma 2's
+    s.n_layer = 3;                // own 50 and 30 are above what these tiny scores and logits reach)
+    s.window = 5;
+    s.swa_pattern = 2;
+    s.attn_softcap = 0.8f;
+    s.final_softcap = 2.5f;
+  }
   return s;
 }
 
@@ -391,9 +368,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2"}) {
-      Spec s = arch == "gemma3" ? gemma_spec(t) : arch == "qwen3" ? qwen3_spec(t) : arch == "phi3" ? phi3_spec(t)
-             : arch == "gemma2" ? gemma2_spec(t) : Spec{};
-      s.wtype = t;
+      const Spec s = spec_of(arch, t);
       const Model m = make_model(s);
       const auto ids = prompt(s, 12, 11);
       auto p = load(m, 64);
@@ -403,7 +378,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
 }
 
 TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original context, long ones past it") {
-  const Spec s = phi3_spec(GgmlType::Q8_0);
+  const Spec s = spec_of("phi3", GgmlType::Q8_0);
   const Model m = make_model(s);
   const auto ids = prompt(s, 12, 5);
   auto short_ctx = load(m, 64, 1, 32), long_ctx = load(m, 64, 1, 33);
@@ -424,7 +399,7 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
   for (bool gemma : {false, true}) {
-    const Spec s = gemma ? gemma_spec(GgmlType::Q8_0) : Spec{};
+    const Spec s = gemma ? spec_of("gemma3", GgmlType::Q8_0) : Spec{};
     const Model m = make_model(s);
     const auto ids = prompt(s, 17, 3);  // longer than the sliding window: the rings wrap
     auto one = load(m, 64);
@@ -453,7 +428,7 @@ TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equa
 
 TEST_CASE("tiny generated models: a batch of two sequences equals each one alone") {
   for (bool gemma : {false, true}) {
-    const Spec s = gemma ? gemma_spec(GgmlType::Q4_K) : Spec{};
+    const Spec s = gemma ? spec_of("gemma3", GgmlType::Q4_K) : Spec{};
     const Model m = make_model(s);
     const auto x = prompt(s, 9, 21), y = prompt(s, 6, 22);
     auto alone = load(m, 64, 2);
