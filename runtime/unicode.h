@@ -1,5 +1,6 @@
 // Just enough Unicode for tokenizers: UTF-8 decoding/encoding that never throws on bad bytes, the
-// general category class of a code point (from a generated range table), and White_Space.
+// general category class of a code point and a letter's case (from a generated range table), and
+// White_Space.
 #pragma once
 #include <cstdint>
 #include <string>
