@@ -329,7 +329,8 @@ std::string ModelConfig::summary() const {
       qk_norm ? ", q/k norm" : "",
       attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
       fused_qkv || fused_gate_up ? ", fused matrices" : "",
-      rope_freqs_long.empty() ? "" : fmt::format(", LongRoPE past {} (factor {})", rope_long_ctx, rope_attn_factor));
+      rope_freqs_long.empty() ? "" : fmt::format(", LongRoPE factor {}, {} factors (long past {})", rope_attn_factor,
+                                                 rope_freqs == rope_freqs_long ? "long" : "short", rope_long_ctx));
 }
 
 }  // namespace baton

@@ -187,6 +187,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   }
   if (opt.verbose) {
     std::fprintf(stderr, "%s", format_plan(p, shape).c_str());
+    std::fprintf(stderr, "config: %s\n", cfg_.summary().c_str());  // what the file's keys were read as
     std::fprintf(stderr, "threads per stage: %d\n", per_stage);
     const auto info = stages();
     for (size_t k = 0; k < info.size(); ++k) {
