@@ -50,17 +50,14 @@ uint64_t weight_used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nb
   return used;
 }
 
-namespace {
-
-// Architectures whose files carry a sliding window but not its layer pattern: every
-// period-th layer is global. An unknown architecture with a window and no pattern is treated as
-// all-global: that over-counts its KV cache, which is the safe side.
 uint32_t default_swa_period(const std::string& arch) {
   if (arch == "gemma3") return 6;
   if (arch == "gemma2" || arch == "gpt-oss") return 2;
   if (arch == "cohere2") return 4;
   return 1;
 }
+
+namespace {
 
 // "blk.17.attn_q.weight" -> 17; -1 for anything else.
 int64_t block_index(const std::string& name) {
@@ -245,9 +242,10 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
     out.push_back({std::move(name), weight_type_for_row(type, cols), {cols, rows}});
   };
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
-  const bool gemma = std::string_view(p.architecture) == "gemma3" || std::string_view(p.architecture) == "gemma2";
-  const bool qk_norm = std::string_view(p.architecture) == "gemma3" || std::string_view(p.architecture) == "qwen3";
-  const bool phi3 = std::string_view(p.architecture) == "phi3";  // fused q/k/v, fused gate/up
+  const std::string_view arch = p.architecture;
+  const bool gemma = arch == "gemma3" || arch == "gemma2";
+  const bool qk_norm = arch == "gemma3" || arch == "qwen3";
+  const bool phi3 = arch == "phi3";  // fused q/k/v, fused gate/up
 
   mat("token_embd.weight", E, V);
   if (p.rope_long_ctx) {

@@ -100,6 +100,11 @@ GgmlType weight_type_for_row(GgmlType wanted, int64_t row);
 // The shape of a preset in a given weight type (exact bytes from preset_tensors).
 ModelShape shape_from_preset(const ShapePreset& p, GgmlType type);
 
+// Architectures whose files carry a sliding window but not its layer pattern: every period-th
+// layer is global (gemma3 6, gemma2 2). An unknown architecture with a window and no pattern is
+// treated as all-global (1): that over-counts its KV cache, which is the safe side.
+uint32_t default_swa_period(const std::string& arch);
+
 // Which layers of a sliding-window model are global. gemma3: every 6th layer (5 local, 1 global).
 bool layer_is_global(uint32_t il, uint32_t swa_period);
 

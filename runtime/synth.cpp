@@ -198,7 +198,7 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));
-    if (!gemma || p.swa_period != (a == "gemma3" ? 6u : 2u))  // gemma's periods are implied, as in real files
+    if (p.swa_period != default_swa_period(a))  // gemma's periods are implied, as in real files
       w.set(key("attention.sliding_window_pattern"), gguf::Value::of_u32(p.swa_period));
   }
   if (opt.vocab_from.empty()) synthetic_vocab(w, p.n_vocab);
