@@ -4,6 +4,7 @@
 #include "models/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "gguf/gguf.h"
@@ -74,7 +75,9 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
       L.wv = mat(l, LayerTensor::Wv);
     }
     L.wo = mat(l, LayerTensor::Wo);
-    if (c.fused_gate_up) {
+    if (c.is_moe()) {
+      // below
+    } else if (c.fused_gate_up) {
       const cpu::QMatrix gu = mat(l, LayerTensor::Up);
       L.gate = rows_of(gu, 0, c.n_ff);
       L.up = rows_of(gu, c.n_ff, c.n_ff);
@@ -82,7 +85,26 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
       L.gate = mat(l, LayerTensor::Gate);
       L.up = mat(l, LayerTensor::Up);
     }
-    L.down = mat(l, LayerTensor::Down);
+    if (c.is_moe()) {
+      L.router = mat(l, LayerTensor::GateInp);
+      // Expert e of a stacked [cols, rows, n_expert] tensor: rows [e·rows, (e+1)·rows) of its 2-D view.
+      auto experts = [&](LayerTensor t, int rows, std::vector<cpu::QMatrix>& out) {
+        cpu::QMatrix all = mat(l, t);
+        all.rows = int64_t(rows) * c.n_expert;
+        for (int e = 0; e < c.n_expert; ++e) out.push_back(rows_of(all, int64_t(e) * rows, rows));
+      };
+      experts(LayerTensor::GateExps, c.n_ff_exp, L.gate_exp);
+      experts(LayerTensor::UpExps, c.n_ff_exp, L.up_exp);
+      experts(LayerTensor::DownExps, c.n_embd, L.down_exp);
+      if (c.n_ff_shexp > 0) {
+        L.gate_sh = mat(l, LayerTensor::GateShexp);
+        L.up_sh = mat(l, LayerTensor::UpShexp);
+        L.down_sh = mat(l, LayerTensor::DownShexp);
+        L.gate_inp_sh = floats(f.require_tensor(layer_tensor_key(l, LayerTensor::GateInpShexp)));
+      }
+    } else {
+      L.down = mat(l, LayerTensor::Down);
+    }
     L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
     L.ffn_norm = norm(layer_tensor_key(l, LayerTensor::FfnNorm));
     if (c.qk_norm) {
@@ -103,7 +125,11 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     std::vector<cpu::QMatrix*> to_pack;
     for (int l = begin; l < end; ++l) {
       LayerWeights& L = w.layers[size_t(l)];
-      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) to_pack.push_back(m);
+      for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router, &L.gate_sh,
+                              &L.up_sh, &L.down_sh})
+        to_pack.push_back(m);
+      for (size_t e = 0; e < L.gate_exp.size(); ++e)
+        for (cpu::QMatrix* m : {&L.gate_exp[e], &L.up_exp[e], &L.down_exp[e]}) to_pack.push_back(m);
     }
     if (with_head) to_pack.push_back(&w.output);
     std::erase_if(to_pack, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
@@ -130,8 +156,14 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
 // ---- scratch ----
 
 struct Scratch::Layout {
-  size_t xb, xb2, q, k, v, hb, hb2, k_new, v_new, total;
+  size_t xb, xb2, q, k, v, hb, hb2, k_new, v_new, router, xe, ye, acc, total;
 };
+
+size_t Scratch::ffn_rows(const ModelConfig& c, int n_batch) {
+  if (!c.is_moe()) return size_t(n_batch) * size_t(c.n_ff);
+  return std::max(size_t(std::max(n_batch, c.n_expert_used)) * size_t(c.n_ff_exp),
+                  size_t(n_batch) * size_t(c.n_ff_shexp));
+}
 
 Scratch::Layout Scratch::layout(const ModelConfig& c, int n_batch, GgmlType kv_type) {
   const size_t B = size_t(n_batch), f = sizeof(float);
@@ -144,10 +176,16 @@ Scratch::Layout Scratch::layout(const ModelConfig& c, int n_batch, GgmlType kv_t
   L.q = take(B * c.n_embd_q() * f);
   L.k = take(B * c.n_embd_k() * f);
   L.v = take(B * c.n_embd_v() * f);
-  L.hb = take(B * c.n_ff * f);
-  L.hb2 = take(B * c.n_ff * f);
+  L.hb = take(ffn_rows(c, n_batch) * f);
+  L.hb2 = take(ffn_rows(c, n_batch) * f);
   L.k_new = take(B * row_bytes(kv_type, c.n_embd_k()));
   L.v_new = take(B * row_bytes(kv_type, c.n_embd_v()));
+  if (c.is_moe()) {
+    L.router = take(B * c.n_expert * f);
+    L.xe = take(B * c.n_embd * f);
+    L.ye = take(std::max(B, size_t(c.n_expert_used)) * c.n_embd * f);
+    L.acc = take(B * c.n_embd * f);
+  }
   L.total = at;
   return L;
 }
@@ -164,6 +202,13 @@ Scratch::Scratch(const ModelConfig& c, int n_batch, GgmlType kv_type) : n_batch_
   xb = fp(L.xb); xb2 = fp(L.xb2); q = fp(L.q); k = fp(L.k); v = fp(L.v); hb = fp(L.hb); hb2 = fp(L.hb2);
   k_new = base + L.k_new;
   v_new = base + L.v_new;
+  if (c.is_moe()) {
+    router = fp(L.router); xe = fp(L.xe); ye = fp(L.ye); acc = fp(L.acc);
+    route_ids.resize(size_t(n_batch) * size_t(c.n_expert_used));
+    route_w.resize(route_ids.size());
+    expert_first.resize(size_t(c.n_expert) + 1);
+    expert_slots.resize(route_ids.size());
+  }
   first.resize(size_t(n_batch));
   row0.resize(size_t(n_batch));
   row.resize(size_t(n_batch));
@@ -377,6 +422,93 @@ struct CpuLayers {
       std::memcpy(cache.k_at(sq, g, p), kr + size_t(g) * kh, kh);
       std::memcpy(cache.v_at(sq, g, p), vr + size_t(g) * vh, vh);
     }
+  }
+
+  // Mixture of experts over the normed rows in xb, the result into xb. Every token's k experts and
+  // weights from the router; then decode (one token) runs the k experts' gate and up matrices as
+  // one job and their down matrices as another, while a batch runs each chosen expert once over
+  // the rows routed to it (gathered), adding its weighted output to each of its tokens.
+  void moe(const LayerWeights& L, int n) {
+    const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
+    matmul(L.router, xb, n, s.router);  // (the queued residual add and norm run as its prologue)
+    for (int t = 0; t < n; ++t)
+      cpu::moe_route(s.router + size_t(t) * X, X, K, c.expert_weights_norm, s.route_ids.data() + size_t(t) * K,
+                     s.route_w.data() + size_t(t) * K);
+    float* acc = s.acc;
+    std::fill(acc, acc + size_t(n) * E, 0.f);
+    if (n == 1) {
+      constexpr int kGroup = cpu::kMaxTargets / 2;  // experts per pair of jobs
+      cpu::MatmulTarget gu[2 * kGroup], dn[kGroup];
+      float wt[kGroup];
+      int m = 0;
+      auto run = [&] {
+        if (m == 0) return;
+        cpu::matmul_multi(gu, 2 * m, xb, 1, pool);
+        gate_rows(hb, hb2, m * F);
+        cpu::matmul_multi(dn, m, nullptr, 1, pool);
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < E; ++j) acc[j] += wt[i] * s.ye[size_t(i) * E + size_t(j)];
+        m = 0;
+      };
+      for (int i = 0; i < K; ++i) {
+        const int e = s.route_ids[size_t(i)];
+        if (e < 0) continue;
+        gu[2 * m] = {&L.gate_exp[size_t(e)], hb + size_t(m) * F};
+        gu[2 * m + 1] = {&L.up_exp[size_t(e)], hb2 + size_t(m) * F};
+        dn[m] = {&L.down_exp[size_t(e)], s.ye + size_t(m) * E, hb + size_t(m) * F};
+        wt[m] = s.route_w[size_t(i)];
+        if (++m == kGroup) run();
+      }
+      run();
+    } else {
+      // Per expert, the (token, place) slots routed to it, in token order.
+      std::vector<int32_t>& first = s.expert_first;
+      std::fill(first.begin(), first.end(), 0);
+      for (int i = 0; i < n * K; ++i)
+        if (s.route_ids[size_t(i)] >= 0) ++first[size_t(s.route_ids[size_t(i)]) + 1];
+      for (int e = 0; e < X; ++e) first[size_t(e) + 1] += first[size_t(e)];
+      std::vector<int32_t> at(first.begin(), first.end() - 1);
+      for (int i = 0; i < n * K; ++i)
+        if (s.route_ids[size_t(i)] >= 0) s.expert_slots[size_t(at[size_t(s.route_ids[size_t(i)])]++)] = i;
+      for (int e = 0; e < X; ++e) {
+        const int m = first[size_t(e) + 1] - first[size_t(e)];
+        if (m == 0) continue;
+        const int32_t* slot = s.expert_slots.data() + first[size_t(e)];
+        for (int j = 0; j < m; ++j)
+          std::memcpy(s.xe + size_t(j) * E, xb + size_t(slot[j] / K) * E, size_t(E) * sizeof(float));
+        const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
+        cpu::matmul_multi(gu, 2, s.xe, m, pool);
+        gate_rows(hb, hb2, m * F);
+        cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
+        for (int j = 0; j < m; ++j) {
+          const float wt = s.route_w[size_t(slot[j])];
+          float* y = acc + size_t(slot[j] / K) * E;
+          const float* d = s.ye + size_t(j) * E;
+          for (int i = 0; i < E; ++i) y[i] += wt * d[i];
+        }
+      }
+    }
+    if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
+      const int S = c.n_ff_shexp;
+      const cpu::MatmulTarget gu[] = {{&L.gate_sh, hb}, {&L.up_sh, hb2}};
+      cpu::matmul_multi(gu, 2, xb, n, pool);
+      gate_rows(hb, hb2, n * S);
+      cpu::matmul(L.down_sh, hb, n, s.ye, pool);
+      for (int t = 0; t < n; ++t) {
+        const float* xt = xb + size_t(t) * E;
+        double z = 0;
+        for (int i = 0; i < E; ++i) z += double(L.gate_inp_sh[i]) * xt[i];
+        const float g = float(1.0 / (1.0 + std::exp(-z)));
+        float* y = acc + size_t(t) * E;
+        const float* d = s.ye + size_t(t) * E;
+        for (int i = 0; i < E; ++i) y[i] += g * d[i];
+      }
+    }
+    std::memcpy(xb, acc, size_t(n) * E * sizeof(float));
+  }
+  void gate_rows(float* g, const float* u, int count) const {
+    if (c.act == Activation::SiLU) cpu::silu_gate(g, u, g, count);
+    else cpu::gelu_tanh_gate(g, u, g, count);
   }
 
   int gather_logit_rows() {

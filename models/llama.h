@@ -51,10 +51,23 @@ class Scratch {
   float* q = nullptr;      // n_batch × n_head × head_dim_k
   float* k = nullptr;      // n_batch × n_head_kv × head_dim_k
   float* v = nullptr;      // n_batch × n_head_kv × head_dim_v
-  float* hb = nullptr;     // FFN gate, n_batch × n_ff
-  float* hb2 = nullptr;    // FFN up, n_batch × n_ff
+  float* hb = nullptr;     // FFN gate, ffn_rows() floats
+  float* hb2 = nullptr;    // FFN up, ffn_rows() floats
   uint8_t* k_new = nullptr;  // the batch's keys in the KV type (staging rows, see cpu::attention)
   uint8_t* v_new = nullptr;
+  // Mixture of experts only (null otherwise): router logits (n_batch × n_expert), an expert's
+  // gathered input rows (n_batch × n_embd), expert outputs (max(n_batch, k) × n_embd) and their
+  // weighted sum (n_batch × n_embd); per token its k experts and weights, and per expert the
+  // (token × k + place) slots routed to it, expert e's from expert_first[e].
+  float* router = nullptr;
+  float* xe = nullptr;
+  float* ye = nullptr;
+  float* acc = nullptr;
+  std::vector<int32_t> route_ids, expert_first, expert_slots;
+  std::vector<float> route_w;
+  // Floats of hb (and hb2): n_batch × n_ff, or for a mixture of experts the widest of max(n_batch,
+  // k) experts' rows and n_batch shared-expert rows.
+  static size_t ffn_rows(const ModelConfig& c, int n_batch);
   std::vector<int32_t> first, row0, row;  // per token: its sequence's first position / staging rows
 
  private:

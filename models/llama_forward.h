@@ -8,6 +8,7 @@
 //                                             post_attn_norm post_ffn_norm bq bk bv (vectors or null)
 //   rms_norm(x, w, y, rows, n)                y = x / rms(x) * w per row
 //   matmul(W, X, n, Y)  matmul_qkv(L, n)  matmul_gate_up(L, n)
+//   moe(L, n)                                 a mixture-of-experts FFN, xb -> xb (see LayerT)
 //   add(y, x, n)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
 //   add_rms_norm(x, d, w, y, rows, n)         x += d, then y = rms_norm(x, w) (a backend may fuse them)
 //   rope_and_stage(l, n)   RoPE on q and k, and k/v converted into the KV type's staging rows
@@ -19,6 +20,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/config.h"
 
@@ -29,6 +31,13 @@ namespace baton {
 template <class M>
 struct LayerT {
   M wq, wk, wv, wo, gate, up, down;
+  // Mixture of experts (ModelConfig::is_moe; gate, up and down are then unset): the router
+  // [n_expert rows], each expert's matrices (views into the stacked tensors), and the shared
+  // expert with its sigmoid gate vector (n_embd floats) when the family has one.
+  M router;
+  std::vector<M> gate_exp, up_exp, down_exp;
+  M gate_sh, up_sh, down_sh;
+  const float* gate_inp_sh = nullptr;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* q_norm = nullptr;          // qk_norm
@@ -92,9 +101,13 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
 
     // FFN block: residual add and norm (one op), gate and up, activation, down.
     b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E);
-    b.matmul_gate_up(L, n);  // xb -> hb, hb2
-    b.gate(c.act, b.hb, b.hb2, b.hb, n * F);
-    b.matmul(L.down, b.hb, n, b.xb);
+    if (c.is_moe()) {
+      b.moe(L, n);  // xb -> the experts' weighted sum in xb
+    } else {
+      b.matmul_gate_up(L, n);  // xb -> hb, hb2
+      b.gate(c.act, b.hb, b.hb2, b.hb, n * F);
+      b.matmul(L.down, b.hb, n, b.xb);
+    }
     if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
     if (l + 1 < end) b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E);  // and the next layer's norm
     else b.add(b.x, b.xb, n * E);

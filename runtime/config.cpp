@@ -26,6 +26,10 @@ constexpr TensorRow kLayerTensors[] = {
   {LayerTensor::Up, "ffn_up", false},           {LayerTensor::Down, "ffn_down", false},
   {LayerTensor::PostFfnNorm, "post_ffw_norm", false},
   {LayerTensor::Wqkv, "attn_qkv", false},
+  {LayerTensor::GateInp, "ffn_gate_inp", false},       {LayerTensor::GateExps, "ffn_gate_exps", false},
+  {LayerTensor::UpExps, "ffn_up_exps", false},         {LayerTensor::DownExps, "ffn_down_exps", false},
+  {LayerTensor::GateInpShexp, "ffn_gate_inp_shexp", false}, {LayerTensor::GateShexp, "ffn_gate_shexp", false},
+  {LayerTensor::UpShexp, "ffn_up_shexp", false},       {LayerTensor::DownShexp, "ffn_down_shexp", false},
 };
 static_assert(std::size(kLayerTensors) == size_t(LayerTensor::Count));
 
@@ -42,12 +46,18 @@ struct Family {
   // base) and their window unless the file says (0: the file must say).
   float local_rope_base = 10000.f;
   int default_window = 0;
+  // Mixture of experts: 1 = the file may say (expert_count), 2 = it must; whether the top-k
+  // weights are renormalized (the file's expert_weights_norm overrides); a shared expert.
+  int moe = 0;
+  bool moe_norm = true;
+  bool shared_expert = false;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
 // ranks " the", " a", " Paris" on top; with another +1 added the predictions are garbage.
 constexpr Family kFamilies[] = {
-  {"llama", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0},
+  // llama files with experts are Mixtral's: top-2 of 8, weights renormalized.
+  {"llama", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 1},
   {"qwen2", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0},
   {"gemma3", RopeStyle::NeoX, Activation::GeluTanh, true, true, true, false, 6},
   // Gemma 2: Gemma 3 without q/k norms, every other layer sliding (window 4096 by default) with the
@@ -56,6 +66,11 @@ constexpr Family kFamilies[] = {
   {"qwen3", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0},  // q/k norms, no biases
   // Phi-3, 3.5 and 4: fused q/k/v and gate/up matrices; the 128k files add long-context RoPE factors.
   {"phi3", RopeStyle::NeoX, Activation::SiLU, false, false, false, false, 0, true},
+  // Qwen3 MoE (30B-A3B, 235B-A22B): Qwen3's attention, top-8 of 128 experts renormalized.
+  {"qwen3moe", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0, false, 10000.f, 0, 2},
+  // Qwen1.5/Qwen2 MoE: Qwen2's attention (biases), top-k weights as the softmax gives them (not
+  // renormalized), and a shared expert gated by a sigmoid.
+  {"qwen2moe", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0, false, 10000.f, 0, 2, false, true},
 };
 
 }  // namespace
@@ -74,7 +89,13 @@ bool ModelConfig::has(LayerTensor t) const {
     case LayerTensor::PostAttnNorm: case LayerTensor::PostFfnNorm: return post_norms;
     case LayerTensor::Wq: case LayerTensor::Wk: case LayerTensor::Wv: return !fused_qkv;
     case LayerTensor::Wqkv: return fused_qkv;
-    case LayerTensor::Gate: return !fused_gate_up;
+    case LayerTensor::Gate: return !fused_gate_up && !is_moe();
+    case LayerTensor::Up: case LayerTensor::Down: return !is_moe();
+    case LayerTensor::GateInp: case LayerTensor::GateExps: case LayerTensor::UpExps: case LayerTensor::DownExps:
+      return is_moe();
+    case LayerTensor::GateInpShexp: case LayerTensor::GateShexp: case LayerTensor::UpShexp:
+    case LayerTensor::DownShexp:
+      return n_ff_shexp > 0;
     default: return true;
   }
 }
@@ -200,6 +221,27 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.fused_gate_up = fam->fused_gate_up;
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
 
+  // Mixture of experts.
+  if (fam->moe > 0) c.n_expert = int(get_int("expert_count", fam->moe == 2, 0));
+  if (c.n_expert > 0) {
+    c.n_expert_used = int(get_int("expert_used_count", true, 1));
+    c.n_ff_exp = positive("expert_feed_forward_length", get_int("expert_feed_forward_length", false, c.n_ff));
+    if (fam->shared_expert)
+      c.n_ff_shexp = positive("expert_shared_feed_forward_length",
+                              get_int("expert_shared_feed_forward_length", true, c.n_ff));
+    c.expert_weights_norm = fam->moe_norm;
+    if (const std::string key = f.arch_key("expert_weights_norm"); f.has(key)) {
+      try { c.expert_weights_norm = f.get<bool>(key); } catch (const Error& e) { problems.push_back(e.what()); }
+    }
+    if (const std::string key = f.arch_key("expert_gating_func"); f.has(key) && get_int("expert_gating_func", false, 1) != 1)
+      problems.push_back(fmt::format("{}: only softmax gating (1) is supported", key));
+    if (c.n_expert > 4096 || c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
+      problems.push_back(fmt::format("expert_used_count {} must be in [1, expert_count {}] (at most 4096 experts)",
+                                     c.n_expert_used, c.n_expert));
+  } else if (c.n_expert < 0) {
+    problems.push_back(fmt::format("expert_count {} is out of range", c.n_expert));
+  }
+
   c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);
   if (fam->swa_pattern > 0) {
     c.sliding_window = positive("attention.sliding_window", get_int("attention.sliding_window", fam->default_window == 0,
@@ -262,7 +304,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     problems.push_back(fmt::format("rope.scaling.attn_factor {} is out of range", c.rope_attn_factor));
 
   // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
-  auto check = [&](const std::string& name, bool required, std::vector<int64_t> dims) {
+  auto check = [&](const std::string& name, bool required, const std::vector<int64_t>& dims) {
     const gguf::TensorInfo* t = f.tensor(name);
     if (!t) {
       if (required) problems.push_back(fmt::format("missing tensor {}", name));
@@ -292,11 +334,16 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         {c.n_embd_q(), 0}, {c.n_embd_k(), 0}, {c.n_embd_v(), 0}, {c.head_dim_k, 0}, {c.head_dim_k, 0},
         {E, 0}, {E, 0}, {E, c.n_ff}, {E, c.fused_gate_up ? 2 * c.n_ff : c.n_ff}, {c.n_ff, E}, {E, 0},
         {E, c.n_embd_q() + c.n_embd_k() + c.n_embd_v()},
+        {E, c.n_expert}, {E, c.n_ff_exp}, {E, c.n_ff_exp}, {c.n_ff_exp, E},
+        {E, 0}, {E, c.n_ff_shexp}, {E, c.n_ff_shexp}, {c.n_ff_shexp, E},
       };
+      static_assert(std::size(dims) == size_t(LayerTensor::Count));
       for (int t = 0; t < int(LayerTensor::Count); ++t) {
         const LayerTensor lt = LayerTensor(t);
         std::vector<int64_t> d{dims[t][0]};
         if (dims[t][1]) d.push_back(dims[t][1]);
+        if (lt == LayerTensor::GateExps || lt == LayerTensor::UpExps || lt == LayerTensor::DownExps)
+          d.push_back(c.n_expert);  // the experts stacked
         if (c.has(lt)) check(layer_tensor_key(l, lt), true, d);
       }
     }
@@ -322,13 +369,16 @@ std::string ModelConfig::summary() const {
   for (int w : layer_window) n_local += w > 0;
   return fmt::format(
       "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
-      "dim {} scaling {}, {}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      "dim {} scaling {}, {}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
       n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
       rope_scaling, act == Activation::SiLU ? "SwiGLU" : "GeGLU", tied_output ? ", tied output" : "",
       n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
       qk_norm ? ", q/k norm" : "",
       attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
       fused_qkv || fused_gate_up ? ", fused matrices" : "",
+      is_moe() ? fmt::format(", {} of {} experts (n_ff {}{}{})", n_expert_used, n_expert, n_ff_exp,
+                             n_ff_shexp ? fmt::format(", shared {}", n_ff_shexp) : "",
+                             expert_weights_norm ? ", renormalized" : "") : "",
       rope_freqs_long.empty() ? "" : fmt::format(", LongRoPE factor {}, {} factors (long past {})", rope_attn_factor,
                                                  rope_freqs == rope_freqs_long ? "long" : "short", rope_long_ctx));
 }

@@ -20,6 +20,10 @@ enum class LayerTensor : int {
   AttnNorm, Wq, Wk, Wv, Wo, Bq, Bk, Bv, QNorm, KNorm, PostAttnNorm,
   FfnNorm, Gate, Up, Down, PostFfnNorm,
   Wqkv,  // q, k and v rows in one matrix (phi3 files; any family may store them so)
+  // Mixture of experts (instead of Gate, Up, Down): the router [n_embd, n_expert] and the experts'
+  // matrices stacked in one 3-D tensor each ([n_embd, n_ff_exp, n_expert], down [n_ff_exp, n_embd,
+  // n_expert]); qwen2moe adds one always-on shared expert scaled by sigmoid(gate_inp_shexp · x).
+  GateInp, GateExps, UpExps, DownExps, GateInpShexp, GateShexp, UpShexp, DownShexp,
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
@@ -67,6 +71,15 @@ struct ModelConfig {
   bool tied_output = false;      // no output.weight: the head reuses token_embd
   bool fused_qkv = false;        // attn_qkv holds the q, k and v rows, in that order
   bool fused_gate_up = false;    // ffn_up holds the gate rows, then the up rows (phi3)
+  // Mixture of experts: each token's FFN is the weighted sum of the n_expert_used experts the router
+  // ranks highest (softmax over n_expert logits, top k, weights renormalized to sum 1 when
+  // expert_weights_norm), plus the shared expert when n_ff_shexp > 0.
+  int n_expert = 0;              // 0: a dense FFN
+  int n_expert_used = 0;
+  int n_ff_exp = 0;              // expert_feed_forward_length (default n_ff)
+  int n_ff_shexp = 0;            // expert_shared_feed_forward_length (qwen2moe)
+  bool expert_weights_norm = false;
+  bool is_moe() const { return n_expert > 0; }
   int sliding_window = 0;        // tokens a local layer sees (itself included); 0: none
   std::vector<int> layer_window; // per layer: 0 = full attention, else the window
 

@@ -301,6 +301,7 @@ struct CudaLayers {
     const bool x_q8 = flush_for({&L.gate, &L.up}, xb, n);
     cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n, x_q8);
   }
+  void moe(const GpuLayer&, int) { BATON_CHECK(!"mixture-of-experts layers are refused by the GpuStage constructor"); }
   void add(float* y, const float* in, int n) {
     flush();
     cuda::add(g.ctx, y, in, n);
@@ -435,6 +436,10 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (cfg.head_dim_k != cfg.head_dim_v)
     fail(ErrorKind::Usage, "the CUDA attention needs equal K and V head sizes (this model: {} and {})",
          cfg.head_dim_k, cfg.head_dim_v);
+  if (cfg.is_moe() && plan.layer_end > plan.layer_begin)
+    fail(ErrorKind::Usage,
+         "layers {}..{} of this mixture-of-experts model cannot run on cuda:{}: the CUDA backend has no expert "
+         "kernels yet (run them on the CPU: --devices cpu)", plan.layer_begin, plan.layer_end - 1, device);
   const int hd = cfg.head_dim_k;
   if (hd != 32 && hd != 64 && hd != 96 && hd != 128 && hd != 256)
     fail(ErrorKind::Usage, "the CUDA attention takes head sizes 32, 64, 96, 128 and 256 (this model: {})", hd);

@@ -36,8 +36,21 @@ struct Spec {
   int rope_dim = 0;                 // rotated dims per head (0: all; Phi-4-mini rotates 3/4)
   int rope_long_ctx = 0;            // phi3: LongRoPE factors past this context
   float rope_attn_factor = 1.f;     // phi3: rope.scaling.attn_factor
+  // Mixture of experts (n_expert > 0): top n_expert_used of n_expert, each n_ff_exp wide; a shared
+  // expert n_ff_shexp wide (qwen2moe).
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   uint32_t seed = 7;
 };
+
+// The smallest gap, over every token and layer the reference saw, between the router logits of the
+// last expert chosen and the first one left out: a fast path whose router is off by less than this
+// picks the same experts.
+double g_min_router_gap = 1e30;
+// The fast path's router logits differ from the reference's by its 8-bit activations and F16 K/V
+// upstream (~1e-2 here): random weights put some token's k-th and (k+1)-th experts closer than
+// that now and then, and the two paths then pick different experts. MoE tests take the first
+// seed whose routing is this decisive for their prompt (a property of the reference alone).
+constexpr double kRouterMargin = 0.08;
 
 // Random weights, the quantized bytes written to the file, and the dequantized floats the
 // reference uses (so both paths see exactly the same numbers).
@@ -72,13 +85,22 @@ Model make_model(const Spec& s) {
     wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(uint32_t(s.rope_long_ctx)));
     wr.set(a + ".rope.scaling.attn_factor", gguf::Value::of_f32(s.rope_attn_factor));
   }
+  if (s.n_expert > 0) {
+    wr.set(a + ".expert_count", gguf::Value::of_u32(uint32_t(s.n_expert)));
+    wr.set(a + ".expert_used_count", gguf::Value::of_u32(uint32_t(s.n_expert_used)));
+    if (a != "llama") wr.set(a + ".expert_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_exp)));
+    if (s.n_ff_shexp > 0) wr.set(a + ".expert_shared_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_shexp)));
+  }
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
     wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
   }
 
-  auto add = [&](const std::string& name, int rows, int cols, float amp, float center, bool quantized) {
+  // planes > 1: that many matrices of `rows` rows stacked in one 3-D tensor (the experts).
+  auto add = [&](const std::string& name, int rows, int cols, float amp, float center, bool quantized, int planes = 1) {
     std::uniform_real_distribution<float> u(-amp, amp);
+    const int plane_rows = rows;
+    rows *= planes;
     std::vector<float> x(size_t(rows) * cols);
     for (float& v : x) v = center + u(rng);
     const GgmlType t = quantized ? s.wtype : GgmlType::F32;
@@ -91,7 +113,8 @@ Model make_model(const Spec& s) {
       dequantize_row(t, bytes.data() + size_t(r) * rb, deq.data() + size_t(r) * cols, cols);
     }
     std::vector<int64_t> dims{cols};
-    if (rows > 1) dims.push_back(rows);
+    if (rows > 1) dims.push_back(plane_rows);
+    if (planes > 1) dims.push_back(planes);
     wr.add_tensor(name, t, dims, bytes.data(), bytes.size());
   };
   const int E = s.n_embd, D = s.head_dim;
@@ -121,14 +144,31 @@ Model make_model(const Spec& s) {
     }
     add(b + "attn_output.weight", E, s.n_head * D, we, 0.f, true);
     add(b + "ffn_norm.weight", 1, E, 0.2f, 1.f, false);
-    if (phi3) {
+    if (s.n_expert > 0) {  // the router in F32 (as converters leave it), a spread that routes decisively
+      const float wx = 1.f / std::sqrt(float(s.n_ff_exp)) * 1.7f;
+      add(b + "ffn_gate_inp.weight", s.n_expert, E, 3.f * we, 0.f, false);
+      add(b + "ffn_gate_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert);
+      add(b + "ffn_up_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert);
+      add(b + "ffn_down_exps.weight", E, s.n_ff_exp, wx, 0.f, true, s.n_expert);
+      if (s.n_ff_shexp > 0) {
+        add(b + "ffn_gate_inp_shexp.weight", 1, E, 2.f * we, 0.f, false);
+        add(b + "ffn_gate_shexp.weight", s.n_ff_shexp, E, we, 0.f, true);
+        add(b + "ffn_up_shexp.weight", s.n_ff_shexp, E, we, 0.f, true);
+        add(b + "ffn_down_shexp.weight", E, s.n_ff_shexp, wf, 0.f, true);
+      }
+    } else if (phi3) {
       add(b + "ffn_up.weight", 2 * s.n_ff, E, we, 0.f, true);
     } else {
       add(b + "ffn_gate.weight", s.n_ff, E, we, 0.f, true);
       add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
     }
-    add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a == "gemma3" || a == "qwen3") {
+    if (s.n_expert == 0) add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
+    if (a == "qwen2moe") {
+      add(b + "attn_q.bias", 1, s.n_head * D, 0.3f, 0.f, false);
+      add(b + "attn_k.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
+      add(b + "attn_v.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
+    }
+    if (a == "gemma3" || a == "qwen3" || a == "qwen3moe") {
       add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
@@ -179,9 +219,10 @@ void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox,
 // Logits for every position of `ids` (one sequence starting at position 0) with a context of n_ctx.
 std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx) {
   const Spec& s = m.spec;
-  const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2", qwen3 = s.arch == "qwen3";
+  const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2";
+  const bool qwen3 = s.arch == "qwen3" || s.arch == "qwen3moe", qwen2moe = s.arch == "qwen2moe";
   const bool phi3 = s.arch == "phi3";
-  const bool neox = gemma || qwen3 || phi3;
+  const bool neox = s.arch != "llama";
   const float* rope_div = s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
   const int E = s.n_embd, D = s.head_dim, T = int(ids.size()), rep = s.n_head / s.n_head_kv;
@@ -211,6 +252,10 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
         v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
       }
+      if (qwen2moe)
+        for (auto [y, name] : {std::pair{&q[size_t(t)], "attn_q.bias"}, {&k[size_t(t)], "attn_k.bias"},
+                               {&v[size_t(t)], "attn_v.bias"}})
+          for (size_t i = 0; i < y->size(); ++i) (*y)[i] += double(W(b + name)[i]);
       if (gemma3 || qwen3) {  // q/k norms per head, then the rotation
         for (int hh = 0; hh < s.n_head; ++hh) {
           const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), size_t(hh * D), size_t(D), eps);
@@ -248,7 +293,54 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       if (gemma) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += att[size_t(i)];
     }
-    for (int t = 0; t < T; ++t) {
+    auto act = [&](double z) {
+      return gemma ? 0.5 * z * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)))
+                   : z / (1 + std::exp(-z));
+    };
+    // One SwiGLU FFN n_f wide whose matrices start at row `r0` of the named tensors (an expert's
+    // rows in the stacked ones).
+    auto ffn = [&](const Vec& h, const std::string& gate, const std::string& up, const std::string& down, int n_f,
+                   int r0) {
+      const auto rows = [&](const std::string& name, int from, int n_rows, int cols) {
+        const auto at = W(b + name).begin() + std::ptrdiff_t(from) * cols;
+        return std::vector<float>(at, at + std::ptrdiff_t(n_rows) * cols);
+      };
+      const Vec g = matvec(rows(gate, r0, n_f, E), n_f, E, h), u = matvec(rows(up, r0, n_f, E), n_f, E, h);
+      Vec a(static_cast<size_t>(n_f));
+      for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
+      return matvec(rows(down, r0 / n_f * E, E, n_f), E, n_f, a);
+    };
+    for (int t = 0; t < T && s.n_expert > 0; ++t) {
+      // Mixture of experts: softmax over the router's logits, the top k, their probabilities as
+      // weights (renormalized to sum 1 except in qwen2moe), plus qwen2moe's shared expert scaled by
+      // sigmoid(gate_inp_shexp · h).
+      const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
+      const Vec logit = matvec(W(b + "ffn_gate_inp.weight"), s.n_expert, E, h);
+      std::vector<int> order(size_t(s.n_expert));
+      for (int e = 0; e < s.n_expert; ++e) order[size_t(e)] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return logit[size_t(a)] > logit[size_t(c)]; });
+      const int K = s.n_expert_used;
+      g_min_router_gap = std::min(g_min_router_gap, logit[size_t(order[size_t(K - 1)])] - logit[size_t(order[size_t(K)])]);
+      double z = 0, chosen = 0;
+      for (int e = 0; e < s.n_expert; ++e) z += std::exp(logit[size_t(e)]);
+      for (int i = 0; i < K; ++i) chosen += std::exp(logit[size_t(order[size_t(i)])]) / z;
+      Vec out(size_t(E), 0.0);
+      for (int i = 0; i < K; ++i) {
+        const int e = order[size_t(i)];
+        double w = std::exp(logit[size_t(e)]) / z;
+        if (!qwen2moe) w /= chosen;
+        const Vec d = ffn(h, "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", s.n_ff_exp, e * s.n_ff_exp);
+        for (int j = 0; j < E; ++j) out[size_t(j)] += w * d[size_t(j)];
+      }
+      if (s.n_ff_shexp > 0) {
+        double gz = 0;
+        for (int j = 0; j < E; ++j) gz += double(W(b + "ffn_gate_inp_shexp.weight")[size_t(j)]) * h[size_t(j)];
+        const Vec d = ffn(h, "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight", s.n_ff_shexp, 0);
+        for (int j = 0; j < E; ++j) out[size_t(j)] += d[size_t(j)] / (1 + std::exp(-gz));
+      }
+      for (int j = 0; j < E; ++j) x[size_t(t)][size_t(j)] += out[size_t(j)];
+    }
+    for (int t = 0; t < T && s.n_expert == 0; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
       Vec g, u;
       if (phi3) {  // gate_up_proj: its output chunks into gate, then up
@@ -260,19 +352,14 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         u = matvec(W(b + "ffn_up.weight"), s.n_ff, E, h);
       }
       Vec a(size_t(s.n_ff));
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double z = g[i];
-        const double act = gemma ? 0.5 * z * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)))
-                                 : z / (1 + std::exp(-z));
-        a[i] = act * u[i];
-      }
+      for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
       Vec d = matvec(W(b + "ffn_down.weight"), E, s.n_ff, a);
       if (gemma) d = rmsnorm(d, W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
     }
   }
   std::vector<Vec> logits;
-  const std::string out = gemma || qwen3 ? "token_embd.weight" : "output.weight";  // gemma, qwen3: tied
+  const std::string out = m.w.count("output.weight") ? "output.weight" : "token_embd.weight";  // else tied
   for (int t = 0; t < T; ++t) {
     logits.push_back(matvec(W(out), s.n_vocab, E, rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps)));
     if (s.final_softcap > 0)
@@ -322,6 +409,11 @@ void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<
   std::printf("%-7s %-5s %-22s max|d| %.4f mean|d| %.4f (logit sd %.2f), argmax agrees %zu/%zu\n",
               m.spec.arch.c_str(), type_name(m.spec.wtype), what, max_d, mean_d, sd, agree, ids.size());
   CHECK(sd > 0.5);  // the model is not degenerate
+  if (m.spec.n_expert > 0) {  // every router decision is clear of the fast path's rounding
+    INFO("smallest router margin " << g_min_router_gap);
+    CHECK(g_min_router_gap > kRouterMargin);
+    g_min_router_gap = 1e30;
+  }
   // The fast path quantizes activations to 8 bits for its integer dot products and keeps K/V in
   // F16: a few percent of a standard deviation. A wrong RoPE, mask or norm costs a whole one.
   CHECK(max_d < 0.15 * sd);
@@ -347,6 +439,22 @@ Spec spec_of(const std::string& arch, GgmlType t) {
   } else if (arch == "phi3") {  // fused q/k/v and gate/up; LongRoPE past 32 (the tests' 64: long factors)
     s.rope_long_ctx = 32;
     s.rope_attn_factor = 1.2f;
+  } else if (arch == "mixtral") {  // a llama file with experts: top 2 of 4, renormalized
+    s.arch = "llama";
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_exp = s.n_ff;
+  } else if (arch == "qwen3moe") {  // Qwen3's attention; top 3 of 8 narrow experts, renormalized
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_expert = 8;
+    s.n_expert_used = 3;
+    s.n_ff_exp = 256;
+  } else if (arch == "qwen2moe") {  // q/k/v biases; top 2 of 6 as the softmax weighs them, a shared expert
+    s.n_expert = 6;
+    s.n_expert_used = 2;
+    s.n_ff_exp = 256;
+    s.n_ff_shexp = 512;
   } else if (arch == "gemma3") {  // layers 0 and 1 sliding (window 5), layer 2 global
     s.n_layer = 3;
     s.n_head_kv = 1;
@@ -362,15 +470,30 @@ Spec spec_of(const std::string& arch, GgmlType t) {
   return s;
 }
 
+// A mixture-of-experts model (seed s.seed, s.seed + 1, ...) whose routing of `ids` is decisive
+// (kRouterMargin).
+Model decisive_model(Spec s, const std::vector<int32_t>& ids, int n_ctx = 64) {
+  for (int tries = 0; tries < 50; ++tries, ++s.seed) {
+    Model m = make_model(s);
+    g_min_router_gap = 1e30;
+    reference(m, ids, n_ctx);
+    const bool ok = g_min_router_gap > kRouterMargin;
+    g_min_router_gap = 1e30;
+    if (ok) return m;
+  }
+  FAIL("no seed routes the prompt decisively");
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
-    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2"}) {
-      const Spec s = spec_of(arch, t);
-      const Model m = make_model(s);
+    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe"}) {
+      Spec s = spec_of(arch, t);
       const auto ids = prompt(s, 12, 11);
+      const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
       auto p = load(m, 64);
       compare(m, ids, run_prompt(*p, ids), "one batch");
     }
@@ -398,10 +521,10 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
-  for (bool gemma : {false, true}) {
-    const Spec s = gemma ? spec_of("gemma3", GgmlType::Q8_0) : Spec{};
-    const Model m = make_model(s);
+  for (const std::string arch : {"llama", "gemma3", "qwen2moe"}) {  // (experts: decode runs them as one job)
+    const Spec s = spec_of(arch, GgmlType::Q8_0);
     const auto ids = prompt(s, 17, 3);  // longer than the sliding window: the rings wrap
+    const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
     auto one = load(m, 64);
     const auto a = run_prompt(*one, ids);
     compare(m, ids, a, "one batch (17 tokens)");
@@ -427,10 +550,10 @@ TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equa
 }
 
 TEST_CASE("tiny generated models: a batch of two sequences equals each one alone") {
-  for (bool gemma : {false, true}) {
-    const Spec s = gemma ? spec_of("gemma3", GgmlType::Q4_K) : Spec{};
-    const Model m = make_model(s);
+  for (const std::string arch : {"llama", "gemma3", "qwen3moe"}) {
+    const Spec s = spec_of(arch, GgmlType::Q4_K);
     const auto x = prompt(s, 9, 21), y = prompt(s, 6, 22);
+    const Model m = s.n_expert > 0 ? decisive_model(s, x) : make_model(s);
     auto alone = load(m, 64, 2);
     const auto ax = run_prompt(*alone, x, 0);
     const auto ay = run_prompt(*alone, y, 1);

@@ -24,8 +24,6 @@ const KernelTable& active_table() {
   return kernels_scalar();
 }
 
-constexpr int kMaxTargets = 4;
-
 // Which target a task of a fused job works on: the parts list their first tasks in order.
 template <class Part>
 int part_of(const Part* parts, int n_parts, int task) {
@@ -48,15 +46,28 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   const int64_t cols = targets[0].W->cols, nb = cols / 32;
   const QuantFn quant = kt.quant[int(ActKind::Q8_32s)] ? kt.quant[int(ActKind::Q8_32s)] : quant_q8_32s_portable;
   const size_t a_stride = act_bytes(ActKind::Q8_32s, cols);
+  // The distinct inputs (the shared X, or the targets' own), each quantized once.
+  const float* inputs[kMaxTargets];
+  int input_of[kMaxTargets], n_inputs = 0;
+  for (int i = 0; i < n_targets; ++i) {
+    const float* xi = targets[i].X ? targets[i].X : X;
+    BATON_CHECK(!(pre && targets[i].X));
+    int k = 0;
+    while (k < n_inputs && inputs[k] != xi) ++k;
+    if (k == n_inputs) inputs[n_inputs++] = xi;
+    input_of[i] = k;
+  }
+  const size_t a_input = a_stride * size_t(n);
   thread_local std::vector<uint8_t> scratch;  // only grows
-  if (scratch.size() < a_stride * size_t(n)) scratch.resize(a_stride * size_t(n));
+  if (scratch.size() < a_input * size_t(n_inputs)) scratch.resize(a_input * size_t(n_inputs));
   uint8_t* A = scratch.data();
-  auto quant_task = [&](int j, int) {
+  auto quant_task = [&](int task, int) {
+    const int k = task / n, j = task % n;
     if (pre) (*pre)(j);
-    quant(X + int64_t(j) * cols, cols, A + size_t(j) * a_stride);
+    quant(inputs[k] + int64_t(j) * cols, cols, A + size_t(k) * a_input + size_t(j) * a_stride);
   };
-  if (n >= 4 && pool.size() > 1) pool.run(n, std::ref(quant_task));
-  else for (int j = 0; j < n; j++) quant_task(j, 0);
+  if (n * n_inputs >= 4 && pool.size() > 1) pool.run(n * n_inputs, std::ref(quant_task));
+  else for (int t = 0; t < n * n_inputs; t++) quant_task(t, 0);
 
   struct Part {
     PackedFn kernel;
@@ -98,7 +109,8 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
       const int nc = std::min(kPackedMaxCols, n - j);
       for (int64_t g = g0; g < g1; g++) {
         const int64_t r0 = g * kPackRows;
-        p.kernel(nb, W.packed + size_t(g) * p.group_bytes, A + size_t(j) * a_stride, a_stride, nc,
+        p.kernel(nb, W.packed + size_t(g) * p.group_bytes, A + size_t(input_of[i]) * a_input + size_t(j) * a_stride,
+                 a_stride, nc,
                  targets[i].Y + size_t(j) * y_stride + size_t(r0), y_stride,
                  int(std::min<int64_t>(kPackRows, W.rows - r0)));
       }
@@ -115,8 +127,9 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     all_packed = targets[i].W->packed != nullptr && targets[i].W->cols == targets[0].W->cols;
   if (all_packed) return matmul_packed_targets(targets, n_targets, X, n, pool, pre);
   if (pre) run_rows(*pre, n, pool);
+  auto input = [&](int i) { return targets[i].X ? targets[i].X : X; };
   if (n > kFusedMaxCols || n_targets > kMaxTargets || n_targets == 1) {
-    for (int i = 0; i < n_targets; ++i) matmul(*targets[i].W, X, n, targets[i].Y, pool);
+    for (int i = 0; i < n_targets; ++i) matmul(*targets[i].W, input(i), n, targets[i].Y, pool);
     return;
   }
   const KernelTable& kt = active_table();
@@ -144,12 +157,13 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     p.dot = kt.dot[int(W.type)];
     p.packed = W.packed ? (kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type)) : nullptr;
     p.a_stride = act_bytes(kind, cols);
+    const float* Xi = input(i);
     if (kind == ActKind::Float) {
-      p.a = reinterpret_cast<const uint8_t*>(X);
+      p.a = reinterpret_cast<const uint8_t*>(Xi);
     } else {
-      int same = -1;  // an earlier target that already quantized X into this format
+      int same = -1;  // an earlier target that already quantized this input into this format
       for (int j = 0; j < i && same < 0; ++j)
-        if ((targets[j].W->packed ? ActKind::Q8_32s : kt.act[int(targets[j].W->type)]) == kind) same = j;
+        if (input(j) == Xi && (targets[j].W->packed ? ActKind::Q8_32s : kt.act[int(targets[j].W->type)]) == kind) same = j;
       if (same >= 0) {
         p.a = parts[same].a;
       } else {
@@ -157,7 +171,7 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
         if (buf.size() < p.a_stride * size_t(n)) buf.resize(p.a_stride * size_t(n));
         QuantFn q = kt.quant[int(kind)];
         if (!q && kind == ActKind::Q8_32s) q = quant_q8_32s_portable;
-        for (int c = 0; c < n; ++c) q(X + int64_t(c) * cols, cols, buf.data() + size_t(c) * p.a_stride);
+        for (int c = 0; c < n; ++c) q(Xi + int64_t(c) * cols, cols, buf.data() + size_t(c) * p.a_stride);
         p.a = buf.data();
       }
     }

@@ -326,6 +326,17 @@ void scale(float* y, float s, int n) {
   for (int i = 0; i < n; ++i) y[i] *= s;
 }
 
+void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, float* weights) {
+  softmax(logits, n_expert);
+  const int found = top_k(logits, n_expert, k, ids, weights);
+  for (int i = found; i < k; ++i) ids[i] = -1, weights[i] = 0.f;
+  if (!renorm) return;
+  float sum = 0.f;
+  for (int i = 0; i < k; ++i) sum += weights[i];
+  sum = std::max(sum, 6.103515625e-5f);
+  for (int i = 0; i < k; ++i) weights[i] /= sum;
+}
+
 void softcap(float* y, float cap, int n) {
   for (int i = 0; i < n; ++i) y[i] = cap * std::tanh(y[i] / cap);
 }
