@@ -15,12 +15,19 @@ struct SynthArgs {
   std::string shape, arch, type, out, vocab;
   uint64_t seed = 0;
   std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
+  std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
   bool tied = false;
 };
 
+std::string preset_names() {
+  std::string names;
+  for (const ShapePreset& p : shape_presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
 int run_synth(const SynthArgs& a) {
   const bool custom = a.n_embd || a.n_layer || a.n_head || a.n_head_kv || a.head_dim || a.n_ff || a.n_vocab || a.ctx ||
-                      !a.arch.empty() || a.tied;
+                      !a.arch.empty() || a.tied || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
   ShapePreset p{};
   if (!a.shape.empty()) {
     p = find_preset(a.shape);
@@ -36,17 +43,28 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "qwen2") p.architecture = "qwen2", p.qkv_bias = true;
       else if (a.arch == "qwen3") p.architecture = "qwen3", p.qkv_bias = false;
       else if (a.arch == "phi3") p.architecture = "phi3", p.qkv_bias = false;
-      else fail(ErrorKind::Usage, "--arch '{}': custom shapes are llama, qwen2, qwen3 or phi3 (gemma3 through --shape)", a.arch);
+      else if (a.arch == "qwen3moe") p.architecture = "qwen3moe", p.qkv_bias = false;
+      else if (a.arch == "qwen2moe") p.architecture = "qwen2moe", p.qkv_bias = true;
+      else
+        fail(ErrorKind::Usage,
+             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe or qwen2moe (gemma through --shape)",
+             a.arch);
     }
+    if (a.n_expert) p.n_expert = *a.n_expert;
+    if (a.n_expert_used) p.n_expert_used = *a.n_expert_used;
+    if (a.n_ff_exp) p.n_ff_exp = *a.n_ff_exp;
+    if (a.n_ff_shexp) p.n_ff_shexp = *a.n_ff_shexp;
     if (a.n_embd) p.n_embd = *a.n_embd;
     if (a.n_layer) p.n_layer = *a.n_layer;
     if (a.n_head) p.n_head = *a.n_head;
     p.n_head_kv = a.n_head_kv ? *a.n_head_kv : (a.n_head ? p.n_head : p.n_head_kv);
     if (a.n_ff) p.n_ff = *a.n_ff;
+    if (p.n_expert > 0 && !p.n_ff_exp) p.n_ff_exp = p.n_ff;  // (as a file without the key reads)
     if (a.n_vocab) p.n_vocab = *a.n_vocab;
     if (a.ctx) p.n_ctx_train = *a.ctx;
     if (a.tied) p.tied = true;
-    p.head_dim = a.head_dim ? *a.head_dim : (p.n_head ? p.n_embd / p.n_head : 0);
+    if (a.head_dim) p.head_dim = *a.head_dim;
+    else if (a.n_embd || a.n_head || a.shape.empty()) p.head_dim = p.n_head ? p.n_embd / p.n_head : 0;
   }
   if (a.type.empty()) fail(ErrorKind::Usage, "--type is required (e.g. Q4_K, Q8_0, F16)");
   const TypeTraits* t = type_by_name(a.type);
@@ -65,12 +83,12 @@ int run_synth(const SynthArgs& a) {
 Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (deterministic per seed)",
               [](CLI::App& app) {
                 auto a = std::make_shared<SynthArgs>();
-                app.add_option("--shape", a->shape, "Preset: smollm2-135m, gemma3-270m, gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, llama3-8b, llama3-70b, phi3-mini, phi3.5-mini, phi4-mini, phi4-14b, gemma2-2b, gemma2-9b");
+                app.add_option("--shape", a->shape, "Preset: " + preset_names());
                 app.add_option("--type", a->type, "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS")->required();
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
-                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3 or phi3");
+                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe or qwen2moe");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
                 app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
                 app.add_option("--n-head", a->n_head, "Custom shape: query heads");
@@ -80,6 +98,10 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--n-vocab", a->n_vocab, "Custom shape: vocabulary size (>= 259)");
                 app.add_option("--ctx", a->ctx, "Custom shape: trained context length (default 4096)");
                 app.add_flag("--tied", a->tied, "Custom shape: no output.weight (the head uses token_embd)");
+                app.add_option("--n-expert", a->n_expert, "Custom shape: experts per layer (a mixture of experts)");
+                app.add_option("--n-expert-used", a->n_expert_used, "Custom shape: experts per token");
+                app.add_option("--n-ff-exp", a->n_ff_exp, "Custom shape: an expert's FFN width (default n_ff)");
+                app.add_option("--n-ff-shexp", a->n_ff_shexp, "Custom shape: the shared expert's FFN width (qwen2moe)");
                 return [a] { return run_synth(*a); };
               }}};
 

@@ -42,7 +42,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
     if (l.n_head_kv > 0) kvh_min = kvh_min == 0 ? l.n_head_kv : std::min(kvh_min, l.n_head_kv);
   }
   const uint64_t q_width = uint64_t(s.n_head) * s.head_dim_k, attn_width = uint64_t(s.n_head) * s.head_dim_v;
-  const uint64_t widest = std::max<uint64_t>({s.n_embd, attn_width, s.n_ff});
+  const uint64_t widest = std::max<uint64_t>({s.n_embd, attn_width, s.n_ff, s.n_ff_exp, s.n_ff_shexp});
   const uint64_t n_rep = kvh_min > 0 ? (s.n_head + kvh_min - 1) / kvh_min : s.n_head;
   ScratchLayout L;
   L.x = align_buffer(B * s.n_embd * f);
@@ -51,8 +51,10 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   L.q = align_buffer(B * q_width * f);
   L.k = align_buffer(B * kvh * s.head_dim_k * f);
   L.v = align_buffer(B * kvh * s.head_dim_v * f);
-  L.hb = align_buffer(B * s.n_ff * f);
-  L.hb2 = align_buffer(B * s.n_ff * f);
+  const uint64_t ffn = s.n_expert == 0 ? B * s.n_ff
+                                       : std::max(std::max<uint64_t>(B, s.n_expert_used) * s.n_ff_exp, B * s.n_ff_shexp);
+  L.hb = align_buffer(ffn * f);
+  L.hb2 = align_buffer(ffn * f);
   L.k_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_k));
   L.v_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_v));
   const uint64_t threads = n_threads > 0 ? n_threads : kPlanThreadsPerStage;
@@ -60,6 +62,9 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   L.xq = align_buffer(B * ((widest + 31) / 32) * 40);
   const uint64_t rows = n_outputs == 0 ? B : n_outputs;
   L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;
+  if (s.n_expert > 0)
+    L.moe = align_buffer(B * s.n_expert * f) + 2 * align_buffer(B * s.n_embd * f) +
+            align_buffer(std::max<uint64_t>(B, s.n_expert_used) * s.n_embd * f);
   return L;
 }
 

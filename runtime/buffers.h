@@ -51,9 +51,12 @@ struct ScratchLayout {
   uint64_t xq = 0;      // activations quantized for the integer dot products: n_batch rows of the
                         // widest matmul input (n_embd, n_head × head_dim_v or n_ff) at 40 bytes per 32
   uint64_t logits = 0;  // last stage only: n_outputs × n_vocab
+  uint64_t moe = 0;     // mixture of experts: router logits, gathered rows, expert outputs, their sum
+                        // (models/llama.h Scratch router, xe, ye, acc); hb and hb2 then hold
+                        // max(n_batch, k) experts' rows or n_batch shared-expert rows
 
-  // The buffers of models/llama.h Scratch (xb .. v_new).
-  uint64_t forward_scratch() const { return xb + xb2 + q + k + v + hb + hb2 + k_new + v_new; }
+  // The buffers of models/llama.h Scratch (xb .. v_new, and the experts').
+  uint64_t forward_scratch() const { return xb + xb2 + q + k + v + hb + hb2 + k_new + v_new + moe; }
   uint64_t total() const { return x + forward_scratch() + att + xq + logits; }
 };
 

@@ -87,6 +87,12 @@ std::vector<int64_t> ints(const gguf::File& f, const std::string& key) {
   return out;
 }
 
+// A layer tensor's elements one token multiplies: of the stacked experts, the k it is routed to.
+uint64_t active_elems(const ModelShape& s, std::string_view name, uint64_t elems) {
+  if (s.n_expert == 0 || name.find("_exps.") == std::string_view::npos) return elems;
+  return elems / s.n_expert * s.n_expert_used;
+}
+
 }  // namespace
 
 ModelShape shape_from_gguf(const gguf::File& f) {
@@ -102,6 +108,12 @@ ModelShape shape_from_gguf(const gguf::File& f) {
   s.n_ctx_train = f.get_or<uint32_t>(f.arch_key("context_length"), 0);
   s.head_dim_k = f.get_or<uint32_t>(f.arch_key("attention.key_length"), s.n_embd / s.n_head);
   s.head_dim_v = f.get_or<uint32_t>(f.arch_key("attention.value_length"), s.n_embd / s.n_head);
+  s.n_expert = f.get_or<uint32_t>(f.arch_key("expert_count"), 0);
+  if (s.n_expert > 0) {
+    s.n_expert_used = std::min(s.n_expert, f.get_or<uint32_t>(f.arch_key("expert_used_count"), 1));
+    s.n_ff_exp = f.get_or<uint32_t>(f.arch_key("expert_feed_forward_length"), s.n_ff);
+    s.n_ff_shexp = f.get_or<uint32_t>(f.arch_key("expert_shared_feed_forward_length"), 0);
+  }
 
   // Per-layer KV head counts: a scalar, or an array with one entry per layer.
   std::vector<uint32_t> kv(s.n_layer, s.n_head);
@@ -145,7 +157,7 @@ ModelShape shape_from_gguf(const gguf::File& f) {
       if (il >= int64_t(s.n_layer))
         fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
       s.layers[size_t(il)].weight_bytes += nbytes;
-      s.layers[size_t(il)].weight_elems += uint64_t(t.nelements());
+      s.layers[size_t(il)].weight_elems += active_elems(s, t.name, uint64_t(t.nelements()));
     } else if (t.name == "token_embd.weight") {
       s.embedding_bytes += nbytes;
       s.n_vocab = uint32_t(t.ne[1]);
@@ -193,6 +205,10 @@ const std::vector<ShapePreset>& shape_presets() {
     {"phi3.5-mini", "phi3", "Phi-3.5 mini (LongRoPE to 128k from 4k)", 32, 3072, 32, 32, 96, 8192, 32064, 131072, false, 0, 0, 10000.f, 1e-5f, false, 4096},
     {"phi4-mini", "phi3", "Phi-4 mini (tied head, 200k vocab, 3/4 of each head rotated, LongRoPE from 4k)", 32, 3072, 24, 8, 128, 8192, 200064, 131072, true, 0, 0, 10000.f, 1e-5f, false, 4096, 96},
     {"phi4-14b", "phi3", "Phi-4 14B (fused, GQA 4:1)", 40, 5120, 40, 10, 128, 17920, 100352, 16384, false, 0, 0, 250000.f, 1e-5f, false},
+    // Mixtures of experts (experts, used per token, expert FFN width, shared expert width last).
+    {"mixtral-8x7b", "llama", "Mixtral 8x7B (top 2 of 8 experts)", 32, 4096, 32, 8, 128, 14336, 32000, 32768, false, 0, 0, 1000000.f, 1e-5f, false, 0, 0, 8, 2, 14336},
+    {"qwen3-30b-a3b", "qwen3moe", "Qwen3 30B-A3B (top 8 of 128 experts, 3B active)", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false, 0, 0, 128, 8, 768},
+    {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;
 }
@@ -244,7 +260,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const std::string_view arch = p.architecture;
   const bool gemma = arch == "gemma3" || arch == "gemma2";
-  const bool qk_norm = arch == "gemma3" || arch == "qwen3";
+  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe";
   const bool phi3 = arch == "phi3";  // fused q/k/v, fused gate/up
 
   mat("token_embd.weight", E, V);
@@ -275,13 +291,25 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
     mat(b + "attn_output.weight", q, E);
     if (gemma) vec(b + "post_attention_norm.weight", E);
     vec(b + "ffn_norm.weight", E);
-    if (phi3) {
+    if (p.n_expert > 0) {  // the router in F32 (as converters and quantizers leave it), the experts stacked
+      const int64_t X = p.n_expert, FX = p.n_ff_exp;
+      out.push_back({b + "ffn_gate_inp.weight", GgmlType::F32, {E, X}});
+      out.push_back({b + "ffn_gate_exps.weight", weight_type_for_row(type, E), {E, FX, X}});
+      out.push_back({b + "ffn_up_exps.weight", weight_type_for_row(type, E), {E, FX, X}});
+      out.push_back({b + "ffn_down_exps.weight", weight_type_for_row(type, FX), {FX, E, X}});
+      if (p.n_ff_shexp > 0) {
+        vec(b + "ffn_gate_inp_shexp.weight", E);
+        mat(b + "ffn_gate_shexp.weight", E, p.n_ff_shexp);
+        mat(b + "ffn_up_shexp.weight", E, p.n_ff_shexp);
+        mat(b + "ffn_down_shexp.weight", p.n_ff_shexp, E);
+      }
+    } else if (phi3) {
       mat(b + "ffn_up.weight", E, 2 * F);
     } else {
       mat(b + "ffn_gate.weight", E, F);
       mat(b + "ffn_up.weight", E, F);
     }
-    mat(b + "ffn_down.weight", F, E);
+    if (p.n_expert == 0) mat(b + "ffn_down.weight", F, E);
     if (gemma) vec(b + "post_ffw_norm.weight", E);
   }
   vec("output_norm.weight", E);
@@ -300,6 +328,10 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
   s.n_ff = p.n_ff;
   s.n_vocab = p.n_vocab;
   s.n_ctx_train = p.n_ctx_train;
+  s.n_expert = p.n_expert;
+  s.n_expert_used = p.n_expert_used;
+  s.n_ff_exp = p.n_ff_exp;
+  s.n_ff_shexp = p.n_ff_shexp;
   s.layers.resize(p.n_layer);
   for (uint32_t i = 0; i < p.n_layer; i++) {
     s.layers[i].n_head_kv = p.n_head_kv;
@@ -315,7 +347,7 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
     if (t.name.rfind("blk.", 0) == 0) {
       LayerShape& l = s.layers[std::stoul(t.name.substr(4))];
       l.weight_bytes += n;
-      l.weight_elems += elems;
+      l.weight_elems += active_elems(s, t.name, elems);
     } else if (t.name == "token_embd.weight") {
       s.embedding_bytes += n;
       embd_elems = elems;

@@ -18,6 +18,7 @@ struct LayerShape {
   uint32_t sliding_window = 0;  // 0: global attention over the whole context; W: the last W tokens
   uint64_t weight_bytes = 0;    // sum of nbytes of every blk.N.* tensor
   uint64_t weight_elems = 0;    // their elements: the multiply-adds one token costs in the layer
+                                // (of the experts, the share one token uses: k / n_expert)
 
   bool operator==(const LayerShape&) const = default;
 };
@@ -33,6 +34,9 @@ struct ModelShape {
   uint32_t n_ff = 0;
   uint32_t n_vocab = 0;
   uint32_t n_ctx_train = 0;  // context_length
+  // Mixture of experts (n_expert 0: dense): experts per layer, used per token, their FFN width and
+  // the shared expert's (qwen2moe; 0: none).
+  uint32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   std::vector<LayerShape> layers;  // n_layer entries
 
   uint64_t embedding_bytes = 0;    // token_embd.weight
@@ -77,6 +81,10 @@ struct ShapePreset {
   bool qkv_bias;             // qwen2: attn_{q,k,v}.bias
   uint32_t rope_long_ctx = 0;  // phi3: LongRoPE factors for contexts beyond this one (0: none)
   uint32_t rope_dim = 0;       // rotated dims per head (0: head_dim; Phi-4-mini rotates 3/4)
+  uint32_t n_expert = 0;       // mixture of experts: experts per layer (0: a dense FFN),
+  uint32_t n_expert_used = 0;  // used per token,
+  uint32_t n_ff_exp = 0;       // their FFN width,
+  uint32_t n_ff_shexp = 0;     // and the shared expert's (qwen2moe; 0: none)
 };
 const std::vector<ShapePreset>& shape_presets();
 const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names

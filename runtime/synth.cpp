@@ -146,8 +146,17 @@ void check_shape(const ShapePreset& p) {
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
-  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3",
-       "architecture must be llama, qwen2, qwen3, gemma3, gemma2 or phi3");
+  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
+           a == "qwen3moe" || a == "qwen2moe",
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe or qwen2moe");
+  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe";
+  need(p.n_expert > 0 || !moe_arch, "qwen3moe and qwen2moe need experts (--n-expert)");
+  need(p.n_expert == 0 || a == "llama" || moe_arch, "experts are for llama (Mixtral), qwen3moe and qwen2moe");
+  need(p.n_expert == 0 || (p.n_expert <= 4096 && p.n_expert_used >= 1 && p.n_expert_used <= p.n_expert),
+       "experts used per token must be between 1 and the expert count (at most 4096)");
+  need(p.n_expert == 0 || (p.n_ff_exp > 0 && p.n_ff_exp % 32 == 0 && p.n_ff_shexp % 32 == 0),
+       "expert FFN widths must be positive multiples of 32");
+  need((p.n_ff_shexp > 0) == (a == "qwen2moe"), "a shared expert (--n-ff-shexp) is what qwen2moe has, and only it");
   need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
        "LongRoPE factors are for phi3, from a context shorter than the trained one");
   need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2", "a sliding window is only supported for gemma3 and gemma2");
@@ -196,6 +205,12 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
           gguf::Value::of_f32(float(std::sqrt(1 + std::log(scale) / std::log(double(p.rope_long_ctx))))));
   }
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
+  if (p.n_expert > 0) {  // (Mixtral's llama files carry no expert width: it is n_ff)
+    w.set(key("expert_count"), gguf::Value::of_u32(p.n_expert));
+    w.set(key("expert_used_count"), gguf::Value::of_u32(p.n_expert_used));
+    if (a != "llama" || p.n_ff_exp != p.n_ff) w.set(key("expert_feed_forward_length"), gguf::Value::of_u32(p.n_ff_exp));
+    if (p.n_ff_shexp > 0) w.set(key("expert_shared_feed_forward_length"), gguf::Value::of_u32(p.n_ff_shexp));
+  }
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));
     if (p.swa_period != default_swa_period(a))  // gemma's periods are implied, as in real files

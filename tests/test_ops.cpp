@@ -242,6 +242,26 @@ struct MultiCase {
     matmul(W[1], made.data(), n, fused[1].data(), pool, &pre);
     CHECK(std::memcmp(single[1].data(), fused[1].data(), single[1].size() * 4) == 0);
     for (auto& c : calls) CHECK(c.load() == 1);
+
+    // Nine targets (a mixture of experts' decode: its k down matrices), most with their own
+    // inputs, every fourth on the shared one.
+    constexpr int kTargets = 9;
+    std::vector<std::vector<float>> xs(kTargets), want(kTargets), got(kTargets);
+    MatmulTarget own[kTargets];
+    for (int i = 0; i < kTargets; ++i) {
+      const bool shared = i % 4 == 3;
+      xs[size_t(i)] = randoms(size_t(n * cols), -1.f, 1.f, rng);
+      const float* in = shared ? X.data() : xs[size_t(i)].data();
+      want[size_t(i)].assign(size_t(n * rows[i % 3]), 0.f);
+      got[size_t(i)].assign(want[size_t(i)].size(), -7.f);
+      matmul(W[i % 3], in, n, want[size_t(i)].data(), pool);
+      own[i] = {&W[i % 3], got[size_t(i)].data(), shared ? nullptr : in};
+    }
+    matmul_multi(own, kTargets, X.data(), n, pool);
+    for (int i = 0; i < kTargets; ++i) {
+      INFO("target " << i);
+      CHECK(std::memcmp(want[size_t(i)].data(), got[size_t(i)].data(), want[size_t(i)].size() * 4) == 0);
+    }
   }
 };
 
@@ -390,6 +410,54 @@ TEST_CASE("top_k: the k largest, by value then lowest index, NaN skipped, on eve
         }
       }
     }
+  }
+}
+
+TEST_CASE("moe_route: softmax, the k most probable experts, weights renormalized or as they are") {
+  std::mt19937 rng(21);
+  for (int n_expert : {4, 8, 60, 128}) {
+    for (int k : {1, 2, 4, 8}) {
+      if (k > n_expert) continue;
+      for (bool renorm : {false, true}) {
+        std::vector<float> logits = randoms(size_t(n_expert), -3.f, 3.f, rng), x = logits;
+        // The reference in double: probabilities, ranked (ties to the lower id).
+        double z = 0;
+        for (float v : logits) z += std::exp(double(v));
+        std::vector<int> order(static_cast<size_t>(n_expert));
+        for (int e = 0; e < n_expert; ++e) order[size_t(e)] = e;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+        double chosen = 0;
+        for (int i = 0; i < k; ++i) chosen += std::exp(double(logits[size_t(order[size_t(i)])])) / z;
+        std::vector<int32_t> ids(static_cast<size_t>(k));
+        std::vector<float> w(static_cast<size_t>(k));
+        moe_route(x.data(), n_expert, k, renorm, ids.data(), w.data());
+        double sum = 0;
+        for (int i = 0; i < k; ++i) {
+          INFO("experts " << n_expert << " k " << k << " renorm " << renorm << " place " << i);
+          CHECK(ids[size_t(i)] == order[size_t(i)]);
+          const double p = std::exp(double(logits[size_t(order[size_t(i)])])) / z;
+          CHECK(w[size_t(i)] == Approx(renorm ? p / chosen : p).epsilon(1e-5));
+          sum += w[size_t(i)];
+        }
+        if (renorm) CHECK(sum == Approx(1.0).epsilon(1e-5));
+      }
+    }
+  }
+  // A NaN router logit is never chosen, on every ISA; with nothing left to rank, no expert is.
+  for (Isa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << isa_name(isa));
+    std::vector<float> bad{0.5f, NAN, 1.f, -2.f};
+    int32_t ids[2];
+    float w[2];
+    moe_route(bad.data(), 4, 2, true, ids, w);
+    CHECK(ids[0] == 2);
+    CHECK(ids[1] == 0);
+    CHECK(w[0] + w[1] == Approx(1.0));
+    std::vector<float> none{NAN, -INFINITY, NAN, NAN};
+    moe_route(none.data(), 4, 2, false, ids, w);
+    CHECK(ids[0] == -1);
+    CHECK(w[1] == 0.f);
   }
 }
 

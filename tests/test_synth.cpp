@@ -23,7 +23,7 @@ using namespace baton;
 
 namespace {
 
-// Small shapes of the six architectures (same fields as the presets, a fraction of the size).
+// Small shapes of the eight architectures (llama twice: dense and with experts) (same fields as the presets, a fraction of the size).
 const ShapePreset kTinyLlama{"tiny-llama", "llama", "test", 3, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 10000.f, 1e-5f, false};
 const ShapePreset kTinyQwen{"tiny-qwen2", "qwen2", "test", 2, 96, 3, 1, 32, 192, 700, 1024, false, 0, 0, 1e6f, 1e-6f, true};
 // (qwen3: 4 heads of 64 on a 128-wide residual, as Qwen3's heads are wider than n_embd / n_head)
@@ -32,6 +32,13 @@ const ShapePreset kTinyGemma{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 2
 // (phi3: fused q/k/v and gate/up, LongRoPE factors past a context of 32, 24 of 32 head dims rotated)
 const ShapePreset kTinyGemma2{"tiny-gemma2", "gemma2", "test", 4, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 2, 1e4f, 1e-6f, false};
 const ShapePreset kTinyPhi3{"tiny-phi3", "phi3", "test", 2, 128, 4, 2, 32, 256, 700, 1024, false, 0, 0, 1e4f, 1e-5f, false, 32, 24};
+// (mixtures of experts: Mixtral-style llama 2 of 4; qwen3moe 3 of 8 narrow ones; qwen2moe 2 of 6
+// and a shared expert)
+const ShapePreset kTinyMixtral{"tiny-mixtral", "llama", "test", 2, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 1e6f, 1e-5f, false, 0, 0, 4, 2, 256};
+const ShapePreset kTinyQwen3Moe{"tiny-qwen3moe", "qwen3moe", "test", 2, 128, 4, 2, 64, 256, 700, 1024, false, 0, 0, 1e6f, 1e-6f, false, 0, 0, 8, 3, 64};
+const ShapePreset kTinyQwen2Moe{"tiny-qwen2moe", "qwen2moe", "test", 2, 96, 3, 3, 32, 192, 700, 1024, false, 0, 0, 1e6f, 1e-6f, true, 0, 0, 6, 2, 96, 192};
+const ShapePreset* const kTiny[] = {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2,
+                                    &kTinyMixtral, &kTinyQwen3Moe, &kTinyQwen2Moe};
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -42,7 +49,7 @@ std::vector<uint8_t> read_all(const std::string& path) {
 
 TEST_CASE("synth writes files whose shape equals the preset's") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
+  for (const ShapePreset* p : kTiny) {
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
       INFO(p->name << " " << type_name(t));
       const std::string path = dir + "/" + p->name + "-" + type_name(t) + ".gguf";
@@ -113,7 +120,7 @@ TEST_CASE("synth is deterministic for a seed and differs between seeds") {
 
 TEST_CASE("synthetic models run through the CPU forward with sane logits") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
+  for (const ShapePreset* p : kTiny) {
     INFO(p->name);
     const std::string path = dir + "/" + p->name + ".gguf";
     SynthOptions o;
@@ -148,7 +155,7 @@ TEST_CASE("synthetic models run through the CPU forward with sane logits") {
 
 TEST_CASE("the planner's KV and scratch bytes equal the CPU forward's allocations") {
   const std::string dir = test::temp_dir();
-  for (const ShapePreset* p : {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2}) {
+  for (const ShapePreset* p : kTiny) {
     const std::string path = dir + "/" + p->name + ".gguf";
     synth_write(*p, SynthOptions{}, path);
     const auto f = gguf::File::open(path);
@@ -195,6 +202,20 @@ TEST_CASE("synth options: copied vocabulary and shape errors") {
   CHECK_THROWS_AS(check_shape(bad), Error);
   bad = kTinyLlama;
   bad.sliding_window = 8;  // only gemma3 runs sliding windows
+  CHECK_THROWS_AS(check_shape(bad), Error);
+  bad = kTinyQwen3Moe;
+  bad.n_expert_used = 9;  // of 8
+  CHECK_THROWS_AS(check_shape(bad), Error);
+  bad = kTinyQwen3Moe;
+  bad.n_expert = 0;  // qwen3moe without experts
+  CHECK_THROWS_AS(check_shape(bad), Error);
+  bad = kTinyQwen3Moe;
+  bad.n_ff_shexp = 64;  // a shared expert is qwen2moe's
+  CHECK_THROWS_AS(check_shape(bad), Error);
+  bad = kTinyQwen;
+  bad.n_expert = 4;  // experts in a qwen2 file
+  bad.n_expert_used = 2;
+  bad.n_ff_exp = 64;
   CHECK_THROWS_AS(check_shape(bad), Error);
   SynthOptions q;
   q.type = GgmlType::IQ2_XS;

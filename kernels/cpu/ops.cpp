@@ -327,6 +327,15 @@ void scale(float* y, float s, int n) {
 }
 
 void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, float* weights) {
+  bool any = false;
+  for (int e = 0; e < n_expert; ++e) {
+    if (std::isnan(logits[e])) logits[e] = -INFINITY;  // (every ISA's softmax then agrees)
+    any = any || logits[e] > -INFINITY;
+  }
+  if (!any) {
+    for (int i = 0; i < k; ++i) ids[i] = -1, weights[i] = 0.f;
+    return;
+  }
   softmax(logits, n_expert);
   const int found = top_k(logits, n_expert, k, ids, weights);
   for (int i = found; i < k; ++i) ids[i] = -1, weights[i] = 0.f;

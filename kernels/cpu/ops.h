@@ -38,8 +38,8 @@ int argmax(const float* x, int n);
 int top_k(const float* x, int n, int k, int32_t* idx, float* val);
 // A mixture of experts' router for one token: softmax over the n_expert logits (in place), the k
 // most probable experts (top_k's order) and their probabilities as weights, divided by their sum
-// (kept >= 2^-14) when renorm. NaN probabilities are never picked: places top_k cannot fill get
-// expert -1 and weight 0.
+// (kept >= 2^-14) when renorm. A NaN logit counts as -inf (never picked); places top_k cannot
+// fill (every logit NaN or -inf) get expert -1 and weight 0.
 void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, float* weights);
 
 // out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
