@@ -74,7 +74,7 @@ Stats stats(const std::vector<double>& v) {
 // What describes the model in the table: size (tensor bytes), parameters, the weight type (the
 // file type, e.g. Q4_K_M, as llama-bench names models), and the weight bytes one generated token
 // streams: every tensor once, except the token embedding, of which one row is read (unless the
-// output head reuses it, then all of it).
+// output head reuses it, then all of it), and of a mixture's stacked experts the k a token uses.
 struct ModelInfo {
   std::string label;
   uint64_t size_bytes = 0;
@@ -86,16 +86,20 @@ ModelInfo describe(const Pipeline& p) {
   ModelInfo m;
   const ModelConfig& c = p.config();
   const gguf::TensorInfo* embd = nullptr;
+  uint64_t active_params = 0;
   for (const auto& t : p.file().tensors()) {
     m.size_bytes += t.nbytes;
     m.params += uint64_t(t.nelements());
+    const bool experts = c.is_moe() && t.name.find("_exps.") != std::string::npos;
+    m.bytes_per_token += experts ? t.nbytes / uint64_t(c.n_expert) * uint64_t(c.n_expert_used) : t.nbytes;
+    active_params += experts ? uint64_t(t.nelements()) / uint64_t(c.n_expert) * uint64_t(c.n_expert_used)
+                             : uint64_t(t.nelements());
     if (t.name == "token_embd.weight") embd = &t;
   }
-  m.bytes_per_token = m.size_bytes;
   if (embd && !c.tied_output && embd->ne[1] > 0) m.bytes_per_token -= embd->nbytes - embd->nbytes / uint64_t(embd->ne[1]);
-  const double params = double(m.params);
-  const std::string count = params >= 1e9 ? fmt::format("{:.1f}B", params / 1e9) : fmt::format("{:.0f}M", params / 1e6);
-  m.label = fmt::format("{} {} {}", c.arch, count, gguf::weight_type_label(p.file()));
+  auto count = [](double n) { return n >= 1e9 ? fmt::format("{:.1f}B", n / 1e9) : fmt::format("{:.0f}M", n / 1e6); };
+  m.label = fmt::format("{} {}{} {}", c.arch, count(double(m.params)),
+                        c.is_moe() ? " A" + count(double(active_params)) : "", gguf::weight_type_label(p.file()));
   return m;
 }
 

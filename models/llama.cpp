@@ -100,7 +100,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
         L.gate_sh = mat(l, LayerTensor::GateShexp);
         L.up_sh = mat(l, LayerTensor::UpShexp);
         L.down_sh = mat(l, LayerTensor::DownShexp);
-        L.gate_inp_sh = floats(f.require_tensor(layer_tensor_key(l, LayerTensor::GateInpShexp)));
+        L.gate_inp_sh = mat(l, LayerTensor::GateInpShexp);  // [n_embd]: one row
       }
     } else {
       L.down = mat(l, LayerTensor::Down);
@@ -126,7 +126,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     for (int l = begin; l < end; ++l) {
       LayerWeights& L = w.layers[size_t(l)];
       for (cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router, &L.gate_sh,
-                              &L.up_sh, &L.down_sh})
+                              &L.up_sh, &L.down_sh, &L.gate_inp_sh})
         to_pack.push_back(m);
       for (size_t e = 0; e < L.gate_exp.size(); ++e)
         for (cpu::QMatrix* m : {&L.gate_exp[e], &L.up_exp[e], &L.down_exp[e]}) to_pack.push_back(m);
@@ -446,8 +446,8 @@ struct CpuLayers {
         cpu::matmul_multi(gu, 2 * m, xb, 1, pool);
         gate_rows(hb, hb2, m * F);
         cpu::matmul_multi(dn, m, nullptr, 1, pool);
-        for (int i = 0; i < m; ++i)
-          for (int j = 0; j < E; ++j) acc[j] += wt[i] * s.ye[size_t(i) * E + size_t(j)];
+        const int32_t token0[kGroup] = {};  // every expert's row goes to the one token
+        cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
         m = 0;
       };
       for (int i = 0; i < K; ++i) {
@@ -467,25 +467,24 @@ struct CpuLayers {
       for (int i = 0; i < n * K; ++i)
         if (s.route_ids[size_t(i)] >= 0) ++first[size_t(s.route_ids[size_t(i)]) + 1];
       for (int e = 0; e < X; ++e) first[size_t(e) + 1] += first[size_t(e)];
-      std::vector<int32_t> at(first.begin(), first.end() - 1);
+      std::vector<int32_t> at(first.begin(), first.end() - 1), rows(static_cast<size_t>(n));
+      std::vector<float> wts(static_cast<size_t>(n));
       for (int i = 0; i < n * K; ++i)
         if (s.route_ids[size_t(i)] >= 0) s.expert_slots[size_t(at[size_t(s.route_ids[size_t(i)])]++)] = i;
       for (int e = 0; e < X; ++e) {
         const int m = first[size_t(e) + 1] - first[size_t(e)];
         if (m == 0) continue;
         const int32_t* slot = s.expert_slots.data() + first[size_t(e)];
-        for (int j = 0; j < m; ++j)
-          std::memcpy(s.xe + size_t(j) * E, xb + size_t(slot[j] / K) * E, size_t(E) * sizeof(float));
+        for (int j = 0; j < m; ++j) {
+          rows[size_t(j)] = slot[j] / K;
+          wts[size_t(j)] = s.route_w[size_t(slot[j])];
+        }
+        cpu::gather_rows(xb, rows.data(), m, E, s.xe);
         const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
         cpu::matmul_multi(gu, 2, s.xe, m, pool);
         gate_rows(hb, hb2, m * F);
         cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
-        for (int j = 0; j < m; ++j) {
-          const float wt = s.route_w[size_t(slot[j])];
-          float* y = acc + size_t(slot[j] / K) * E;
-          const float* d = s.ye + size_t(j) * E;
-          for (int i = 0; i < E; ++i) y[i] += wt * d[i];
-        }
+        cpu::scatter_add_rows(acc, s.ye, rows.data(), wts.data(), false, m, E);
       }
     }
     if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
@@ -494,15 +493,8 @@ struct CpuLayers {
       cpu::matmul_multi(gu, 2, xb, n, pool);
       gate_rows(hb, hb2, n * S);
       cpu::matmul(L.down_sh, hb, n, s.ye, pool);
-      for (int t = 0; t < n; ++t) {
-        const float* xt = xb + size_t(t) * E;
-        double z = 0;
-        for (int i = 0; i < E; ++i) z += double(L.gate_inp_sh[i]) * xt[i];
-        const float g = float(1.0 / (1.0 + std::exp(-z)));
-        float* y = acc + size_t(t) * E;
-        const float* d = s.ye + size_t(t) * E;
-        for (int i = 0; i < E; ++i) y[i] += g * d[i];
-      }
+      cpu::matmul(L.gate_inp_sh, xb, n, s.router, pool);  // (the router's logits are spent)
+      cpu::scatter_add_rows(acc, s.ye, nullptr, s.router, true, n, E);
     }
     std::memcpy(xb, acc, size_t(n) * E * sizeof(float));
   }

@@ -33,11 +33,10 @@ struct LayerT {
   M wq, wk, wv, wo, gate, up, down;
   // Mixture of experts (ModelConfig::is_moe; gate, up and down are then unset): the router
   // [n_expert rows], each expert's matrices (views into the stacked tensors), and the shared
-  // expert with its sigmoid gate vector (n_embd floats) when the family has one.
+  // expert with its gate (one row: sigmoid(gate_inp_sh · h) scales it) when the family has one.
   M router;
   std::vector<M> gate_exp, up_exp, down_exp;
-  M gate_sh, up_sh, down_sh;
-  const float* gate_inp_sh = nullptr;
+  M gate_sh, up_sh, down_sh, gate_inp_sh;
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* q_norm = nullptr;          // qk_norm

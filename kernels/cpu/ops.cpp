@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -344,6 +345,20 @@ void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, fl
   for (int i = 0; i < k; ++i) sum += weights[i];
   sum = std::max(sum, 6.103515625e-5f);
   for (int i = 0; i < k; ++i) weights[i] /= sum;
+}
+
+void gather_rows(const float* x, const int32_t* rows, int m, int width, float* y) {
+  for (int j = 0; j < m; ++j)
+    std::memcpy(y + size_t(j) * width, x + size_t(rows[j]) * width, size_t(width) * sizeof(float));
+}
+
+void scatter_add_rows(float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w, int m, int width) {
+  for (int j = 0; j < m; ++j) {
+    const float f = sigmoid_w ? 1.f / (1.f + std::exp(-w[j])) : w[j];
+    float* a = acc + size_t(rows ? rows[j] : j) * width;
+    const float* d = y + size_t(j) * width;
+    for (int i = 0; i < width; ++i) a[i] += f * d[i];
+  }
 }
 
 void softcap(float* y, float cap, int n) {

@@ -41,6 +41,11 @@ int top_k(const float* x, int n, int k, int32_t* idx, float* val);
 // (kept >= 2^-14) when renorm. A NaN logit counts as -inf (never picked); places top_k cannot
 // fill (every logit NaN or -inf) get expert -1 and weight 0.
 void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, float* weights);
+// A mixture of experts' data movement, rows of `width` floats: y[j] = x[rows[j]] for j < m; and
+// acc[rows[j]] += f(w[j]) · y[j], f the identity or the sigmoid (a shared expert's gate), rows
+// null meaning row j, in j order.
+void gather_rows(const float* x, const int32_t* rows, int m, int width, float* y);
+void scatter_add_rows(float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w, int m, int width);
 
 // out[i] = row ids[i] of `emb` (dequantized) * s. Out-of-range ids are the caller's job to reject.
 void embed_rows(const QMatrix& emb, const int32_t* ids, int n, float* out, float s);

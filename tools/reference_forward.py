@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
+Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
+that float64 does not). Written from the families' modeling code (Hugging Face transformers:
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE), not from Baton's.
+
+    pip install numpy gguf
+    python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
+    baton logits -m MODEL.gguf --tokens "ID ID ..." --out baton.f32     # then compare the two files
+
+Families: llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe; no RoPE scaling, no
+sliding windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+logit gap between the last expert chosen and the first left out, over tokens and layers): where it
+is below a runtime's rounding, that runtime may pick another expert.
+"""
+import sys
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+
+def main():
+    path, out, ids = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3:]]
+    r = GGUFReader(path)
+    fields = {f.name: f for f in r.fields.values()}
+
+    def meta(key, default=None):
+        f = fields.get(key)
+        if f is None:
+            return default
+        v = f.parts[f.data[0]]
+        return v.tobytes().decode() if v.dtype == np.uint8 else v[0].item()
+
+    arch = meta("general.architecture")
+    g = lambda k, d=None: meta(f"{arch}.{k}", d)
+    T = {}
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        T[t.name] = dequantize(t.data, t.tensor_type).astype(np.float64).reshape(shape)
+    E, L, H = g("embedding_length"), g("block_count"), g("attention.head_count")
+    HKV = g("attention.head_count_kv", H)
+    D = g("attention.key_length", E // H)
+    R = g("rope.dimension_count", D)
+    X, K = g("expert_count", 0), g("expert_used_count", 0)
+    eps, base = g("attention.layer_norm_rms_epsilon"), g("rope.freq_base", 10000.0)
+    renorm = arch != "qwen2moe"  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
+    neox = arch != "llama"       # the llama converter permutes q/k for adjacent pairs
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(v, pos):  # v [n, heads, D]; the first R dims of each head rotate
+        half = R // 2
+        theta = base ** (-np.arange(half) * 2.0 / R)
+        a = pos[:, None] * theta[None]
+        c, s = np.cos(a)[:, None], np.sin(a)[:, None]
+        o = v.copy()
+        if neox:
+            x0, x1 = v[..., :half], v[..., half:R]
+            o[..., :half], o[..., half:R] = x0 * c - x1 * s, x0 * s + x1 * c
+        else:
+            x0, x1 = v[..., 0:R:2], v[..., 1:R:2]
+            o[..., 0:R:2], o[..., 1:R:2] = x0 * c - x1 * s, x0 * s + x1 * c
+        return o
+
+    silu = lambda z: z / (1 + np.exp(-z))
+
+    def swiglu(h, gate, up, down):
+        return (silu(h @ gate.T) * (h @ up.T)) @ down.T
+
+    n = len(ids)
+    pos = np.arange(n, dtype=np.float64)
+    x = T["token_embd.weight"][ids]
+    margin = np.inf
+    for l in range(L):
+        b = f"blk.{l}."
+        h = rms(x, T[b + "attn_norm.weight"])
+        q, k, v = (h @ T[b + f"attn_{m}.weight"].T for m in "qkv")
+        if b + "attn_q.bias" in T:
+            q, k, v = q + T[b + "attn_q.bias"], k + T[b + "attn_k.bias"], v + T[b + "attn_v.bias"]
+        q, k, v = q.reshape(n, H, D), k.reshape(n, HKV, D), v.reshape(n, HKV, D)
+        if b + "attn_q_norm.weight" in T:
+            q, k = rms(q, T[b + "attn_q_norm.weight"]), rms(k, T[b + "attn_k_norm.weight"])
+        q, k = rope(q, pos), rope(k, pos)
+        o = np.zeros((n, H, D))
+        for hh in range(H):
+            kv = hh // (H // HKV)
+            s = q[:, hh] @ k[:, kv].T / np.sqrt(D)
+            s[np.triu_indices(n, 1)] = -np.inf
+            p = np.exp(s - s.max(1, keepdims=True))
+            o[:, hh] = (p / p.sum(1, keepdims=True)) @ v[:, kv]
+        x = x + o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
+        h = rms(x, T[b + "ffn_norm.weight"])
+        if X == 0:
+            x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"])
+            continue
+        logit = h @ T[b + "ffn_gate_inp.weight"].T
+        prob = np.exp(logit - logit.max(1, keepdims=True))
+        prob /= prob.sum(1, keepdims=True)
+        y = np.zeros_like(x)
+        for t in range(n):
+            chosen = np.argsort(-logit[t], kind="stable")[:K]
+            if K < X:
+                ranked = np.sort(logit[t])[::-1]
+                margin = min(margin, ranked[K - 1] - ranked[K])
+            w = prob[t, chosen]
+            if renorm:
+                w = w / w.sum()
+            for e, we in zip(chosen, w):
+                y[t] += we * swiglu(h[t], T[b + "ffn_gate_exps.weight"][e], T[b + "ffn_up_exps.weight"][e],
+                                    T[b + "ffn_down_exps.weight"][e])
+        if b + "ffn_gate_inp_shexp.weight" in T:
+            gate = 1 / (1 + np.exp(-(h @ T[b + "ffn_gate_inp_shexp.weight"].reshape(-1))))
+            y += gate[:, None] * swiglu(h, T[b + "ffn_gate_shexp.weight"], T[b + "ffn_up_shexp.weight"],
+                                        T[b + "ffn_down_shexp.weight"])
+        x = x + y
+    head = T["output.weight"] if "output.weight" in T else T["token_embd.weight"]
+    (rms(x, T["output_norm.weight"]) @ head.T).astype(np.float32).tofile(out)
+    if X:
+        print(f"smallest router margin {margin:.5f}")
+
+
+if __name__ == "__main__":
+    main()
