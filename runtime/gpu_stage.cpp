@@ -16,6 +16,7 @@
 
 #include "gguf/error.h"
 #include "gguf/gguf.h"
+#include "kernels/cpu/ops.h"
 #include "models/llama.h"
 #include "models/llama_forward.h"
 #include "runtime/buffers.h"
@@ -78,6 +79,13 @@ struct GpuStage::Impl {
   std::vector<int32_t> h_top_ids;
   std::vector<float> h_top_vals;
   std::vector<int32_t> h_first, h_row0, h_row;  // host side of first / row0, and the staging rows
+  // A mixture of experts: the router's logits (device, host), an expert's gathered input rows, the
+  // experts' outputs, their weighted sum, and the routed tokens and weights grouped by expert
+  // (device, host). The routing itself is cpu::moe_route on the host, the CPU stage's own.
+  float *moe_logits = nullptr, *xe = nullptr, *ye = nullptr, *acc = nullptr, *moe_w = nullptr;
+  int32_t* moe_rows = nullptr;
+  std::vector<float> h_logits, h_route_w, h_w;
+  std::vector<int32_t> h_route_ids, h_rows, h_expert_first;
 
   // The tokens a layer with n_cells cells per sequence commits: those whose cell no later token
   // of their sequence in the batch takes. kv_commit copies its tokens in parallel, so two tokens
@@ -131,6 +139,7 @@ struct GpuStage::Impl {
       GpuLayer& L = layers[size_t(l)];
       qkv.push_back({{&L.wq, q}, {&L.wk, k}, {&L.wv, v}});
       wo.push_back({{&L.wo, xb}});
+      if (c.is_moe()) continue;  // (the experts' launches depend on the routing)
       ffn_in.push_back({{&L.gate, hb}, {&L.up, hb2}});
       down.push_back({{&L.down, xb}});
     }
@@ -301,7 +310,66 @@ struct CudaLayers {
     const bool x_q8 = flush_for({&L.gate, &L.up}, xb, n);
     cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n, x_q8);
   }
-  void moe(const GpuLayer&, int) { BATON_CHECK(!"mixture-of-experts layers are refused by the GpuStage constructor"); }
+  // A mixture of experts over the normed rows in xb, into xb, as the CPU stage computes it: the
+  // router on the device, its logits to the host (a wait per layer, so these steps are never
+  // captured in graphs) for cpu::moe_route, then per chosen expert its rows gathered (not in
+  // decode: one token is its only row), gate and up, the gate, down, and the weighted add into
+  // the sum.
+  void moe(const GpuLayer& L, int n) {
+    flush();
+    const ModelConfig& c = g.c;
+    const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
+    cuda::matmul(g.ctx, L.router, xb, n, g.moe_logits);
+    cuda::copy_to_host(g.ctx, g.h_logits.data(), g.moe_logits, size_t(n) * size_t(X) * sizeof(float));
+    g.ctx.synchronize();
+    for (int t = 0; t < n; ++t)
+      cpu::moe_route(g.h_logits.data() + size_t(t) * X, X, K, c.expert_weights_norm,
+                     g.h_route_ids.data() + size_t(t) * K, g.h_route_w.data() + size_t(t) * K);
+    // Each expert's (token, weight) pairs, experts in order, tokens in order within one.
+    std::vector<int32_t>& first = g.h_expert_first;
+    std::fill(first.begin(), first.end(), 0);
+    for (int i = 0; i < n * K; ++i)
+      if (g.h_route_ids[size_t(i)] >= 0) ++first[size_t(g.h_route_ids[size_t(i)]) + 1];
+    for (int e = 0; e < X; ++e) first[size_t(e) + 1] += first[size_t(e)];
+    std::vector<int32_t> at(first.begin(), first.end() - 1);
+    for (int i = 0; i < n * K; ++i) {
+      const int e = g.h_route_ids[size_t(i)];
+      if (e < 0) continue;
+      g.h_rows[size_t(at[size_t(e)])] = i / K;
+      g.h_w[size_t(at[size_t(e)]++)] = g.h_route_w[size_t(i)];
+    }
+    const size_t pairs = size_t(first[size_t(X)]);
+    cuda::copy_to_device(g.ctx, g.moe_rows, g.h_rows.data(), pairs * sizeof(int32_t));  // (pageable: copied now)
+    cuda::copy_to_device(g.ctx, g.moe_w, g.h_w.data(), pairs * sizeof(float));
+    cuda::zero(g.ctx, g.acc, size_t(n) * size_t(E) * sizeof(float));
+    auto act = [&](int count) {
+      if (c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, count);
+      else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, count);
+    };
+    for (int e = 0; e < X; ++e) {
+      const int off = first[size_t(e)], m = first[size_t(e) + 1] - off;
+      if (m == 0) continue;
+      bool identity = m == n;
+      for (int j = 0; j < m && identity; ++j) identity = g.h_rows[size_t(off + j)] == j;
+      const float* in = xb;
+      if (!identity) {
+        cuda::gather_rows(g.ctx, xb, g.moe_rows + off, m, E, g.xe);
+        in = g.xe;
+      }
+      cuda::matmul_n(g.ctx, {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}}, in, m);
+      act(m * F);
+      cuda::matmul(g.ctx, L.down_exp[size_t(e)], hb, m, g.ye);
+      cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
+    }
+    if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
+      cuda::matmul_n(g.ctx, {{&L.gate_sh, hb}, {&L.up_sh, hb2}}, xb, n);
+      act(n * c.n_ff_shexp);
+      cuda::matmul(g.ctx, L.down_sh, hb, n, g.ye);
+      cuda::matmul(g.ctx, L.gate_inp_sh, xb, n, g.moe_logits);  // (the router's logits are spent)
+      cuda::scatter_add_rows(g.ctx, g.acc, g.ye, nullptr, g.moe_logits, true, n, E);
+    }
+    cuda::copy_on_device(g.ctx, xb, g.acc, size_t(n) * size_t(E) * sizeof(float));
+  }
   void add(float* y, const float* in, int n) {
     flush();
     cuda::add(g.ctx, y, in, n);
@@ -436,10 +504,6 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   if (cfg.head_dim_k != cfg.head_dim_v)
     fail(ErrorKind::Usage, "the CUDA attention needs equal K and V head sizes (this model: {} and {})",
          cfg.head_dim_k, cfg.head_dim_v);
-  if (cfg.is_moe() && plan.layer_end > plan.layer_begin)
-    fail(ErrorKind::Usage,
-         "layers {}..{} of this mixture-of-experts model cannot run on cuda:{}: the CUDA backend has no expert "
-         "kernels yet (run them on the CPU: --devices cpu)", plan.layer_begin, plan.layer_end - 1, device);
   const int hd = cfg.head_dim_k;
   if (hd != 32 && hd != 64 && hd != 96 && hd != 128 && hd != 256)
     fail(ErrorKind::Usage, "the CUDA attention takes head sizes 32, 64, 96, 128 and 256 (this model: {})", hd);
@@ -450,7 +514,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.n_batch = opt.n_batch;
   g.n_seq = opt.n_seq;
   g.kv_type = opt.kv_type;
-  g.use_graphs = opt.cuda_graphs;
+  g.use_graphs = opt.cuda_graphs && !cfg.is_moe();  // (a mixture routes on the host: no step is a graph)
   g.n_ctx = opt.n_ctx;
   g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
   g.ctx.gemv_rows_per_warp = env_setting("BATON_GEMV_ROWS", 1, 2, g.ctx.gemv_rows_per_warp, "1 or 2");
@@ -487,9 +551,34 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     L.wk = g.upload_matrix(up, H.wk, name.c_str(), done, progress);
     L.wv = g.upload_matrix(up, H.wv, name.c_str(), done, progress);
     L.wo = g.upload_matrix(up, H.wo, name.c_str(), done, progress);
-    L.gate = g.upload_matrix(up, H.gate, name.c_str(), done, progress);
-    L.up = g.upload_matrix(up, H.up, name.c_str(), done, progress);
-    L.down = g.upload_matrix(up, H.down, name.c_str(), done, progress);
+    if (cfg.is_moe()) {
+      L.router = g.upload_matrix(up, H.router, name.c_str(), done, progress);
+      // Each stacked tensor in one upload, its experts row views of the device matrix.
+      auto stacked = [&](const std::vector<cpu::QMatrix>& views, std::vector<cuda::Weight>& out) {
+        cpu::QMatrix all = views[0];
+        all.rows *= int64_t(views.size());
+        const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
+        for (size_t e = 0; e < views.size(); ++e) {
+          cuda::Weight v = w;
+          v.data = static_cast<const uint8_t*>(w.data) + e * size_t(views[0].rows) * w.row_stride;
+          v.rows = views[0].rows;
+          out.push_back(v);
+        }
+      };
+      stacked(H.gate_exp, L.gate_exp);
+      stacked(H.up_exp, L.up_exp);
+      stacked(H.down_exp, L.down_exp);
+      if (cfg.n_ff_shexp > 0) {
+        L.gate_sh = g.upload_matrix(up, H.gate_sh, name.c_str(), done, progress);
+        L.up_sh = g.upload_matrix(up, H.up_sh, name.c_str(), done, progress);
+        L.down_sh = g.upload_matrix(up, H.down_sh, name.c_str(), done, progress);
+        L.gate_inp_sh = g.upload_matrix(up, H.gate_inp_sh, name.c_str(), done, progress);
+      }
+    } else {
+      L.gate = g.upload_matrix(up, H.gate, name.c_str(), done, progress);
+      L.up = g.upload_matrix(up, H.up, name.c_str(), done, progress);
+      L.down = g.upload_matrix(up, H.down, name.c_str(), done, progress);
+    }
     const size_t E = size_t(cfg.n_embd), hd = size_t(cfg.head_dim_k);
     L.attn_norm = g.upload_floats(H.attn_norm, E);
     L.ffn_norm = g.upload_floats(H.ffn_norm, E);
@@ -542,8 +631,23 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.q = g.alloc_n<float>(B * size_t(cfg.n_embd_q()));
   g.k = g.alloc_n<float>(B * size_t(cfg.n_embd_k()));
   g.v = g.alloc_n<float>(B * size_t(cfg.n_embd_v()));
-  g.hb = g.alloc_n<float>(B * size_t(cfg.n_ff));
-  g.hb2 = g.alloc_n<float>(B * size_t(cfg.n_ff));
+  g.hb = g.alloc_n<float>(Scratch::ffn_rows(cfg, opt.n_batch));
+  g.hb2 = g.alloc_n<float>(Scratch::ffn_rows(cfg, opt.n_batch));
+  if (cfg.is_moe() && g.end > g.begin) {
+    const size_t K = size_t(cfg.n_expert_used), E = size_t(cfg.n_embd);
+    g.moe_logits = g.alloc_n<float>(B * size_t(cfg.n_expert));
+    g.xe = g.alloc_n<float>(B * E);
+    g.ye = g.alloc_n<float>(std::max(B, K) * E);
+    g.acc = g.alloc_n<float>(B * E);
+    g.moe_rows = g.alloc_n<int32_t>(B * K);
+    g.moe_w = g.alloc_n<float>(B * K);
+    g.h_logits.resize(B * size_t(cfg.n_expert));
+    g.h_route_ids.resize(B * K);
+    g.h_route_w.resize(B * K);
+    g.h_rows.resize(B * K);
+    g.h_w.resize(B * K);
+    g.h_expert_first.resize(size_t(cfg.n_expert) + 1);
+  }
   g.k_new = g.alloc_n<uint8_t>(B * g.k_row);
   g.v_new = g.alloc_n<uint8_t>(B * g.v_row);
   if (plan.has_output) {
@@ -575,8 +679,12 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   size_t scratch = 0;
   for (int l = g.begin; l < g.end; ++l) {
     const GpuLayer& L = g.layers[size_t(l)];
-    for (const cuda::Weight* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
-      scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
+    for (const cuda::Weight* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router, &L.gate_sh,
+                                  &L.up_sh, &L.down_sh, &L.gate_inp_sh})
+      if (m->data) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
+    if (!L.gate_exp.empty())  // every expert of a tensor has the first one's shape
+      for (const cuda::Weight* m : {&L.gate_exp[0], &L.up_exp[0], &L.down_exp[0]})
+        scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
   }
   if (plan.has_output) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, g.output, opt.n_batch));
   if (g.end > g.begin)

@@ -171,17 +171,6 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     if (!(o.no_cpu_spill && any_gpu && !devices[d].is_gpu())) cand.push_back(d);
   const bool cpu_usable = any_cpu && !(o.no_cpu_spill && any_gpu);
 
-  // A mixture of experts keeps its layers off the GPUs: the CUDA backend has no expert kernels yet.
-  std::string moe_note;
-  if (shape.n_expert > 0 && any_gpu && o.n_gpu_layers != 0) {
-    if (!cpu_usable)
-      fail(ErrorKind::Usage, "{} is a mixture of experts, whose layers run on the CPU only (the CUDA backend has no "
-           "expert kernels yet), but {}: add cpu to --devices", shape.name,
-           any_cpu ? "--no-cpu-spill forbids it" : "--devices lists no cpu");
-    o.n_gpu_layers = 0;
-    p.options.n_gpu_layers = 0;
-    moe_note = "the layers of a mixture of experts run on the CPU (the CUDA backend has no expert kernels yet)";
-  }
   // n_gpu_layers: GPU entries may hold units [0, N) only; N >= n_layer leaves them uncapped.
   const bool capped = any_gpu && o.n_gpu_layers >= 0 && uint32_t(o.n_gpu_layers) < L;
   if (capped && !cpu_usable)
@@ -338,7 +327,6 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   if (shape.n_ctx_train > 0 && o.n_ctx > shape.n_ctx_train)
     p.warnings.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for (its output may "
                                      "degrade past them)", o.n_ctx, shape.n_ctx_train));
-  if (!moe_note.empty()) p.warnings.push_back(moe_note);
   if (o.n_batch != options.n_batch)
     p.notes.push_back(fmt::format("batch lowered to {}: a step cannot hold more tokens than the cache", o.n_batch));
   return p;

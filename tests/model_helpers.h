@@ -49,6 +49,32 @@ inline std::string greedy(Pipeline& p, const std::vector<int32_t>& ids, int max_
   return tok.decode(out);
 }
 
+// Two runs of a mixture of experts: where their activations differ by rounding (the CPU's and the
+// GPU's 8-bit codes, the GPU's FP16 GEMM), a token whose router has two experts within that
+// rounding takes a different one in each, and its row differs as two models' would. So: the mean
+// |d| of check_peer_close, and most rows (`share`) within its max |d|. A broken gather, scatter
+// or weighting moves every row.
+inline void check_routed_close(const std::vector<float>& ref, const std::vector<float>& got, int V, const std::string& what,
+                               double share = 0.8) {
+  REQUIRE(ref.size() == got.size());
+  const size_t rows = ref.size() / size_t(V);
+  size_t close = 0;
+  double sum = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    double max_d = 0;
+    for (size_t i = r * size_t(V); i < (r + 1) * size_t(V); ++i) {
+      const double d = std::fabs(double(ref[i]) - double(got[i]));
+      max_d = std::isnan(d) ? INFINITY : std::max(max_d, d);
+      sum += d;
+    }
+    close += max_d <= 0.35;
+  }
+  std::printf("%s: %zu of %zu rows within 0.35, mean|d| %.5f\n", what.c_str(), close, rows, sum / double(ref.size()));
+  INFO(what);
+  CHECK(double(close) >= share * double(rows));
+  CHECK(sum / double(ref.size()) <= 0.06);
+}
+
 // The peer criteria (../shared/peer/README.md) between two runs' logits rows of V floats: max |d|
 // <= 0.35, mean |d| <= 0.06, the same argmax wherever the reference's top-1/top-2 gap exceeds 0.1
 // (`tie`: another gap, for two backends that each meet the criteria against the peer).
@@ -130,6 +156,24 @@ inline std::string tiny_phi3_model() {
   static const std::string path = synth_model(
       {"tiny-phi3", "phi3", "test", 3, 256, 4, 2, 64, 512, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, false, 64, 48}, 7,
       GgmlType::Q4_K);
+  return path;
+}
+
+// Generated mixtures of experts: Qwen3-MoE-shaped (top 3 of 8 experts of width 64, Q4_K: the
+// expert rows of 256 take Q4_K, the down rows of 64 its Q5_0 substitute) and Qwen2-MoE-shaped (top
+// 2 of 6 and a shared expert, q/k/v biases, Q8_0).
+inline std::string tiny_qwen3moe_model() {
+  static const std::string path = synth_model(
+      {"tiny-qwen3moe", "qwen3moe", "test", 3, 256, 4, 2, 64, 512, 1000, 2048, false, 0, 0, 1e6f, 1e-6f, false, 0, 0,
+       8, 3, 64},
+      3, GgmlType::Q4_K);
+  return path;
+}
+inline std::string tiny_qwen2moe_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-qwen2moe", "qwen2moe", "test", 2, 128, 4, 4, 32, 256, 1000, 2048, false, 0, 0, 1e6f, 1e-6f, true, 0, 0,
+       6, 2, 64, 128},
+      4);
   return path;
 }
 

@@ -668,6 +668,48 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
   close(to_host<float>(dg, size_t(n)), ref, 1e-5f, "add+scale+softcap");
 }
 
+TEST_CASE("a mixture of experts' gather, weighted scatter-add and zero match kernels/cpu/ops") {
+  std::mt19937 rng(15);
+  for (int width : {7, 96, 2048}) {
+    const int n = 11;
+    const auto x = random_floats(size_t(n * width), rng, -2.0f, 2.0f);
+    const std::vector<int32_t> rows = {9, 0, 4, 10, 2};  // one expert's tokens, distinct
+    const int m = int(rows.size());
+    const auto y = random_floats(size_t(m * width), rng, -1.0f, 1.0f), acc0 = random_floats(x.size(), rng, -1.0f, 1.0f);
+    const auto w = random_floats(size_t(n), rng, -3.0f, 3.0f);
+    auto dx = to_dev(x), drows = to_dev(rows), dy = to_dev(y), dw = to_dev(w);
+    cu::DeviceBuffer dg(size_t(m * width) * 4);
+    cu::gather_rows(ctx(), dx.as<float>(), drows.as<int32_t>(), m, width, dg.as<float>());
+    std::vector<float> ref(size_t(m * width));
+    cpu::gather_rows(x.data(), rows.data(), m, width, ref.data());
+    CHECK(to_host<float>(dg, ref.size()) == ref);  // copies: exact
+    for (bool sigmoid_w : {false, true}) {
+      for (bool identity : {false, true}) {
+        INFO("width " << width << (sigmoid_w ? " sigmoid" : "") << (identity ? " rows j" : ""));
+        const int count = identity ? n : m;
+        const auto yy = identity ? random_floats(x.size(), rng, -1.0f, 1.0f) : y;
+        auto dacc = to_dev(acc0), dyy = to_dev(yy);
+        cu::scatter_add_rows(ctx(), dacc.as<float>(), dyy.as<float>(), identity ? nullptr : drows.as<int32_t>(),
+                             dw.as<float>(), sigmoid_w, count, width);
+        std::vector<float> want = acc0;
+        cpu::scatter_add_rows(want.data(), yy.data(), identity ? nullptr : rows.data(), w.data(), sigmoid_w, count, width);
+        const auto got = to_host<float>(dacc, want.size());
+        int bad = 0;
+        for (size_t i = 0; i < want.size(); i++)
+          if (std::fabs(got[i] - want[i]) > 1e-6f * std::fabs(want[i]) + 1e-6f) bad++;
+        CHECK(bad == 0);
+        size_t untouched = 0;  // rows no token of the launch names keep their values
+        for (int r = 0; r < n && !identity; ++r)
+          if (std::find(rows.begin(), rows.end(), r) == rows.end())
+            for (int e = 0; e < width; ++e) untouched += got[size_t(r * width + e)] == acc0[size_t(r * width + e)];
+        if (!identity) CHECK(untouched == size_t((n - m) * width));
+      }
+    }
+    cu::zero(ctx(), dx.get(), x.size() * 4);
+    CHECK(to_host<float>(dx, x.size()) == std::vector<float>(x.size(), 0.f));
+  }
+}
+
 TEST_CASE("rope (adjacent pairs and NeoX) matches kernels/cpu/ops") {
   std::mt19937 rng(6);
   for (bool neox : {false, true}) {

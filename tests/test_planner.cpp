@@ -349,32 +349,6 @@ TEST_CASE("--n-gpu-layers caps the GPU part, the rest goes to the CPU") {
   CHECK_THROWS_AS(plan(s, d, o), Error);
 }
 
-TEST_CASE("a mixture of experts keeps its layers on the CPU, with a warning, or is refused without one") {
-  ModelShape s = toy(6, 32 * MiB, 4 * MiB, true);
-  s.n_expert = 8;
-  s.n_expert_used = 2;
-  s.n_ff_exp = 128;
-  PlanOptions o;
-  o.n_ctx = 256;
-  const Plan p = plan(s, {gpu(20 * GiB), cpu(4 * GiB)}, o);
-  REQUIRE(p.fits);
-  REQUIRE(p.stages.size() == 1);
-  CHECK(p.devices[p.stages[0].device].kind == DeviceKind::Cpu);
-  CHECK(p.stages[0].layer_begin == 0);
-  CHECK(p.stages[0].layer_end == 6);
-  REQUIRE(p.warnings.size() == 1);
-  CHECK(p.warnings[0].find("mixture of experts") != std::string::npos);
-  CHECK_THROWS_WITH(plan(s, {gpu(20 * GiB)}, o), Catch::Matchers::Contains("add cpu to --devices"));
-  o.no_cpu_spill = true;
-  CHECK_THROWS_WITH(plan(s, {gpu(20 * GiB), cpu(4 * GiB)}, o), Catch::Matchers::Contains("--no-cpu-spill"));
-  // The same shape without experts goes to the GPU as usual.
-  s.n_expert = 0;
-  o.no_cpu_spill = false;
-  const Plan dense = plan(s, {gpu(20 * GiB), cpu(4 * GiB)}, o);
-  CHECK(dense.devices[dense.stages[0].device].kind == DeviceKind::Cuda);
-  CHECK(dense.warnings.empty());
-}
-
 TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like one") {
   const ModelShape s = shape_from_preset(find_preset("gemma3-270m"), GgmlType::Q8_0);
   REQUIRE(s.tied_output);

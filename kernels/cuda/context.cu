@@ -130,6 +130,10 @@ void copy_on_device(Context& c, void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(c.stream())));
 }
 
+void zero(Context& c, void* p, size_t bytes) {
+  if (bytes > 0) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(c.stream())));
+}
+
 // ---- graphs ----
 
 Graph::~Graph() {

@@ -108,6 +108,46 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
   with_weight_type(table.type, [&](auto t) { embed_type<decltype(t)>(c, table, ids, n, out, s); });
 }
 
+// ---- a mixture of experts' rows: thread per value ----
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ rows, int m, int width,
+                                   float* __restrict__ y) {
+  griddep_release();
+  griddep_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(m) * width) return;
+  const int j = int(i / width), e = int(i % width);
+  y[i] = x[int64_t(rows[j]) * width + e];
+}
+
+__global__ void scatter_add_rows_kernel(float* __restrict__ acc, const float* __restrict__ y,
+                                        const int32_t* __restrict__ rows, const float* __restrict__ w, bool sigmoid_w,
+                                        int m, int width) {
+  griddep_release();
+  griddep_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(m) * width) return;
+  const int j = int(i / width), e = int(i % width);
+  const float f = sigmoid_w ? 1.0f / (1.0f + expf(-w[j])) : w[j];
+  float* a = acc + int64_t(rows ? rows[j] : j) * width + e;
+  *a += f * y[i];
+}
+
+void gather_rows(Context& c, const float* x, const int32_t* rows, int m, int width, float* y) {
+  if (m <= 0) return;
+  launch_early(c.early_launch, gather_rows_kernel, ceil_div(int64_t(m) * width, 256), 256,
+               static_cast<cudaStream_t>(c.stream()), x, rows, m, width, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_add_rows(Context& c, float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w,
+                      int m, int width) {
+  if (m <= 0) return;
+  launch_early(c.early_launch, scatter_add_rows_kernel, ceil_div(int64_t(m) * width, 256), 256,
+               static_cast<cudaStream_t>(c.stream()), acc, y, rows, w, sigmoid_w, m, width);
+  CUDA_CHECK_LAUNCH();
+}
+
 // ---- KV cache rows ----
 
 // F16: thread per value. Q8_0: warp per 32-value block (kv_store_f16 / kv_store_q8, common.cuh).

@@ -399,6 +399,14 @@ void scale(Context& c, float* y, float s, int64_t n);            // y *= s
 void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tanh(y / cap)
 // out[i] = row ids[i] of the table, dequantized, times s. ids must be in range (caller's job).
 void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, float* out, float s);
+// A mixture of experts' data movement (as cpu::gather_rows / cpu::scatter_add_rows; rows and w
+// are device arrays): y[j] = x[rows[j]], and acc[rows[j]] += f(w[j]) · y[j] (f: identity or
+// sigmoid; rows null: row j). A launch's rows must be distinct (one token once per expert).
+void gather_rows(Context& c, const float* x, const int32_t* rows, int m, int width, float* y);
+void scatter_add_rows(Context& c, float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w,
+                      int m, int width);
+// bytes zero bytes at p (cudaMemsetAsync).
+void zero(Context& c, void* p, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
 // Attention over an F16 or Q8_0 KV cache: the staged-batch rule of cpu::AttentionArgs

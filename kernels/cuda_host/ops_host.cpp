@@ -184,6 +184,7 @@ DeviceBuffer upload_weight(GgmlType t, const void* host_rows, int64_t rows, int6
 void copy_to_device(Context&, void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
 void copy_to_host(Context&, void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
 void copy_on_device(Context&, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void zero(Context&, void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
 // ---- graphs: the recording function is the graph (ops run at launch, never at capture) ----
 
@@ -488,6 +489,14 @@ void scale(Context&, float* y, float s, int64_t n) {
 }
 void softcap(Context&, float* y, float cap, int64_t n) {
   in_pieces(n, [&](int64_t i, int m) { cpu::softcap(y + i, cap, m); });
+}
+
+void gather_rows(Context&, const float* x, const int32_t* rows, int m, int width, float* y) {
+  if (m > 0) cpu::gather_rows(x, rows, m, width, y);
+}
+void scatter_add_rows(Context&, float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w,
+                      int m, int width) {
+  if (m > 0) cpu::scatter_add_rows(acc, y, rows, w, sigmoid_w, m, width);
 }
 
 void embed_rows(Context&, const Weight& table, const int32_t* ids, int n, float* out, float s) {
