@@ -222,7 +222,8 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
 
   // Mixture of experts.
-  if (fam->moe > 0) c.n_expert = int(get_int("expert_count", fam->moe == 2, 0));
+  if (fam->moe == 2) c.n_expert = positive("expert_count", get_int("expert_count", true, 1));
+  else if (fam->moe == 1) c.n_expert = int(get_int("expert_count", false, 0));
   if (c.n_expert > 0) {
     c.n_expert_used = int(get_int("expert_used_count", true, 1));
     c.n_ff_exp = positive("expert_feed_forward_length", get_int("expert_feed_forward_length", false, c.n_ff));
@@ -238,6 +239,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     if (c.n_expert > 4096 || c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
       problems.push_back(fmt::format("expert_used_count {} must be in [1, expert_count {}] (at most 4096 experts)",
                                      c.n_expert_used, c.n_expert));
+    if (!f.tensor("blk.0.ffn_gate_exps.weight") && f.tensor("blk.0.ffn_gate.0.weight"))
+      problems.push_back("the experts are stored one tensor each (blk.N.ffn_gate.E.weight: an old Mixtral conversion); "
+                         "convert the model again, to stacked ffn_gate_exps / ffn_up_exps / ffn_down_exps tensors");
   } else if (c.n_expert < 0) {
     problems.push_back(fmt::format("expert_count {} is out of range", c.n_expert));
   }

@@ -349,6 +349,25 @@ else
   skip batch16 "no 'baton batch' or no model"
 fi
 
+# 9. A mixture of experts on one GPU (session 29: routing on the host, experts gathered per launch;
+# not timed on a GPU before): 8 of Qwen3-30B-A3B's 48 layers (Q4_0, 2.9 GiB), with --sim a small one.
+if has_cmd bench && has_cmd synth --n-expert; then
+  fm=$models/moe-Q4_0.gguf
+  if [[ $sim == 1 ]]; then
+    moe_shape=(--arch qwen3moe --n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 64 --n-ff 512 --n-vocab 4096
+               --n-expert 8 --n-expert-used 2 --n-ff-exp 128)
+  else
+    moe_shape=(--shape qwen3-30b-a3b --n-layer 8)
+  fi
+  if (($(limit_for 240) < 240)); then
+    skip moe "too little time left (BATON_GPU_END)"
+  elif [[ -s $fm ]] || run synth-moe 120 "$bin" synth "${moe_shape[@]}" --type Q4_0 --out "$fm"; then
+    run bench-moe-1stage 120 "$bin" bench -m "$fm" --devices cuda:0 -p "$pp" -n "$tg"
+  fi
+else
+  skip moe "no experts in 'baton synth' yet"
+fi
+
 # compute-sanitizer (with the toolkit) on the kernel tests, when time is left: memcheck on all of
 # test_cuda_ops, racecheck (shared-memory hazards) on the kernels that share memory across warps.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

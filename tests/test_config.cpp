@@ -135,3 +135,80 @@ TEST_CASE("phi3: fused matrices and LongRoPE read from the file; what is wrong w
     CHECK_THAT(std::string(e.what()), Catch::Contains("rope_freqs.weight must be F32 [12], found F32 [13]"));
   }
 }
+
+TEST_CASE("mixtures of experts: counts, widths and stacked experts read from the file; what is wrong is named") {
+  auto config_of = [](const gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  auto error_of = [&](const gguf::Writer& w) {
+    try {
+      config_of(w);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const ShapePreset q3{"tiny-qwen3moe", "qwen3moe", "test", 2, 128, 4, 2, 64, 256, 700, 1024, false, 0, 0, 1e6f, 1e-6f,
+                       false, 0, 0, 8, 3, 64};
+  const ModelConfig c = config_of(synth_writer(q3, {}));
+  CHECK(c.is_moe());
+  CHECK(c.n_expert == 8);
+  CHECK(c.n_expert_used == 3);
+  CHECK(c.n_ff_exp == 64);
+  CHECK(c.n_ff_shexp == 0);
+  CHECK(c.expert_weights_norm);
+  CHECK(c.qk_norm);
+  CHECK(!c.has(LayerTensor::Gate));
+  CHECK(!c.has(LayerTensor::Down));
+  CHECK(c.has(LayerTensor::DownExps));
+  CHECK(!c.has(LayerTensor::GateShexp));
+
+  ShapePreset q2{"tiny-qwen2moe", "qwen2moe", "test", 2, 96, 3, 3, 32, 192, 700, 1024, false, 0, 0, 1e6f, 1e-6f, true,
+                 0, 0, 6, 2, 96, 192};
+  const ModelConfig c2 = config_of(synth_writer(q2, {}));
+  CHECK(!c2.expert_weights_norm);  // Qwen2-MoE: the top-k probabilities as they are
+  CHECK(c2.n_ff_shexp == 192);
+  CHECK(c2.has(LayerTensor::GateInpShexp));
+  gguf::Writer w2 = synth_writer(q2, {});
+  w2.set("qwen2moe.expert_weights_norm", gguf::Value::of_bool(true));  // the file's key overrides the family
+  CHECK(config_of(w2).expert_weights_norm);
+
+  // A llama file with experts is Mixtral's layout: no expert width key, the experts are n_ff wide.
+  const ShapePreset mx{"tiny-mixtral", "llama", "test", 2, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 1e6f, 1e-5f,
+                       false, 0, 0, 4, 2, 256};
+  const ModelConfig cm = config_of(synth_writer(mx, {}));
+  CHECK(cm.n_expert == 4);
+  CHECK(cm.n_ff_exp == cm.n_ff);
+
+  gguf::Writer bad = synth_writer(q3, {});
+  bad.set("qwen3moe.expert_used_count", gguf::Value::of_u32(9));
+  CHECK_THAT(error_of(bad), Catch::Contains("expert_used_count 9 must be in [1, expert_count 8]"));
+  bad = synth_writer(q3, {});
+  bad.set("qwen3moe.expert_feed_forward_length", gguf::Value::of_u32(128));
+  CHECK_THAT(error_of(bad),
+             Catch::Contains("tensor blk.0.ffn_gate_exps.weight has shape [128, 64, 8], expected [128, 128, 8]"));
+  bad = synth_writer(q3, {});
+  bad.set("qwen3moe.expert_count", gguf::Value::of_u32(0));  // qwen3moe without experts
+  CHECK_THAT(error_of(bad), Catch::Contains("expert_count = 0 is out of range"));
+  bad = synth_writer(q3, {});
+  bad.set("qwen3moe.expert_gating_func", gguf::Value::of_u32(2));  // sigmoid gating (DeepSeek V3)
+  CHECK_THAT(error_of(bad), Catch::Contains("only softmax gating (1) is supported"));
+
+  // An old Mixtral conversion: each expert its own tensor.
+  gguf::Writer old;
+  const auto mx_bytes = synth_writer(mx, {}).to_bytes();
+  const auto mx_file = gguf::File::parse(mx_bytes.data(), mx_bytes.size());
+  for (const auto& [k, v] : mx_file->metadata()) old.set(k, v);
+  auto zeros = [](uint8_t* d, size_t n) { std::memset(d, 0, n); };
+  for (const TensorSpec& t : preset_tensors(mx, GgmlType::F32)) {
+    if (t.name.find("_exps.") == std::string::npos) {
+      old.add_tensor_lazy(t.name, t.type, t.dims, zeros);
+      continue;
+    }
+    const std::string stem = t.name.substr(0, t.name.find("_exps."));
+    for (int e = 0; e < 4; ++e)
+      old.add_tensor_lazy(stem + "." + std::to_string(e) + ".weight", t.type, {t.dims[0], t.dims[1]}, zeros);
+  }
+  CHECK_THAT(error_of(old), Catch::Contains("an old Mixtral conversion"));
+}
