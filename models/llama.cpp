@@ -207,7 +207,8 @@ Scratch::Scratch(const ModelConfig& c, int n_batch, GgmlType kv_type) : n_batch_
     route_ids.resize(size_t(n_batch) * size_t(c.n_expert_used));
     route_w.resize(route_ids.size());
     expert_first.resize(size_t(c.n_expert) + 1);
-    expert_slots.resize(route_ids.size());
+    expert_rows.resize(route_ids.size());
+    expert_w.resize(route_ids.size());
   }
   first.resize(size_t(n_batch));
   row0.resize(size_t(n_batch));
@@ -461,30 +462,19 @@ struct CpuLayers {
       }
       run();
     } else {
-      // Per expert, the (token, place) slots routed to it, in token order.
-      std::vector<int32_t>& first = s.expert_first;
-      std::fill(first.begin(), first.end(), 0);
-      for (int i = 0; i < n * K; ++i)
-        if (s.route_ids[size_t(i)] >= 0) ++first[size_t(s.route_ids[size_t(i)]) + 1];
-      for (int e = 0; e < X; ++e) first[size_t(e) + 1] += first[size_t(e)];
-      std::vector<int32_t> at(first.begin(), first.end() - 1), rows(static_cast<size_t>(n));
-      std::vector<float> wts(static_cast<size_t>(n));
-      for (int i = 0; i < n * K; ++i)
-        if (s.route_ids[size_t(i)] >= 0) s.expert_slots[size_t(at[size_t(s.route_ids[size_t(i)])]++)] = i;
+      // Per expert, the tokens routed to it and their weights.
+      cpu::moe_group(s.route_ids.data(), s.route_w.data(), n, K, X, s.expert_first.data(), s.expert_rows.data(),
+                     s.expert_w.data());
       for (int e = 0; e < X; ++e) {
-        const int m = first[size_t(e) + 1] - first[size_t(e)];
+        const int off = s.expert_first[size_t(e)], m = s.expert_first[size_t(e) + 1] - off;
         if (m == 0) continue;
-        const int32_t* slot = s.expert_slots.data() + first[size_t(e)];
-        for (int j = 0; j < m; ++j) {
-          rows[size_t(j)] = slot[j] / K;
-          wts[size_t(j)] = s.route_w[size_t(slot[j])];
-        }
-        cpu::gather_rows(xb, rows.data(), m, E, s.xe);
+        const int32_t* rows = s.expert_rows.data() + off;
+        cpu::gather_rows(xb, rows, m, E, s.xe);
         const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
         cpu::matmul_multi(gu, 2, s.xe, m, pool);
         gate_rows(hb, hb2, m * F);
         cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
-        cpu::scatter_add_rows(acc, s.ye, rows.data(), wts.data(), false, m, E);
+        cpu::scatter_add_rows(acc, s.ye, rows, s.expert_w.data() + off, false, m, E);
       }
     }
     if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)

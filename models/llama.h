@@ -57,14 +57,14 @@ class Scratch {
   uint8_t* v_new = nullptr;
   // Mixture of experts only (null otherwise): router logits (n_batch × n_expert), an expert's
   // gathered input rows (n_batch × n_embd), expert outputs (max(n_batch, k) × n_embd) and their
-  // weighted sum (n_batch × n_embd); per token its k experts and weights, and per expert the
-  // (token × k + place) slots routed to it, expert e's from expert_first[e].
+  // weighted sum (n_batch × n_embd); per token its k experts and weights, and the same grouped by
+  // expert (cpu::moe_group: expert e's tokens and weights from expert_first[e]).
   float* router = nullptr;
   float* xe = nullptr;
   float* ye = nullptr;
   float* acc = nullptr;
-  std::vector<int32_t> route_ids, expert_first, expert_slots;
-  std::vector<float> route_w;
+  std::vector<int32_t> route_ids, expert_first, expert_rows;
+  std::vector<float> route_w, expert_w;
   // Floats of hb (and hb2): n_batch × n_ff, or for a mixture of experts the widest of max(n_batch,
   // k) experts' rows and n_batch shared-expert rows.
   static size_t ffn_rows(const ModelConfig& c, int n_batch);

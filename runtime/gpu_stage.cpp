@@ -327,17 +327,7 @@ struct CudaLayers {
                      g.h_route_ids.data() + size_t(t) * K, g.h_route_w.data() + size_t(t) * K);
     // Each expert's (token, weight) pairs, experts in order, tokens in order within one.
     std::vector<int32_t>& first = g.h_expert_first;
-    std::fill(first.begin(), first.end(), 0);
-    for (int i = 0; i < n * K; ++i)
-      if (g.h_route_ids[size_t(i)] >= 0) ++first[size_t(g.h_route_ids[size_t(i)]) + 1];
-    for (int e = 0; e < X; ++e) first[size_t(e) + 1] += first[size_t(e)];
-    std::vector<int32_t> at(first.begin(), first.end() - 1);
-    for (int i = 0; i < n * K; ++i) {
-      const int e = g.h_route_ids[size_t(i)];
-      if (e < 0) continue;
-      g.h_rows[size_t(at[size_t(e)])] = i / K;
-      g.h_w[size_t(at[size_t(e)]++)] = g.h_route_w[size_t(i)];
-    }
+    cpu::moe_group(g.h_route_ids.data(), g.h_route_w.data(), n, K, X, first.data(), g.h_rows.data(), g.h_w.data());
     const size_t pairs = size_t(first[size_t(X)]);
     cuda::copy_to_device(g.ctx, g.moe_rows, g.h_rows.data(), pairs * sizeof(int32_t));  // (pageable: copied now)
     cuda::copy_to_device(g.ctx, g.moe_w, g.h_w.data(), pairs * sizeof(float));

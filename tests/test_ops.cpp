@@ -461,6 +461,21 @@ TEST_CASE("moe_route: softmax, the k most probable experts, weights renormalized
   }
 }
 
+TEST_CASE("moe_group: every routed (token, weight) under its expert, tokens in order, skipped places left out") {
+  // 4 tokens, k = 2, 5 experts; token 2's second place is empty (-1).
+  const int32_t ids[] = {3, 0, 0, 3, 4, -1, 3, 1};
+  const float w[] = {.6f, .4f, .7f, .3f, 1.f, 0.f, .5f, .5f};
+  int32_t first[6], rows[8];
+  float weights[8];
+  moe_group(ids, w, 4, 2, 5, first, rows, weights);
+  const std::vector<int32_t> want_first{0, 2, 3, 3, 6, 7};
+  CHECK(std::vector<int32_t>(first, first + 6) == want_first);
+  const std::vector<int32_t> want_rows{0, 1, 3, 0, 1, 3, 2};  // expert 0: tokens 0, 1; 1: 3; 3: 0, 1, 3; 4: 2
+  CHECK(std::vector<int32_t>(rows, rows + 7) == want_rows);
+  const std::vector<float> want_w{.4f, .7f, .5f, .6f, .3f, .5f, 1.f};
+  CHECK(std::vector<float>(weights, weights + 7) == want_w);
+}
+
 TEST_CASE("kv_convert to F16 gives the software rounding's bits on every ISA") {
   // Values across the half range: normals, subnormals, ties, overflow to infinity, signed zeros.
   std::mt19937 rng(5);

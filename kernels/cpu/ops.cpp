@@ -347,6 +347,21 @@ void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, fl
   for (int i = 0; i < k; ++i) weights[i] /= sum;
 }
 
+void moe_group(const int32_t* ids, const float* w, int n, int k, int n_expert, int32_t* first, int32_t* rows,
+               float* weights) {
+  std::fill(first, first + n_expert + 1, 0);
+  for (int i = 0; i < n * k; ++i)
+    if (ids[i] >= 0) ++first[ids[i] + 1];
+  for (int e = 0; e < n_expert; ++e) first[e + 1] += first[e];
+  std::vector<int32_t> at(first, first + n_expert);
+  for (int i = 0; i < n * k; ++i) {
+    if (ids[i] < 0) continue;
+    const int32_t j = at[size_t(ids[i])]++;
+    rows[j] = i / k;
+    weights[j] = w[i];
+  }
+}
+
 void gather_rows(const float* x, const int32_t* rows, int m, int width, float* y) {
   for (int j = 0; j < m; ++j)
     std::memcpy(y + size_t(j) * width, x + size_t(rows[j]) * width, size_t(width) * sizeof(float));

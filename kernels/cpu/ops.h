@@ -41,6 +41,11 @@ int top_k(const float* x, int n, int k, int32_t* idx, float* val);
 // (kept >= 2^-14) when renorm. A NaN logit counts as -inf (never picked); places top_k cannot
 // fill (every logit NaN or -inf) get expert -1 and weight 0.
 void moe_route(float* logits, int n_expert, int k, bool renorm, int32_t* ids, float* weights);
+// The routing of n tokens (k experts each: ids and weights, token-major, expert -1 skipped) grouped
+// by expert: expert e's pairs are [first[e], first[e + 1]) of rows (the token) and weights, tokens
+// in order. first has n_expert + 1 entries, rows and weights n·k.
+void moe_group(const int32_t* ids, const float* w, int n, int k, int n_expert, int32_t* first, int32_t* rows,
+               float* weights);
 // A mixture of experts' data movement, rows of `width` floats: y[j] = x[rows[j]] for j < m; and
 // acc[rows[j]] += f(w[j]) · y[j], f the identity or the sigmoid (a shared expert's gate), rows
 // null meaning row j, in j order.
