@@ -411,8 +411,9 @@ std::string shortfall_message(const Plan& p) {
 std::string format_plan(const Plan& p, const ModelShape& s) {
   const PlanOptions& o = p.options;
   std::string out;
-  out += fmt::format("model    {} ({}, {} layers, {} weights, vocab {}{})\n", s.name, s.architecture, s.n_layer,
-                     format_bytes(s.total_weight_bytes()), s.n_vocab, s.tied_output ? ", tied head" : "");
+  out += fmt::format("model    {} ({}, {} layers, {} weights, vocab {}{}{})\n", s.name, s.architecture, s.n_layer,
+                     format_bytes(s.total_weight_bytes()), s.n_vocab, s.tied_output ? ", tied head" : "",
+                     s.n_expert ? fmt::format(", {} of {} experts per token", s.n_expert_used, s.n_expert) : "");
   out += fmt::format("context  {} tokens x {} sequence{}, batch {} ({} logit rows), KV {} ({} in all)\n", o.n_ctx,
                      o.n_parallel, o.n_parallel == 1 ? "" : "s", o.n_batch, o.n_outputs ? o.n_outputs : o.n_batch,
                      o.kv_type == GgmlType::F16 ? "f16" : "q8_0", format_bytes(p.kv_bytes()));
@@ -449,6 +450,7 @@ nlohmann::json plan_to_json(const Plan& p, const ModelShape& s) {
   json j;
   j["model"] = {{"name", s.name}, {"architecture", s.architecture}, {"n_layer", s.n_layer}, {"n_vocab", s.n_vocab},
                 {"weight_bytes", s.total_weight_bytes()}, {"tied_output", s.tied_output}};
+  if (s.n_expert) j["model"]["experts"] = {{"count", s.n_expert}, {"used", s.n_expert_used}, {"n_ff", s.n_ff_exp}};
   j["options"] = {{"n_ctx", o.n_ctx}, {"n_parallel", o.n_parallel}, {"n_batch", o.n_batch},
                   {"n_outputs", o.n_outputs == 0 ? o.n_batch : o.n_outputs}, {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_threads", o.n_threads}, {"n_gpu_layers", o.n_gpu_layers},
                   {"no_cpu_spill", o.no_cpu_spill}, {"spread", o.spread}, {"tensor_split", o.tensor_split},
