@@ -1,8 +1,10 @@
 #include "runtime/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <optional>
+#include <utility>
 
 #include "gguf/gguf.h"
 #include "runtime/byte_level.h"
@@ -127,6 +129,18 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   if (t.add_eos_ && t.eos_ < 0)
     fail(ErrorKind::Model, "{}: add_eos_token is set but tokenizer.ggml.eos_token_id is missing", f.path());
   t.finish_setup();
+  // Phi-3: every special but <unk>, <s> and <|endoftext|> (and </s> too) strips the whitespace
+  // that follows it, as the tokenizer.json of Phi-3 marks its added tokens rstrip.
+  std::string name = f.get_or<std::string>("general.name", "");
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    t.rstrip_.assign(size_t(n), false);
+    for (int32_t id : t.specials_) t.rstrip_[size_t(id)] = true;
+    for (const char* s : {"</s>"})
+      if (auto id = t.find_token(s)) t.rstrip_[size_t(*id)] = true;
+    for (const char* s : {"<unk>", "<s>", "<|endoftext|>"})
+      if (auto id = t.find_token(s)) t.rstrip_[size_t(*id)] = false;
+  }
   return t;
 }
 
@@ -219,13 +233,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
   std::vector<int32_t> out;
   if (add_special && add_bos_) out.push_back(bos_);
   bool prev_special = true;  // SentencePiece puts a space before the first word and after specials
+  bool strip = false;        // the special before swallows the whitespace after it
   for (const Frag& fr : frags) {
     if (fr.id >= 0) {
       out.push_back(fr.id);
       prev_special = true;
+      strip = !rstrip_.empty() && rstrip_[size_t(fr.id)];
       continue;
     }
     std::string_view raw = text.substr(fr.begin, fr.end - fr.begin);
+    if (std::exchange(strip, false)) {
+      while (!raw.empty() && std::isspace(static_cast<unsigned char>(raw.front()))) raw.remove_prefix(1);
+      if (raw.empty()) continue;
+    }
     if (kind_ == VocabKind::Spm) {
       std::string s = add_space_prefix_ && prev_special ? " " : "";
       s += raw;

@@ -73,6 +73,9 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> id_of_;
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
   std::vector<int32_t> specials_;                        // control/user-defined/unknown, longest text first
+  // Specials that swallow the whitespace after them when parsed from text (Phi-3's added tokens
+  // are rstrip; GGUF files do not store it, so the model's name decides, as llama.cpp does).
+  std::vector<bool> rstrip_;
   std::vector<int32_t> eog_;
   int32_t byte_id_[256];                                 // SPM <0xNN> tokens (-1 if absent)
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;

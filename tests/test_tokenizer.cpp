@@ -177,6 +177,50 @@ TEST_CASE("special tokens, BOS/EOS and streaming detokenization (llama-spm vocab
   CHECK_THROWS(tok.decode_piece(32000));
 }
 
+TEST_CASE("Phi-3's specials swallow the whitespace after them; <|endoftext|> and other models' do not") {
+  // The llama-spm vocabulary with Phi-3's added control tokens, under a Phi-3 name or another.
+  auto tokenizer_named = [](const std::string& name) {
+    const auto peer = gguf::File::open(test::peer("tokenizer/ggml-vocab-llama-spm.gguf"));
+    gguf::Writer w;
+    w.set("general.architecture", gguf::Value::of_str("phi3"));
+    w.set("general.name", gguf::Value::of_str(name));
+    for (const auto& [k, v] : peer->metadata())
+      if (k.rfind("tokenizer.", 0) == 0) w.set(k, v);
+    std::vector<std::string> tokens = peer->get_strings("tokenizer.ggml.tokens");
+    std::vector<float> scores = peer->get_floats("tokenizer.ggml.scores");
+    std::vector<int32_t> types;
+    for (int64_t t : peer->get_ints("tokenizer.ggml.token_type")) types.push_back(int32_t(t));
+    for (const char* added : {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"}) {
+      tokens.push_back(added);
+      scores.push_back(0.f);
+      types.push_back(3);  // control
+    }
+    w.set("tokenizer.ggml.tokens", gguf::Value::of_strs(tokens));
+    w.set("tokenizer.ggml.scores", gguf::Value::of_f32s(scores));
+    w.set("tokenizer.ggml.token_type", gguf::Value::of_i32s(types));
+    const auto bytes = w.to_bytes();
+    return Tokenizer::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  const Tokenizer phi = tokenizer_named("Phi-3-mini-4k-instruct"), other = tokenizer_named("Mistral 7B");
+  const int32_t eot = 32000, assistant = 32001, end = 32002, user = 32003;
+  auto concat = [](std::initializer_list<std::vector<int32_t>> parts) {
+    std::vector<int32_t> v;
+    for (const auto& p : parts) v.insert(v.end(), p.begin(), p.end());
+    return v;
+  };
+  const std::string turn = "<|user|>\nHi there<|end|>\n<|assistant|>\n";
+  CHECK(phi.encode(turn, false, true) == concat({{user}, phi.encode("Hi there", false, false), {end, assistant}}));
+  // Elsewhere the newlines stay: each is a fragment of its own after a special.
+  const std::vector<int32_t> got = other.encode(turn, false, true);
+  CHECK(got.size() > phi.encode(turn, false, true).size());
+  CHECK(std::count(got.begin(), got.end(), 13) == 3);  // <0x0A>
+  // <|endoftext|> keeps what follows; </s> strips it, as llama.cpp marks them.
+  CHECK(phi.encode("<|endoftext|> x", false, true) == concat({{eot}, phi.encode(" x", false, false)}));
+  CHECK(phi.encode("</s> \t x", false, true) == concat({{2}, phi.encode("x", false, false)}));
+  // Only parsed specials strip: the same text unparsed is plain text.
+  CHECK(phi.encode(turn, false, false) == other.encode(turn, false, false));
+}
+
 TEST_CASE("byte-level BPE details (gpt-2 vocab)") {
   auto file = gguf::File::open(test::peer("tokenizer/ggml-vocab-gpt-2.gguf"));
   Tokenizer tok = Tokenizer::from_gguf(*file);
