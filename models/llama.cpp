@@ -93,8 +93,18 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
         all.rows = int64_t(rows) * c.n_expert;
         for (int e = 0; e < c.n_expert; ++e) out.push_back(rows_of(all, int64_t(e) * rows, rows));
       };
-      experts(LayerTensor::GateExps, c.n_ff_exp, L.gate_exp);
-      experts(LayerTensor::UpExps, c.n_ff_exp, L.up_exp);
+      if (c.fused_gate_up_exps) {  // expert e: gate rows [2e·F, 2e·F + F), up rows after them
+        cpu::QMatrix all = mat(l, LayerTensor::GateUpExps);
+        const int64_t F = c.n_ff_exp;
+        all.rows = 2 * F * c.n_expert;
+        for (int e = 0; e < c.n_expert; ++e) {
+          L.gate_exp.push_back(rows_of(all, 2 * F * e, F));
+          L.up_exp.push_back(rows_of(all, 2 * F * e + F, F));
+        }
+      } else {
+        experts(LayerTensor::GateExps, c.n_ff_exp, L.gate_exp);
+        experts(LayerTensor::UpExps, c.n_ff_exp, L.up_exp);
+      }
       experts(LayerTensor::DownExps, c.n_embd, L.down_exp);
       if (c.n_ff_shexp > 0) {
         L.gate_sh = mat(l, LayerTensor::GateShexp);

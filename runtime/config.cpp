@@ -30,6 +30,7 @@ constexpr TensorRow kLayerTensors[] = {
   {LayerTensor::UpExps, "ffn_up_exps", false},         {LayerTensor::DownExps, "ffn_down_exps", false},
   {LayerTensor::GateInpShexp, "ffn_gate_inp_shexp", false}, {LayerTensor::GateShexp, "ffn_gate_shexp", false},
   {LayerTensor::UpShexp, "ffn_up_shexp", false},       {LayerTensor::DownShexp, "ffn_down_shexp", false},
+  {LayerTensor::GateUpExps, "ffn_gate_up_exps", false},
 };
 static_assert(std::size(kLayerTensors) == size_t(LayerTensor::Count));
 
@@ -91,8 +92,9 @@ bool ModelConfig::has(LayerTensor t) const {
     case LayerTensor::Wqkv: return fused_qkv;
     case LayerTensor::Gate: return !fused_gate_up && !is_moe();
     case LayerTensor::Up: case LayerTensor::Down: return !is_moe();
-    case LayerTensor::GateInp: case LayerTensor::GateExps: case LayerTensor::UpExps: case LayerTensor::DownExps:
-      return is_moe();
+    case LayerTensor::GateInp: case LayerTensor::DownExps: return is_moe();
+    case LayerTensor::GateExps: case LayerTensor::UpExps: return is_moe() && !fused_gate_up_exps;
+    case LayerTensor::GateUpExps: return is_moe() && fused_gate_up_exps;
     case LayerTensor::GateInpShexp: case LayerTensor::GateShexp: case LayerTensor::UpShexp:
     case LayerTensor::DownShexp:
       return n_ff_shexp > 0;
@@ -231,6 +233,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
       c.n_ff_shexp = positive("expert_shared_feed_forward_length",
                               get_int("expert_shared_feed_forward_length", true, c.n_ff));
     c.expert_weights_norm = fam->moe_norm;
+    c.fused_gate_up_exps = f.tensor("blk.0.ffn_gate_up_exps.weight") != nullptr;
     if (const std::string key = f.arch_key("expert_weights_norm"); f.has(key)) {
       try { c.expert_weights_norm = f.get<bool>(key); } catch (const Error& e) { problems.push_back(e.what()); }
     }
@@ -239,7 +242,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     if (c.n_expert > 4096 || c.n_expert_used < 1 || c.n_expert_used > c.n_expert)
       problems.push_back(fmt::format("expert_used_count {} must be in [1, expert_count {}] (at most 4096 experts)",
                                      c.n_expert_used, c.n_expert));
-    if (!f.tensor("blk.0.ffn_gate_exps.weight") && f.tensor("blk.0.ffn_gate.0.weight"))
+    if (!f.tensor("blk.0.ffn_gate_exps.weight") && !c.fused_gate_up_exps && f.tensor("blk.0.ffn_gate.0.weight"))
       problems.push_back("the experts are stored one tensor each (blk.N.ffn_gate.E.weight: an old Mixtral conversion); "
                          "convert the model again, to stacked ffn_gate_exps / ffn_up_exps / ffn_down_exps tensors");
   } else if (c.n_expert < 0) {
@@ -340,13 +343,15 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         {E, c.n_embd_q() + c.n_embd_k() + c.n_embd_v()},
         {E, c.n_expert}, {E, c.n_ff_exp}, {E, c.n_ff_exp}, {c.n_ff_exp, E},
         {E, 0}, {E, c.n_ff_shexp}, {E, c.n_ff_shexp}, {c.n_ff_shexp, E},
+        {E, 2 * c.n_ff_exp},
       };
       static_assert(std::size(dims) == size_t(LayerTensor::Count));
       for (int t = 0; t < int(LayerTensor::Count); ++t) {
         const LayerTensor lt = LayerTensor(t);
         std::vector<int64_t> d{dims[t][0]};
         if (dims[t][1]) d.push_back(dims[t][1]);
-        if (lt == LayerTensor::GateExps || lt == LayerTensor::UpExps || lt == LayerTensor::DownExps)
+        if (lt == LayerTensor::GateExps || lt == LayerTensor::UpExps || lt == LayerTensor::DownExps ||
+            lt == LayerTensor::GateUpExps)
           d.push_back(c.n_expert);  // the experts stacked
         if (c.has(lt)) check(layer_tensor_key(l, lt), true, d);
       }
@@ -379,7 +384,7 @@ std::string ModelConfig::summary() const {
       n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
       qk_norm ? ", q/k norm" : "",
       attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
-      fused_qkv || fused_gate_up ? ", fused matrices" : "",
+      fused_qkv || fused_gate_up || fused_gate_up_exps ? ", fused matrices" : "",
       is_moe() ? fmt::format(", {} of {} experts (n_ff {}{}{})", n_expert_used, n_expert, n_ff_exp,
                              n_ff_shexp ? fmt::format(", shared {}", n_ff_shexp) : "",
                              expert_weights_norm ? ", renormalized" : "") : "",

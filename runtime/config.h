@@ -24,6 +24,7 @@ enum class LayerTensor : int {
   // matrices stacked in one 3-D tensor each ([n_embd, n_ff_exp, n_expert], down [n_ff_exp, n_embd,
   // n_expert]); qwen2moe adds one always-on shared expert scaled by sigmoid(gate_inp_shexp · x).
   GateInp, GateExps, UpExps, DownExps, GateInpShexp, GateShexp, UpShexp, DownShexp,
+  GateUpExps,  // each expert's gate rows then its up rows in one stacked tensor (newer conversions)
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
@@ -79,6 +80,7 @@ struct ModelConfig {
   int n_ff_exp = 0;              // expert_feed_forward_length (default n_ff)
   int n_ff_shexp = 0;            // expert_shared_feed_forward_length (qwen2moe)
   bool expert_weights_norm = false;
+  bool fused_gate_up_exps = false;  // ffn_gate_up_exps [n_embd, 2·n_ff_exp, n_expert] instead of two
   bool is_moe() const { return n_expert > 0; }
   int sliding_window = 0;        // tokens a local layer sees (itself included); 0: none
   std::vector<int> layer_window; // per layer: 0 = full attention, else the window

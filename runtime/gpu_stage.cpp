@@ -555,8 +555,22 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
           out.push_back(v);
         }
       };
-      stacked(H.gate_exp, L.gate_exp);
-      stacked(H.up_exp, L.up_exp);
+      if (cfg.fused_gate_up_exps) {  // one tensor: expert e's gate rows, then its up rows
+        const int64_t F = cfg.n_ff_exp;
+        cpu::QMatrix all = H.gate_exp[0];
+        all.rows = 2 * F * cfg.n_expert;
+        const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
+        for (int64_t e = 0; e < cfg.n_expert; ++e)
+          for (auto [out, first] : {std::pair{&L.gate_exp, 2 * F * e}, {&L.up_exp, 2 * F * e + F}}) {
+            cuda::Weight v = w;
+            v.data = static_cast<const uint8_t*>(w.data) + size_t(first) * w.row_stride;
+            v.rows = F;
+            out->push_back(v);
+          }
+      } else {
+        stacked(H.gate_exp, L.gate_exp);
+        stacked(H.up_exp, L.up_exp);
+      }
       stacked(H.down_exp, L.down_exp);
       if (cfg.n_ff_shexp > 0) {
         L.gate_sh = g.upload_matrix(up, H.gate_sh, name.c_str(), done, progress);

@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "gguf/gguf.h"
 #include "helpers.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
@@ -175,6 +176,36 @@ inline std::string tiny_qwen2moe_model() {
        6, 2, 64, 128},
       4);
   return path;
+}
+
+// A copy of a mixture-of-experts file with each layer's gate and up experts in one
+// ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
+// store them: the same model in the other layout.
+inline std::string merged_gate_up_copy(const std::string& path) {
+  const auto f = gguf::File::open(path);
+  gguf::Writer w;
+  for (const auto& [k, v] : f->metadata()) w.set(k, v);
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    if (t.name.find(".ffn_up_exps.") != std::string::npos) continue;
+    const auto* data = static_cast<const uint8_t*>(t.data);
+    if (t.name.find(".ffn_gate_exps.") == std::string::npos) {
+      w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), data, t.nbytes);
+      continue;
+    }
+    std::string up_name = t.name;
+    up_name.replace(up_name.find("gate_exps"), 9, "up_exps");
+    const auto* up = static_cast<const uint8_t*>(f->require_tensor(up_name).data);
+    const size_t slab = t.nbytes / size_t(t.ne[2]);  // one expert's rows
+    std::vector<uint8_t> merged;
+    for (int64_t e = 0; e < t.ne[2]; ++e)
+      for (const uint8_t* part : {data, up}) merged.insert(merged.end(), part + size_t(e) * slab, part + size_t(e + 1) * slab);
+    std::string name = t.name;
+    name.replace(name.find("gate_exps"), 9, "gate_up_exps");
+    w.add_tensor(name, t.type, {t.ne[0], 2 * t.ne[1], t.ne[2]}, merged.data(), merged.size());
+  }
+  const std::string out = path.substr(0, path.size() - 5) + "-merged.gguf";
+  w.write(out);
+  return out;
 }
 
 // A generated llama whose every matrix has type t (rows of 256 and 768: any k-quant or IQ4 type),

@@ -465,6 +465,21 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
   }
 }
 
+TEST_CASE("experts stored as one ffn_gate_up_exps tensor: the same logits on the CPU, the GPU's as before") {
+  const std::string path = test::tiny_qwen3moe_model(), merged = test::merged_gate_up_copy(path);
+  const Model m(path), mm(merged);
+  REQUIRE(mm.cfg.fused_gate_up_exps);
+  REQUIRE_FALSE(m.cfg.fused_gate_up_exps);
+  Chain cpu = chain(m, GgmlType::F16, 0, "cpu"), cpu_merged = chain(mm, GgmlType::F16, 0, "cpu");
+  const Run ref = run(cpu, m.cfg);
+  const Run same = run(cpu_merged, mm.cfg, &ref.fed);
+  CHECK(std::memcmp(same.logits.data(), ref.logits.data(), ref.logits.size() * sizeof(float)) == 0);
+  Chain gpu = chain(m, GgmlType::F16, 0, "gpu"), gpu_merged = chain(mm, GgmlType::F16, 0, "gpu");
+  const Run g = run(gpu, m.cfg, &ref.fed);
+  const Run gm = run(gpu_merged, mm.cfg, &ref.fed);
+  CHECK(std::memcmp(gm.logits.data(), g.logits.data(), g.logits.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a CPU stage the CPU's") {
   for (const std::string& path : {tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(), test::tiny_phi3_model(),
                                   test::tiny_gemma2_model(), test::tiny_qwen3moe_model()}) {

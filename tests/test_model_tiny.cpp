@@ -39,6 +39,7 @@ struct Spec {
   // Mixture of experts (n_expert > 0): top n_expert_used of n_expert, each n_ff_exp wide; a shared
   // expert n_ff_shexp wide (qwen2moe).
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  bool merged_exps = false;  // gate and up experts in one ffn_gate_up_exps tensor
   uint32_t seed = 7;
 };
 
@@ -97,7 +98,9 @@ Model make_model(const Spec& s) {
   }
 
   // planes > 1: that many matrices of `rows` rows stacked in one 3-D tensor (the experts).
-  auto add = [&](const std::string& name, int rows, int cols, float amp, float center, bool quantized, int planes = 1) {
+  // Returns the quantized bytes; write = false keeps them out of the file.
+  auto add = [&](const std::string& name, int rows, int cols, float amp, float center, bool quantized, int planes = 1,
+                 bool write = true) {
     std::uniform_real_distribution<float> u(-amp, amp);
     const int plane_rows = rows;
     rows *= planes;
@@ -115,7 +118,8 @@ Model make_model(const Spec& s) {
     std::vector<int64_t> dims{cols};
     if (rows > 1) dims.push_back(plane_rows);
     if (planes > 1) dims.push_back(planes);
-    wr.add_tensor(name, t, dims, bytes.data(), bytes.size());
+    if (write) wr.add_tensor(name, t, dims, bytes.data(), bytes.size());
+    return bytes;
   };
   const int E = s.n_embd, D = s.head_dim;
   const float we = 1.f / std::sqrt(float(E)) * 1.7f, wf = 1.f / std::sqrt(float(s.n_ff)) * 1.7f;
@@ -147,8 +151,15 @@ Model make_model(const Spec& s) {
     if (s.n_expert > 0) {  // the router in F32 (as converters leave it), a spread that routes decisively
       const float wx = 1.f / std::sqrt(float(s.n_ff_exp)) * 1.7f;
       add(b + "ffn_gate_inp.weight", s.n_expert, E, 3.f * we, 0.f, false);
-      add(b + "ffn_gate_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert);
-      add(b + "ffn_up_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert);
+      const auto gate = add(b + "ffn_gate_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert, !s.merged_exps);
+      const auto up = add(b + "ffn_up_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert, !s.merged_exps);
+      if (s.merged_exps) {  // ffn_gate_up_exps: per expert its gate rows, then its up rows
+        const size_t slab = gate.size() / size_t(s.n_expert);
+        std::vector<uint8_t> merged;
+        for (int e = 0; e < s.n_expert; ++e)
+          for (const auto* part : {&gate, &up}) merged.insert(merged.end(), part->begin() + e * slab, part->begin() + (e + 1) * slab);
+        wr.add_tensor(b + "ffn_gate_up_exps.weight", s.wtype, {E, 2 * s.n_ff_exp, s.n_expert}, merged.data(), merged.size());
+      }
       add(b + "ffn_down_exps.weight", E, s.n_ff_exp, wx, 0.f, true, s.n_expert);
       if (s.n_ff_shexp > 0) {
         add(b + "ffn_gate_inp_shexp.weight", 1, E, 2.f * we, 0.f, false);
@@ -450,6 +461,9 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_expert = 8;
     s.n_expert_used = 3;
     s.n_ff_exp = 256;
+  } else if (arch == "qwen3moe-merged") {  // the same in a newer conversion's layout
+    s = spec_of("qwen3moe", t);
+    s.merged_exps = true;
   } else if (arch == "qwen2moe") {  // q/k/v biases; top 2 of 6 as the softmax weighs them, a shared expert
     s.n_expert = 6;
     s.n_expert_used = 2;
@@ -490,7 +504,8 @@ Model decisive_model(Spec s, const std::vector<int32_t>& ids, int n_ctx = 64) {
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
-    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe"}) {
+    for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
+                                   "qwen3moe-merged"}) {
       Spec s = spec_of(arch, t);
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
