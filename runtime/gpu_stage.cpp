@@ -336,9 +336,33 @@ struct CudaLayers {
       if (c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, count);
       else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, count);
     };
+    // Decode (one token): every chosen expert's input is xb, so up to four experts' gate and up
+    // matrices share one launch (8 outputs), and their gates one more; then each down and add.
+    constexpr int kGroup = 4;
+    int group[kGroup], in_group = 0;
+    auto run_group = [&] {
+      cuda::MatmulOut outs[2 * kGroup];
+      for (int i = 0; i < in_group; ++i) {
+        outs[2 * i] = {&L.gate_exp[size_t(group[i])], hb + size_t(i) * F};
+        outs[2 * i + 1] = {&L.up_exp[size_t(group[i])], hb2 + size_t(i) * F};
+      }
+      cuda::matmul_n(g.ctx, outs, 2 * in_group, xb, 1);
+      act(in_group * F);
+      for (int i = 0; i < in_group; ++i) {
+        const int off = first[size_t(group[i])];
+        cuda::matmul(g.ctx, L.down_exp[size_t(group[i])], hb + size_t(i) * F, 1, g.ye);
+        cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, 1, E);
+      }
+      in_group = 0;
+    };
     for (int e = 0; e < X; ++e) {
       const int off = first[size_t(e)], m = first[size_t(e) + 1] - off;
       if (m == 0) continue;
+      if (n == 1) {
+        group[in_group++] = e;
+        if (in_group == kGroup) run_group();
+        continue;
+      }
       bool identity = m == n;
       for (int j = 0; j < m && identity; ++j) identity = g.h_rows[size_t(off + j)] == j;
       const float* in = xb;
@@ -351,6 +375,7 @@ struct CudaLayers {
       cuda::matmul(g.ctx, L.down_exp[size_t(e)], hb, m, g.ye);
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
     }
+    if (in_group > 0) run_group();
     if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
       cuda::matmul_n(g.ctx, {{&L.gate_sh, hb}, {&L.up_sh, hb2}}, xb, n);
       act(n * c.n_ff_shexp);

@@ -465,6 +465,27 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
   }
 }
 
+TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give the CPU stage's logits") {
+  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model()}) {
+    const Model m(path);
+    const int V = m.cfg.n_vocab;
+    auto decode_alone = [&](Chain& stages) {  // a 12-token prompt, then 24 steps of one token each
+      Batch b;
+      for (int i = 0; i < 12; ++i) b.add((5 + 13 * i) % V, i, 0, true);
+      std::vector<float> all = forward(stages, m.cfg, b);
+      for (int step = 0; step < 24; ++step) {
+        Batch d;
+        d.add((7 + 29 * step) % V, 12 + step, 0, true);
+        const auto row = forward(stages, m.cfg, d);
+        all.insert(all.end(), row.begin(), row.end());
+      }
+      return all;
+    };
+    Chain cpu = chain(m, GgmlType::F16, 0, "cpu"), gpu = chain(m, GgmlType::F16, 0, "gpu");
+    test::check_routed_close(decode_alone(cpu), decode_alone(gpu), V, name_of(path) + " one-token steps, CPU vs GPU");
+  }
+}
+
 TEST_CASE("experts stored as one ffn_gate_up_exps tensor: the same logits on the CPU, the GPU's as before") {
   const std::string path = test::tiny_qwen3moe_model(), merged = test::merged_gate_up_copy(path);
   const Model m(path), mm(merged);

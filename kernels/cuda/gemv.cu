@@ -551,10 +551,14 @@ void matmul(Context& c, const Weight& W, const float* X, int n, float* Y, bool x
   else gemm(c, W, X, n, Y);
 }
 
-void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
-  const Outs o(outs.begin(), outs.size());
+void matmul_n(Context& c, const MatmulOut* outs, int count, const float* X, int n, bool x_q8) {
+  const Outs o(outs, size_t(count));
   if (n <= c.gemv_max_cols) gemv_n(c, o.W, o.Y, o.k, X, n, x_q8);
   else gemm_n(c, o.W, o.Y, o.k, X, n);
+}
+
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
+  matmul_n(c, outs.begin(), int(outs.size()), X, n, x_q8);
 }
 
 }  // namespace baton::cuda

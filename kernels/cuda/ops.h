@@ -328,6 +328,7 @@ struct MatmulOut {
   float* Y;
 };
 void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8 = false);
+void matmul_n(Context& c, const MatmulOut* outs, int count, const float* X, int n, bool x_q8 = false);  // 1..8
 // Fused dequantize + dot, the activation quantized once to 8-bit blocks (dp4a); float weights use
 // F32 activations (read 16 bytes at a time: X must be 16-byte aligned, as every buffer of the
 // stage and the scratch are). Any n (launched 8 columns at a time).

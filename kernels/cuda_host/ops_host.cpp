@@ -350,8 +350,11 @@ void gemm_n(Context& c, const Weight* const* W, float* const* Y, int count, cons
   for (int i = 0; i < count; ++i) gemm(c, *W[i], X, n, Y[i]);
 }
 
-void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool) {
-  for (const MatmulOut& o : outs) matmul(c, *o.W, X, n, o.Y);
+void matmul_n(Context& c, const MatmulOut* outs, int count, const float* X, int n, bool) {
+  for (int i = 0; i < count; ++i) matmul(c, *outs[i].W, X, n, outs[i].Y);
+}
+void matmul_n(Context& c, std::initializer_list<MatmulOut> outs, const float* X, int n, bool x_q8) {
+  matmul_n(c, outs.begin(), int(outs.size()), X, n, x_q8);
 }
 
 void gemv_stream_prepare() {}  // no kernels to ask about
