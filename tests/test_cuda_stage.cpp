@@ -105,6 +105,28 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3, Phi-3 and Q
   }
 }
 
+TEST_CASE("a mixture's one-token decode steps on the GPU (experts four to a launch) give the CPU's logits") {
+  const std::string path = test::tiny_qwen3moe_model();
+  auto steps = [&](Pipeline& p) {  // a 12-token prompt, then 16 steps of one token each
+    const int V = p.n_vocab();
+    std::vector<float> all(12 * size_t(V));
+    Batch b;
+    for (int i = 0; i < 12; ++i) b.add((5 + 13 * i) % V, i, 0, true);
+    p.decode(b, all.data());
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int step = 0; step < 16; ++step) {
+      Batch d;
+      d.add((7 + 29 * step) % V, 12 + step, 0, true);
+      p.decode(d, row.data());
+      all.insert(all.end(), row.begin(), row.end());
+    }
+    return all;
+  };
+  auto cpu = load(path, "cpu");
+  auto gpu = load(path, "cuda:0");
+  test::check_routed_close(steps(*cpu), steps(*gpu), cpu->n_vocab(), path + " one-token steps");
+}
+
 TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the one-stage logits") {
   for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
     auto one = load(path, "cuda:0");
