@@ -60,6 +60,9 @@ void add_placement_flags(CLI::App& app, PlacementFlags& f) {
                  "at most N layers on GPUs, the rest on the CPU (also -ngl N; default: as many as fit)");
   app.add_flag("--no-cpu-spill", f.no_cpu_spill, "fail instead of putting layers on the CPU when GPUs are listed");
   app.add_flag("--spread", f.spread, "use every GPU listed, in proportion to its memory, even when one would do");
+  app.add_flag("--cpu-moe", f.cpu_moe,
+               "mixtures of experts: keep the experts in host memory and run them on the CPU, the rest of each "
+               "layer where it is placed (big MoE models on small GPUs)");
   app.add_option("--reserve", f.reserve, "extra memory margin per device entry: one SIZE for all, or one per entry");
 }
 

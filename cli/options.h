@@ -27,6 +27,7 @@ struct PlacementFlags {
   int n_gpu_layers = -1;     // --n-gpu-layers N (also -ngl N): at most N layers on GPUs; -1: no cap
   bool no_cpu_spill = false;
   bool spread = false;
+  bool cpu_moe = false;      // --cpu-moe: a mixture's experts in host memory, on the CPU
 };
 
 struct ModelFlags {
@@ -58,6 +59,7 @@ void apply_placement(const PlacementFlags& f, Options& o) {
   o.n_gpu_layers = f.n_gpu_layers;
   o.no_cpu_spill = f.no_cpu_spill;
   o.spread = f.spread;
+  o.cpu_moe = f.cpu_moe;
 }
 
 struct SamplingFlags {

@@ -130,8 +130,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bv = opt(l, LayerTensor::Bv);
   }
   if (pack_pool) {
-    // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at
-    // a 64-byte boundary, in the order the forward reads them.
+    // In the order the forward reads them.
     std::vector<cpu::QMatrix*> to_pack;
     for (int l = begin; l < end; ++l) {
       LayerWeights& L = w.layers[size_t(l)];
@@ -142,25 +141,30 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
         for (cpu::QMatrix* m : {&L.gate_exp[e], &L.up_exp[e], &L.down_exp[e]}) to_pack.push_back(m);
     }
     if (with_head) to_pack.push_back(&w.output);
-    std::erase_if(to_pack, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
-    auto rounded = [](size_t b) { return (b + 63) / 64 * 64; };
-    size_t total = 0;
-    for (const cpu::QMatrix* m : to_pack) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
-    if (total > 0) {
-      cpu::PackedBuffer buf = cpu::alloc_packed(total);
-      size_t at = 0;
-      for (cpu::QMatrix* m : to_pack) {
-        const size_t bytes = cpu::packed_bytes(m->type, m->rows, m->cols);
-        cpu::pack_matrix(*m, buf.get() + at, pack_pool);
-        m->packed = buf.get() + at;
-        w.packed_bytes += bytes;
-        at += rounded(bytes);
-      }
-      w.packed.push_back(std::move(buf));
-    }
+    pack_matrices(w, to_pack, *pack_pool);
     if (with_head && c.tied_output) w.tok_embd.packed = w.output.packed;
   }
   return w;
+}
+
+void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool) {
+  // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at a
+  // 64-byte boundary.
+  std::erase_if(mats, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
+  auto rounded = [](size_t b) { return (b + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const cpu::QMatrix* m : mats) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
+  if (total == 0) return;
+  cpu::PackedBuffer buf = cpu::alloc_packed(total);
+  size_t at = 0;
+  for (cpu::QMatrix* m : mats) {
+    const size_t bytes = cpu::packed_bytes(m->type, m->rows, m->cols);
+    cpu::pack_matrix(*m, buf.get() + at, &pool);
+    m->packed = buf.get() + at;
+    w.packed_bytes += bytes;
+    at += rounded(bytes);
+  }
+  w.packed.push_back(std::move(buf));
 }
 
 // ---- scratch ----
@@ -253,6 +257,64 @@ void last_positions(const Batch& batch, int n_seq, std::vector<int32_t>& last) {
   last.assign(size_t(n_seq), -1);
   for (int t = 0; t < batch.size(); ++t)
     last[size_t(batch.seq[size_t(t)])] = std::max(last[size_t(batch.seq[size_t(t)])], batch.pos[size_t(t)]);
+}
+
+namespace {
+
+// g = act(g) * u over count values.
+void gate_rows(const ModelConfig& c, float* g, const float* u, int count) {
+  if (c.act == Activation::SiLU) cpu::silu_gate(g, u, g, count);
+  else cpu::gelu_tanh_gate(g, u, g, count);
+}
+
+}  // namespace
+
+void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, int n, Scratch& s, cpu::ThreadPool& pool) {
+  const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
+  float *hb = s.hb, *hb2 = s.hb2;
+  auto gate_rows = [&](float* g, const float* u, int count) { baton::gate_rows(c, g, u, count); };
+  float* acc = s.acc;
+  std::fill(acc, acc + size_t(n) * E, 0.f);
+  if (n == 1) {
+    constexpr int kGroup = cpu::kMaxTargets / 2;  // experts per pair of jobs
+    cpu::MatmulTarget gu[2 * kGroup], dn[kGroup];
+    float wt[kGroup];
+    int m = 0;
+    auto run = [&] {
+      if (m == 0) return;
+      cpu::matmul_multi(gu, 2 * m, x, 1, pool);
+      gate_rows(hb, hb2, m * F);
+      cpu::matmul_multi(dn, m, nullptr, 1, pool);
+      const int32_t token0[kGroup] = {};  // every expert's row goes to the one token
+      cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
+      m = 0;
+    };
+    for (int i = 0; i < K; ++i) {
+      const int e = s.route_ids[size_t(i)];
+      if (e < 0) continue;
+      gu[2 * m] = {&L.gate_exp[size_t(e)], hb + size_t(m) * F};
+      gu[2 * m + 1] = {&L.up_exp[size_t(e)], hb2 + size_t(m) * F};
+      dn[m] = {&L.down_exp[size_t(e)], s.ye + size_t(m) * E, hb + size_t(m) * F};
+      wt[m] = s.route_w[size_t(i)];
+      if (++m == kGroup) run();
+    }
+    run();
+  } else {
+    // Per expert, the tokens routed to it and their weights.
+    cpu::moe_group(s.route_ids.data(), s.route_w.data(), n, K, X, s.expert_first.data(), s.expert_rows.data(),
+                   s.expert_w.data());
+    for (int e = 0; e < X; ++e) {
+      const int off = s.expert_first[size_t(e)], m = s.expert_first[size_t(e) + 1] - off;
+      if (m == 0) continue;
+      const int32_t* rows = s.expert_rows.data() + off;
+      cpu::gather_rows(x, rows, m, E, s.xe);
+      const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
+      cpu::matmul_multi(gu, 2, s.xe, m, pool);
+      gate_rows(hb, hb2, m * F);
+      cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
+      cpu::scatter_add_rows(acc, s.ye, rows, s.expert_w.data() + off, false, m, E);
+    }
+  }
 }
 
 namespace {
@@ -435,58 +497,16 @@ struct CpuLayers {
     }
   }
 
-  // Mixture of experts over the normed rows in xb, the result into xb. Every token's k experts and
-  // weights from the router; then decode (one token) runs the k experts' gate and up matrices as
-  // one job and their down matrices as another, while a batch runs each chosen expert once over
-  // the rows routed to it (gathered), adding its weighted output to each of its tokens.
+  // Mixture of experts over the normed rows in xb, the result into xb: every token's k experts
+  // and weights from the router, the routed experts (moe_experts), the shared expert.
   void moe(const LayerWeights& L, int n) {
-    const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
+    const int E = c.n_embd, K = c.n_expert_used, X = c.n_expert;
     matmul(L.router, xb, n, s.router);  // (the queued residual add and norm run as its prologue)
     for (int t = 0; t < n; ++t)
       cpu::moe_route(s.router + size_t(t) * X, X, K, c.expert_weights_norm, s.route_ids.data() + size_t(t) * K,
                      s.route_w.data() + size_t(t) * K);
     float* acc = s.acc;
-    std::fill(acc, acc + size_t(n) * E, 0.f);
-    if (n == 1) {
-      constexpr int kGroup = cpu::kMaxTargets / 2;  // experts per pair of jobs
-      cpu::MatmulTarget gu[2 * kGroup], dn[kGroup];
-      float wt[kGroup];
-      int m = 0;
-      auto run = [&] {
-        if (m == 0) return;
-        cpu::matmul_multi(gu, 2 * m, xb, 1, pool);
-        gate_rows(hb, hb2, m * F);
-        cpu::matmul_multi(dn, m, nullptr, 1, pool);
-        const int32_t token0[kGroup] = {};  // every expert's row goes to the one token
-        cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
-        m = 0;
-      };
-      for (int i = 0; i < K; ++i) {
-        const int e = s.route_ids[size_t(i)];
-        if (e < 0) continue;
-        gu[2 * m] = {&L.gate_exp[size_t(e)], hb + size_t(m) * F};
-        gu[2 * m + 1] = {&L.up_exp[size_t(e)], hb2 + size_t(m) * F};
-        dn[m] = {&L.down_exp[size_t(e)], s.ye + size_t(m) * E, hb + size_t(m) * F};
-        wt[m] = s.route_w[size_t(i)];
-        if (++m == kGroup) run();
-      }
-      run();
-    } else {
-      // Per expert, the tokens routed to it and their weights.
-      cpu::moe_group(s.route_ids.data(), s.route_w.data(), n, K, X, s.expert_first.data(), s.expert_rows.data(),
-                     s.expert_w.data());
-      for (int e = 0; e < X; ++e) {
-        const int off = s.expert_first[size_t(e)], m = s.expert_first[size_t(e) + 1] - off;
-        if (m == 0) continue;
-        const int32_t* rows = s.expert_rows.data() + off;
-        cpu::gather_rows(xb, rows, m, E, s.xe);
-        const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
-        cpu::matmul_multi(gu, 2, s.xe, m, pool);
-        gate_rows(hb, hb2, m * F);
-        cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
-        cpu::scatter_add_rows(acc, s.ye, rows, s.expert_w.data() + off, false, m, E);
-      }
-    }
+    moe_experts(c, L, xb, n, s, pool);
     if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
       const int S = c.n_ff_shexp;
       const cpu::MatmulTarget gu[] = {{&L.gate_sh, hb}, {&L.up_sh, hb2}};
@@ -498,10 +518,7 @@ struct CpuLayers {
     }
     std::memcpy(xb, acc, size_t(n) * E * sizeof(float));
   }
-  void gate_rows(float* g, const float* u, int count) const {
-    if (c.act == Activation::SiLU) cpu::silu_gate(g, u, g, count);
-    else cpu::gelu_tanh_gate(g, u, g, count);
-  }
+  void gate_rows(float* g, const float* u, int count) const { baton::gate_rows(c, g, u, count); }
 
   int gather_logit_rows() {
     flush();

@@ -38,6 +38,10 @@ struct ModelWeights {
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
                           bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr);
 
+// Packed copies of the matrices this process packs (the others are left as they are), in one
+// buffer that w owns; each matrix's `packed` points into it, valid while w lives.
+void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool);
+
 // Activation buffers for up to n_batch tokens, allocated once. bytes() is the sizing function the
 // constructor uses, so an estimate made with it equals the allocation.
 class Scratch {
@@ -94,6 +98,12 @@ void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, floa
 // tokens must have consecutive positions in batch order, continuing what its cache holds.
 void forward_layers(const ModelConfig& c, const ModelWeights& w, KvCache& kv, const Batch& batch,
                     int begin, int end, float* x, Scratch& s, cpu::ThreadPool& pool);
+
+// A mixture of experts' routed experts for n rows of x (normed; x may be s.xb), each token's k
+// experts and weights in s.route_ids / s.route_w (cpu::moe_route): their weighted sum into s.acc.
+// One token runs its experts' gate and up matrices as one pool job and their down matrices as
+// another; more run each chosen expert once over its gathered rows. Uses s.hb, hb2, xe, ye.
+void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, int n, Scratch& s, cpu::ThreadPool& pool);
 
 // Final norm and output matmul for the tokens with batch.logits[i] set, in batch order:
 // batch.n_logits() rows of n_vocab floats into `logits`. Overwrites scratch xb.

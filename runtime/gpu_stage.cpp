@@ -86,6 +86,12 @@ struct GpuStage::Impl {
   int32_t* moe_rows = nullptr;
   std::vector<float> h_logits, h_route_w, h_w;
   std::vector<int32_t> h_route_ids, h_rows, h_expert_first;
+  // --cpu-moe: the experts stay in host memory (bound and packed here) and run on the CPU with
+  // the CPU stage's own code (moe_experts) on this pool and host scratch.
+  bool cpu_moe = false;
+  ModelWeights host_w;
+  std::unique_ptr<cpu::ThreadPool> pool;
+  std::unique_ptr<Scratch> host_scratch;
 
   // The tokens a layer with n_cells cells per sequence commits: those whose cell no later token
   // of their sequence in the batch takes. kv_commit copies its tokens in parallel, so two tokens
@@ -321,6 +327,18 @@ struct CudaLayers {
     const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
     cuda::matmul(g.ctx, L.router, xb, n, g.moe_logits);
     cuda::copy_to_host(g.ctx, g.h_logits.data(), g.moe_logits, size_t(n) * size_t(X) * sizeof(float));
+    if (g.cpu_moe) {  // the experts on the CPU: the rows they read come along
+      Scratch& hs = *g.host_scratch;
+      cuda::copy_to_host(g.ctx, hs.xb, xb, size_t(n) * size_t(E) * sizeof(float));
+      g.ctx.synchronize();
+      for (int t = 0; t < n; ++t)
+        cpu::moe_route(g.h_logits.data() + size_t(t) * X, X, K, c.expert_weights_norm,
+                       hs.route_ids.data() + size_t(t) * K, hs.route_w.data() + size_t(t) * K);
+      moe_experts(c, g.host_w.layers[size_t(&L - g.layers.data())], hs.xb, n, hs, *g.pool);
+      cuda::copy_to_device(g.ctx, g.acc, hs.acc, size_t(n) * size_t(E) * sizeof(float));  // (pageable: copied now)
+      shared_expert(L, n);
+      return;
+    }
     g.ctx.synchronize();
     for (int t = 0; t < n; ++t)
       cpu::moe_route(g.h_logits.data() + size_t(t) * X, X, K, c.expert_weights_norm,
@@ -376,9 +394,17 @@ struct CudaLayers {
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
     }
     if (in_group > 0) run_group();
-    if (c.n_ff_shexp > 0) {  // the shared expert, scaled per token by sigmoid(gate_inp_sh · x)
+    shared_expert(L, n);
+  }
+  // The shared expert (qwen2moe), scaled per token by sigmoid(gate_inp_sh · x), added to the sum
+  // of the routed experts in g.acc; then that sum into xb.
+  void shared_expert(const GpuLayer& L, int n) {
+    const ModelConfig& c = g.c;
+    const int E = c.n_embd;
+    if (c.n_ff_shexp > 0) {
       cuda::matmul_n(g.ctx, {{&L.gate_sh, hb}, {&L.up_sh, hb2}}, xb, n);
-      act(n * c.n_ff_shexp);
+      if (c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, int64_t(n) * c.n_ff_shexp);
+      else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, int64_t(n) * c.n_ff_shexp);
       cuda::matmul(g.ctx, L.down_sh, hb, n, g.ye);
       cuda::matmul(g.ctx, L.gate_inp_sh, xb, n, g.moe_logits);  // (the router's logits are spent)
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, nullptr, g.moe_logits, true, n, E);
@@ -554,7 +580,22 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
 
   // Weights: host views of the block (no CPU packing), packed into the device layout through two
   // pinned staging buffers (packing one while the other is copied).
-  const ModelWeights w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output);
+  g.host_w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output);
+  const ModelWeights& w = g.host_w;
+  g.cpu_moe = opt.cpu_moe && cfg.is_moe() && g.end > g.begin;
+  if (g.cpu_moe) {  // the experts packed for the CPU kernels, the rest of the host views unused
+    g.pool = std::make_unique<cpu::ThreadPool>(std::max(1, opt.n_threads));
+    g.host_scratch = std::make_unique<Scratch>(cfg, opt.n_batch, opt.kv_type);
+    std::vector<cpu::QMatrix*> experts;
+    for (int l = g.begin; l < g.end; ++l) {
+      LayerWeights& H = g.host_w.layers[size_t(l)];
+      for (size_t e = 0; e < H.gate_exp.size(); ++e)
+        for (cpu::QMatrix* m : {&H.gate_exp[e], &H.up_exp[e], &H.down_exp[e]}) experts.push_back(m);
+    }
+    pack_matrices(g.host_w, experts, *g.pool);
+    g.notes.push_back(fmt::format("experts of layers [{}, {}) in host memory, run by {} CPU threads (--cpu-moe)",
+                                  g.begin, g.end, g.pool->size()));
+  }
   uint64_t done = 0;
   cuda::WeightUploader up(g.ctx);
   g.layers.resize(size_t(cfg.n_layer));
@@ -568,35 +609,37 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     L.wo = g.upload_matrix(up, H.wo, name.c_str(), done, progress);
     if (cfg.is_moe()) {
       L.router = g.upload_matrix(up, H.router, name.c_str(), done, progress);
-      // Each stacked tensor in one upload, its experts row views of the device matrix.
-      auto stacked = [&](const std::vector<cpu::QMatrix>& views, std::vector<cuda::Weight>& out) {
-        cpu::QMatrix all = views[0];
-        all.rows *= int64_t(views.size());
-        const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
-        for (size_t e = 0; e < views.size(); ++e) {
-          cuda::Weight v = w;
-          v.data = static_cast<const uint8_t*>(w.data) + e * size_t(views[0].rows) * w.row_stride;
-          v.rows = views[0].rows;
-          out.push_back(v);
-        }
-      };
-      if (cfg.fused_gate_up_exps) {  // one tensor: expert e's gate rows, then its up rows
-        const int64_t F = cfg.n_ff_exp;
-        cpu::QMatrix all = H.gate_exp[0];
-        all.rows = 2 * F * cfg.n_expert;
-        const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
-        for (int64_t e = 0; e < cfg.n_expert; ++e)
-          for (auto [out, first] : {std::pair{&L.gate_exp, 2 * F * e}, {&L.up_exp, 2 * F * e + F}}) {
+      if (!g.cpu_moe) {  // (--cpu-moe: the experts stay on the host)
+        // Each stacked tensor in one upload, its experts row views of the device matrix.
+        auto stacked = [&](const std::vector<cpu::QMatrix>& views, std::vector<cuda::Weight>& out) {
+          cpu::QMatrix all = views[0];
+          all.rows *= int64_t(views.size());
+          const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
+          for (size_t e = 0; e < views.size(); ++e) {
             cuda::Weight v = w;
-            v.data = static_cast<const uint8_t*>(w.data) + size_t(first) * w.row_stride;
-            v.rows = F;
-            out->push_back(v);
+            v.data = static_cast<const uint8_t*>(w.data) + e * size_t(views[0].rows) * w.row_stride;
+            v.rows = views[0].rows;
+            out.push_back(v);
           }
-      } else {
-        stacked(H.gate_exp, L.gate_exp);
-        stacked(H.up_exp, L.up_exp);
+        };
+        if (cfg.fused_gate_up_exps) {  // one tensor: expert e's gate rows, then its up rows
+          const int64_t F = cfg.n_ff_exp;
+          cpu::QMatrix all = H.gate_exp[0];
+          all.rows = 2 * F * cfg.n_expert;
+          const cuda::Weight w = g.upload_matrix(up, all, name.c_str(), done, progress);
+          for (int64_t e = 0; e < cfg.n_expert; ++e)
+            for (auto [out, first] : {std::pair{&L.gate_exp, 2 * F * e}, {&L.up_exp, 2 * F * e + F}}) {
+              cuda::Weight v = w;
+              v.data = static_cast<const uint8_t*>(w.data) + size_t(first) * w.row_stride;
+              v.rows = F;
+              out->push_back(v);
+            }
+        } else {
+          stacked(H.gate_exp, L.gate_exp);
+          stacked(H.up_exp, L.up_exp);
+        }
+        stacked(H.down_exp, L.down_exp);
       }
-      stacked(H.down_exp, L.down_exp);
       if (cfg.n_ff_shexp > 0) {
         L.gate_sh = g.upload_matrix(up, H.gate_sh, name.c_str(), done, progress);
         L.up_sh = g.upload_matrix(up, H.up_sh, name.c_str(), done, progress);

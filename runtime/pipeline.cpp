@@ -161,6 +161,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.kv_type = opt.kv_type;
   so.n_threads = per_stage;
   so.cuda_graphs = opt.cuda_graphs;
+  so.cpu_moe = p.options.cpu_moe;  // (the planner keeps it for mixtures only)
   for (const Stage& st : p.stages) {
     const DeviceSpec& d = p.devices[st.device];
     if (d.is_gpu()) {

@@ -35,6 +35,7 @@ struct LoadOptions {
   int n_gpu_layers = -1;
   bool no_cpu_spill = false;
   bool spread = false;
+  bool cpu_moe = false;  // a mixture's experts in host memory, run on the CPU (PlanOptions::cpu_moe)
   // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
   // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".

@@ -47,6 +47,7 @@ PlanOptions ModelPipeline::plan_options(const LoadOptions& opt) const {
   po.n_gpu_layers = opt.n_gpu_layers;
   po.no_cpu_spill = opt.no_cpu_spill;
   po.spread = opt.spread;
+  po.cpu_moe = opt.cpu_moe;
   po.auto_devices = opt.devices == "auto";
   return po;
 }

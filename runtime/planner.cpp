@@ -7,6 +7,7 @@
 #include <string_view>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,12 @@ struct Block {
   size_t device;
   uint32_t begin, end;  // units [begin, end); end == n_layer + 1 includes the head
 };
+
+// A layer's weight bytes on the device that holds it: with --cpu-moe its experts are charged to
+// the host once (plan), not here.
+uint64_t layer_bytes(const ModelShape& s, uint32_t i, const PlanOptions& o) {
+  return s.layers[i].weight_bytes - (o.cpu_moe ? s.layers[i].expert_bytes : 0);
+}
 
 struct Pricing {
   const ModelShape& s;
@@ -40,7 +47,7 @@ struct Pricing {
     kv.resize(L);
     for (uint32_t i = 0; i < L; i++) {
       kv[i] = kv_layer_bytes(s, i, o.n_ctx, o.n_parallel, o.kv_type);
-      prefix[i + 1] = prefix[i] + s.layers[i].weight_bytes + kv[i];
+      prefix[i + 1] = prefix[i] + layer_bytes(s, i, o) + kv[i];
     }
     const ScratchLayout mid = scratch_layout(s, o.n_batch, false, o.kv_type, o.n_outputs, o.n_threads);
     scratch_mid = mid.total();
@@ -136,8 +143,9 @@ uint64_t Plan::kv_bytes() const {
   return t;
 }
 
-Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const PlanOptions& options) {
+Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices_in, const PlanOptions& options) {
   PlanOptions o = options;
+  std::vector<DeviceSpec> devices = devices_in;
   const size_t D = devices.size();
   const uint32_t L = shape.n_layer, U = L + 1;
   if (L == 0 || shape.layers.size() != L) fail(ErrorKind::Model, "model '{}' has no layers to place", shape.name);
@@ -156,11 +164,28 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
   o.n_batch = uint32_t(std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel));
   if (o.n_outputs > o.n_batch) o.n_outputs = o.n_batch;
 
+  // --cpu-moe: every layer's experts in host memory, charged once to the first CPU entry.
+  o.cpu_moe = o.cpu_moe && shape.n_expert > 0;
+  uint64_t host_short = 0;
+  size_t host_dev = 0;
+  if (o.cpu_moe) {
+    while (host_dev < D && devices[host_dev].is_gpu()) ++host_dev;
+    if (host_dev == D) fail(ErrorKind::Usage, "--cpu-moe keeps the experts in host memory: --devices must list cpu");
+    const uint64_t e = shape.expert_bytes();
+    DeviceSpec& h = devices[host_dev];
+    host_short = e > h.budget ? e - h.budget : 0;
+    h.budget -= std::min(e, h.budget);
+  }
+
   Plan p;
   p.model = shape.name;
   p.n_layer = L;
   p.options = o;
   p.devices = devices;
+  if (o.cpu_moe) {
+    p.host_expert_bytes = shape.expert_bytes();
+    p.host_expert_device = host_dev;
+  }
   const Pricing P(shape, devices, o);
 
   bool any_gpu = false, any_cpu = false;
@@ -305,7 +330,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     st.has_embedding = b.begin == 0;
     st.has_output = b.end > L;
     for (uint32_t i = st.layer_begin; i < st.layer_end; i++) {
-      st.layer_weight_bytes += shape.layers[i].weight_bytes;
+      st.layer_weight_bytes += layer_bytes(shape, i, o);
       st.kv_bytes += P.kv[i];
     }
     st.embedding_bytes = st.has_embedding ? shape.embedding_bytes : 0;
@@ -315,10 +340,17 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices, const
     st.reserve_bytes = P.reserve[b.device];
     st.budget = dev.budget;
     BATON_CHECK(st.total_bytes() == P.cost(b.device, b.begin, b.end));
-    if (st.free_bytes() < 0) p.shortfalls.push_back({b.device, dev.label, uint64_t(-st.free_bytes())});
+    uint64_t short_by = st.free_bytes() < 0 ? uint64_t(-st.free_bytes()) : 0;
+    if (o.cpu_moe && b.device == host_dev) short_by += std::exchange(host_short, 0);
+    if (short_by > 0) p.shortfalls.push_back({b.device, dev.label, short_by});
     p.stages.push_back(st);
   }
+  if (host_short > 0) p.shortfalls.push_back({host_dev, devices[host_dev].label, host_short});  // no stage there
   p.fits = p.shortfalls.empty();
+  if (o.cpu_moe)
+    p.notes.push_back(fmt::format("--cpu-moe: {} of experts in host memory, charged to {} (entry {}): its budget "
+                                  "shown is what is left for stages", format_bytes(p.host_expert_bytes),
+                                  devices[host_dev].label, host_dev));
 
   for (const auto& d : devices)
     if (d.present && d.budget_given && d.free_bytes > 0 && d.budget > d.free_bytes)
@@ -438,8 +470,10 @@ std::string format_plan(const Plan& p, const ModelShape& s) {
   out += "\n(holds: E token embedding, H output head; layers inclusive; free = budget - total)\n";
   for (const auto& n : p.notes) out += fmt::format("note: {}\n", n);
   for (const auto& w : p.warnings) out += fmt::format("warning: {}\n", w);
-  if (p.fits) out += fmt::format("fits: yes, {} stage{}, {} planned in all\n", p.stages.size(),
-                                 p.stages.size() == 1 ? "" : "s", format_bytes(p.total_bytes()));
+  if (p.fits) out += fmt::format("fits: yes, {} stage{}, {} planned in all{}\n", p.stages.size(),
+                                 p.stages.size() == 1 ? "" : "s", format_bytes(p.total_bytes() + p.host_expert_bytes),
+                                 p.host_expert_bytes ? fmt::format(" ({} of experts in host memory)",
+                                                                   format_bytes(p.host_expert_bytes)) : "");
   else out += fmt::format("fits: NO: {}\n", shortfall_message(p));
   return out;
 }
@@ -451,6 +485,7 @@ nlohmann::json plan_to_json(const Plan& p, const ModelShape& s) {
   j["model"] = {{"name", s.name}, {"architecture", s.architecture}, {"n_layer", s.n_layer}, {"n_vocab", s.n_vocab},
                 {"weight_bytes", s.total_weight_bytes()}, {"tied_output", s.tied_output}};
   if (s.n_expert) j["model"]["experts"] = {{"count", s.n_expert}, {"used", s.n_expert_used}, {"n_ff", s.n_ff_exp}};
+  if (p.host_expert_bytes) j["host_experts"] = {{"bytes", p.host_expert_bytes}, {"device", p.host_expert_device}};
   j["options"] = {{"n_ctx", o.n_ctx}, {"n_parallel", o.n_parallel}, {"n_batch", o.n_batch},
                   {"n_outputs", o.n_outputs == 0 ? o.n_batch : o.n_outputs}, {"kv_type", o.kv_type == GgmlType::F16 ? "f16" : "q8_0"}, {"n_threads", o.n_threads}, {"n_gpu_layers", o.n_gpu_layers},
                   {"no_cpu_spill", o.no_cpu_spill}, {"spread", o.spread}, {"tensor_split", o.tensor_split},

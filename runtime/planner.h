@@ -35,6 +35,11 @@ struct PlanOptions {
   // them in order, so a model one GPU holds stays on one GPU (docs/PLACEMENT.md). An explicit list
   // of GPUs asks for a pipeline over all of them: equal work each.
   bool auto_devices = false;
+  // A mixture of experts with its stacked experts in host memory, run by the CPU kernels, whatever
+  // device holds the rest of each layer (llama.cpp's --cpu-moe): the experts of every layer are
+  // charged once to the first CPU entry (its budget for stages is what is left), and no stage's
+  // weights count them.
+  bool cpu_moe = false;
 };
 
 struct Stage {
@@ -84,6 +89,10 @@ struct Plan {
   // What may go wrong although it fits (a budget above the memory free now, a context beyond the
   // trained one): loading prints these on stderr even without --verbose.
   std::vector<std::string> warnings;
+  // --cpu-moe: the experts' bytes in host memory and the CPU entry charged for them (its budget in
+  // `devices` is already lowered by them); 0 bytes: none.
+  uint64_t host_expert_bytes = 0;
+  size_t host_expert_device = 0;
 
   uint64_t total_bytes() const;
   uint64_t kv_bytes() const;

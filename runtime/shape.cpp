@@ -21,6 +21,12 @@ uint64_t ModelShape::layer_weight_bytes() const {
   return s;
 }
 
+uint64_t ModelShape::expert_bytes() const {
+  uint64_t s = 0;
+  for (const auto& l : layers) s += l.expert_bytes;
+  return s;
+}
+
 uint64_t ModelShape::total_weight_bytes() const {
   return layer_weight_bytes() + embedding_bytes + (tied_output ? 0 : output_bytes) +
          output_norm_bytes + shared_bytes;
@@ -87,9 +93,11 @@ std::vector<int64_t> ints(const gguf::File& f, const std::string& key) {
   return out;
 }
 
+bool is_experts(std::string_view name) { return name.find("_exps.") != std::string_view::npos; }
+
 // A layer tensor's elements one token multiplies: of the stacked experts, the k it is routed to.
 uint64_t active_elems(const ModelShape& s, std::string_view name, uint64_t elems) {
-  if (s.n_expert == 0 || name.find("_exps.") == std::string_view::npos) return elems;
+  if (s.n_expert == 0 || !is_experts(name)) return elems;
   return elems / s.n_expert * s.n_expert_used;
 }
 
@@ -158,6 +166,7 @@ ModelShape shape_from_gguf(const gguf::File& f) {
         fail(ErrorKind::Model, "{}: tensor '{}' belongs to layer {} but the model has {} layers", f.path(), t.name, il, s.n_layer);
       s.layers[size_t(il)].weight_bytes += nbytes;
       s.layers[size_t(il)].weight_elems += active_elems(s, t.name, uint64_t(t.nelements()));
+      if (is_experts(t.name)) s.layers[size_t(il)].expert_bytes += nbytes;
     } else if (t.name == "token_embd.weight") {
       s.embedding_bytes += nbytes;
       s.n_vocab = uint32_t(t.ne[1]);
@@ -348,6 +357,7 @@ ModelShape shape_from_preset(const ShapePreset& p, GgmlType type) {
       LayerShape& l = s.layers[std::stoul(t.name.substr(4))];
       l.weight_bytes += n;
       l.weight_elems += active_elems(s, t.name, elems);
+      if (is_experts(t.name)) l.expert_bytes += n;
     } else if (t.name == "token_embd.weight") {
       s.embedding_bytes += n;
       embd_elems = elems;

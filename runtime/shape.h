@@ -19,6 +19,7 @@ struct LayerShape {
   uint64_t weight_bytes = 0;    // sum of nbytes of every blk.N.* tensor
   uint64_t weight_elems = 0;    // their elements: the multiply-adds one token costs in the layer
                                 // (of the experts, the share one token uses: k / n_expert)
+  uint64_t expert_bytes = 0;    // of weight_bytes, the stacked experts' (blk.N.*_exps.*)
 
   bool operator==(const LayerShape&) const = default;
 };
@@ -50,6 +51,7 @@ struct ModelShape {
 
   uint32_t max_head_kv() const;
   uint64_t layer_weight_bytes() const;  // sum over layers
+  uint64_t expert_bytes() const;        // of that, the stacked experts'
   bool layer_elems_known() const;       // every layer has weight_elems (shapes built by hand may not)
   // Every byte of weights counted once (what the file holds; a tied head is not counted twice).
   uint64_t total_weight_bytes() const;

@@ -28,6 +28,7 @@ struct StageOptions {
   GgmlType kv_type = GgmlType::F16;
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
   bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
+  bool cpu_moe = false;     // GPU stages: a mixture's experts stay in host memory, run by n_threads
 };
 
 // Where a piece's hidden state is when it does not travel in host memory: a slot of the device link

@@ -46,8 +46,9 @@ std::vector<std::string> split_devices(const std::string& list) {
 }
 
 std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, const std::string& p2p = "auto",
-                               bool graphs = true) {
+                               bool graphs = true, bool cpu_moe = false) {
   LoadOptions o;
+  o.cpu_moe = cpu_moe;
   o.cuda_graphs = graphs;
   o.n_ctx = 128;
   o.n_seq = 2;
@@ -56,7 +57,7 @@ std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devic
   o.devices = devices;
   o.p2p = p2p;
   const auto n_stages = std::count(devices.begin(), devices.end(), ',') + 1;
-  if (n_stages > 1) o.tensor_split.assign(size_t(n_stages), 1.0);
+  if (n_stages > 1 && !cpu_moe) o.tensor_split.assign(size_t(n_stages), 1.0);
   return Pipeline::load(path, o);
 }
 
@@ -125,6 +126,17 @@ TEST_CASE("a mixture's one-token decode steps on the GPU (experts four to a laun
   auto cpu = load(path, "cpu");
   auto gpu = load(path, "cuda:0");
   test::check_routed_close(steps(*cpu), steps(*gpu), cpu->n_vocab(), path + " one-token steps");
+}
+
+TEST_CASE("--cpu-moe: the experts in host memory under a GPU stage give the CPU's logits") {
+  const std::string path = test::tiny_qwen3moe_model();
+  auto cpu = load(path, "cpu");
+  auto gpu = load(path, "cuda:0,cpu", "auto", true, true);
+  REQUIRE(gpu->stages().size() == 1);
+  CHECK(gpu->stages()[0].device == "cuda:0");
+  CHECK(gpu->stages()[0].planned_bytes >= gpu->stages()[0].measured_bytes);
+  test::check_routed_close(run(*cpu), run(*gpu), cpu->n_vocab(), path + " --cpu-moe");
+  CHECK_THROWS_WITH(load(path, "cuda:0", "auto", true, true), Catch::Contains("--devices must list cpu"));
 }
 
 TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the one-stage logits") {

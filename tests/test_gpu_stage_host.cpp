@@ -486,6 +486,29 @@ TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give th
   }
 }
 
+TEST_CASE("--cpu-moe: a GPU stage with its experts in host memory gives the CPU stage's logits, without their bytes") {
+  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model()}) {
+    const Model m(path);
+    const Stage st = block(m.cfg, 0, m.cfg.n_layer, "gpu");
+    StageOptions o = options(GgmlType::F16);
+    Chain cpu = chain(m, GgmlType::F16, 0, "cpu"), on_gpu, host_experts;
+    on_gpu.push_back(std::make_unique<GpuStage>(*m.file, m.cfg, st, o, 0));
+    o.cpu_moe = true;
+    host_experts.push_back(std::make_unique<GpuStage>(*m.file, m.cfg, st, o, 0));
+    const Run ref = run(cpu, m.cfg);
+    test::check_routed_close(ref.logits, run(host_experts, m.cfg, &ref.fed).logits, m.cfg.n_vocab,
+                             name_of(path) + " --cpu-moe GPU stage vs CPU");
+    // The device holds everything but the experts: their padded rows are what it saves.
+    uint64_t experts = 0;
+    for (const auto& t : m.file->tensors())
+      if (t.name.find("_exps.") != std::string::npos) experts += weight_used_bytes(t.type, t.ne[0], t.nrows(), t.nbytes);
+    const uint64_t full = on_gpu[0]->measured_bytes(), lean = host_experts[0]->measured_bytes();
+    INFO(name_of(path) << ": device bytes " << full << " vs " << lean << ", experts " << experts);
+    CHECK(full - lean >= experts * 95 / 100);
+    CHECK(full - lean <= experts + (uint64_t(1) << 20));
+  }
+}
+
 TEST_CASE("experts stored as one ffn_gate_up_exps tensor: the same logits on the CPU, the GPU's as before") {
   const std::string path = test::tiny_qwen3moe_model(), merged = test::merged_gate_up_copy(path);
   const Model m(path), mm(merged);

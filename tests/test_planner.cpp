@@ -349,6 +349,40 @@ TEST_CASE("--n-gpu-layers caps the GPU part, the rest goes to the CPU") {
   CHECK_THROWS_AS(plan(s, d, o), Error);
 }
 
+TEST_CASE("--cpu-moe: every layer's experts charged once to the CPU entry, no stage's weights count them") {
+  ModelShape s = toy(8, 100 * MiB, 4 * MiB, true);
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_ff_exp = 128;
+  for (auto& l : s.layers) l.expert_bytes = 80 * MiB;  // of the 100 MiB a layer holds
+  PlanOptions o;
+  o.n_ctx = 256;
+  // A GPU too small for the layers with their experts holds all of them without.
+  const std::vector<DeviceSpec> d = {gpu(500 * MiB), cpu(2 * GiB)};
+  const Plan plain = plan(s, d, o);
+  REQUIRE(plain.stages.size() == 2);  // the layers spill
+  o.cpu_moe = true;
+  const Plan p = plan(s, d, o);
+  REQUIRE(p.fits);
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.devices[p.stages[0].device].is_gpu());
+  CHECK(p.stages[0].layer_weight_bytes == 8 * 20 * MiB);
+  CHECK(p.host_expert_bytes == 8 * 80 * MiB);
+  CHECK(p.host_expert_device == 1);
+  CHECK(p.devices[1].budget == 2 * GiB - 8 * 80 * MiB);  // what is left for stages there
+  CHECK(p.stages[0].total_bytes() == stage_cost(s, p.options, d[0], 0, 0, 8, true, true) - 8 * 80 * MiB);
+  // Experts that do not fit the host are a shortfall there, not an error.
+  const Plan tight = plan(s, {gpu(500 * MiB), cpu(512 * MiB)}, o);
+  CHECK_FALSE(tight.fits);
+  REQUIRE(tight.shortfalls.size() == 1);
+  CHECK(tight.shortfalls[0].device == 1);
+  CHECK(tight.shortfalls[0].bytes == 8 * 80 * MiB - 512 * MiB);
+  // No CPU entry to keep them: refused. A dense model ignores the flag.
+  CHECK_THROWS_WITH(plan(s, {gpu(20 * GiB)}, o), Catch::Matchers::Contains("--devices must list cpu"));
+  s.n_expert = 0;
+  CHECK(plan(s, d, o).host_expert_bytes == 0);
+}
+
 TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like one") {
   const ModelShape s = shape_from_preset(find_preset("gemma3-270m"), GgmlType::Q8_0);
   REQUIRE(s.tied_output);
