@@ -17,7 +17,7 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
   pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
   weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get());
-  weight_bytes_ = bound_bytes(f);
+  weight_bytes_ = bound_bytes(f, !opt.cpu_moe);
   KvCacheShape ks;
   ks.layer_begin = begin_;
   ks.layer_end = end_;
@@ -73,7 +73,8 @@ uint64_t CpuStage::measured_bytes() const {
 
 // Bytes of what the stage bound: each distinct mapped tensor its views point into (unless it reads
 // a packed copy instead), plus the norm weights and packed matrices it holds as its own copies.
-uint64_t CpuStage::bound_bytes(const gguf::File& f) const {
+// with_experts false: without a mixture's experts (--cpu-moe charges them apart from the stages).
+uint64_t CpuStage::bound_bytes(const gguf::File& f, bool with_experts) const {
   std::unordered_map<const void*, uint64_t> size_of;
   for (const auto& t : f.tensors()) size_of[t.data] = t.nbytes;
   std::unordered_map<const void*, uint64_t> seen;
@@ -88,16 +89,25 @@ uint64_t CpuStage::bound_bytes(const gguf::File& f) const {
   };
   if (plan_.has_embedding) add_matrix(w.tok_embd);
   if (plan_.has_output) { add_matrix(w.output); add(w.output_norm); }
+  uint64_t packed_experts = 0;
   for (int l = begin_; l < end_; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
-    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) add_matrix(*m);
+    for (const cpu::QMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down, &L.router, &L.gate_sh, &L.up_sh,
+                                  &L.down_sh, &L.gate_inp_sh})
+      add_matrix(*m);
     for (const float* n : {L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm,
                            L.bq, L.bk, L.bv}) add(n);
+    // An expert's view points into its stacked tensor: the first one's is the tensor's start.
+    for (const std::vector<cpu::QMatrix>* experts : {&L.gate_exp, &L.up_exp, &L.down_exp})
+      for (const cpu::QMatrix& m : *experts) {
+        if (with_experts) add_matrix(m);
+        if (m.packed) packed_experts += cpu::packed_bytes(m.type, m.rows, m.cols);
+      }
   }
   uint64_t total = 0;
   for (const auto& [ptr, n] : seen) total += n;
   for (const auto& v : w.owned) total += v.capacity() * sizeof(float);
-  return total + w.packed_bytes;
+  return total + w.packed_bytes - (with_experts ? 0 : packed_experts);
 }
 
 }  // namespace baton

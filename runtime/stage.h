@@ -28,7 +28,8 @@ struct StageOptions {
   GgmlType kv_type = GgmlType::F16;
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
   bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
-  bool cpu_moe = false;     // GPU stages: a mixture's experts stay in host memory, run by n_threads
+  bool cpu_moe = false;     // a mixture's experts stay in host memory (GPU stages run them on n_threads);
+                            // the plan charges them apart from every stage, so no stage counts them
 };
 
 // Where a piece's hidden state is when it does not travel in host memory: a slot of the device link
@@ -92,7 +93,7 @@ class CpuStage : public ModelStage {
   uint64_t measured_bytes() const override;
 
  private:
-  uint64_t bound_bytes(const gguf::File& f) const;
+  uint64_t bound_bytes(const gguf::File& f, bool with_experts) const;
 
   const ModelConfig& cfg_;
   Stage plan_;

@@ -118,6 +118,27 @@ TEST_CASE("1, 2 and 3 CPU stages give the same logits on a generated model", "[p
   stages_agree(test::tiny_gemma3_model(), ids);
 }
 
+TEST_CASE("a mixture of experts in 1, 2 and 3 CPU stages: the same logits, memory as planned, --cpu-moe too",
+          "[pipeline]") {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back((3 + 37 * i) % 1000);
+  stages_agree(test::tiny_qwen3moe_model(), ids);
+  for (const char* devices : {"cpu", "cpu,cpu"})  // (the shared expert and its gate matrix counted)
+    check_memory(*load(test::tiny_qwen2moe_model(), devices), std::string(devices) == "cpu" ? 1 : 2);
+  // --cpu-moe on the CPU alone: the experts are charged apart from the stages, which do not count them.
+  const std::string path = test::tiny_qwen3moe_model();
+  LoadOptions o = options("cpu,cpu", 1);
+  auto plain = Pipeline::load(path, o);
+  o.cpu_moe = true;
+  auto apart = Pipeline::load(path, o);
+  check_memory(*apart, 2);
+  uint64_t planned = 0, plain_planned = 0;
+  for (const auto& st : apart->stages()) planned += st.planned_bytes;
+  for (const auto& st : plain->stages()) plain_planned += st.planned_bytes;
+  CHECK(planned < plain_planned);
+  same_bits(run_prompt(*plain, ids), run_prompt(*apart, ids));
+}
+
 TEST_CASE("pipelined micro-batches of six sequences equal one stage", "[pipeline]") {
   for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
     INFO(path);
