@@ -507,6 +507,9 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
                                    "qwen3moe-merged"}) {
       Spec s = spec_of(arch, t);
+      // The routing does not depend on the weights' type: the mixtures take two (and keep the
+      // sanitizer build's run short).
+      if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
       auto p = load(m, 64);
