@@ -272,7 +272,6 @@ void gate_rows(const ModelConfig& c, float* g, const float* u, int count) {
 void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, int n, Scratch& s, cpu::ThreadPool& pool) {
   const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
   float *hb = s.hb, *hb2 = s.hb2;
-  auto gate_rows = [&](float* g, const float* u, int count) { baton::gate_rows(c, g, u, count); };
   float* acc = s.acc;
   std::fill(acc, acc + size_t(n) * E, 0.f);
   if (n == 1) {
@@ -283,7 +282,7 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
     auto run = [&] {
       if (m == 0) return;
       cpu::matmul_multi(gu, 2 * m, x, 1, pool);
-      gate_rows(hb, hb2, m * F);
+      gate_rows(c, hb, hb2, m * F);
       cpu::matmul_multi(dn, m, nullptr, 1, pool);
       const int32_t token0[kGroup] = {};  // every expert's row goes to the one token
       cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
@@ -310,7 +309,7 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
       cpu::gather_rows(x, rows, m, E, s.xe);
       const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
       cpu::matmul_multi(gu, 2, s.xe, m, pool);
-      gate_rows(hb, hb2, m * F);
+      gate_rows(c, hb, hb2, m * F);
       cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
       cpu::scatter_add_rows(acc, s.ye, rows, s.expert_w.data() + off, false, m, E);
     }
@@ -511,14 +510,13 @@ struct CpuLayers {
       const int S = c.n_ff_shexp;
       const cpu::MatmulTarget gu[] = {{&L.gate_sh, hb}, {&L.up_sh, hb2}};
       cpu::matmul_multi(gu, 2, xb, n, pool);
-      gate_rows(hb, hb2, n * S);
+      gate_rows(c, hb, hb2, n * S);
       cpu::matmul(L.down_sh, hb, n, s.ye, pool);
       cpu::matmul(L.gate_inp_sh, xb, n, s.router, pool);  // (the router's logits are spent)
       cpu::scatter_add_rows(acc, s.ye, nullptr, s.router, true, n, E);
     }
     std::memcpy(xb, acc, size_t(n) * E * sizeof(float));
   }
-  void gate_rows(float* g, const float* u, int count) const { baton::gate_rows(c, g, u, count); }
 
   int gather_logit_rows() {
     flush();

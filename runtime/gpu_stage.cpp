@@ -350,10 +350,6 @@ struct CudaLayers {
     cuda::copy_to_device(g.ctx, g.moe_rows, g.h_rows.data(), pairs * sizeof(int32_t));  // (pageable: copied now)
     cuda::copy_to_device(g.ctx, g.moe_w, g.h_w.data(), pairs * sizeof(float));
     cuda::zero(g.ctx, g.acc, size_t(n) * size_t(E) * sizeof(float));
-    auto act = [&](int count) {
-      if (c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, count);
-      else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, count);
-    };
     // Decode (one token): every chosen expert's input is xb, so up to four experts' gate and up
     // matrices share one launch (8 outputs), and their gates one more; then each down and add.
     constexpr int kGroup = 4;
@@ -365,7 +361,7 @@ struct CudaLayers {
         outs[2 * i + 1] = {&L.up_exp[size_t(group[i])], hb2 + size_t(i) * F};
       }
       cuda::matmul_n(g.ctx, outs, 2 * in_group, xb, 1);
-      act(in_group * F);
+      gate_hb(int64_t(in_group) * F);
       for (int i = 0; i < in_group; ++i) {
         const int off = first[size_t(group[i])];
         cuda::matmul(g.ctx, L.down_exp[size_t(group[i])], hb + size_t(i) * F, 1, g.ye);
@@ -389,12 +385,17 @@ struct CudaLayers {
         in = g.xe;
       }
       cuda::matmul_n(g.ctx, {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}}, in, m);
-      act(m * F);
+      gate_hb(int64_t(m) * F);
       cuda::matmul(g.ctx, L.down_exp[size_t(e)], hb, m, g.ye);
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
     }
     if (in_group > 0) run_group();
     shared_expert(L, n);
+  }
+  // hb = act(hb) * hb2 over count values, launched now (a mixture's experts, not a pending gate).
+  void gate_hb(int64_t count) {
+    if (g.c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, count);
+    else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, count);
   }
   // The shared expert (qwen2moe), scaled per token by sigmoid(gate_inp_sh · x), added to the sum
   // of the routed experts in g.acc; then that sum into xb.
@@ -403,8 +404,7 @@ struct CudaLayers {
     const int E = c.n_embd;
     if (c.n_ff_shexp > 0) {
       cuda::matmul_n(g.ctx, {{&L.gate_sh, hb}, {&L.up_sh, hb2}}, xb, n);
-      if (c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, int64_t(n) * c.n_ff_shexp);
-      else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, int64_t(n) * c.n_ff_shexp);
+      gate_hb(int64_t(n) * c.n_ff_shexp);
       cuda::matmul(g.ctx, L.down_sh, hb, n, g.ye);
       cuda::matmul(g.ctx, L.gate_inp_sh, xb, n, g.moe_logits);  // (the router's logits are spent)
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, nullptr, g.moe_logits, true, n, E);
