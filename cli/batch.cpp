@@ -304,6 +304,7 @@ int run(const BatchOpts& o) {
   Loaded m = load_model(o.model, o.parallel);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
   Engine engine(*m.pipe, *m.vocab);
+  const bool harmony = m.vocab->harmony();  // replies carry reasoning apart from the text
   install_interrupt_handler();
 
   const bool tty = stderr_is_tty();
@@ -361,9 +362,11 @@ int run(const BatchOpts& o) {
     const Job& j = *todo[r.tag];
     if (!r.error.empty()) return record_error(j, r.error);
     if (r.finish == FinishReason::Cancelled) return;  // in flight at Ctrl-C: left for --resume
-    out.write(json{{"id", j.id}, {"text", r.text}, {"prompt_tokens", r.prompt_tokens},
-                   {"completion_tokens", r.completion_tokens()}, {"finish_reason", to_string(r.finish)},
-                   {"ms", int64_t(r.total_ms + 0.5)}, {"seed", r.seed}});
+    json rec{{"id", j.id}, {"text", r.text}, {"prompt_tokens", r.prompt_tokens},
+             {"completion_tokens", r.completion_tokens()}, {"finish_reason", to_string(r.finish)},
+             {"ms", int64_t(r.total_ms + 0.5)}, {"seed", r.seed}};
+    if (harmony && !o.sampling.hide_thinking) rec["reasoning"] = r.reasoning;  // gpt-oss: the analysis
+    out.write(rec);
     n_done++;
     n_ok++;
     gen_tokens += r.completion_tokens();

@@ -279,11 +279,10 @@ class Chat {
     r.max_tokens = max_tokens_;
     r.stop = o_.sampling.stop;
     r.grammar = grammar_;
-    r.on_text = [](std::string_view s) {
-      std::fwrite(s.data(), 1, s.size(), stdout);
-      std::fflush(stdout);
-    };
+    ReplyPrinter printer(!o_.sampling.hide_thinking, isatty(STDOUT_FILENO) == 1);
+    printer.attach(r);
     Result res = engine_.generate(std::move(r), &interrupted());
+    printer.end();
     if (!res.error.empty()) {
       turns_.pop_back();
       std::fprintf(stderr, "error: %s\n", res.error.c_str());
@@ -297,7 +296,7 @@ class Chat {
       clear_interrupt();
       return;
     }
-    turns_.push_back({"assistant", res.text});
+    turns_.push_back({"assistant", res.text});  // the answer only: gpt-oss's template drops past reasoning
     std::printf("\n");
     std::fflush(stdout);
     if (res.finish == FinishReason::Cancelled) {

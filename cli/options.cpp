@@ -89,6 +89,9 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
+    app.add_flag("--hide-thinking", f.hide_thinking,
+                 "thinking models (gpt-oss): do not show the reasoning before the answer (batch, run --json: no "
+                 "\"reasoning\" field)");
   }
 }
 
@@ -258,6 +261,42 @@ void install_interrupt_handler() {
   sa.sa_flags = 0;  // no SA_RESTART: a read waiting for input returns EINTR
   sigaction(SIGINT, &sa, nullptr);
 }
+
+// ---- replies ----
+
+void ReplyPrinter::attach(Request& r) {
+  r.on_text = [this](std::string_view s) { answer(s); };
+  r.on_reasoning = [this](std::string_view s) { reasoning(s); };
+}
+
+void ReplyPrinter::reasoning(std::string_view s) {
+  if (!show_ || s.empty()) return;
+  std::FILE* f = tty_ ? stdout : stderr;
+  if (!thinking_) std::fputs(tty_ ? "\033[2mThinking...\n" : "Thinking...\n", f);  // dim until the block closes
+  thinking_ = true;
+  std::fwrite(s.data(), 1, s.size(), f);
+  std::fflush(f);
+}
+
+void ReplyPrinter::close_reasoning(bool done) {
+  if (!thinking_) return;
+  thinking_ = false;
+  std::FILE* f = tty_ ? stdout : stderr;
+  // Done: a blank line before the answer. Cut short: the line ends (on stdout the caller ends it).
+  if (done) std::fputs("\n...done thinking.\n\n", f);
+  else if (!tty_) std::fputs("\n", f);
+  if (tty_) std::fputs("\033[0m", f);
+  std::fflush(f);
+}
+
+void ReplyPrinter::answer(std::string_view s) {
+  if (s.empty()) return;
+  close_reasoning(/*done=*/true);
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
 
 std::string count_of(int n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
 

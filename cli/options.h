@@ -69,11 +69,12 @@ struct SamplingFlags {
   std::vector<std::string> stop;
   std::string chat_template;         // --chat-template NAME ("" = from the model)
   std::string system;
+  bool hide_thinking = false;        // --hide-thinking: a thinking model's reasoning is not shown
   // Constrained replies, at most one: a GBNF grammar (text or file), a JSON Schema (text or
   // file), or --format json (any JSON object).
   std::string grammar, grammar_file, json_schema, json_schema_file, format;
 };
-// with_prompt_flags: --system and --chat-template too (run, chat, batch).
+// with_prompt_flags: --system, --chat-template and --hide-thinking too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
 // The grammar the constraint flags ask for, compiled once; nullptr when none is given. Error(Usage)
 // names the flag and what is wrong with its grammar or schema. verbose: a schema's (or --format
@@ -132,6 +133,26 @@ bool stderr_is_tty();
 bool stdin_is_tty();
 // Whole file (or stdin for "-") as text; Error(Usage) when it cannot be read.
 std::string read_text(const std::string& path);
+
+// A reply as it streams. A thinking model's reasoning (gpt-oss: the harmony analysis channel, the
+// engine's on_reasoning) comes first, between "Thinking..." and "...done thinking.": dim on stdout
+// when stdout is a terminal, on stderr otherwise (stdout stays the answer alone, for scripts), and
+// not at all when hidden. The answer goes to stdout. Models without reasoning print as before.
+class ReplyPrinter {
+ public:
+  ReplyPrinter(bool show_reasoning, bool stdout_tty) : show_(show_reasoning), tty_(stdout_tty) {}
+  // Points the request's on_text and on_reasoning at this printer (which must outlive the request).
+  void attach(Request& r);
+  void reasoning(std::string_view s);
+  void answer(std::string_view s);
+  // The reply ended: a reasoning block still open (the reply cut by -n or Ctrl-C) is closed.
+  void end();
+
+ private:
+  void close_reasoning(bool done);
+  bool show_, tty_;
+  bool thinking_ = false;  // inside a reasoning block
+};
 
 // "1 token" / "3 tokens".
 std::string count_of(int n, const char* noun);

@@ -1,5 +1,7 @@
 // `baton run`: one prompt, one answer streamed to stdout; load time, speeds and the seed to stderr.
 // Never interactive. Exit codes: 0 ok, 1 usage, 2 model/file, 3 out of memory, 130 interrupted.
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -48,15 +50,13 @@ int run(const RunOpts& o) {
   req.max_tokens = o.sampling.max_tokens;
   req.stop = o.sampling.stop;
   req.grammar = grammar;
-  if (!o.json)
-    req.on_text = [](std::string_view s) {
-      std::fwrite(s.data(), 1, s.size(), stdout);
-      std::fflush(stdout);
-    };
+  ReplyPrinter printer(!o.sampling.hide_thinking, isatty(STDOUT_FILENO) == 1);
+  if (!o.json) printer.attach(req);
 
   install_interrupt_handler();
   Engine engine(*m.pipe, *m.vocab);
   Result r = engine.generate(std::move(req), &interrupted());
+  printer.end();
   if (!r.error.empty()) fail(ErrorKind::Usage, "{}", r.error);
 
   if (o.json) {
@@ -70,6 +70,7 @@ int run(const RunOpts& o) {
          {{"load_ms", m.load_ms}, {"prompt_ms", r.prompt_ms}, {"prompt_tokens_per_s", r.prompt_tps()},
           {"ttft_ms", r.ttft_ms}, {"gen_ms", r.gen_ms}, {"gen_tokens_per_s", r.gen_tps()}, {"total_ms", r.total_ms}}},
     };
+    if (m.vocab->harmony() && !o.sampling.hide_thinking) j["reasoning"] = r.reasoning;  // gpt-oss: the analysis
     // A reply cut by -n inside a character ends in part of its UTF-8 bytes: those become U+FFFD
     // rather than an exception that would lose the reply.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -95,7 +96,9 @@ Register reg{{"run", "Answer one prompt (streams to stdout; never interactive)",
   o->prompt_opt = app.add_option("-p,--prompt", o->prompt, "the prompt ('-' reads it from stdin)");
   o->file_opt = app.add_option("-f,--file", o->file, "read the prompt from a file");
   app.add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
-  app.add_flag("--json", o->json, "print one JSON object (text, tokens, finish_reason, timings) instead of streaming");
+  app.add_flag("--json", o->json,
+               "print one JSON object (text, tokens, finish_reason, timings; reasoning for thinking models) instead of "
+               "streaming");
   return [o] { return run(*o); };
 }}};
 

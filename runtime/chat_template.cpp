@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <ctime>
 
 #include "gguf/error.h"
 #include "gguf/gguf.h"
@@ -19,9 +20,20 @@ const Named kNames[] = {
     {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
     {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4-mini", ChatFamily::Phi4Mini},
+    {"gpt-oss", ChatFamily::GptOss},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
+// The local date as strftime("%Y-%m-%d") writes it.
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &local);
+  return buf;
+}
 
 // Jinja's `trim` / Python's str.strip(): whitespace off both ends.
 std::string trim(const std::string& s) {
@@ -60,6 +72,7 @@ std::string chatml_default_system(std::string_view src) {
 }
 
 std::optional<ChatFamily> family_from_markers(std::string_view s) {
+  if (contains(s, "<|channel|>")) return ChatFamily::GptOss;
   if (contains(s, "<|im_sep|>")) return ChatFamily::Phi4;
   if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
   if (contains(s, "<start_of_turn>")) return ChatFamily::Gemma;
@@ -96,13 +109,15 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   if (k == "gemma3" || k == "gemma2") k = "gemma";
   if (k == "llama") k = "llama2";
   if (k == "phi") k = "phi3";
+  if (k == "harmony") k = "gptoss";
   for (const Named& n : kNames)
     if (k == key(n.name)) return n.family;
   return std::nullopt;
 }
 
 ChatTemplate::ChatTemplate(ChatFamily family, std::string bos_text, std::string eos_text, std::string default_system)
-    : family_(family), bos_(std::move(bos_text)), eos_(std::move(eos_text)), default_system_(std::move(default_system)) {}
+    : family_(family), bos_(std::move(bos_text)), eos_(std::move(eos_text)), default_system_(std::move(default_system)),
+      date_(today()) {}
 
 ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, std::string eos_text,
                                   std::string* warning) {
@@ -132,7 +147,7 @@ ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, 
   }
   if (!src.empty()) return detect(src, bos, eos, warning);
   // No template in the file (the Gemma 3 270M GGUF has none): the vocabulary's markers tell.
-  for (const char* marker : {"<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "[INST]"}) {
+  for (const char* marker : {"<|channel|>", "<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "[INST]"}) {
     auto id = tok.find_token(marker);
     if (!id) continue;
     std::string probe = marker;
@@ -148,6 +163,7 @@ bool ChatTemplate::starts_with_bos() const {
     case ChatFamily::Phi3:
       return !bos_.empty();
     case ChatFamily::ChatML: case ChatFamily::Zephyr: case ChatFamily::Phi4: case ChatFamily::Phi4Mini:
+    case ChatFamily::GptOss:
       return false;
   }
   return false;
@@ -260,6 +276,34 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
           out += "<|" + m.role + "|>\n" + m.content + eos_ + "\n";
       if (gen && !msgs.empty()) out += "<|assistant|>\n";
       break;
+
+    case ChatFamily::GptOss: {
+      // Harmony: the template's own system message (identity, knowledge cutoff, date, reasoning
+      // effort, channels) always comes first; a system (or developer) message of the conversation
+      // becomes the developer message's instructions. No tools, no reasoning_effort other than
+      // the template's default.
+      out += "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+             "Knowledge cutoff: 2024-06\nCurrent date: " + date_ + "\n\nReasoning: medium\n\n"
+             "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>";
+      const bool instructions = !msgs.empty() && (msgs[0].role == "system" || msgs[0].role == "developer");
+      if (instructions && !msgs[0].content.empty())
+        out += "<|start|>developer<|message|># Instructions\n\n" + msgs[0].content + "\n\n<|end|>";
+      for (size_t i = instructions ? 1 : 0; i < msgs.size(); ++i) {
+        const ChatMessage& m = msgs[i];
+        if (m.role == "user") {
+          out += "<|start|>user<|message|>" + m.content + "<|end|>";
+        } else if (m.role == "assistant") {
+          // Past replies keep only their final channel: the template drops their analysis. A
+          // conversation that ends with a reply (no generation prompt) closes it with <|return|>,
+          // as the model wrote it; a history to be continued keeps <|end|>, as the next render has it.
+          const bool last = i + 1 == msgs.size() && !gen && closing;
+          out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
+        }
+        // Other roles in the middle (a later system message) the template does not write either.
+      }
+      if (gen) out += "<|start|>assistant";
+      break;
+    }
   }
   return out;
 }

@@ -13,8 +13,8 @@ namespace gguf { class File; }
 class Tokenizer;
 
 // Phi4: ChatML's turns with <|im_sep|> after the role (Phi-4 14B). Phi4Mini: Phi-3's turns without
-// the newlines (Phi-4-mini).
-enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini };
+// the newlines (Phi-4-mini). GptOss: OpenAI's harmony format (gpt-oss; replies: runtime/harmony.h).
+enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -45,6 +45,11 @@ class ChatTemplate {
   const char* name() const { return chat_family_name(family_); }
   // ChatML templates such as SmolLM2's insert their own system prompt when the conversation has none.
   const std::string& default_system() const { return default_system_; }
+  // gpt-oss's system message states today's date (the template's strftime_now("%Y-%m-%d")): the
+  // local date when the template was made, kept for its lifetime so that a conversation's prompt
+  // does not change under its KV cache at midnight. Tests fix it.
+  const std::string& date() const { return date_; }
+  void set_date(std::string yyyy_mm_dd) { date_ = std::move(yyyy_mm_dd); }
 
   // The whole conversation; with add_generation_prompt the assistant's turn is opened at the end.
   // The text may contain BOS/special-token text: tokenize it with parse_special and without adding
@@ -66,6 +71,7 @@ class ChatTemplate {
 
   ChatFamily family_;
   std::string bos_, eos_, default_system_;
+  std::string date_;
 };
 
 }  // namespace baton

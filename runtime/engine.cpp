@@ -5,6 +5,7 @@
 #include "gguf/error.h"
 #include "runtime/batch.h"
 #include "runtime/grammar.h"
+#include "runtime/harmony.h"
 #include "runtime/pipeline.h"
 #include "runtime/stop.h"
 
@@ -32,6 +33,7 @@ struct Engine::Active {
   Sampler sampler;
   StopMatcher stop;
   std::unique_ptr<TokenStream> text;
+  std::optional<HarmonyParser> channels;  // harmony replies: reasoning apart from the answer
   std::optional<GrammarState> grammar;
   int slot = -1;
   std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
@@ -88,6 +90,22 @@ struct Engine::Active {
     if (s.empty()) return;
     res.text += s;
     if (req.on_text) req.on_text(s);
+  }
+  // Reply text as it is decoded: a harmony reply's reasoning goes aside, the answer through the
+  // stop strings to emit().
+  void add_text(const std::string& s) {
+    if (channels) route(channels->push(s));
+    else emit(stop.push(s));
+  }
+  void route(const std::vector<ReplyChunk>& chunks) {
+    for (const ReplyChunk& c : chunks) {
+      if (c.part == ReplyPart::Answer) {
+        emit(stop.push(c.text));
+        continue;
+      }
+      res.reasoning += c.text;
+      if (req.on_reasoning) req.on_reasoning(c.text);
+    }
   }
 };
 
@@ -207,7 +225,8 @@ void Engine::finish(Active& a, FinishReason why) {
   if (a.done) return;
   // Text held back for a possible stop string or a split character is real text after all.
   if (!a.stop.stopped()) {
-    a.emit(a.stop.push(a.text->flush()));
+    a.add_text(a.text->flush());
+    if (a.channels) a.route(a.channels->flush());
     a.emit(a.stop.flush());
   }
   auto now = Clock::now();
@@ -227,8 +246,8 @@ void Engine::accept(Active& a, int32_t t) {
   if (a.grammar) BATON_CHECK(a.grammar->accept(a.grammar_piece(vocab_, t)));  // sampled among allowed ones
   a.res.tokens.push_back(t);
   a.history.push_back(t);
-  a.emit(a.stop.push(a.text->push(t)));
-  if (a.stop.stopped()) return finish(a, FinishReason::Stop);
+  a.add_text(a.text->push(t));
+  if (a.stop.stopped() || (a.channels && a.channels->ended())) return finish(a, FinishReason::Stop);
   if (a.grammar && a.grammar->finished()) return finish(a, FinishReason::Stop);
   if (a.req.max_tokens >= 0 && a.res.completion_tokens() >= a.req.max_tokens) return finish(a, FinishReason::Length);
   a.pending = t;
@@ -335,6 +354,7 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       // for 262k tokens): setup, not this request's prompt time, and never between two tokens.
       if (r->grammar) trie(false);
       auto a = std::make_unique<Active>(std::move(*r), vocab_.stream());
+      if (vocab_.harmony()) a->channels.emplace();
       a->slot = free_slots.back();
       a->t_admit = Clock::now();
       if (!admit(*a)) {

@@ -46,6 +46,9 @@ class Vocab {
   // reply's first token loses a leading space (SentencePiece): what a grammar is checked against.
   virtual std::string_view piece(int32_t id) const = 0;
   virtual bool strips_first_space() const { return false; }
+  // Replies in OpenAI's harmony format (gpt-oss): the stream writes the format's markers out
+  // (<|channel|>, <|message|>, ...) and the engine splits the reasoning from the answer with them.
+  virtual bool harmony() const { return false; }
 };
 std::unique_ptr<Vocab> tokenizer_vocab(const Tokenizer& tok);
 
@@ -57,6 +60,7 @@ struct Request {
   std::shared_ptr<const Grammar> grammar;  // if set, the reply is a prefix of one of its sentences
                                            // and ends when the grammar allows nothing more
   std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
+  std::function<void(std::string_view)> on_reasoning;  // harmony replies: the reasoning, streamed
   uint64_t tag = 0;                   // caller's id, returned in the Result
 };
 
@@ -64,7 +68,8 @@ struct Result {
   uint64_t tag = 0;
   std::string error;                  // non-empty: the request was rejected (nothing generated), or
                                       // its grammar let no token of the vocabulary go on
-  std::string text;
+  std::string text;                   // the answer (harmony replies: the final channel)
+  std::string reasoning;              // harmony replies: the analysis (and any other non-final channel)
   std::vector<int32_t> tokens;        // generated ids (an end-of-generation token not included)
   FinishReason finish = FinishReason::Stop;
   int prompt_tokens = 0;              // prompt length

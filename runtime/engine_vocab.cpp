@@ -1,8 +1,11 @@
 // The engine's view of a real tokenizer: end-of-generation ids and a streaming detokenizer per
-// request (control tokens hidden, no half characters, SentencePiece's leading space dropped).
+// request (control tokens hidden — harmony's markers excepted, for the engine's channel parser —
+// no half characters, SentencePiece's leading space dropped).
+#include <algorithm>
 #include <mutex>
 
 #include "runtime/engine.h"
+#include "runtime/harmony.h"
 #include "runtime/tokenizer.h"
 
 namespace baton {
@@ -10,12 +13,23 @@ namespace {
 
 class DetokStream final : public TokenStream {
  public:
-  DetokStream(const Tokenizer& t) : d_(t, /*show_special=*/false, /*strip_leading_space=*/t.kind() == VocabKind::Spm) {}
-  std::string push(int32_t id) override { return d_.push(id); }
+  DetokStream(const Tokenizer& t)
+      : t_(t), d_(t, /*show_special=*/false, /*strip_leading_space=*/t.kind() == VocabKind::Spm) {
+    if (t.harmony())
+      for (std::string_view m : kHarmonyMarkers)
+        if (auto id = t.find_token(m)) markers_.push_back(*id);
+  }
+  std::string push(int32_t id) override {
+    // A harmony marker is written out for the engine's channel parser (after any bytes held back).
+    if (std::find(markers_.begin(), markers_.end(), id) != markers_.end()) return d_.flush() + t_.token_text(id);
+    return d_.push(id);
+  }
   std::string flush() override { return d_.flush(); }
 
  private:
+  const Tokenizer& t_;
   Detokenizer d_;
+  std::vector<int32_t> markers_;  // harmony vocabularies: the marker tokens' ids
 };
 
 class TokenizerVocab final : public Vocab {
@@ -31,6 +45,7 @@ class TokenizerVocab final : public Vocab {
     return pieces_.at(size_t(id));
   }
   bool strips_first_space() const override { return t_.kind() == VocabKind::Spm; }
+  bool harmony() const override { return t_.harmony(); }
 
  private:
   const Tokenizer& t_;

@@ -172,6 +172,15 @@ void Tokenizer::finish_setup() {
     auto it = id_of_.find(s);
     if (it != id_of_.end() && type_[size_t(it->second)] == TokenType::Control) eog_.push_back(it->second);
   }
+  // OpenAI's harmony vocabulary (o200k_harmony, gpt-oss): a reply ends at <|return|> (answered) or
+  // <|call|> (a tool call), while <|end|> only closes one message of the reply — the reasoning
+  // before the answer — so it must not end generation, whatever the metadata names.
+  const auto ret = find_token("<|return|>"), call = find_token("<|call|>");
+  if (ret && call) {
+    eog_.insert(eog_.end(), {*ret, *call});
+    if (auto end = find_token("<|end|>")) eog_.erase(std::remove(eog_.begin(), eog_.end(), *end), eog_.end());
+  }
+  harmony_ = ret && call && find_token("<|start|>") && find_token("<|channel|>") && find_token("<|message|>");
   std::sort(eog_.begin(), eog_.end());
   eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 }

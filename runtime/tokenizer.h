@@ -55,6 +55,10 @@ class Tokenizer {
   // End of generation: EOS, EOT/EOM, and end-of-turn control tokens (<|im_end|>, <end_of_turn>, ...).
   bool is_eog(int32_t id) const;
   const std::vector<int32_t>& eog_ids() const { return eog_; }
+  // OpenAI's harmony format (gpt-oss): the vocabulary has <|start|>, <|channel|>, <|message|>,
+  // <|return|> and <|call|>. Replies then carry their reasoning and answer in channels
+  // (runtime/harmony.h), and end at <|return|> or <|call|>, not at <|end|>.
+  bool harmony() const { return harmony_; }
   // Control tokens are hidden when detokenizing.
   bool is_control(int32_t id) const;
 
@@ -80,6 +84,7 @@ class Tokenizer {
   int32_t byte_id_[256];                                 // SPM <0xNN> tokens (-1 if absent)
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false, ignore_merges_ = false;
+  bool harmony_ = false;
 };
 
 // Streams ids to printable text: never returns half a UTF-8 character, hides control tokens.

@@ -1,5 +1,7 @@
 // Chat templates against the real Jinja templates: tests/data/chat_templates/expected.json holds
-// what Jinja2 renders for each family's published template (tools/gen_chat_fixtures.py).
+// what Jinja2 renders for each family's published template (tools/gen_chat_fixtures.py). A
+// template that writes today's date (gpt-oss) was rendered with the fixture's "date".
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -14,10 +16,18 @@ namespace {
 
 std::string dir() { return std::string(BATON_TEST_DATA) + "/chat_templates/"; }
 
+// Role and content; a reply's "thinking" (gpt-oss fixtures) is what the template drops.
 std::vector<ChatMessage> messages_of(const nlohmann::json& j) {
   std::vector<ChatMessage> out;
   for (const auto& m : j) out.push_back({m["role"], m["content"]});
   return out;
+}
+
+// The fixture's template, dated as the fixture was rendered.
+ChatTemplate fixture_template(const std::string& name, const nlohmann::json& fx, std::string* warning = nullptr) {
+  ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + name + ".jinja"), fx["bos_token"], fx["eos_token"], warning);
+  if (fx.contains("date")) t.set_date(fx["date"]);
+  return t;
 }
 
 ChatFamily family_of_fixture(const std::string& name) {
@@ -32,12 +42,11 @@ ChatFamily family_of_fixture(const std::string& name) {
 
 TEST_CASE("each family renders exactly what its Jinja template renders") {
   auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
-  REQUIRE(j.size() == 10);
+  REQUIRE(j.size() == 11);
   size_t compared = 0;
   for (const auto& [name, fx] : j.items()) {
-    const std::string src = test::read_all(dir() + name + ".jinja");
     std::string warning;
-    ChatTemplate t = ChatTemplate::detect(src, fx["bos_token"], fx["eos_token"], &warning);
+    ChatTemplate t = fixture_template(name, fx, &warning);
     INFO("template " << name);
     CHECK(warning.empty());
     CHECK(t.family() == family_of_fixture(name));
@@ -51,13 +60,13 @@ TEST_CASE("each family renders exactly what its Jinja template renders") {
       ++compared;
     }
   }
-  CHECK(compared >= 45);
+  CHECK(compared >= 51);
 }
 
 TEST_CASE("a new turn after a rendered history is exactly the tail of the full rendering") {
   auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
   for (const auto& [name, fx] : j.items()) {
-    ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + name + ".jinja"), fx["bos_token"], fx["eos_token"]);
+    ChatTemplate t = fixture_template(name, fx);
     auto all = messages_of(fx["cases"][0]["messages"]);  // system, user, assistant, user
     std::vector<ChatMessage> history(all.begin(), all.end() - 1);
     auto tail = t.render_continuation(history, {all.back()});
@@ -66,6 +75,8 @@ TEST_CASE("a new turn after a rendered history is exactly the tail of the full r
     // What a REPL feeds: the history as rendered (without any closing token), then the tail.
     std::string fed = t.render(history, false);
     if (t.family() == ChatFamily::Phi3 || t.family() == ChatFamily::Phi4Mini) fed.resize(fed.size() - std::string(fx["eos_token"]).size());
+    // gpt-oss closes a conversation's last reply with <|return|>, an earlier one with <|end|>.
+    if (t.family() == ChatFamily::GptOss) fed.replace(fed.rfind("<|return|>"), std::string::npos, "<|end|>");
     CHECK(fed + *tail == t.render(all, true));
     if (!fx["cases"][0]["expected"].is_null()) CHECK(fed + *tail == std::string(fx["cases"][0]["expected"]));
   }
@@ -94,9 +105,12 @@ TEST_CASE("detection, names and the fallback warning") {
   CHECK(chat_family_from_name("llama-3") == ChatFamily::Llama3);
   CHECK(chat_family_from_name("phi-3") == ChatFamily::Phi3);
   CHECK(chat_family_from_name("phi-4-mini") == ChatFamily::Phi4Mini);
+  CHECK(chat_family_from_name("harmony") == ChatFamily::GptOss);
+  CHECK(chat_family_from_name("gpt_oss") == ChatFamily::GptOss);
   CHECK_FALSE(chat_family_from_name("vicuna"));
   for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
-                       ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini})
+                       ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini,
+                       ChatFamily::GptOss})
     CHECK(chat_family_from_name(chat_family_name(f)) == f);
 
   std::string warning;
@@ -106,4 +120,21 @@ TEST_CASE("detection, names and the fallback warning") {
   warning.clear();
   ChatTemplate::detect("", "", "", &warning);
   CHECK_THAT(warning, Catch::Contains("no chat template"));
+}
+
+TEST_CASE("gpt-oss: today's date in the system message, instructions in a developer message, no BOS") {
+  ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + "gpt-oss.jinja"), "<|startoftext|>", "<|return|>");
+  REQUIRE(t.family() == ChatFamily::GptOss);
+  CHECK_FALSE(t.starts_with_bos());
+  // The clock's date, as strftime_now("%Y-%m-%d") writes it.
+  const std::string& d = t.date();
+  REQUIRE(d.size() == 10);
+  CHECK((d[4] == '-' && d[7] == '-' && std::isdigit(uint8_t(d[0])) && std::isdigit(uint8_t(d[9]))));
+  const std::string prompt = t.render({{"user", "Hi"}}, true);
+  CHECK_THAT(prompt, Catch::Contains("Current date: " + d + "\n"));
+  CHECK_THAT(prompt, Catch::EndsWith("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
+  // An empty system prompt writes no developer message, as the template's `if developer_message`.
+  CHECK(t.render({{"system", ""}, {"user", "Hi"}}, true) == prompt);
+  CHECK_THAT(t.render({{"developer", "Be brief."}, {"user", "Hi"}}, true),
+             Catch::Contains("<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"));
 }

@@ -6,7 +6,9 @@ and write the expected strings to tests/data/chat_templates/expected.json.
 Templates: smollm2.jinja is SmolLM2-135M-Instruct's `tokenizer.chat_template`; gemma3.jinja is
 Gemma 3's tokenizer_config.json template (the Gemma 3 270M GGUF carries none); the others are the
 published templates of OpenHermes (ChatML), Llama 2 chat, Llama 3 instruct, Mistral 7B instruct
-v0.1/v0.2, Phi-3, Zephyr, Phi-4 and Phi-4-mini. Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
+v0.1/v0.2, Phi-3, Zephyr, Phi-4, Phi-4-mini and gpt-oss (openai/gpt-oss-120b's harmony template,
+whose strftime_now date is fixed here as FIXED_DATE and stored with its cases).
+Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
 """
 import json
 import os
@@ -28,7 +30,9 @@ TOKENS = {  # bos_token, eos_token as each model's tokenizer defines them
     "zephyr": ("<s>", "</s>"),
     "phi4": ("<|endoftext|>", "<|im_end|>"),
     "phi4mini": ("<|endoftext|>", "<|endoftext|>"),
+    "gpt-oss": ("<|startoftext|>", "<|return|>"),
 }
+FIXED_DATE = "2025-08-05"  # what strftime_now("%Y-%m-%d") returns in the fixtures
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 TWO_TURNS = [
@@ -43,6 +47,12 @@ CASES = [
     (TWO_TURNS[:1], True),
     ([SYSTEM] + TWO_TURNS[:1], True),
 ]
+# gpt-oss: an earlier reply's reasoning ("thinking") is not rendered; only its final answer is.
+EXTRA_CASES = {
+    "gpt-oss": [
+        ([SYSTEM, TWO_TURNS[0], dict(TWO_TURNS[1], thinking="The user greets me. Greet back."), TWO_TURNS[2]], True),
+    ],
+}
 
 
 class TemplateError(Exception):
@@ -57,6 +67,7 @@ def render(src, bos, eos, messages, gen):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: FIXED_DATE if fmt == "%Y-%m-%d" else raise_exception(fmt)
     return env.from_string(src).render(messages=messages, add_generation_prompt=gen, bos_token=bos, eos_token=eos)
 
 
@@ -65,7 +76,7 @@ def main():
     for name, (bos, eos) in TOKENS.items():
         src = open(os.path.join(DIR, name + ".jinja")).read()
         cases = []
-        for messages, gen in CASES:
+        for messages, gen in CASES + EXTRA_CASES.get(name, []):
             try:
                 expected = render(src, bos, eos, messages, gen)
             except TemplateError as e:
@@ -73,6 +84,8 @@ def main():
                 print(name, "refuses:", e)
             cases.append({"messages": messages, "add_generation_prompt": gen, "expected": expected})
         out[name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
+        if "strftime_now" in src:
+            out[name]["date"] = FIXED_DATE
     with open(os.path.join(DIR, "expected.json"), "w") as f:
         json.dump(out, f, indent=1, ensure_ascii=True)
     print("wrote", os.path.join(DIR, "expected.json"))
