@@ -72,8 +72,8 @@ int run_cuda(const Options& o) {
   if (used == 0 || 5 + used != d.size()) fail(ErrorKind::Usage, "--device {}: expected cpu or cuda:N", d);
   b.types = o.types;
   if (b.types.empty())
-    for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "F16",
-                          "BF16", "F32"})
+    for (const char* t : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+                          "F16", "BF16", "F32"})
       b.types.push_back(t);
   b.rows = o.rows;
   b.cols = o.cols;
@@ -264,7 +264,7 @@ Register reg{{"bench-kernels", "Measure read bandwidth and matmul kernel through
                 auto o = std::make_shared<Options>();
                 app.add_flag("--json", o->json, "One JSON object per measurement");
                 app.add_option("-t,--threads", o->threads, "Thread counts to measure (default: 1 2)");
-                app.add_option("--types", o->types, "Weight types (default: all 15)");
+                app.add_option("--types", o->types, "Weight types (default: all 16)");
                 app.add_option("--read-mib", o->read_mib, "Read-bandwidth buffer size in MiB")->check(CLI::Range(64, 65536));
                 app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(CLI::Range(1, 65536));
                 app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(CLI::Range(16, 1 << 20));

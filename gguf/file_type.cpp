@@ -46,6 +46,7 @@ std::optional<uint32_t> file_type_for(GgmlType t) {
     case GgmlType::Q6_K: return 18;
     case GgmlType::IQ4_NL: return 25;
     case GgmlType::IQ4_XS: return 30;
+    case GgmlType::MXFP4: return 38;  // MXFP4_MOE: MXFP4 experts, the rest Q8_0 (what synth writes too)
     case GgmlType::BF16: return 32;
     default: return std::nullopt;
   }

@@ -29,11 +29,25 @@ struct BlockQ8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
 // a 6-bit scale ls (4 low bits in scales_l, 2 high in scales_h), value = d·(ls − 32)·kIQ4Values[q].
 struct BlockIQ4_NL { uint16_t d; uint8_t qs[QK / 2]; };
 struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+// MXFP4 (OCP microscaling, gpt-oss's expert matrices): an E8M0 exponent byte e and 32 E2M1 values
+// as nibbles (low nibbles elements 0..15, high 16..31), value = kMXFP4Values[nibble]·2^(e − 128).
+struct BlockMXFP4 { uint8_t e; uint8_t qs[QK / 2]; };
 #pragma pack(pop)
 
 // The 16 levels of the IQ4 formats (denser near zero, as trained weights are).
 inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                           1,    13,   25,  38,  53,  69,  89,  113};
+
+// The 16 E2M1 values of MXFP4 doubled (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6 times 2), so that they are
+// integers for the 8-bit dot products; the block scale is halved to match (mxfp4_scale). Nibble 8 is −0.
+inline constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// The halved E8M0 scale of an MXFP4 block, 2^(e − 128), exactly: a normal float's exponent field
+// e − 1 for e ≥ 2, the subnormals 2^−128 and 2^−127 for e = 0 and 1. e = 255 is 2^127 (ggml's
+// reading; the OCP spec's NaN code is not used by GGUF files).
+inline float mxfp4_scale(uint8_t e) {
+  return f32_from_bits(e >= 2 ? uint32_t(e - 1) << 23 : 0x00200000u << e);
+}
 
 // The signed scale (ls − 32, −32..31) of sub-block ib (0..7) of an IQ4_XS super-block.
 inline int iq4xs_scale(const BlockIQ4_XS& b, int ib) {
@@ -50,6 +64,7 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockMXFP4) == 17);
 
 template <class B> struct BlockOf;
 #define BATON_BLOCK(T, B) template <> struct BlockOf<B> { static constexpr GgmlType type = GgmlType::T; };
@@ -57,7 +72,7 @@ BATON_BLOCK(Q4_0, BlockQ4_0) BATON_BLOCK(Q4_1, BlockQ4_1) BATON_BLOCK(Q5_0, Bloc
 BATON_BLOCK(Q5_1, BlockQ5_1) BATON_BLOCK(Q8_0, BlockQ8_0) BATON_BLOCK(Q8_1, BlockQ8_1)
 BATON_BLOCK(Q2_K, BlockQ2_K) BATON_BLOCK(Q3_K, BlockQ3_K) BATON_BLOCK(Q4_K, BlockQ4_K)
 BATON_BLOCK(Q5_K, BlockQ5_K) BATON_BLOCK(Q6_K, BlockQ6_K) BATON_BLOCK(Q8_K, BlockQ8_K)
-BATON_BLOCK(IQ4_NL, BlockIQ4_NL) BATON_BLOCK(IQ4_XS, BlockIQ4_XS)
+BATON_BLOCK(IQ4_NL, BlockIQ4_NL) BATON_BLOCK(IQ4_XS, BlockIQ4_XS) BATON_BLOCK(MXFP4, BlockMXFP4)
 #undef BATON_BLOCK
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.

@@ -180,6 +180,16 @@ void deq_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
   }
 }
 
+void deq_mxfp4(const BlockMXFP4* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, y += QK) {
+    const float d = mxfp4_scale(b[i].e);  // a power of two: every product below is exact
+    for (int l = 0; l < QK / 2; l++) {
+      y[l] = d * float(kMXFP4Values[b[i].qs[l] & 0x0F]);
+      y[l + QK / 2] = d * float(kMXFP4Values[b[i].qs[l] >> 4]);
+    }
+  }
+}
+
 void deq_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; i++) {
     const float d = h2f(b[i].d);
@@ -232,6 +242,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::Q8_K: return deq_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
     case GgmlType::IQ4_NL: return deq_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb);
     case GgmlType::IQ4_XS: return deq_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb);
+    case GgmlType::MXFP4: return deq_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb);
     default: break;
   }
   std::fprintf(stderr, "baton: internal error: dequantize_row: unsupported type %s\n", type_name(t));

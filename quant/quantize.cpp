@@ -657,6 +657,37 @@ void quant_iq4_xs(const float* x, BlockIQ4_XS* b, int64_t nb) {
   }
 }
 
+// ---- MXFP4: a power-of-two scale and the E2M1 levels ----
+//
+// As ggml and the gguf package write it: the exponent puts the block's largest magnitude amax in
+// [4, 8)·2^(e − 127), i.e. e = floor(log2 amax) − 2 + 127 (clamped to 0..254; 0 for an all-zero
+// block), so values past 6·2^(e − 127) clip to ±6; each value takes the level nearest to it, the
+// first in kMXFP4Values order on a tie (the smaller magnitude, +0 for zero).
+void quant_mxfp4(const float* x, BlockMXFP4* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; i++, x += QK) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = std::max(amax, std::fabs(x[j]));
+    // clamped as a float: an infinite amax (a block holding inf) must not reach the int conversion
+    const float ef = amax > 0.0f ? std::clamp(std::floor(std::log2(amax)) - 2.0f + 127.0f, 0.0f, 254.0f) : 0.0f;
+    b[i].e = uint8_t(ef);
+    const float d = mxfp4_scale(b[i].e);
+    uint8_t q[QK];
+    for (int j = 0; j < QK; j++) {
+      int best = 0;
+      float best_err = std::fabs(d * float(kMXFP4Values[0]) - x[j]);
+      for (int k = 1; k < 16; k++) {
+        const float err = std::fabs(d * float(kMXFP4Values[k]) - x[j]);
+        if (err < best_err) {
+          best = k;
+          best_err = err;
+        }
+      }
+      q[j] = uint8_t(best);
+    }
+    for (int j = 0; j < QK / 2; j++) b[i].qs[j] = uint8_t(q[j] | (q[j + QK / 2] << 4));
+  }
+}
+
 }  // namespace
 
 bool has_quantize(GgmlType t) {
@@ -665,7 +696,7 @@ bool has_quantize(GgmlType t) {
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
     case GgmlType::Q8_0: case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K:
     case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K: case GgmlType::IQ4_NL:
-    case GgmlType::IQ4_XS:
+    case GgmlType::IQ4_XS: case GgmlType::MXFP4:
       return true;
     default:
       return false;
@@ -704,6 +735,7 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     case GgmlType::Q8_K: return quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
     case GgmlType::IQ4_NL: return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb);
     case GgmlType::IQ4_XS: return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb);
+    case GgmlType::MXFP4: return quant_mxfp4(src, static_cast<BlockMXFP4*>(dst), nb);
     default: break;
   }
   std::abort();  // unreachable: has_quantize checked above

@@ -24,7 +24,7 @@ constexpr TypeTraits kTable[] = {
   {G::I64, "I64", 1, 8, false}, {G::F64, "F64", 1, 8, false},
   {G::IQ1_M, "IQ1_M", 256, 56, false},     {G::BF16, "BF16", 1, 2, true},
   {G::TQ1_0, "TQ1_0", 256, 54, false},     {G::TQ2_0, "TQ2_0", 256, 66, false},
-  {G::MXFP4, "MXFP4", 32, 17, false},
+  {G::MXFP4, "MXFP4", 32, 17, true},
 };
 
 }  // namespace

@@ -37,11 +37,12 @@ inline size_t row_bytes(GgmlType t, int64_t n) {
   return size_t(n / tt.block_elems) * tt.block_bytes;
 }
 
-// The 15 weight types the CPU backend computes with.
+// The 16 weight types the CPU backend computes with.
 inline constexpr GgmlType kComputeTypes[] = {
   GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
   GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
   GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+  GgmlType::MXFP4,
 };
 
 // ---- IEEE half and bfloat16, exact scalar conversions (no intrinsics: these are the oracle) ----

@@ -115,7 +115,7 @@ def gemv_loads(ptx):
 
 TYPE_NAMES = {"TQ4_0": "Q4_0", "TQ4_1": "Q4_1", "TQ5<false>": "Q5_0", "TQ5<true>": "Q5_1", "TQ8_0": "Q8_0",
               "TQ4_K": "Q4_K", "TQ5_K": "Q5_K", "TQ6_K": "Q6_K", "TQ2_K": "Q2_K", "TQ3_K": "Q3_K",
-              "TIQ4_NL": "IQ4_NL", "TIQ4_XS": "IQ4_XS", "TFloat<(baton::GgmlType)0>": "F32",
+              "TIQ4_NL": "IQ4_NL", "TIQ4_XS": "IQ4_XS", "TMXFP4": "MXFP4", "TFloat<(baton::GgmlType)0>": "F32",
               "TFloat<(baton::GgmlType)1>": "F16", "TFloat<(baton::GgmlType)30>": "BF16"}
 
 

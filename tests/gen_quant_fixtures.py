@@ -40,8 +40,11 @@ SCALE_OFFSETS = {
 }
 QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 # Types added later draw from their own streams (seeded by SEED and the type id), so that adding
-# one leaves every earlier fixture's bytes as they were. Dequantize fixtures only.
-LATER_SCALE_OFFSETS = {Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
+# one leaves every earlier fixture's bytes as they were. Dequantize fixtures, and quantize ones for
+# the later types the package quantizes. MXFP4's scale is a byte: all 256 values are fair game
+# (e = 255 reads as 2^127, so a block's ±6 levels there dequantize to ±inf in float32, as in ggml).
+LATER_SCALE_OFFSETS = {Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.MXFP4: []}
+LATER_QUANTIZED = [Q.MXFP4]
 
 
 def block_count(qtype):
@@ -161,7 +164,12 @@ def main():
         later = np.random.default_rng([SEED, int(qtype)])
         blocks = random_blocks(later, qtype, LATER_SCALE_OFFSETS)
         total += write(f"{qtype.name}.dq.bin", blocks)
-        total += write(f"{qtype.name}.dq.f32", dequantize(blocks, qtype).astype(np.float32))
+        with np.errstate(over="ignore"):
+            total += write(f"{qtype.name}.dq.f32", dequantize(blocks, qtype).astype(np.float32))
+        if qtype in LATER_QUANTIZED:
+            x = quantize_inputs(later, qtype)
+            total += write(f"{qtype.name}.q.f32", x)
+            total += write(f"{qtype.name}.q.bin", quantize(x, qtype).astype(np.uint8))
 
     manifest = os.path.join(OUT, "MANIFEST.txt")
     keep = []  # lines written by tests/gen_ggml_quant_fixtures.sh

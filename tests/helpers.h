@@ -31,6 +31,18 @@ inline std::vector<int> fp16_fields(GgmlType t) {
   }
 }
 
+// Byte offsets of the E8M0 exponent bytes (MXFP4's block scale 2^(e − 128)): tests write exponents
+// in a sane range there (random_e8m0), as they write fp16 scales into fp16_fields.
+inline std::vector<int> e8m0_fields(GgmlType t) {
+  if (t == GgmlType::MXFP4) return {0};
+  return {};
+}
+// An exponent giving |values| of about 2^-9 .. 1.5 (levels up to 12 times 2^-12 .. 2^-3).
+template <class Rng>
+uint8_t random_e8m0(Rng& rng) {
+  return uint8_t(116 + rng() % 10);
+}
+
 // An output row as a pipeline returned it for `mode` (runtime/batch.h), against the full row of
 // the same logits: what the CPU's reduction of `full` holds, word for word (for kTopK: the K best
 // ids and their logits, in order). Rows without NaNs.

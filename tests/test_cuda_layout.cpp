@@ -17,7 +17,7 @@ TEST_CASE("packed weight layout round-trips every CUDA weight type") {
   std::uniform_int_distribution<int> byte(0, 255);
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
                             GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                            GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16,  GgmlType::BF16,
+                            GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::F16,  GgmlType::BF16,
                             GgmlType::F32};
   for (GgmlType t : types) {
     REQUIRE(cu::cuda_supports(t));
@@ -35,6 +35,12 @@ TEST_CASE("packed weight layout round-trips every CUDA weight type") {
     if (t == GgmlType::Q4_0) {  // quant bytes first (16 per block), then the fp16 scales
       CHECK(std::memcmp(packed.data(), w.data() + 2, 16) == 0);
       CHECK(std::memcmp(packed.data() + (cols / 32) * 16, w.data(), 2) == 0);
+    }
+    if (t == GgmlType::MXFP4) {  // quant bytes first, then one exponent byte per block, in order
+      for (int64_t b = 0; b < cols / 32; b++) {
+        CHECK(std::memcmp(packed.data() + b * 16, w.data() + b * 17 + 1, 16) == 0);
+        CHECK(packed[size_t((cols / 32) * 16 + b)] == w[size_t(b * 17)]);
+      }
     }
   }
 }

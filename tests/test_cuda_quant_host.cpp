@@ -35,6 +35,8 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t cols, std::mt19937& rng) {
       const uint16_t h = f32_to_fp16(0.01f * (1.0f + val(rng)));
       std::memcpy(&w[blk * bb + size_t(off)], &h, 2);
     }
+  for (size_t blk = 0; blk < w.size() / bb; blk++)
+    for (int off : test::e8m0_fields(t)) w[blk * bb + size_t(off)] = test::random_e8m0(rng);
   return w;
 }
 
@@ -111,11 +113,52 @@ TEST_CASE("CUDA per-type unit code (host build) matches the scalar reference") {
 TEST_CASE("with_weight_type dispatches each supported type and rejects the others") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
                      GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
+                     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::F16,
+                     GgmlType::BF16, GgmlType::F32}) {
     GgmlType seen = GgmlType::I8;
     with_weight_type(t, [&](auto tag) { seen = decltype(tag)::type; });
     CHECK(seen == t);
     CHECK(cuda_supports(t));
   }
   CHECK_THROWS(with_weight_type(GgmlType::IQ2_XS, [](auto) {}));
+}
+
+TEST_CASE("CUDA MXFP4 unit code keeps every exponent exact, e = 0, 1 and 255 included") {
+  // Block b of a 7-block row (its exponent word straddles the run's end: the row padding) has
+  // exponent kE[b]; every nibble appears. Dequantized values equal the reference's bits (inf for
+  // e = 255's large levels, subnormals for e = 0, 1); the dot of a block of e = 0 or 1 alone is
+  // d·(dx·Σ level·q) with d last, so it keeps the digits a subnormal d·dx would lose.
+  constexpr uint8_t kE[] = {0, 1, 2, 127, 200, 254, 255};
+  const int64_t cols = 32 * 7;
+  std::vector<uint8_t> w(row_bytes(GgmlType::MXFP4, cols));
+  for (int b = 0; b < 7; b++) {
+    w[size_t(b) * 17] = kE[b];
+    for (int j = 0; j < 16; j++) w[size_t(b) * 17 + 1 + size_t(j)] = uint8_t((j + b) % 16 | ((15 - j) << 4));
+  }
+  std::vector<float> ref(static_cast<size_t>(cols)), got(static_cast<size_t>(cols));
+  dequantize_row(GgmlType::MXFP4, w.data(), ref.data(), cols);
+  std::vector<uint8_t> packed(packed_row_bytes(GgmlType::MXFP4, cols));
+  pack_rows(GgmlType::MXFP4, w.data(), packed.data(), 1, cols);
+  for (int u = 0; u < 7; u++)
+    TMXFP4::dequant(TMXFP4::load(packed.data(), cols, u), u, [&](int e0, const float (&v)[8]) {
+      for (int i = 0; i < 8; i++) got[size_t(e0 + i)] = v[i];
+    });
+  CHECK(std::memcmp(got.data(), ref.data(), got.size() * 4) == 0);
+  CHECK(ref[1] == std::ldexp(1.0f, -128));  // e = 0, nibble 1: 0.5 · 2^-127
+
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  for (size_t k = 0; k < q.size(); k++) q[k] = int8_t(int(k * 37 % 255) - 127);
+  std::vector<baton::cuda::float2> ds(7, {0.01f, 0.0f});
+  Act a;
+  a.qs = q.data();
+  a.ds = ds.data();
+  a.cols = cols;
+  for (int u = 0; u < 2; u++) {  // e = 0 and 1: results near 1e-38, float32 subnormals
+    double want = 0;
+    for (int i = 0; i < 32; i++) want += double(ref[size_t(32 * u + i)]) * 0.01f * q[size_t(32 * u + i)];
+    const float dot = TMXFP4::dot(TMXFP4::load(packed.data(), cols, u), a, 0, u);
+    INFO("block " << u << ": dot " << dot << " want " << want);
+    CHECK(want != 0.0);
+    CHECK(std::fabs(dot - want) <= 1e-6 * std::fabs(want) + 2e-45);
+  }
 }

@@ -70,7 +70,8 @@ TEST_CASE("file type names follow the GGUF enumeration") {
 TEST_CASE("every type synth writes has a file type whose name starts with the type's") {
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                      GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                     GgmlType::MXFP4}) {
     INFO(type_name(t));
     const auto ft = file_type_for(t);
     REQUIRE(ft);

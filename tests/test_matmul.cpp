@@ -47,6 +47,8 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::
       if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) s = off == 0 ? s : -8 * s * val(rng);  // min
       put16(blk * tt.block_bytes + size_t(off), f32_to_fp16(s));
     }
+  for (size_t blk = 0; blk < m.size() / tt.block_bytes; blk++)
+    for (int off : test::e8m0_fields(t)) m[blk * tt.block_bytes + size_t(off)] = test::random_e8m0(rng);
   return m;
 }
 
@@ -66,10 +68,11 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 // `ablk` to 8 bits (scale amax/127), so element k may be off by amax/254: against the exact
 // activations the bound adds that up (times a hair for float rounding); against activations
 // rounded the same way the kernels must agree to float accumulation error (2e-5 of Σ|w·x|).
-// With pack, W is multiplied in the packed (row-interleaved) layout.
+// With pack, W is multiplied in the packed (row-interleaved) layout. wbytes: the matrix (random
+// when empty); tiny: the absolute tolerance (outputs near zero, or subnormal ones).
 void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& rng, ThreadPool& pool,
-                  bool pack = false) {
-  const auto wbytes = random_matrix(t, rows, cols, rng);
+                  bool pack = false, std::vector<uint8_t> wbytes = {}, double tiny = 1e-30) {
+  if (wbytes.empty()) wbytes = random_matrix(t, rows, cols, rng);
   const auto x = random_floats(size_t(cols) * size_t(n), rng);
   QMatrix W{t, wbytes.data(), rows, cols, row_bytes(t, cols)};
   PackedBuffer packed;
@@ -108,8 +111,8 @@ void check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, std::mt19937& r
         }
         qerr += wabs * amax / 254.0;
       }
-      const double tol = (is_float_type(t) ? 0.0 : qerr * 1.001) + 2e-5 * mag + 1e-30;
-      const double tolq = 2e-5 * mag + 1e-30;
+      const double tol = (is_float_type(t) ? 0.0 : qerr * 1.001) + 2e-5 * mag + tiny;
+      const double tolq = 2e-5 * mag + tiny;
       const double got = y[size_t(j) * size_t(rows) + size_t(r)];
       if (!(std::fabs(got - ref) <= tol && std::fabs(got - refq) <= tolq) && bad++ < 5)
         FAIL_CHECK(type_name(t) << " " << isa_name(active_isa()) << " rows=" << rows << " cols=" << cols << " n=" << n
@@ -217,7 +220,7 @@ TEST_CASE("legacy formats match the reference for 1..70 columns and rows off the
   for (Isa isa : isa_levels()) {
     set_isa_limit(isa);
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                       GgmlType::IQ4_NL}) {
+                       GgmlType::IQ4_NL, GgmlType::MXFP4}) {
       INFO("type " << type_name(t) << " isa " << isa_name(isa));
       int i = 0;
       for (int n = 1; n <= 70; n += (n < 10 ? 1 : 7), i++)
@@ -279,7 +282,7 @@ namespace {
 
 constexpr GgmlType kPackable[] = {GgmlType::Q4_0,   GgmlType::Q4_1,  GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                                   GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                                  GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                                  GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
 
 // The row-length unit of a packed type: its block (32, or a 256-element k-quant super-block).
 int64_t unit(GgmlType t) { return traits(t).block_elems; }
@@ -370,4 +373,31 @@ TEST_CASE("packed: a column's bits do not depend on the column count, the thread
       set_isa_limit(Isa::Avx512);
     }
   }
+}
+
+TEST_CASE("MXFP4: every exponent the kernels can meet, e = 0 and 1 (subnormal scales) included") {
+  // Row r's blocks all have exponent kE[r % 10]: e = 0 and 1 scale by the float32 subnormals 2^-128
+  // and 2^-127 (what ggml reads them as), which every kernel keeps exact; their outputs (~1e-38,
+  // subnormal too) are checked against the double reference to a few units of 2^-149, so a kernel
+  // that flushed them to zero or read e = 0 as "no scale" fails here. e = 200 is far from overflow
+  // (|w| ≤ 12·2^72); every level and sign appears through the random nibbles.
+  constexpr uint8_t kE[] = {0, 1, 2, 3, 100, 126, 127, 128, 160, 200};
+  std::mt19937 rng(3939);
+  ThreadPool pool(2);
+  const GgmlType t = GgmlType::MXFP4;
+  for (Isa isa : isa_levels()) {
+    set_isa_limit(isa);
+    for (bool pack : {false, true}) {
+      INFO("isa " << isa_name(isa) << (pack ? " packed" : " rows"));
+      for (int64_t cols : {int64_t(32), int64_t(96), int64_t(4096)}) {
+        const int64_t rows = 23;  // a whole group of 16 and 7 rows of the next
+        std::vector<uint8_t> w = random_matrix(t, rows, cols, rng);
+        const size_t rb = row_bytes(t, cols);
+        for (int64_t r = 0; r < rows; r++)
+          for (size_t b = 0; b < rb / sizeof(BlockMXFP4); b++) w[size_t(r) * rb + b * sizeof(BlockMXFP4)] = kE[r % 10];
+        check_matmul(t, rows, cols, 3, rng, pool, pack, w, 1e-43);
+      }
+    }
+  }
+  set_isa_limit(Isa::Avx512);
 }

@@ -61,7 +61,7 @@ std::vector<float> gaussian_row(size_t n, uint32_t seed, float sigma = 1.0f) {
 constexpr GgmlType kQuantTypes[] = {
   GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
   GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-  GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+  GgmlType::Q6_K, GgmlType::Q8_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
 };
 
 }  // namespace
@@ -124,8 +124,8 @@ void check_quantize_fixture(GgmlType t, const std::string& stem) {
 
 TEST_CASE("quantize is byte-identical to the gguf package where it quantizes", "[quant]") {
   // The package quantizes these (F32 is a copy and needs no fixture); a missing fixture fails.
-  const GgmlType compared[] = {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
-                               GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0};
+  const GgmlType compared[] = {GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                               GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::MXFP4};
   for (GgmlType t : compared) check_quantize_fixture(t, kFixtures + type_name(t) + ".q");
   // Guard against the fixture set silently growing types we do not compare.
   for (GgmlType t : kComputeTypes) {
@@ -148,14 +148,14 @@ TEST_CASE("quantize -> dequantize round trip stays within per-type error bounds"
   // Relative RMS error bounds on Gaussian data, about 20 % above what the quantizers reach
   // (measured: F16 2.1e-4, BF16 1.7e-3, Q8_0 .0054, Q8_K .0070, Q6_K .0177, Q5_0 .0426,
   // Q5_1 .0376, Q5_K .0362, Q4_0 .0865, Q4_1 .0782, Q4_K .0718, Q3_K .152, Q2_K .299,
-  // IQ4_NL .0765, IQ4_XS .0770).
+  // IQ4_NL .0765, IQ4_XS .0770, MXFP4 .115: power-of-two scales waste up to half its levels' range).
   const std::map<GgmlType, double> bound = {
     {GgmlType::F32, 0.0},     {GgmlType::F16, 2.6e-4},  {GgmlType::BF16, 2.1e-3},
     {GgmlType::Q8_0, 0.0065}, {GgmlType::Q8_K, 0.0085}, {GgmlType::Q6_K, 0.021},
     {GgmlType::Q5_0, 0.051},  {GgmlType::Q5_1, 0.045},  {GgmlType::Q5_K, 0.043},
     {GgmlType::Q4_0, 0.104},  {GgmlType::Q4_1, 0.094},  {GgmlType::Q4_K, 0.086},
     {GgmlType::Q3_K, 0.18},   {GgmlType::Q2_K, 0.36},   {GgmlType::IQ4_NL, 0.092},
-    {GgmlType::IQ4_XS, 0.093},
+    {GgmlType::IQ4_XS, 0.093}, {GgmlType::MXFP4, 0.14},
   };
   const std::vector<float> x = gaussian_row(256 * 64, 1234);
   std::map<GgmlType, double> err;
@@ -398,5 +398,71 @@ TEST_CASE("bf16 conversions: exhaustive round trip and nearest-even rounding", "
     }
     const uint16_t got = f32_to_bf16(f), want = reference_f32_to_bf16(f);
     if (got != want) FAIL("f32_to_bf16(0x" << std::hex << u << ") = 0x" << got << ", want 0x" << want);
+  }
+}
+
+TEST_CASE("MXFP4 dequantizes hand-made blocks: every nibble, the extreme exponents", "[quant]") {
+  // The E2M1 values, from the OCP MX spec's table (sign bit 3, exponent bits 2..1, mantissa bit 0:
+  // 0, 0.5 (subnormal), 1, 1.5, 2, 3, 4, 6), times 2^(e − 127), written out independently of
+  // kMXFP4Values. ggml (and the gguf package) read e = 255 as the scale 2^128, not as NaN (so
+  // |values| ≥ 2 overflow to inf in float32 there), and e = 0 as 2^−127 (0.5 of it is 2^−128, a
+  // float32 subnormal).
+  const double e2m1[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (int e : {0, 1, 2, 100, 126, 127, 128, 200, 253, 254, 255}) {
+    INFO("e = " << e);
+    BlockMXFP4 b{};
+    b.e = uint8_t(e);
+    for (int j = 0; j < 16; j++) b.qs[j] = uint8_t(j | ((15 - j) << 4));  // every nibble, low and high
+    float y[32];
+    dequantize_row(GgmlType::MXFP4, &b, y, 32);
+    for (int j = 0; j < 32; j++) {
+      const double want = e2m1[j < 16 ? j : 31 - j] * std::ldexp(1.0, e - 127);
+      const float wantf = float(want);  // overflows to ±inf only where the value does (6·2^128)
+      INFO("element " << j << " want " << want << " got " << y[j]);
+      if (std::isinf(wantf)) CHECK(y[j] == wantf);
+      else CHECK(double(y[j]) == want);  // exact: a power of two times a short integer
+      if (want != 0.0) CHECK(std::signbit(y[j]) == std::signbit(wantf));  // nibble 8 (−0) reads +0, as in ggml
+    }
+  }
+  // The smallest non-zero value of the format: 0.5 · 2^−127 = 2^−128, a float32 subnormal.
+  BlockMXFP4 tiny{};
+  tiny.qs[0] = 1;
+  float y[32];
+  dequantize_row(GgmlType::MXFP4, &tiny, y, 32);
+  CHECK(y[0] == std::ldexp(1.0f, -128));
+  CHECK(y[0] > 0.0f);
+}
+
+TEST_CASE("MXFP4 quantize: exponent from the block maximum, nearest level, zero block", "[quant]") {
+  float x[32] = {};
+  BlockMXFP4 b;
+  quantize_row(GgmlType::MXFP4, x, &b, 32);
+  CHECK(b.e == 0);
+  for (uint8_t q : b.qs) CHECK(q == 0);
+  // amax 6: floor(log2 6) = 2, e = 127 and the scale 1: the E2M1 values come back as they are.
+  const float levels[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int j = 0; j < 32; j++) x[j] = (j % 2 ? -1.0f : 1.0f) * levels[j % 8];
+  quantize_row(GgmlType::MXFP4, x, &b, 32);
+  CHECK(b.e == 127);
+  float y[32];
+  dequantize_row(GgmlType::MXFP4, &b, y, 32);
+  for (int j = 0; j < 32; j++) CHECK(y[j] == x[j]);
+  // Between levels: 2.4 -> 2, 2.6 -> 3, 5.1 -> 6, 7 clips to 6 (amax 7: still e = 127); ties go to
+  // the smaller magnitude (2.5 -> 2, -5 -> -4) as in ggml.
+  const float in[6] = {2.4f, 2.6f, 5.1f, 7.0f, 2.5f, -5.0f}, out[6] = {2, 3, 6, 6, 2, -4};
+  std::fill(std::begin(x), std::end(x), 0.0f);
+  std::copy(std::begin(in), std::end(in), x);
+  quantize_row(GgmlType::MXFP4, x, &b, 32);
+  CHECK(b.e == 127);
+  dequantize_row(GgmlType::MXFP4, &b, y, 32);
+  for (int j = 0; j < 6; j++) CHECK(y[j] == out[j]);
+  // Scaled by 2^-20 and 2^40 the same codes come back with e moved by the same amount.
+  for (int k : {-20, 40}) {
+    float xs[32];
+    for (int j = 0; j < 32; j++) xs[j] = std::ldexp(x[j], k);
+    BlockMXFP4 bs;
+    quantize_row(GgmlType::MXFP4, xs, &bs, 32);
+    CHECK(int(bs.e) == 127 + k);
+    CHECK(std::memcmp(bs.qs, b.qs, 16) == 0);
   }
 }

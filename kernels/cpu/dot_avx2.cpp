@@ -498,18 +498,31 @@ struct PackedK23 {
   }
 };
 
-// IQ4_NL (Q4_0's tile) and IQ4_XS (eight such blocks per tile, tile layout in packed.h). A nibble
-// line becomes signed levels by one pshufb; as for Q8_0 the level's sign moves onto the activation
-// byte, so pmaddubsw multiplies |level| ≤ 127 by |q| ≤ 127. Two lines' pairs would overflow 16 bits
-// (2 × 2 × 127 × 127), so each line goes through pmaddwd on its own. Per output the portable
-// kernel's operations: per 32-element block s = Σ level·q, then acc = fma(float(s)·dx, w, acc) with
-// w = d (IQ4_NL) or d·(ls − 32) (IQ4_XS), blocks in order.
-template <bool XS>
-struct PackedIQ42 {
-  static constexpr size_t kTile = XS ? 16 * sizeof(BlockIQ4_XS) : 288;
-  static constexpr size_t kQs = XS ? 128 : 32;
+// The formats whose nibbles index a table of 16 signed levels: IQ4_NL (Q4_0's tile), IQ4_XS (eight
+// such blocks per tile) and MXFP4 (kMXFP4Values; 16 exponent bytes, then IQ4_NL's nibble lines;
+// tile layouts in packed.h). A nibble line becomes signed levels by one pshufb; as for Q8_0 the
+// level's sign moves onto the activation byte, so pmaddubsw multiplies |level| ≤ 127 by |q| ≤ 127.
+// Two lines' pairs would overflow 16 bits (2 × 2 × 127 × 127), so each line goes through pmaddwd on
+// its own. Per output the portable kernel's operations: per 32-element block s = Σ level·q, then
+// acc = fma(float(s)·dx, w, acc) with w = d (IQ4_NL), d·(ls − 32) (IQ4_XS) or 2^(e − 128) (MXFP4),
+// blocks in order.
+template <GgmlType T>
+struct PackedLevels2 {
+  static constexpr bool XS = T == GgmlType::IQ4_XS, MX = T == GgmlType::MXFP4;
+  static constexpr size_t kTile = XS ? 16 * sizeof(BlockIQ4_XS) : MX ? 16 * sizeof(BlockMXFP4) : 288;
+  static constexpr size_t kQs = XS ? 128 : MX ? 16 : 32;
   static constexpr int kBlocks = XS ? 8 : 1;  // 32-element blocks per tile
   static constexpr int64_t kAhead = XS ? 4 : 8;  // tiles prefetched ahead, a block's share at a time
+  static constexpr const int8_t* kLevels = MX ? kMXFP4Values : kIQ4Values;
+
+  // The 8 row scales 2^(e − 128) of half h of an MXFP4 tile, exactly as mxfp4_scale: the float
+  // exponent field e − 1, or the subnormal 0x00200000 << e for e = 0, 1.
+  static __m256 mx_scales(const uint8_t* t, int h) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t + 8 * h)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+  }
 
   // The 8 row-scale vectors d·(ls_b − 32) of half h of an IQ4_XS tile.
   static void row_scales(const uint8_t* t, int h, float (*dsc)[8]) {
@@ -547,8 +560,8 @@ struct PackedIQ42 {
           for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
           for (int k = 0; k < 4; k++) {
             const __m256i raw = load256(t + kQs + 64 * (4 * b + k) + 32 * (H0 + h));
-            const __m256i lo = iq4_levels(_mm256_and_si256(raw, m4));
-            const __m256i hi = iq4_levels(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            const __m256i lo = table_levels(kLevels, _mm256_and_si256(raw, m4));
+            const __m256i hi = table_levels(kLevels, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
             const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi);
             for (int c = 0; c < NC; c++) {
               const __m256i plo = _mm256_maddubs_epi16(ulo, _mm256_sign_epi8(bcast(x[c][b].q + 4 * k), lo));
@@ -556,8 +569,9 @@ struct PackedIQ42 {
               s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones)));
             }
           }
-          const __m256 w = XS ? _mm256_load_ps(dsc[h][b])
-                              : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
+          const __m256 w = XS   ? _mm256_load_ps(dsc[h][b])
+                           : MX ? mx_scales(t, H0 + h)
+                                : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * (H0 + h))));
           for (int c = 0; c < NC; c++)
             acc[h][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(x[c][b].d)), w, acc[h][c]);
         }
@@ -611,8 +625,9 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::Q4_K)] = tile_passes<PackedK42<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = tile_passes<PackedK42<GgmlType::Q5_K>>;
   t.packed[int(GgmlType::Q6_K)] = tile_passes<PackedQ62>;
-  t.packed[int(GgmlType::IQ4_NL)] = tile_passes<PackedIQ42<false>>;
-  t.packed[int(GgmlType::IQ4_XS)] = tile_passes<PackedIQ42<true>>;
+  t.packed[int(GgmlType::IQ4_NL)] = tile_passes<PackedLevels2<GgmlType::IQ4_NL>>;
+  t.packed[int(GgmlType::IQ4_XS)] = tile_passes<PackedLevels2<GgmlType::IQ4_XS>>;
+  t.packed[int(GgmlType::MXFP4)] = tile_passes<PackedLevels2<GgmlType::MXFP4>>;
   return t;
 }
 

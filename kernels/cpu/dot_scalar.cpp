@@ -53,9 +53,15 @@ void dot_legacy(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_stride, 
     decode_legacy(T, w + size_t(b) * bb, blk);
     for (int c = 0; c < nc; c++) {
       const ActQ8_32& x = reinterpret_cast<const ActQ8_32*>(a + size_t(c) * a_stride)[b];
-      int32_t s = 0;
-      for (int l = 0; l < 32; l++) s += int32_t(blk.u[l]) * x.q[l];
-      acc[c] += blk.d * x.d * float(s) + (blk.m - blk.d * float(blk.off)) * x.ds;
+      int32_t s = 0, sq = 0;
+      for (int l = 0; l < 32; l++) {
+        s += int32_t(blk.u[l]) * x.q[l];
+        sq += x.q[l];
+      }
+      // MXFP4's d = 2^(e − 128) makes d·dx a float32 subnormal for e < ~10 (digits lost): its offset
+      // folds into the integer sum (exact: |s| ≤ 32·255·127) and d multiplies last.
+      if constexpr (T == GgmlType::MXFP4) acc[c] += blk.d * (x.d * float(s - blk.off * sq));
+      else acc[c] += blk.d * x.d * float(s) + (blk.m - blk.d * float(blk.off)) * x.ds;
     }
   }
   for (int c = 0; c < nc; c++) y[size_t(c) * ys] = acc[c];
@@ -131,6 +137,7 @@ KernelTable make_table() {
   set(GgmlType::Q6_K, dot_k<GgmlType::Q6_K>);
   set(GgmlType::IQ4_NL, dot_legacy<GgmlType::IQ4_NL>);
   set(GgmlType::IQ4_XS, dot_k<GgmlType::IQ4_XS>);
+  set(GgmlType::MXFP4, dot_legacy<GgmlType::MXFP4>);
   t.quant[int(ActKind::Q8_32)] = quant_q8_32;
   t.quant[int(ActKind::Q8_256)] = quant_q8_256;
   return t;

@@ -47,6 +47,7 @@ TileLayout layout(GgmlType t) {
     case GgmlType::Q5_K: return {16 * sizeof(BlockQ5_K), 0, 0, 0, 0, 256};
     case GgmlType::Q6_K: return {16 * sizeof(BlockQ6_K), 0, 0, 0, 32, 256};
     case GgmlType::IQ4_NL: return {288, 0, 0, 32, 128, 32};
+    case GgmlType::MXFP4: return {272, 0, 0, 16, 128, 32};
     case GgmlType::IQ4_XS: return {16 * sizeof(BlockIQ4_XS), 0, 0, 128, 128, 256};
     default: break;
   }
@@ -54,8 +55,8 @@ TileLayout layout(GgmlType t) {
   return {};
 }
 
-// Tile ↔ block as a list of fields: a 2-byte field (an fp16 scale) goes to tile + 2·r, a longer
-// one to 64-byte lines, byte j of row r at tile + 64·(j / 4) + 4·r + j % 4. Q5_0/Q5_1's fifth bits are
+// Tile ↔ block as a list of fields: a 1- or 2-byte field (MXFP4's exponent, an fp16 scale) goes to
+// tile + len·r, a longer one to 64-byte lines, byte j of row r at tile + 64·(j / 4) + 4·r + j % 4. Q5_0/Q5_1's fifth bits are
 // the one exception (bit masks, handled apart). See packed.h for each type's order.
 struct Field {
   size_t blk, len, tile;
@@ -78,6 +79,7 @@ Fields fields(GgmlType t) {
     case GgmlType::Q5_K: return {{{0, 2, 0}, {2, 2, 32}, {4, 12, 64}, {16, 32, 256}, {48, 128, 768}}, 5};
     case GgmlType::Q6_K: return {{{208, 2, 0}, {192, 16, 32}, {0, 128, 288, 1}, {128, 64, 288, 2}}, 4};
     case GgmlType::IQ4_NL: return {{{0, 2, 0}, {2, 16, 32}}, 2};
+    case GgmlType::MXFP4: return {{{0, 1, 0}, {1, 16, 16}}, 2};
     case GgmlType::IQ4_XS: return {{{0, 2, 0}, {2, 2, 32}, {4, 4, 64}, {8, 128, 128}}, 4};
     default: break;
   }
@@ -107,7 +109,7 @@ void put_block(GgmlType t, const uint8_t* blk, int r, uint8_t* tile) {
   const Fields F = fields(t);
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
-    if (f.len == 2) std::memcpy(tile + f.tile + 2 * size_t(r), blk + f.blk, 2);
+    if (f.len <= 2) std::memcpy(tile + f.tile + f.len * size_t(r), blk + f.blk, f.len);
     else for (size_t j = 0; j < f.len; j += 4) std::memcpy(tile + line_pos(f, j, r), blk + f.blk + j, 4);  // 4 bytes a line
   }
   if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
@@ -130,7 +132,7 @@ void get_block(GgmlType t, const uint8_t* tile, int r, uint8_t* blk) {
   const Fields F = fields(t);
   for (int i = 0; i < F.n; i++) {
     const Field& f = F.f[i];
-    if (f.len == 2) std::memcpy(blk + f.blk, tile + f.tile + 2 * size_t(r), 2);
+    if (f.len <= 2) std::memcpy(blk + f.blk, tile + f.tile + f.len * size_t(r), f.len);
     else for (size_t j = 0; j < f.len; j += 4) std::memcpy(blk + f.blk + j, tile + line_pos(f, j, r), 4);
   }
   if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
@@ -158,8 +160,10 @@ void tile_quants(GgmlType t, const uint8_t* tile, int r, int32_t u[32]) {
     u[e] = b & 0x0F;
     u[e + 16] = b >> 4;
   }
-  if (t == GgmlType::IQ4_NL)
-    for (int e = 0; e < 32; e++) u[e] = kIQ4Values[u[e]] + 128;
+  if (t == GgmlType::IQ4_NL || t == GgmlType::MXFP4) {
+    const int8_t* levels = t == GgmlType::IQ4_NL ? kIQ4Values : kMXFP4Values;
+    for (int e = 0; e < 32; e++) u[e] = levels[u[e]] + 128;
+  }
   if (t == GgmlType::Q5_0 || t == GgmlType::Q5_1) {
     uint64_t mask[8];
     std::memcpy(mask, tile + L.qh, 64);
@@ -174,6 +178,14 @@ float h2f(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return fp16_to_f32(h);
+}
+
+// Row r's scale in a legacy tile: the fp16 d, or MXFP4's exponent byte as the exact float 2^(e − 128)
+// (e = 0 and 1 give the subnormals 2^−128 and 2^−127, as the reference dequantizer does).
+template <GgmlType T>
+float tile_scale(const uint8_t* tile, int r) {
+  if constexpr (T == GgmlType::MXFP4) return mxfp4_scale(tile[r]);
+  else return h2f(tile + 2 * r);
 }
 
 // Per output: s = Σ (u − off)·q over the block in integers, then acc = fma(float(s)·dx, dw, acc)
@@ -192,7 +204,7 @@ void portable_kernel(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
       for (int r = 0; r < kPackRows; r++) {
         int32_t s = -L.off * x.sum;
         for (int e = 0; e < 32; e++) s += u[r][e] * int32_t(x.q[e]);
-        acc[c][r] = std::fma(float(s) * x.d, h2f(tile + 2 * r), acc[c][r]);
+        acc[c][r] = std::fma(float(s) * x.d, tile_scale<T>(tile, r), acc[c][r]);
         if (T == GgmlType::Q4_1 || T == GgmlType::Q5_1) acc[c][r] = std::fma(h2f(tile + L.m + 2 * r), x.ds, acc[c][r]);
       }
     }
@@ -271,7 +283,7 @@ bool packable(GgmlType t) {
   switch (t) {  // every quantized type (since session 26); the float types stay in rows
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
     case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
-    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: return true;
+    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: case GgmlType::MXFP4: return true;
     default: return false;
   }
 }
@@ -285,7 +297,7 @@ bool packing_enabled(GgmlType t) {
   switch (active_isa()) {
     // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
     // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21). The IQ4
-    // formats, Q2_K, Q3_K and Q5_1 have AVX2 tiles only: AVX-512 keeps their rows.
+    // formats (MXFP4 with them), Q2_K, Q3_K and Q5_1 have AVX2 tiles only: AVX-512 keeps their rows.
     case Isa::Avx512: return t != GgmlType::Q6_K && kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
@@ -362,6 +374,7 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::Q5_K: return portable_kquant<GgmlType::Q5_K>;
     case GgmlType::Q6_K: return portable_kquant<GgmlType::Q6_K>;
     case GgmlType::IQ4_NL: return portable_kernel<GgmlType::IQ4_NL>;
+    case GgmlType::MXFP4: return portable_kernel<GgmlType::MXFP4>;
     case GgmlType::IQ4_XS: return portable_kquant<GgmlType::IQ4_XS>;
     default: return nullptr;
   }

@@ -8,13 +8,14 @@
 // columns. The same kernel runs for every column count (decode included), so each output's
 // arithmetic — and its bits — never depend on how many columns were multiplied together.
 //
-// Tile contents (32 B of fp16 scales first, always):
+// Tile contents (32 B of fp16 scales first; MXFP4: its 16 exponent bytes):
 //   Q4_0  d[16] | 4 lines of nibbles (line k: bytes 4k..4k+3 of each row's qs)          288 B
 //   Q4_1  d[16] m[16] | 4 nibble lines                                                  320 B
 //   Q5_0  d[16] | 8 × u64 fifth-bit masks (line k low nibbles, line k high) | 4 lines  352 B
 //   Q5_1  d[16] m[16] | 8 × u64 fifth-bit masks | 4 nibble lines                        384 B
 //   Q8_0  d[16] | 8 lines of signed bytes (line k: bytes 4k..4k+3 of each row's qs)    544 B
 //   IQ4_NL  as Q4_0 (the nibbles index kIQ4Values)                                      288 B
+//   MXFP4   e[16] (the E8M0 bytes as stored) | 4 nibble lines (indexing kMXFP4Values)  272 B
 //
 // The k-quants tile 16 rows × one 256-element super-block; every field is kept as stored, the
 // byte arrays as 64-byte lines (byte j of row r at 64·(j / 4) + 4·r + j % 4):
@@ -47,7 +48,7 @@ constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
 // whether this process packs it at load (the active ISA has its tile kernel and it beats the row
-// kernel there — AVX-512: all but Q2_K, Q3_K, Q5_1, Q6_K and the IQ4 formats, AVX2: all of them —
+// kernel there — AVX-512: all but Q2_K, Q3_K, Q5_1, Q6_K, the IQ4 formats and MXFP4, AVX2: all of them —
 // and BATON_CPU_PACK is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);

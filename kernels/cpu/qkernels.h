@@ -7,8 +7,9 @@
 // sub-block scale and off a per-type constant. Then a block's dot product with activations
 // (dx, q) is  d·dx·Σ s·(Σ u·q − off·Σq) − m·dx·Σq : unsigned×signed 8-bit integer products
 // (pmaddubsw, vpdpbusd), the offsets and minimums folded in through the activation sums.
-// The IQ4 formats fit the same scheme with u = level + 128 and off = 128 (their SIMD kernels move
-// the level's sign onto the activations instead, as Q8_0's do).
+// The IQ4 formats and MXFP4 fit the same scheme with u = level + 128 and off = 128 (their SIMD
+// kernels move the level's sign onto the activations instead, as Q8_0's do); MXFP4's levels are
+// its doubled E2M1 values and d its halved power-of-two scale (quant/blocks.h).
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -82,7 +83,7 @@ using PackedFn = void (*)(int64_t nb, const uint8_t* tiles, const uint8_t* a, si
                           size_t y_stride, int rows);
 constexpr int kPackedMaxCols = 8;
 
-constexpr int kTypeSlots = 31;  // indexed by the ggml type id (BF16 = 30 is the largest we use)
+constexpr int kTypeSlots = 40;  // indexed by the ggml type id (MXFP4 = 39 is the largest we use)
 
 // One instruction-set level: per weight type the dot kernel and the activation format it reads,
 // and per activation format its quantizer.
@@ -177,6 +178,16 @@ inline void decode_legacy(GgmlType t, const uint8_t* p, LegacyBlock& o) {
         o.u[l + 16] = uint8_t(kIQ4Values[b->qs[l] >> 4] + 128);
       }
       o.d = fp16_to_f32(b->d);
+      o.off = 128;
+      return;
+    }
+    case GgmlType::MXFP4: {  // the doubled E2M1 value + 128, d = 2^(e − 128)
+      const auto* b = reinterpret_cast<const BlockMXFP4*>(p);
+      for (int l = 0; l < 16; l++) {
+        o.u[l] = uint8_t(kMXFP4Values[b->qs[l] & 0x0F] + 128);
+        o.u[l + 16] = uint8_t(kMXFP4Values[b->qs[l] >> 4] + 128);
+      }
+      o.d = mxfp4_scale(b->e);
       o.off = 128;
       return;
     }
@@ -292,7 +303,7 @@ inline void decode_k(GgmlType t, const uint8_t* p, KBlock& o) {
 
 inline bool is_legacy_quant(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ||
-         t == GgmlType::Q8_0 || t == GgmlType::IQ4_NL;
+         t == GgmlType::Q8_0 || t == GgmlType::IQ4_NL || t == GgmlType::MXFP4;
 }
 inline bool is_k_quant(GgmlType t) {  // 256-element super-blocks (IQ4_XS included)
   return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||

@@ -15,6 +15,8 @@ bool packed_format(GgmlType t, PackedFormat& f) {
     case GgmlType::Q5_1: f = {32, 24, 8, 16, 0, 8}; return true;  // scales run: d, m, qh
     case GgmlType::Q8_0: f = {32, 34, 2, 32, 0, 2}; return true;
     case GgmlType::IQ4_NL: f = {32, 18, 2, 16, 0, 2}; return true;
+    // MXFP4: [e][qs 16] -> quant bytes first, then one exponent byte per block
+    case GgmlType::MXFP4: f = {32, 17, 1, 16, 0, 1}; return true;
     // IQ4_XS: [d, scales_h, scales_l 4][qs 128] -> 128 quant bytes, then the 8-byte header
     case GgmlType::IQ4_XS: f = {256, 136, 8, 128, 0, 8}; return true;
     // Q2_K: [scales 16][qs 64][d, dmin] -> 80 bytes, then d, dmin
@@ -42,7 +44,7 @@ static PackedFormat format_or_fail(GgmlType t, int64_t cols) {
   PackedFormat f;
   if (!packed_format(t, f))
     fail(ErrorKind::Model, "CUDA backend: weight type {} is not supported (supported: F32, F16, "
-         "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)", type_name(t));
+         "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)", type_name(t));
   const int64_t unit = f.block_elems == 1 ? 8 : f.block_elems;
   if (cols <= 0 || cols % unit != 0)
     fail(ErrorKind::Model, "CUDA backend: a {} row of {} elements is not a multiple of {}",

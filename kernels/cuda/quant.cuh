@@ -191,35 +191,46 @@ BATON_UNROLL
   }
 };
 
-// ---- IQ4: 4-bit indices into the 16 signed levels kIQ4Values ----
+// ---- IQ4 and MXFP4: 4-bit indices into 16 signed levels (kIQ4Values, kMXFP4Values) ----
 
-// The levels as four words of four bytes (levels 0..3, 4..7, 8..11, 12..15).
-constexpr uint32_t iq4_word(int k) {
+// A level table L's levels as four words of four bytes (levels 0..3, 4..7, 8..11, 12..15).
+template <const int8_t* L>
+constexpr uint32_t level_word(int k) {
   uint32_t w = 0;
-  for (int i = 0; i < 4; i++) w |= uint32_t(uint8_t(kIQ4Values[4 * k + i])) << (8 * i);
+  for (int i = 0; i < 4; i++) w |= uint32_t(uint8_t(L[4 * k + i])) << (8 * i);
   return w;
 }
 // Four indices (one per byte, 0..15) -> their four signed levels: two byte permutes pick from
 // levels 0..7 and 8..15 by the index's low 3 bits, bit 3 chooses between them.
+template <const int8_t* L = kIQ4Values>
 BATON_DEV uint32_t iq4_levels4(uint32_t idx) {
-  constexpr uint32_t w0 = iq4_word(0), w1 = iq4_word(1), w2 = iq4_word(2), w3 = iq4_word(3);
+  constexpr uint32_t w0 = level_word<L>(0), w1 = level_word<L>(1), w2 = level_word<L>(2), w3 = level_word<L>(3);
   const uint32_t t = idx & 0x07070707u, nib = t | (t >> 4);
   const uint32_t sel = (nib & 0xFFu) | ((nib >> 8) & 0xFF00u);  // index i's low bits in nibble i
   const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
   const uint32_t upper = ((idx >> 3) & 0x01010101u) * 0xFFu;
   return (lo & ~upper) | (hi & upper);
 }
-BATON_DEV float iq4_level(uint32_t idx) { return float(int8_t(iq4_levels4(idx) & 0xFF)); }
+template <const int8_t* L = kIQ4Values>
+BATON_DEV float iq4_level(uint32_t idx) { return float(int8_t(iq4_levels4<L>(idx) & 0xFF)); }
 
 // The 32 levels of a 16-byte unit (low nibbles: elements 0..15, high: 16..31) against activations.
+template <const int8_t* L = kIQ4Values>
 BATON_DEV int iq4_dot32(const uint4& q, const int4& x0, const int4& x1) {
   int s = 0;
 BATON_UNROLL
   for (int t = 0; t < 4; t++) {
-    s = __dp4a(int(iq4_levels4(word(q, t) & kLo4)), word(x0, t), s);
-    s = __dp4a(int(iq4_levels4((word(q, t) >> 4) & kLo4)), word(x1, t), s);
+    s = __dp4a(int(iq4_levels4<L>(word(q, t) & kLo4)), word(x0, t), s);
+    s = __dp4a(int(iq4_levels4<L>((word(q, t) >> 4) & kLo4)), word(x1, t), s);
   }
   return s;
+}
+// A 16-byte unit's 32 levels times the scale w, as put() wants them (elements 8g..8g+7 of the unit).
+template <const int8_t* L, class P>
+BATON_DEV void levels_dequant(const uint4& q, float w, int u, P&& put) {
+BATON_UNROLL
+  for (int g = 0; g < 4; g++)
+    BATON_PUT8(put, u * 32 + 8 * g, w * iq4_level<L>((byte_of(q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15));
 }
 
 // IQ4_NL: Q4_0's blocks and packed layout, levels instead of nibble − 8.
@@ -230,9 +241,37 @@ struct TIQ4_NL : TQ4_0 {
     return d(w) * a.d(j)[u].x * float(s);
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
-BATON_UNROLL
-    for (int g = 0; g < 4; g++)
-      BATON_PUT8(put, u * 32 + 8 * g, d(w) * iq4_level((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15));
+    levels_dequant<kIQ4Values>(w.q, d(w), u, put);
+  }
+};
+
+// MXFP4: IQ4_NL's nibbles indexing the doubled E2M1 values kMXFP4Values, and a one-byte E8M0 scale
+// run (the packed row: 16 quant bytes per block, then one exponent byte per block). The halved scale
+// 2^(e − 128) is built exactly from its bits as mxfp4_scale does (e = 0, 1: float32 subnormals).
+// The GEMV keeps it exact: dx·Σ level·q is formed first, d multiplies last. The prefill's FP16
+// expansion rounds as FP16 does: values under 2^-14 lose bits (e ≤ 114 for the smallest level),
+// under 2^-25 become 0, past 65504 become inf (e ≥ 141 with level ±12).
+BATON_DEV float mxfp4_scale_dev(uint32_t e) {
+  return __uint_as_float(e >= 2 ? (e - 1) << 23 : 0x00200000u << e);
+}
+struct TMXFP4 {
+  static constexpr GgmlType type = GgmlType::MXFP4;
+  static constexpr int unit = 32, unroll = 4;
+  static constexpr bool q8 = true;
+  // e4: the aligned word of the exponent run holding block u's byte (byte u & 3; a word, not a byte
+  // load: byte loads in a GEMV are what tests/check_cuda_resources.py flags as split weight reads;
+  // the run starts 16-byte aligned and the row's padding covers the last word)
+  struct W { uint4 q; uint32_t e4; };
+  BATON_DEV static W load(const uint8_t* row, int64_t cols, int u) {
+    return {ld16(row + u * 16), ld4(row + cols / 2 + (u & ~3))};
+  }
+  BATON_DEV static float d(const W& w, int u) { return mxfp4_scale_dev((w.e4 >> (8 * (u & 3))) & 0xFF); }
+  BATON_DEV static float dot(const W& w, const Act& a, int j, int u) {
+    const int s = iq4_dot32<kMXFP4Values>(w.q, ld16s(a.q(j) + u * 32), ld16s(a.q(j) + u * 32 + 16));
+    return d(w, u) * (a.d(j)[u].x * float(s));
+  }
+  template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
+    levels_dequant<kMXFP4Values>(w.q, d(w, u), u, put);
   }
 };
 
@@ -257,10 +296,7 @@ struct TIQ4_XS {
     return scale(w, u) * a.d(j)[u].x * float(s);
   }
   template <class P> BATON_DEV static void dequant(const W& w, int u, P&& put) {
-    const float dl = scale(w, u);
-BATON_UNROLL
-    for (int g = 0; g < 4; g++)
-      BATON_PUT8(put, u * 32 + 8 * g, dl * iq4_level((byte_of(w.q, (8 * g + i_) & 15) >> (g < 2 ? 0 : 4)) & 15));
+    levels_dequant<kIQ4Values>(w.q, scale(w, u), u, put);
   }
 };
 
@@ -580,7 +616,7 @@ struct TFloat {
   X(::baton::cuda::TQ4_0) X(::baton::cuda::TQ4_1) X(::baton::cuda::TQ5_0) X(::baton::cuda::TQ5_1) X(::baton::cuda::TQ8_0) \
   X(::baton::cuda::TQ2_K) X(::baton::cuda::TQ3_K) X(::baton::cuda::TQ4_K) X(::baton::cuda::TQ5_K) \
   X(::baton::cuda::TQ6_K) \
-  X(::baton::cuda::TIQ4_NL) X(::baton::cuda::TIQ4_XS) \
+  X(::baton::cuda::TIQ4_NL) X(::baton::cuda::TIQ4_XS) X(::baton::cuda::TMXFP4) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F16>) X(::baton::cuda::TFloat<::baton::GgmlType::BF16>) \
   X(::baton::cuda::TFloat<::baton::GgmlType::F32>)
 
