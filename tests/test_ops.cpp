@@ -1,9 +1,12 @@
 // CPU transformer ops on every ISA level the CPU has, against double-precision references:
-// the gate activations, blocked attention (head dims 64 and 256, GQA, sliding window), and the
-// fused several-matrices matmul (same bits as one matmul per matrix).
+// the gate activations (gpt-oss's clamped SwiGLU too), blocked attention (head dims 64 and 256,
+// GQA, sliding window, attention sinks), and the fused several-matrices matmul (same bits as one
+// matmul per matrix).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -64,6 +67,46 @@ TEST_CASE("gate activations match their definitions on every ISA, tails included
       const double ref = x / (1 + std::exp(-x)) * u[size_t(i)];
       CHECK(std::abs(y[size_t(i)] - ref) <= 2e-7 * (4 + std::abs(x)) * std::abs(ref) + 1e-30);
     }
+  }
+}
+
+TEST_CASE("gpt-oss's clamped SwiGLU matches its definition on every ISA, around and beyond the clamps") {
+  std::mt19937 rng(17);
+  const int n = 16 * 6 + 13;
+  std::vector<float> g = randoms(n, -12.f, 12.f, rng), u = randoms(n, -11.f, 11.f, rng);
+  // Gates at and around the clamp (only from above), far out, tiny and negative; up values at
+  // and beyond both clamps and where u + 1 cancels.
+  const float gs[] = {0.f, -0.f, 1e-4f, -1e-4f, 6.999f, 7.f, 7.001f, 8.f, 95.f, -7.f, -7.5f, -30.f, -90.f, 3.f};
+  const float us[] = {0.f, -1.f, -0.999f, 7.f, 7.001f, -7.f, -7.001f, 20.f, -20.f, 6.5f, -6.5f, 1.f, -2.f, 9.f};
+  for (size_t i = 0; i < std::size(gs); ++i) g[i] = gs[i], u[i] = us[i];
+  for (size_t i = 0; i < std::size(gs); ++i) g[20 + i] = gs[i], u[20 + i] = us[std::size(us) - 1 - i];
+  for (Isa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << isa_name(isa));
+    std::vector<float> y(n, -1.f);
+    swiglu_oai_gate(g.data(), u.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double x = std::min(double(g[size_t(i)]), 7.0), uc = std::clamp(double(u[size_t(i)]), -7.0, 7.0);
+      const double ref = x / (1 + std::exp(-1.702 * x)) * (uc + 1);
+      INFO("g " << g[size_t(i)] << " u " << u[size_t(i)]);
+      // As for silu: a float argument of e^-αx carries a relative error growing with |αx|.
+      CHECK(std::abs(y[size_t(i)] - ref) <= 2e-7 * (4 + std::abs(1.702 * x)) * std::abs(ref) + 1e-30);
+    }
+    // NaN in either input stays NaN (a clamp must not turn it into the bound); infinities clamp.
+    const float nan = std::nanf(""), inf = INFINITY;
+    const float g2[] = {nan, 1.f, inf, 2.f, -2.f, nan};
+    const float u2[] = {1.f, nan, 3.f, inf, -inf, nan};
+    float y2[6];
+    swiglu_oai_gate(g2, u2, y2, 6);
+    CHECK(std::isnan(y2[0]));
+    CHECK(std::isnan(y2[1]));
+    CHECK(std::isnan(y2[5]));
+    const float g3[] = {7.f, 2.f, -2.f}, u3[] = {3.f, 7.f, -7.f};
+    float y3[3];
+    swiglu_oai_gate(g3, u3, y3, 3);
+    CHECK(y2[2] == y3[0]);
+    CHECK(y2[3] == y3[1]);
+    CHECK(y2[4] == y3[2]);
   }
 }
 
@@ -175,6 +218,100 @@ TEST_CASE("attention over staged F16 and Q8_0 rows matches a double reference on
           }
           CHECK(differ == 0);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention sinks: one more logit per head, small or larger than every score, on every ISA") {
+  // 100 staged tokens (two key chunks), 8 query heads over 2 KV heads, with and without a window.
+  // q is large enough that the scores spread over several units, so the sinks below, around and
+  // above them all matter; head 6's sink is above every score it meets, head 7's above by 40.
+  const int n_head = 8, n_kv = 2, dk = 64, n_tok = 100, n_rep = n_head / n_kv;
+  std::mt19937 rng(23);
+  const std::vector<float> q = randoms(size_t(n_tok) * n_head * dk, -3.f, 3.f, rng);
+  const std::vector<float> k = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
+  const std::vector<float> v = randoms(size_t(n_tok) * n_kv * dk, -1.f, 1.f, rng);
+  const size_t row = row_bytes(GgmlType::F16, int64_t(n_kv) * dk);
+  std::vector<uint8_t> k16(row * n_tok), v16(row * n_tok), cache(row * 4);
+  for (int t = 0; t < n_tok; ++t) {
+    kv_convert(GgmlType::F16, k.data() + size_t(t) * n_kv * dk, k16.data() + row * t, n_kv * dk);
+    kv_convert(GgmlType::F16, v.data() + size_t(t) * n_kv * dk, v16.data() + row * t, n_kv * dk);
+  }
+  std::vector<float> kf(k.size()), vf(v.size());
+  dequantize_row(GgmlType::F16, k16.data(), kf.data(), int64_t(kf.size()));
+  dequantize_row(GgmlType::F16, v16.data(), vf.data(), int64_t(vf.size()));
+  std::vector<int32_t> pos(n_tok), seq(n_tok, 0), first(n_tok, 0), row0(n_tok, 0);
+  for (int t = 0; t < n_tok; ++t) pos[size_t(t)] = t;
+  const float scale = 1.f / std::sqrt(float(dk));
+  auto score = [&](int t, int h, int j) {
+    double d = 0;
+    for (int i = 0; i < dk; ++i)
+      d += double(q[(size_t(t) * n_head + h) * dk + i]) * kf[(size_t(j) * n_kv + h / n_rep) * dk + i];
+    return d * scale;
+  };
+
+  for (int window : {0, 7}) {
+    auto lo_of = [&](int t) { return window ? std::max(0, t - window + 1) : 0; };
+    std::vector<float> sinks = {-30.f, -2.f, 0.f, 0.5f, 1.5f, 3.f, 0.f, 0.f};
+    double top = -1e300;  // head 6's largest score
+    for (int t = 0; t < n_tok; ++t)
+      for (int j = lo_of(t); j <= t; ++j) top = std::max(top, score(t, 6, j));
+    sinks[6] = float(top + 1.0);
+    sinks[7] = float(top + 40.0);  // (head 7's scores are of the same size)
+
+    // out = Σ e^(s_j − M) v_j / (Σ e^(s_j − M) + e^(sink − M)), M the largest of the scores and the sink.
+    std::vector<double> ref(size_t(n_tok) * n_head * dk, 0.0);
+    for (int t = 0; t < n_tok; ++t)
+      for (int h = 0; h < n_head; ++h) {
+        std::vector<double> s;
+        double mx = sinks[size_t(h)];
+        for (int j = lo_of(t); j <= t; ++j) mx = std::max(mx, s.emplace_back(score(t, h, j)));
+        double sum = std::exp(double(sinks[size_t(h)]) - mx);
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int j = lo_of(t); j <= t; ++j)
+          for (int i = 0; i < dk; ++i)
+            ref[(size_t(t) * n_head + h) * dk + i] += s[size_t(j - lo_of(t))] / sum * vf[(size_t(j) * n_kv + h / n_rep) * dk + i];
+      }
+
+    for (Isa isa : isas()) {
+      IsaGuard guard(isa);
+      for (int threads : {1, 2}) {
+        INFO("isa " << isa_name(isa) << " window " << window << " threads " << threads);
+        ThreadPool pool(threads);
+        std::vector<float> out(ref.size(), 0.f);
+        AttentionArgs a;
+        a.n_tokens = n_tok;
+        a.q = q.data(), a.q_stride = size_t(n_head) * dk;
+        a.out = out.data(), a.out_stride = size_t(n_head) * dk;
+        a.pos = pos.data(), a.seq = seq.data(), a.first = first.data(), a.row0 = row0.data();
+        a.k_new = k16.data(), a.v_new = v16.data();
+        a.n_head = n_head;
+        a.scale = scale;
+        a.window = window;
+        a.sinks = sinks.data();
+        a.kv.type = GgmlType::F16;
+        a.kv.k = a.kv.v = cache.data();
+        a.kv.k_row = a.kv.v_row = row;
+        a.kv.n_cells = 4;
+        a.kv.n_head_kv = n_kv, a.kv.head_dim_k = a.kv.head_dim_v = dk;
+        attention(a, pool);
+        // Relative to each (token, head) row's size: head 7's outputs are about e^-40 of the others.
+        int bad = 0;
+        for (size_t r = 0; r < size_t(n_tok) * n_head; ++r) {
+          double size = 0;
+          for (int i = 0; i < dk; ++i) size = std::max(size, std::abs(ref[r * dk + size_t(i)]));
+          for (int i = 0; i < dk; ++i) bad += !(std::abs(out[r * dk + size_t(i)] - ref[r * dk + size_t(i)]) <= 3e-5 * size);
+        }
+        CHECK(bad == 0);
+        // Sinks of -inf weigh nothing: the bits of no sinks at all.
+        std::vector<float> plain(out.size()), none(out.size());
+        const std::vector<float> ninf(size_t(n_head), -INFINITY);
+        a.out = plain.data(), a.sinks = ninf.data();
+        attention(a, pool);
+        a.out = none.data(), a.sinks = nullptr;
+        attention(a, pool);
+        CHECK(std::memcmp(plain.data(), none.data(), plain.size() * 4) == 0);
       }
     }
   }

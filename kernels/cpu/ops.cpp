@@ -107,8 +107,9 @@ void softmax_scalar(float* x, int n) {
 }
 }  // namespace
 
-// The gates compute silu(g) = g / (1 + e^-g) and gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
-// g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3): one exponential per element. The SIMD paths
+// The gates compute silu(g) = g / (1 + e^-g), gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
+// g / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3), and gpt-oss's x / (1 + e^-αx) · (u' + 1) on
+// the clamped x and u' (kernels/swiglu_oai.h): one exponential per element. The SIMD paths
 // use their own exp (below, ~1 ulp) on every element, the tail included (masked), so an element's
 // result depends only on its value, never on where it sits in the batch.
 namespace {
@@ -116,14 +117,23 @@ namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluC = 0.044715f;
 
+enum class Gate { Silu, Gelu, SwigluOai };
+
 inline float silu_one(float g) { return g / (1.f + std::exp(-g)); }
 inline float gelu_one(float g) { return g / (1.f + std::exp(-2.f * kGeluK * (g + kGeluC * g * g * g))); }
-
-void silu_gate_scalar(const float* g, const float* u, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] = silu_one(g[i]) * u[i];
+// std::min/max keep their first argument when a comparison with NaN is false: NaN stays NaN.
+inline float swiglu_oai_one(float g, float u) {
+  const float x = std::min(g, kSwigluOaiLimit), uc = std::max(std::min(u, kSwigluOaiLimit), -kSwigluOaiLimit);
+  return x / (1.f + std::exp(-kSwigluOaiAlpha * x)) * (uc + 1.f);
 }
-void gelu_gate_scalar(const float* g, const float* u, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] = gelu_one(g[i]) * u[i];
+
+template <Gate K>
+void gate_scalar(const float* g, const float* u, float* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    if constexpr (K == Gate::Silu) y[i] = silu_one(g[i]) * u[i];
+    else if constexpr (K == Gate::Gelu) y[i] = gelu_one(g[i]) * u[i];
+    else y[i] = swiglu_oai_one(g[i], u[i]);
+  }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -197,33 +207,55 @@ BATON_AVX512_FN inline __m512 silu_avx512(__m512 g) {
   const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
+// gpt-oss's gate on the clamped values. min/max return their second operand when either is NaN,
+// so with the constant first a NaN g or u stays NaN (as in swiglu_oai_one).
+BATON_AVX2_FN inline __m256 swiglu_oai_avx2(__m256 g, __m256 u) {
+  const __m256 lim = _mm256_set1_ps(kSwigluOaiLimit), one = _mm256_set1_ps(1.f);
+  const __m256 x = _mm256_min_ps(lim, g);
+  const __m256 uc = _mm256_max_ps(_mm256_set1_ps(-kSwigluOaiLimit), _mm256_min_ps(lim, u));
+  const __m256 e = exp_avx2(_mm256_mul_ps(_mm256_set1_ps(-kSwigluOaiAlpha), x));
+  return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_add_ps(uc, one));
+}
+BATON_AVX512_FN inline __m512 swiglu_oai_avx512(__m512 g, __m512 u) {
+  const __m512 lim = _mm512_set1_ps(kSwigluOaiLimit), one = _mm512_set1_ps(1.f);
+  const __m512 x = _mm512_min_ps(lim, g);
+  const __m512 uc = _mm512_max_ps(_mm512_set1_ps(-kSwigluOaiLimit), _mm512_min_ps(lim, u));
+  const __m512 e = exp_avx512(_mm512_mul_ps(_mm512_set1_ps(-kSwigluOaiAlpha), x));
+  return _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_add_ps(uc, one));
+}
 
-template <bool Gelu>
+// One vector of a gate's output from its g and u vectors.
+template <Gate K>
+BATON_AVX2_FN inline __m256 gate8(__m256 g, __m256 u) {
+  if constexpr (K == Gate::Silu) return _mm256_mul_ps(silu_avx2(g), u);
+  else if constexpr (K == Gate::Gelu) return _mm256_mul_ps(gelu_avx2(g), u);
+  else return swiglu_oai_avx2(g, u);
+}
+template <Gate K>
+BATON_AVX512_FN inline __m512 gate16(__m512 g, __m512 u) {
+  if constexpr (K == Gate::Silu) return _mm512_mul_ps(silu_avx512(g), u);
+  else if constexpr (K == Gate::Gelu) return _mm512_mul_ps(gelu_avx512(g), u);
+  else return swiglu_oai_avx512(g, u);
+}
+
+template <Gate K>
 BATON_AVX2_FN void gate_avx2(const float* g, const float* u, float* y, int n) {
   int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(Gelu ? gelu_avx2(gv) : silu_avx2(gv), _mm256_loadu_ps(u + i)));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, gate8<K>(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
   if (i < n) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), idx);
-    const __m256 gv = _mm256_maskload_ps(g + i, m);
-    _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(Gelu ? gelu_avx2(gv) : silu_avx2(gv), _mm256_maskload_ps(u + i, m)));
+    _mm256_maskstore_ps(y + i, m, gate8<K>(_mm256_maskload_ps(g + i, m), _mm256_maskload_ps(u + i, m)));
   }
 }
 
-template <bool Gelu>
+template <Gate K>
 BATON_AVX512_FN void gate_avx512(const float* g, const float* u, float* y, int n) {
   int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_loadu_ps(u + i)));
-  }
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, gate16<K>(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(Gelu ? gelu_avx512(gv) : silu_avx512(gv), _mm512_maskz_loadu_ps(m, u + i)));
+    _mm512_mask_storeu_ps(y + i, m, gate16<K>(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
 // The largest lane, and the sum of the lanes (halves, then pairs, then neighbours).
@@ -301,23 +333,21 @@ void softmax(float* x, int n) {
   softmax_scalar(x, n);
 }
 
-void silu_gate(const float* g, const float* u, float* y, int n) {
+namespace {
+template <Gate K>
+void gate(const float* g, const float* u, float* y, int n) {
 #if defined(__x86_64__) || defined(__i386__)
   const Isa isa = active_isa();
-  if (isa >= Isa::Avx512) return gate_avx512<false>(g, u, y, n);
-  if (isa >= Isa::Avx2) return gate_avx2<false>(g, u, y, n);
+  if (isa >= Isa::Avx512) return gate_avx512<K>(g, u, y, n);
+  if (isa >= Isa::Avx2) return gate_avx2<K>(g, u, y, n);
 #endif
-  silu_gate_scalar(g, u, y, n);
+  gate_scalar<K>(g, u, y, n);
 }
+}  // namespace
 
-void gelu_tanh_gate(const float* g, const float* u, float* y, int n) {
-#if defined(__x86_64__) || defined(__i386__)
-  const Isa isa = active_isa();
-  if (isa >= Isa::Avx512) return gate_avx512<true>(g, u, y, n);
-  if (isa >= Isa::Avx2) return gate_avx2<true>(g, u, y, n);
-#endif
-  gelu_gate_scalar(g, u, y, n);
-}
+void silu_gate(const float* g, const float* u, float* y, int n) { gate<Gate::Silu>(g, u, y, n); }
+void gelu_tanh_gate(const float* g, const float* u, float* y, int n) { gate<Gate::Gelu>(g, u, y, n); }
+void swiglu_oai_gate(const float* g, const float* u, float* y, int n) { gate<Gate::SwigluOai>(g, u, y, n); }
 
 void add(float* y, const float* x, int n) {
   for (int i = 0; i < n; ++i) y[i] += x[i];
@@ -993,6 +1023,12 @@ inline void load_head(const AttnKernels& kern, GgmlType type, const uint8_t* hea
   else kern.cvt_q8_0(reinterpret_cast<const BlockQ8_0*>(head), dst, n);  // Q8_0
 }
 
+// The denominator of a row's output, accumulated against its online softmax's final max m and sum
+// l: l; with an attention sink (one more logit that takes probability mass and adds no value)
+// l + e^(sink − m), which is the one correction a last chunk holding just the sink would make:
+// acc·c / (l·c + e^(sink − M)) with M = max(m, sink), c = e^(m − M), divided through by c (a term
+// that overflows to inf gives 0, the limit). The CUDA kernels' softmax_denom.
+inline float softmax_denom(float m, float l, const float* sink) { return sink ? l + std::exp(*sink - m) : l; }
 
 }  // namespace
 
@@ -1156,7 +1192,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       for (int j = 0; j < cn; ++j) load_head(kern, kv.type, rows[size_t(kKeyChunk + j)], dv, vtile + size_t(j) * dv);
       kern.pv(s0, kScoreStride, nr, vtile, cn, dv, orow.data());
     }
-    for (int i = 0; i < nr; ++i) scale(orow[size_t(i)], 1.f / run_sum[i], dv);
+    for (int i = 0; i < nr; ++i)
+      scale(orow[size_t(i)], 1.f / softmax_denom(run_max[i], run_sum[i], a.sinks ? a.sinks + h0 + i % H : nullptr), dv);
   });
 }
 

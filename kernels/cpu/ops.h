@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
+#include "kernels/swiglu_oai.h"
 #include "quant/types.h"
 
 namespace baton::cpu {
@@ -26,6 +27,9 @@ void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* 
 void softmax(float* x, int n);                                    // in place, max-subtracted
 void silu_gate(const float* g, const float* u, float* y, int n);  // y = silu(g) * u
 void gelu_tanh_gate(const float* g, const float* u, float* y, int n);  // y = gelu_tanh(g) * u
+// gpt-oss's clamped SwiGLU: y = x·σ(α·x)·(u' + 1), x = min(g, limit), u' = clamp(u, −limit, limit)
+// (α = kSwigluOaiAlpha, limit = kSwigluOaiLimit: kernels/swiglu_oai.h). A NaN g or u gives NaN.
+void swiglu_oai_gate(const float* g, const float* u, float* y, int n);
 void add(float* y, const float* x, int n);                        // y += x
 void scale(float* y, float s, int n);                             // y *= s
 void softcap(float* y, float cap, int n);                         // y = cap * tanh(y / cap)
@@ -104,6 +108,10 @@ struct AttentionArgs {
   int n_head = 0;
   float scale = 1.f;
   float softcap = 0.f;  // > 0: every score s (scale included) becomes softcap·tanh(s / softcap) (Gemma 2)
+  // n_head floats (host) or null: head h's softmax takes one more logit sinks[h] (gpt-oss's
+  // attention sink), which takes probability mass and adds no value: out = Σ_j e^(s_j − M) v_j /
+  // (Σ_j e^(s_j − M) + e^(sinks[h] − M)), M = max(max_j s_j, sinks[h]), s_j after scale and cap.
+  const float* sinks = nullptr;
   int window = 0;
   KvLayerView kv;
 };

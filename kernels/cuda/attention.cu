@@ -6,7 +6,9 @@
 //  - attention_prefill(): a run of one sequence; a block takes a tile of queries of one head and
 //    walks key/value tiles through shared memory with an online softmax (no score matrix): on the
 //    tensor cores for heads up to 128 (Q, K, V and the probabilities as F16), else in F32.
-// Scores and sums in F32; K/V are F16 or Q8_0 in the cache, expanded on load.
+// Scores and sums in F32; K/V are F16 or Q8_0 in the cache, expanded on load. An attention sink
+// (a.sinks, gpt-oss) enters once per head, in the final division (softmax_denom): at the merge of
+// the splits, or where a head's only split or a prefill tile writes its output.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -147,10 +149,11 @@ __device__ void stage_own_head(const AttentionArgs& a, const RopeStage& r, int t
   }
 }
 
-// The splits' partials of one head merged into output value d (in split order, empty ones skipped).
-// Read from the L2: other blocks wrote them.
+// The splits' partials of head h merged into output value d (in split order, empty ones skipped),
+// the head's attention sink (sinks non-null) taken in once, here. Read from the L2: other blocks
+// wrote them.
 template <int D>
-__device__ __forceinline__ float merge_splits(const float* p, int n, int d) {
+__device__ __forceinline__ float merge_splits(const float* p, int n, int d, const float* sinks, int h) {
   float M = -INFINITY;
   for (int s = 0; s < n; s++) M = fmaxf(M, __ldcg(p + s * (D + 2)));
   float acc = 0.0f, L = 0.0f;
@@ -161,7 +164,7 @@ __device__ __forceinline__ float merge_splits(const float* p, int n, int d) {
     L += w * __ldcg(p + s * (D + 2) + 1);
     acc += w * __ldcg(p + s * (D + 2) + 2 + d);
   }
-  return acc / L;
+  return acc / softmax_denom(M, L, sinks, h);
 }
 
 // Output value d of token t, head h (and its 8-bit activation: every lane of the warp calls this,
@@ -319,11 +322,12 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
   const size_t row = size_t(t) * gridDim.y + h;  // (token, head)
   if (fused && n_active == 1) {
     // The only split with keys: its sums are the head's (the merge would weigh them by exp(0)).
+    const float denom = softmax_denom(M, L, a.sinks, h);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float acc = 0.0f;
       for (int w = 0; w < 4; w++)
         if (sm_m[w] > -INFINITY) acc += expf(sm_m[w] - M) * sm_o[w][d];
-      write_out<D>(a, e, t, h, d, acc / L);
+      write_out<D>(a, e, t, h, d, acc / denom);
     }
     grid_done(a.kv, e, last);
     return;
@@ -348,7 +352,8 @@ attn_split_kernel(AttentionArgs a, SplitEnd e) {
   if (last) {
     __threadfence();
     const float* ph = e.part + row * n_split * (D + 2);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) write_out<D>(a, e, t, h, d, merge_splits<D>(ph, n_active, d));
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+      write_out<D>(a, e, t, h, d, merge_splits<D>(ph, n_active, d, a.sinks, h));
     if (threadIdx.x == 0) e.counters[row] = 0;  // for the next launch
   }
   grid_done(a.kv, e, last);
@@ -361,14 +366,15 @@ __global__ void kv_commit_kernel(KvLayer kv, KvCommit m) {
   commit_row(kv, m, blockIdx.x, blockIdx.y);
 }
 
-// Block (t, h) merges the splits of token t, head h (thread per output value). With qs: out's
-// 8-bit activations too (rows of n_head * D values, a warp's 32 values one block). Blocks
-// (t, n_head) and (t, n_head + 1), t < m.n, do the commit's k and v rows: every split has read
-// the cache by now (this kernel waits for them), so the new rows may overwrite old cells.
+// Block (t, h) merges the splits of token t, head h (thread per output value), with the head's
+// sink (sinks: n_head floats or null). With qs: out's 8-bit activations too (rows of n_head * D
+// values, a warp's 32 values one block). Blocks (t, n_head) and (t, n_head + 1), t < m.n, do the
+// commit's k and v rows: every split has read the cache by now (this kernel waits for them), so
+// the new rows may overwrite old cells.
 template <int D>
-__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, int n_tokens, int n_head, float* out,
-                                    size_t out_stride, int8_t* __restrict__ qs, float2* __restrict__ ds, KvLayer kv,
-                                    KvCommit m) {
+__global__ void attn_combine_kernel(const float* __restrict__ part, int n_split, int n_tokens, int n_head,
+                                    const float* __restrict__ sinks, float* out, size_t out_stride,
+                                    int8_t* __restrict__ qs, float2* __restrict__ ds, KvLayer kv, KvCommit m) {
   griddep_release();
   griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -377,7 +383,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ part, int n_split,
     return;
   }
   if (t >= n_tokens) return;
-  const float o = merge_splits<D>(part + (size_t(t) * n_head + h) * n_split * (D + 2), n_split, d);
+  const float o = merge_splits<D>(part + (size_t(t) * n_head + h) * n_split * (D + 2), n_split, d, sinks, h);
   out[size_t(t) * out_stride + size_t(h) * D + d] = o;
   if (qs) q8_store(o, (int64_t(t) * n_head + h) * D + d, qs, ds);
 }
@@ -486,8 +492,9 @@ attn_prefill_kernel(AttentionArgs a, int seq, int pos0, int row0) {
     const int qi = q_first + warp * QPW + r;
     if (qi >= a.n_tokens) continue;
     float* out = a.out + size_t(qi) * a.out_stride + size_t(h) * D;
+    const float denom = softmax_denom(m[r], l[r], a.sinks, h);
 #pragma unroll
-    for (int i = 0; i < R; i++) out[lane + 32 * i] = o[r][i] / l[r];
+    for (int i = 0; i < R; i++) out[lane + 32 * i] = o[r][i] / denom;
   }
 }
 
@@ -686,6 +693,7 @@ attn_prefill_mma_kernel(AttentionArgs a, int seq, int pos0, int row0) {
     const int qi = q0 + g + 8 * r;
     if (qi >= a.n_tokens) continue;
     float* out = a.out + size_t(qi) * a.out_stride + size_t(h) * D + 2 * t;
+    L = softmax_denom(m[r], L, a.sinks, h);  // m[r]: the same in the row's 4 lanes
 #pragma unroll
     for (int n = 0; n < NT; n++) {
       out[8 * n] = o[n][2 * r] / L;
@@ -786,8 +794,8 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
     CUDA_CHECK_LAUNCH();
     if (fused) return;
     const dim3 grid(unsigned(std::max(a.n_tokens, commit.n)), unsigned(a.n_head + (commit.n > 0 ? 2 : 0)));
-    launch_early(c.early_launch, attn_combine_kernel<DD>, grid, DD, s, part, n_split, a.n_tokens, a.n_head, a.out,
-                 a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds), a.kv, commit);
+    launch_early(c.early_launch, attn_combine_kernel<DD>, grid, DD, s, part, n_split, a.n_tokens, a.n_head, a.sinks,
+                 a.out, a.out_stride, act.qs, reinterpret_cast<float2*>(act.ds), a.kv, commit);
     CUDA_CHECK_LAUNCH();
   });
 }

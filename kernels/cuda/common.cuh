@@ -200,11 +200,21 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
   return __uint_as_float(uint32_t(b) << 16);
 }
 
-// The rotation of pair (a, b) by the angle with cosine c and sine s: (a·c − b·s, a·s + b·c), each
-// product rounded before the sum (never fused), so that every kernel that rotates gets the same bits.
 // Gemma 2's attention soft-cap: a score s becomes cap·tanh(s / cap); cap 0 leaves it.
 __device__ __forceinline__ float softcap_score(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
 
+// The denominator of an attention output accumulated against its online softmax's final max m and
+// sum l: l; with gpt-oss's attention sink of head h (sinks: n_head floats or null), one more logit
+// that takes probability mass and adds no value, l + e^(sink − m). That is the sink's term at the
+// scores' max instead of the joint max M = max(m, sink): acc·c / (l·c + e^(sink − M)) with
+// c = e^(m − M) is acc / (l + e^(sink − m)), and a term that overflows to inf gives 0, the limit.
+// Applied once per head, when it is finished (as cpu::attention).
+__device__ __forceinline__ float softmax_denom(float m, float l, const float* sinks, int h) {
+  return sinks ? l + expf(sinks[h] - m) : l;
+}
+
+// The rotation of pair (a, b) by the angle with cosine c and sine s: (a·c − b·s, a·s + b·c), each
+// product rounded before the sum (never fused), so that every kernel that rotates gets the same bits.
 __device__ __forceinline__ float2 rotate_pair(float a, float b, float c, float s) {
   return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
 }

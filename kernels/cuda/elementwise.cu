@@ -4,12 +4,13 @@
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant.cuh"
+#include "kernels/swiglu_oai.h"
 
 namespace baton::cuda {
 
 namespace {
 
-enum class Ew { Silu, Gelu, Add, Scale, Softcap };
+enum class Ew { Silu, Gelu, SwigluOai, Add, Scale, Softcap };
 
 template <Ew op>
 __device__ __forceinline__ float ew(float a, float b, float s) {
@@ -17,6 +18,11 @@ __device__ __forceinline__ float ew(float a, float b, float s) {
   if constexpr (op == Ew::Gelu) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
     return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a))) * b;
+  }
+  if constexpr (op == Ew::SwigluOai) {  // fminf/fmaxf would turn a NaN into the bound: compare instead
+    const float x = a > kSwigluOaiLimit ? kSwigluOaiLimit : a;
+    const float u = b > kSwigluOaiLimit ? kSwigluOaiLimit : b < -kSwigluOaiLimit ? -kSwigluOaiLimit : b;
+    return x / (1.0f + expf(-kSwigluOaiAlpha * x)) * (u + 1.0f);
   }
   if constexpr (op == Ew::Add) return a + b;
   if constexpr (op == Ew::Scale) return a * s;
@@ -66,6 +72,9 @@ void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, 
 }
 void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
   launch_ew<Ew::Gelu>(c, g, u, y, 0, n, q8);
+}
+void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
+  launch_ew<Ew::SwigluOai>(c, g, u, y, 0, n, q8);
 }
 void add(Context& c, float* y, const float* x, int64_t n) { launch_ew<Ew::Add>(c, y, x, y, 0, n); }
 void scale(Context& c, float* y, float s, int64_t n) { launch_ew<Ew::Scale>(c, y, nullptr, y, s, n); }

@@ -392,9 +392,11 @@ struct RopeRows {
 void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int head_dim, int rope_dim,
              const int32_t* pos, const float* freqs, bool neox, float mscale = 1.f);
 
-// silu(g)·u and gelu_tanh(g)·u; q8 as for rms_norm (q8_scratch(c, row width, rows), n a multiple of 32).
+// silu(g)·u, gelu_tanh(g)·u and gpt-oss's clamped SwiGLU (as cpu::swiglu_oai_gate); q8 as for
+// rms_norm (q8_scratch(c, row width, rows), n a multiple of 32).
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
+void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void add(Context& c, float* y, const float* x, int64_t n);       // y += x
 void scale(Context& c, float* y, float s, int64_t n);            // y *= s
 void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tanh(y / cap)
@@ -467,6 +469,7 @@ struct AttentionArgs {  // as cpu::AttentionArgs; the int arrays are device arra
   int n_head = 0;
   float scale = 1.f;
   float softcap = 0.f;  // > 0: every score s (scale included) becomes softcap·tanh(s / softcap) (Gemma 2)
+  const float* sinks = nullptr;  // n_head floats (device) or null: attention sinks, as cpu::AttentionArgs
   int window = 0;
   KvLayer kv;
 };

@@ -94,7 +94,8 @@ void check_attention(const AttentionArgs& a) {
 }
 
 // One query token of attention(): the staged-batch rule of cpu::AttentionArgs over the
-// position-major cache. buf: max_len + 2 * head_dim floats.
+// position-major cache. buf: max_len + 1 + 2 * head_dim floats (the scores, a head's sink as one
+// more of them, K and V).
 void attend(const AttentionArgs& a, int t, int pos, int seq, int first, int row0, int max_len, float* buf) {
   const KvLayer& kv = a.kv;
   const int D = kv.head_dim, n_rep = a.n_head / kv.n_head_kv;
@@ -111,7 +112,7 @@ void attend(const AttentionArgs& a, int t, int pos, int seq, int first, int row0
     return j >= first ? staged + size_t(row0 + j - first) * row : cache + (size_t(seq) * size_t(kv.n_cells) + size_t(j % kv.n_cells)) * row;
   };
   float* sc = buf;
-  float* kf = buf + max_len;
+  float* kf = buf + max_len + 1;
   float* vf = kf + D;
   for (int h = 0; h < a.n_head; ++h) {
     const int g = h / n_rep;
@@ -123,7 +124,8 @@ void attend(const AttentionArgs& a, int t, int pos, int seq, int first, int row0
       sc[j] = s * a.scale;
       if (a.softcap > 0) sc[j] = a.softcap * std::tanh(sc[j] / a.softcap);
     }
-    cpu::softmax(sc, n);
+    if (a.sinks) sc[n] = a.sinks[h];  // the sink: a logit whose probability weighs no value
+    cpu::softmax(sc, n + (a.sinks != nullptr));
     float* out = a.out + size_t(t) * a.out_stride + size_t(h) * size_t(D);
     std::fill(out, out + D, 0.0f);
     for (int j = 0; j < n; ++j) {
@@ -484,6 +486,10 @@ void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_
   in_pieces(n, [&](int64_t i, int m) { cpu::gelu_tanh_gate(g + i, u + i, y + i, m); });
   if (q8.qs) quantize_act(c, y, n, 1, q8.qs, q8.ds);
 }
+void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
+  in_pieces(n, [&](int64_t i, int m) { cpu::swiglu_oai_gate(g + i, u + i, y + i, m); });
+  if (q8.qs) quantize_act(c, y, n, 1, q8.qs, q8.ds);
+}
 void add(Context&, float* y, const float* x, int64_t n) {
   in_pieces(n, [&](int64_t i, int m) { cpu::add(y + i, x + i, m); });
 }
@@ -560,7 +566,7 @@ void kv_commit(Context&, const KvLayer& kv, const KvCommit& m) {
 
 size_t attention_scratch_bytes(const Context&, int n_tokens, int, int head_dim, int max_len) {
   if (n_tokens <= 0 || max_len <= 0) return 0;
-  return (size_t(max_len) + 2 * size_t(head_dim)) * sizeof(float);
+  return (size_t(max_len) + 1 + 2 * size_t(head_dim)) * sizeof(float);
 }
 
 // q8_out changes nothing here: the emulated GEMV quantizes its input itself. The commit follows
