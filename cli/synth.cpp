@@ -15,7 +15,7 @@ struct SynthArgs {
   std::string shape, arch, type, out, vocab;
   uint64_t seed = 0;
   std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
-  std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+  std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp, sliding_window;
   bool tied = false;
 };
 
@@ -27,7 +27,7 @@ std::string preset_names() {
 
 int run_synth(const SynthArgs& a) {
   const bool custom = a.n_embd || a.n_layer || a.n_head || a.n_head_kv || a.head_dim || a.n_ff || a.n_vocab || a.ctx ||
-                      !a.arch.empty() || a.tied || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
+                      !a.arch.empty() || a.tied || a.sliding_window || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
   ShapePreset p{};
   if (!a.shape.empty()) {
     p = find_preset(a.shape);
@@ -45,11 +45,15 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "phi3") p.architecture = "phi3", p.qkv_bias = false;
       else if (a.arch == "qwen3moe") p.architecture = "qwen3moe", p.qkv_bias = false;
       else if (a.arch == "qwen2moe") p.architecture = "qwen2moe", p.qkv_bias = true;
-      else
+      else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
+        p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
+        if (!p.sliding_window) p.sliding_window = 128;
+      } else
         fail(ErrorKind::Usage,
-             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe or qwen2moe (gemma through --shape)",
+             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe or gpt-oss (gemma through --shape)",
              a.arch);
     }
+    if (a.sliding_window) p.sliding_window = *a.sliding_window;
     if (a.n_expert) p.n_expert = *a.n_expert;
     if (a.n_expert_used) p.n_expert_used = *a.n_expert_used;
     if (a.n_ff_exp) p.n_ff_exp = *a.n_ff_exp;
@@ -84,11 +88,17 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
               [](CLI::App& app) {
                 auto a = std::make_shared<SynthArgs>();
                 app.add_option("--shape", a->shape, "Preset: " + preset_names());
-                app.add_option("--type", a->type, "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS")->required();
+                app.add_option("--type", a->type,
+                               "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, or MXFP4 (as "
+                               "gpt-oss files: the expert matrices MXFP4 — without experts the FFN matrices — and "
+                               "the other matrices Q8_0; rows must be multiples of 32)")
+                    ->required();
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
-                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe or qwen2moe");
+                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe or gpt-oss");
+                app.add_option("--sliding-window", a->sliding_window,
+                               "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
                 app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
                 app.add_option("--n-head", a->n_head, "Custom shape: query heads");

@@ -106,6 +106,15 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
         experts(LayerTensor::UpExps, c.n_ff_exp, L.up_exp);
       }
       experts(LayerTensor::DownExps, c.n_embd, L.down_exp);
+      if (c.moe_bias) {  // expert e's bias: row e of the stacked [width, n_expert] F32 tensor
+        L.router_b = opt(l, LayerTensor::BGateInp);
+        auto biases = [&](LayerTensor t, int width, std::vector<const float*>& out) {
+          for (int e = 0; e < c.n_expert; ++e) out.push_back(opt(l, t) + size_t(e) * size_t(width));
+        };
+        biases(LayerTensor::BGateExps, c.n_ff_exp, L.gate_exp_b);
+        biases(LayerTensor::BUpExps, c.n_ff_exp, L.up_exp_b);
+        biases(LayerTensor::BDownExps, c.n_embd, L.down_exp_b);
+      }
       if (c.n_ff_shexp > 0) {
         L.gate_sh = mat(l, LayerTensor::GateShexp);
         L.up_sh = mat(l, LayerTensor::UpShexp);
@@ -116,7 +125,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
       L.down = mat(l, LayerTensor::Down);
     }
     L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
-    L.ffn_norm = norm(layer_tensor_key(l, LayerTensor::FfnNorm));
+    L.ffn_norm = norm(layer_tensor_key(l, c.ffn_norm_tensor()));
     if (c.qk_norm) {
       L.q_norm = norm(layer_tensor_key(l, LayerTensor::QNorm));
       L.k_norm = norm(layer_tensor_key(l, LayerTensor::KNorm));
@@ -128,6 +137,8 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bq = opt(l, LayerTensor::Bq);
     L.bk = opt(l, LayerTensor::Bk);
     L.bv = opt(l, LayerTensor::Bv);
+    L.bo = opt(l, LayerTensor::Bo);
+    L.sinks = opt(l, LayerTensor::Sinks);
   }
   if (pack_pool) {
     // In the order the forward reads them.
@@ -264,7 +275,14 @@ namespace {
 // g = act(g) * u over count values.
 void gate_rows(const ModelConfig& c, float* g, const float* u, int count) {
   if (c.act == Activation::SiLU) cpu::silu_gate(g, u, g, count);
+  else if (c.act == Activation::SwiGluOai) cpu::swiglu_oai_gate(g, u, g, count);
   else cpu::gelu_tanh_gate(g, u, g, count);
+}
+
+// rows × width values y += bias per row (no bias: nothing).
+void add_bias(float* y, const float* bias, int rows, int width) {
+  if (!bias) return;
+  for (int r = 0; r < rows; ++r) cpu::add(y + size_t(r) * size_t(width), bias, width);
 }
 
 }  // namespace
@@ -274,16 +292,24 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
   float *hb = s.hb, *hb2 = s.hb2;
   float* acc = s.acc;
   std::fill(acc, acc + size_t(n) * E, 0.f);
+  // Expert e's gate, up and down biases (gpt-oss), or null.
+  auto bias = [&](const std::vector<const float*>& b, int e) { return b.empty() ? nullptr : b[size_t(e)]; };
   if (n == 1) {
     constexpr int kGroup = cpu::kMaxTargets / 2;  // experts per pair of jobs
     cpu::MatmulTarget gu[2 * kGroup], dn[kGroup];
     float wt[kGroup];
+    int ids[kGroup];
     int m = 0;
     auto run = [&] {
       if (m == 0) return;
       cpu::matmul_multi(gu, 2 * m, x, 1, pool);
+      for (int j = 0; j < m; ++j) {
+        add_bias(hb + size_t(j) * F, bias(L.gate_exp_b, ids[j]), 1, F);
+        add_bias(hb2 + size_t(j) * F, bias(L.up_exp_b, ids[j]), 1, F);
+      }
       gate_rows(c, hb, hb2, m * F);
       cpu::matmul_multi(dn, m, nullptr, 1, pool);
+      for (int j = 0; j < m; ++j) add_bias(s.ye + size_t(j) * E, bias(L.down_exp_b, ids[j]), 1, E);
       const int32_t token0[kGroup] = {};  // every expert's row goes to the one token
       cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
       m = 0;
@@ -295,6 +321,7 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
       gu[2 * m + 1] = {&L.up_exp[size_t(e)], hb2 + size_t(m) * F};
       dn[m] = {&L.down_exp[size_t(e)], s.ye + size_t(m) * E, hb + size_t(m) * F};
       wt[m] = s.route_w[size_t(i)];
+      ids[m] = e;
       if (++m == kGroup) run();
     }
     run();
@@ -309,8 +336,11 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
       cpu::gather_rows(x, rows, m, E, s.xe);
       const cpu::MatmulTarget gu[] = {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}};
       cpu::matmul_multi(gu, 2, s.xe, m, pool);
+      add_bias(hb, bias(L.gate_exp_b, e), m, F);
+      add_bias(hb2, bias(L.up_exp_b, e), m, F);
       gate_rows(c, hb, hb2, m * F);
       cpu::matmul(L.down_exp[size_t(e)], hb, m, s.ye, pool);
+      add_bias(s.ye, bias(L.down_exp_b, e), m, E);
       cpu::scatter_add_rows(acc, s.ye, rows, s.expert_w.data() + off, false, m, E);
     }
   }
@@ -342,7 +372,7 @@ struct CpuLayers {
   // thread they left the other threads waiting. Any other op runs the queue first (flush), in
   // call order. A row's arithmetic is the same either way, so the bits never depend on which.
   struct RowOp {
-    enum Kind { Norm, Add, Silu, Gelu, Commit } kind;
+    enum Kind { Norm, Add, Silu, Gelu, SwigluOai, Commit } kind;
     const float* a;  // Norm: input; Add: addend; gate: g
     const float* b;  // Norm: weight (or null); gate: u
     float* y;
@@ -367,6 +397,7 @@ struct CpuLayers {
       case RowOp::Add: cpu::add(o.y + off, o.a + off, len); break;
       case RowOp::Silu: cpu::silu_gate(o.a + off, o.b + off, o.y + off, len); break;
       case RowOp::Gelu: cpu::gelu_tanh_gate(o.a + off, o.b + off, o.y + off, len); break;
+      case RowOp::SwigluOai: cpu::swiglu_oai_gate(o.a + off, o.b + off, o.y + off, len); break;
       case RowOp::Commit: commit(o.layer, int(off)); break;
     }
   }
@@ -425,10 +456,13 @@ struct CpuLayers {
   void add(float* y, const float* in, int n) { queue({RowOp::Add, in, nullptr, y, 1, n}); }
   void add_rows(float* y, const float* bias, int rows, int n) {
     flush();
-    for (int t = 0; t < rows; ++t) cpu::add(y + size_t(t) * n, bias, n);
+    add_bias(y, bias, rows, n);
   }
   void gate(Activation act, const float* g, const float* u, float* y, int n) {
-    queue({act == Activation::SiLU ? RowOp::Silu : RowOp::Gelu, g, u, y, 1, n});
+    const RowOp::Kind k = act == Activation::SiLU       ? RowOp::Silu
+                          : act == Activation::GeluTanh ? RowOp::Gelu
+                                                        : RowOp::SwigluOai;
+    queue({k, g, u, y, 1, n});
   }
   void softcap(float* y, float cap, int n) {
     flush();
@@ -475,6 +509,7 @@ struct CpuLayers {
     cpu::AttentionArgs a = attention_args<cpu::AttentionArgs>(c, l, n, q, xb2, batch.pos.data(), batch.seq.data(),
                                                               s.first.data(), s.row0.data(), s.k_new, s.v_new);
     a.kv = cache;
+    a.sinks = layer(l).sinks;
     cpu::attention(a, pool);
     RowOp commit_rows{RowOp::Commit, nullptr, nullptr, nullptr, n, 1};
     commit_rows.layer = l;
@@ -501,7 +536,7 @@ struct CpuLayers {
   void moe(const LayerWeights& L, int n) {
     const int E = c.n_embd, K = c.n_expert_used, X = c.n_expert;
     matmul(L.router, xb, n, s.router);  // (the queued residual add and norm run as its prologue)
-    for (int t = 0; t < n; ++t)
+    add_bias(s.router, L.router_b, n, X);    for (int t = 0; t < n; ++t)
       cpu::moe_route(s.router + size_t(t) * X, X, K, c.expert_weights_norm, s.route_ids.data() + size_t(t) * K,
                      s.route_w.data() + size_t(t) * K);
     float* acc = s.acc;

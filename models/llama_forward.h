@@ -46,6 +46,12 @@ struct LayerT {
   const float* bq = nullptr;              // attn_bias
   const float* bk = nullptr;
   const float* bv = nullptr;
+  const float* bo = nullptr;              // attn_out_bias
+  const float* sinks = nullptr;           // attn_sinks: n_head logits
+  // moe_bias: the router's bias (n_expert) and each expert's gate, up and down biases (F32 vectors
+  // of n_ff_exp, n_ff_exp and n_embd in the backend's memory).
+  const float* router_b = nullptr;
+  std::vector<const float*> gate_exp_b, up_exp_b, down_exp_b;
 };
 
 // The attention arguments of layer l for n tokens, filled the same way by every backend
@@ -71,7 +77,7 @@ Args attention_args(const ModelConfig& c, int l, int n, const float* q, float* o
   a.scale = c.attn_scale;
   a.softcap = c.attn_softcap;
   a.window = c.layer_window[size_t(l)];
-  return a;
+  return a;  // (the backend sets a.sinks, from its layer's weights)
 }
 
 template <class B>
@@ -96,6 +102,7 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     b.rope_and_stage(l, n);
     b.attention(l, n);  // q + cache + staged rows -> xb2
     b.matmul(L.wo, b.xb2, n, b.xb);
+    if (L.bo) b.add_rows(b.xb, L.bo, n, E);
     if (L.post_attn_norm) b.rms_norm(b.xb, L.post_attn_norm, b.xb, n, E);
 
     // FFN block: residual add and norm (one op), gate and up, activation, down.

@@ -31,6 +31,9 @@ constexpr TensorRow kLayerTensors[] = {
   {LayerTensor::GateInpShexp, "ffn_gate_inp_shexp", false}, {LayerTensor::GateShexp, "ffn_gate_shexp", false},
   {LayerTensor::UpShexp, "ffn_up_shexp", false},       {LayerTensor::DownShexp, "ffn_down_shexp", false},
   {LayerTensor::GateUpExps, "ffn_gate_up_exps", false},
+  {LayerTensor::Bo, "attn_output", true},              {LayerTensor::Sinks, "attn_sinks", false},
+  {LayerTensor::BGateInp, "ffn_gate_inp", true},       {LayerTensor::BGateExps, "ffn_gate_exps", true},
+  {LayerTensor::BUpExps, "ffn_up_exps", true},         {LayerTensor::BDownExps, "ffn_down_exps", true},
 };
 static_assert(std::size(kLayerTensors) == size_t(LayerTensor::Count));
 
@@ -52,6 +55,9 @@ struct Family {
   int moe = 0;
   bool moe_norm = true;
   bool shared_expert = false;
+  // gpt-oss's additions (ModelConfig: attn_out_bias, attn_sinks, moe_bias, ffn_norm_as_post_attention),
+  // and its sliding-window layers rotate with the global layers' (scaled) frequencies.
+  bool oai = false;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -72,6 +78,10 @@ constexpr Family kFamilies[] = {
   // Qwen1.5/Qwen2 MoE: Qwen2's attention (biases), top-k weights as the softmax gives them (not
   // renormalized), and a shared expert gated by a sigmoid.
   {"qwen2moe", RopeStyle::NeoX, Activation::SiLU, false, false, false, true, 0, false, 10000.f, 0, 2, false, true},
+  // gpt-oss (20B, 120B): q/k/v/o biases, sinks, every other layer sliding (window from the file)
+  // with the global RoPE (YaRN-scaled), top-4 experts with biases and the clamped SwiGLU. Its
+  // router's softmax over the k chosen logits is the renormalized top-k of the softmax over all.
+  {"gpt-oss", RopeStyle::NeoX, Activation::SwiGluOai, false, false, false, true, 2, false, 0.f, 0, 2, true, false, true},
 };
 
 }  // namespace
@@ -87,7 +97,13 @@ bool ModelConfig::has(LayerTensor t) const {
   switch (t) {
     case LayerTensor::Bq: case LayerTensor::Bk: case LayerTensor::Bv: return attn_bias;
     case LayerTensor::QNorm: case LayerTensor::KNorm: return qk_norm;
-    case LayerTensor::PostAttnNorm: case LayerTensor::PostFfnNorm: return post_norms;
+    case LayerTensor::PostAttnNorm: return post_norms || ffn_norm_as_post_attention;
+    case LayerTensor::PostFfnNorm: return post_norms;
+    case LayerTensor::FfnNorm: return !ffn_norm_as_post_attention;
+    case LayerTensor::Bo: return attn_out_bias;
+    case LayerTensor::Sinks: return attn_sinks;
+    case LayerTensor::BGateInp: case LayerTensor::BDownExps: return is_moe() && moe_bias;
+    case LayerTensor::BGateExps: case LayerTensor::BUpExps: return is_moe() && moe_bias && !fused_gate_up_exps;
     case LayerTensor::Wq: case LayerTensor::Wk: case LayerTensor::Wv: return !fused_qkv;
     case LayerTensor::Wqkv: return fused_qkv;
     case LayerTensor::Gate: return !fused_gate_up && !is_moe();
@@ -121,10 +137,25 @@ std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s) {
                               (s.high_freq_factor - s.low_freq_factor);
         theta = (1 - smooth) * theta / s.factor + smooth * theta;
       }
+    } else if (s.type == "yarn") {
+      // The pair that turns r times over the original context: dim·ln(ctx / (2π·r)) / (2·ln base).
+      auto pair_turning = [&](double r) { return dim * std::log(s.original_ctx / (2 * pi * r)) / (2 * std::log(double(base))); };
+      double lo = pair_turning(s.beta_fast), hi = pair_turning(s.beta_slow);
+      if (s.yarn_truncate) lo = std::floor(lo), hi = std::ceil(hi);
+      lo = std::max(0.0, lo);
+      hi = std::min(double(dim - 1), hi);
+      const double keep = (1 - std::clamp((i - lo) / std::max(0.001, hi - lo), 0.0, 1.0)) * s.ext_factor;
+      theta = theta / s.factor * (1 - keep) + theta * keep;
     }
     f[size_t(i)] = float(theta);
   }
   return f;
+}
+
+float yarn_mscale(float factor, float log_multiplier) {
+  if (!(factor > 1)) return 1.f;
+  const double m = 1 + 0.1 * std::log(double(factor));
+  return float(log_multiplier != 0 ? m / (1 + 0.1 * log_multiplier * std::log(double(factor))) : m);
 }
 
 float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_head, int head_dim_k) {
@@ -221,7 +252,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rope_base_local = float(get_float("rope.freq_base_swa", fam->local_rope_base > 0 ? fam->local_rope_base : c.rope_base));
   c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
   c.fused_gate_up = fam->fused_gate_up;
+  c.attn_out_bias = c.attn_sinks = c.moe_bias = c.ffn_norm_as_post_attention = fam->oai;
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
+  if (c.moe_bias && f.tensor("blk.0.ffn_gate_up_exps.weight"))
+    problems.push_back("expert biases with a fused ffn_gate_up_exps are not supported");
 
   // Mixture of experts.
   if (fam->moe == 2) c.n_expert = positive("expert_count", get_int("expert_count", true, 1));
@@ -271,14 +305,24 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     rs.original_ctx = int(get_int("rope.scaling.original_context_length", true, 8192));
     if (!(rs.high_freq_factor > rs.low_freq_factor))
       problems.push_back("rope scaling: high_freq_factor must exceed low_freq_factor");
+  } else if (rs.type == "yarn") {
+    rs.original_ctx = int(get_int("rope.scaling.original_context_length", true, 4096));
+    rs.beta_fast = float(get_float("rope.scaling.yarn_beta_fast", 32.0));
+    rs.beta_slow = float(get_float("rope.scaling.yarn_beta_slow", 1.0));
+    rs.ext_factor = float(get_float("rope.scaling.yarn_ext_factor", 1.0));
+    rs.yarn_truncate = !fam->oai;
+    if (!(rs.beta_fast > 0 && rs.beta_slow > 0 && rs.original_ctx > 0 && rs.ext_factor >= 0 && rs.ext_factor <= 1))
+      problems.push_back(fmt::format("yarn: beta_fast {} and beta_slow {} must be > 0, original context {} > 0, "
+                                     "ext_factor {} in [0, 1]", rs.beta_fast, rs.beta_slow, rs.original_ctx,
+                                     rs.ext_factor));
   } else if (rs.type != "none" && rs.type != "linear") {
-    problems.push_back(fmt::format("rope.scaling.type '{}' is not supported (none, linear, llama3)", rs.type));
+    problems.push_back(fmt::format("rope.scaling.type '{}' is not supported (none, linear, llama3, yarn)", rs.type));
   }
   c.rope_scaling = rs.type;
   c.rope_scale_factor = rs.factor;
   if (c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim_k) {
     c.rope_freqs = rope_frequencies(c.rope_dim, c.rope_base, rs);
-    c.rope_freqs_local = rope_frequencies(c.rope_dim, c.rope_base_local, RopeScaling{});
+    c.rope_freqs_local = fam->oai ? c.rope_freqs : rope_frequencies(c.rope_dim, c.rope_base_local, RopeScaling{});
     // Per-pair divisors of the frequencies stored as tensors: Llama 3's scaling (rope_freqs.weight,
     // instead of keys), then Phi-3's LongRoPE factors for short and for long contexts (use_context
     // picks; rope.scaling.attn_factor below is their magnitude).
@@ -309,9 +353,11 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rope_attn_factor = float(get_float("rope.scaling.attn_factor", 1.0));
   if (!(c.rope_attn_factor > 0 && c.rope_attn_factor < 100))
     problems.push_back(fmt::format("rope.scaling.attn_factor {} is out of range", c.rope_attn_factor));
+  if (rs.type == "yarn" && rs.ext_factor != 0)
+    c.rope_attn_factor *= yarn_mscale(rs.factor, float(get_float("rope.scaling.yarn_log_multiplier", 0.0)));
 
   // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
-  auto check = [&](const std::string& name, bool required, const std::vector<int64_t>& dims) {
+  auto check = [&](const std::string& name, bool required, const std::vector<int64_t>& dims, bool f32 = false) {
     const gguf::TensorInfo* t = f.tensor(name);
     if (!t) {
       if (required) problems.push_back(fmt::format("missing tensor {}", name));
@@ -326,7 +372,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     }
     if (!traits(t->type).compute)
       problems.push_back(fmt::format("tensor {} has type {}, which Baton cannot compute with", name, type_name(t->type)));
-    if (dims.size() == 1 && t->type != GgmlType::F32)
+    if ((dims.size() == 1 || f32) && t->type != GgmlType::F32)
       problems.push_back(fmt::format("tensor {} (a norm or bias) must be F32, found {}", name, type_name(t->type)));
   };
   if (problems.empty()) {  // shapes only make sense once the dimensions are known
@@ -344,6 +390,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         {E, c.n_expert}, {E, c.n_ff_exp}, {E, c.n_ff_exp}, {c.n_ff_exp, E},
         {E, 0}, {E, c.n_ff_shexp}, {E, c.n_ff_shexp}, {c.n_ff_shexp, E},
         {E, 2 * c.n_ff_exp},
+        {E, 0}, {c.n_head, 0}, {c.n_expert, 0}, {c.n_ff_exp, c.n_expert}, {c.n_ff_exp, c.n_expert}, {E, c.n_expert},
       };
       static_assert(std::size(dims) == size_t(LayerTensor::Count));
       for (int t = 0; t < int(LayerTensor::Count); ++t) {
@@ -353,7 +400,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
         if (lt == LayerTensor::GateExps || lt == LayerTensor::UpExps || lt == LayerTensor::DownExps ||
             lt == LayerTensor::GateUpExps)
           d.push_back(c.n_expert);  // the experts stacked
-        if (c.has(lt)) check(layer_tensor_key(l, lt), true, d);
+        if (c.has(lt)) check(layer_tensor_key(l, lt), true, d, kLayerTensors[t].bias);
       }
     }
   }
@@ -378,11 +425,11 @@ std::string ModelConfig::summary() const {
   for (int w : layer_window) n_local += w > 0;
   return fmt::format(
       "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
-      "dim {} scaling {}, {}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      "dim {} scaling {}, {}{}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
       n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
-      rope_scaling, act == Activation::SiLU ? "SwiGLU" : "GeGLU", tied_output ? ", tied output" : "",
+      rope_scaling, act == Activation::SiLU ? "SwiGLU" : act == Activation::GeluTanh ? "GeGLU" : "clamped SwiGLU", tied_output ? ", tied output" : "",
       n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
-      qk_norm ? ", q/k norm" : "",
+      qk_norm ? ", q/k norm" : "", attn_sinks ? ", attention sinks" : "",
       attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
       fused_qkv || fused_gate_up || fused_gate_up_exps ? ", fused matrices" : "",
       is_moe() ? fmt::format(", {} of {} experts (n_ff {}{}{})", n_expert_used, n_expert, n_ff_exp,

@@ -12,7 +12,9 @@ enum class RopeStyle {
   Adjacent,  // rotate (x[2i], x[2i+1]): `llama` GGUF files (the converter permuted Q/K for this)
   NeoX,      // rotate (x[i], x[i + d/2]): gemma, qwen2, ...
 };
-enum class Activation { SiLU, GeluTanh };  // the FFN gate: down(act(gate·x) * up·x)
+// The FFN gate: down(act(gate·x) * up·x). SwiGluOai is gpt-oss's clamped SwiGLU:
+// min(g, 7)·sigmoid(1.702·min(g, 7))·(clamp(u, −7, 7) + 1).
+enum class Activation { SiLU, GeluTanh, SwiGluOai };
 
 // Per-layer tensors of a transformer block. The GGUF names are shared by all families
 // ("blk.N.<name>.weight"); a family decides which are required.
@@ -25,6 +27,9 @@ enum class LayerTensor : int {
   // n_expert]); qwen2moe adds one always-on shared expert scaled by sigmoid(gate_inp_shexp · x).
   GateInp, GateExps, UpExps, DownExps, GateInpShexp, GateShexp, UpShexp, DownShexp,
   GateUpExps,  // each expert's gate rows then its up rows in one stacked tensor (newer conversions)
+  // gpt-oss: the output projection's bias, per-head attention sink logits [n_head], the router's
+  // bias [n_expert] and the experts' biases, stacked ([n_ff_exp, n_expert], down [n_embd, n_expert]).
+  Bo, Sinks, BGateInp, BGateExps, BUpExps, BDownExps,
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
@@ -49,7 +54,7 @@ struct ModelConfig {
   int rope_dim = 0;                 // rotated dims per head (<= head_dim_k)
   float rope_base = 10000.f;        // global layers
   float rope_base_local = 10000.f;  // sliding-window layers (gemma3)
-  std::string rope_scaling = "none";  // none | linear | llama3
+  std::string rope_scaling = "none";  // none | linear | llama3 | yarn
   float rope_scale_factor = 1.f;
   std::vector<float> rope_freqs;        // theta_i per pair for global layers
   std::vector<float> rope_freqs_local;  // theta_i per pair for sliding-window layers
@@ -57,7 +62,8 @@ struct ModelConfig {
   // context before the extension); rope_freqs holds the short ones until use_context picks.
   std::vector<float> rope_freqs_long;
   int rope_long_ctx = 0;
-  float rope_attn_factor = 1.f;     // rope.scaling.attn_factor: rotated q and k are multiplied by it
+  float rope_attn_factor = 1.f;     // rope.scaling.attn_factor (times YaRN's 1 + 0.1·ln(factor)):
+                                    // rotated q and k are multiplied by it
 
   // Family flags.
   Activation act = Activation::SiLU;
@@ -72,6 +78,13 @@ struct ModelConfig {
   bool tied_output = false;      // no output.weight: the head reuses token_embd
   bool fused_qkv = false;        // attn_qkv holds the q, k and v rows, in that order
   bool fused_gate_up = false;    // ffn_up holds the gate rows, then the up rows (phi3)
+  // gpt-oss: the output projection has a bias; every head's softmax has a learned sink logit
+  // (attn_sinks: takes probability mass, adds no value); the router and the experts have biases;
+  // the FFN's pre-norm is stored as post_attention_norm.
+  bool attn_out_bias = false;
+  bool attn_sinks = false;
+  bool moe_bias = false;
+  bool ffn_norm_as_post_attention = false;
   // Mixture of experts: each token's FFN is the weighted sum of the n_expert_used experts the router
   // ranks highest (softmax over n_expert logits, top k, weights renormalized to sum 1 when
   // expert_weights_norm), plus the shared expert when n_ff_shexp > 0.
@@ -91,6 +104,8 @@ struct ModelConfig {
   int n_embd_k() const { return n_head_kv * head_dim_k; }
   int n_embd_v() const { return n_head_kv * head_dim_v; }
   int n_embd_attn() const { return n_head * head_dim_v; }  // attention output width (wo input)
+  // The tensor that holds the FFN's pre-norm weight (ffn_norm; gpt-oss: post_attention_norm).
+  LayerTensor ffn_norm_tensor() const { return ffn_norm_as_post_attention ? LayerTensor::PostAttnNorm : LayerTensor::FfnNorm; }
   bool has(LayerTensor t) const;  // does this family carry the tensor in every layer?
 
   // Reads everything; every missing or inconsistent key is collected and reported in one Error.
@@ -104,14 +119,25 @@ struct ModelConfig {
 
 // Per-pair RoPE frequencies theta_i = base^(-2i/dim), with optional scaling applied.
 // llama3 scaling needs factor, low/high frequency factors and the original context length.
+// yarn blends, per pair, the interpolated frequency (θ / factor) with the original one: pairs that
+// turn fewer than beta_slow times over the original context are interpolated, those that turn more
+// than beta_fast times kept, a linear ramp between; ext_factor scales the ramp. The ramp's ends
+// are rounded down and up to whole pairs (yarn_truncate: Hugging Face's default, and what
+// llama.cpp always does) except where the model says not to (gpt-oss: its reference code and
+// config, "truncate": false). Its magnitude correction (yarn_mscale) multiplies the rotated dims.
 struct RopeScaling {
-  std::string type = "none";   // none | linear | llama3
+  std::string type = "none";   // none | linear | llama3 | yarn
   float factor = 1.f;
   float low_freq_factor = 1.f;
   float high_freq_factor = 4.f;
   int original_ctx = 8192;
+  float beta_fast = 32.f, beta_slow = 1.f, ext_factor = 1.f;  // yarn
+  bool yarn_truncate = true;
 };
 std::vector<float> rope_frequencies(int dim, float base, const RopeScaling& s);
+// YaRN's attention magnitude: 1 + 0.1·ln(factor) (1 for factor <= 1); with DeepSeek's
+// yarn_log_multiplier m != 0, that divided by 1 + 0.1·m·ln(factor).
+float yarn_mscale(float factor, float log_multiplier);
 
 // What q·k is multiplied by: 1/sqrt(query_pre_attn_scalar). Training configs set that scalar to
 // the head dimension, except Gemma 3 27B, which uses n_embd / n_head (5376 / 32 = 168, its head

@@ -47,6 +47,16 @@ struct GraphKey {
 };
 constexpr size_t kMaxGraphs = 64;
 
+// y = act(g) * u over n values (q8: and their 8-bit activations, as the gates take them).
+static void launch_gate(cuda::Context& ctx, Activation act, const float* g, const float* u, float* y, int64_t n,
+                        cuda::Q8Act q8 = {}) {
+  switch (act) {
+    case Activation::SiLU: return cuda::silu_gate(ctx, g, u, y, n, q8);
+    case Activation::GeluTanh: return cuda::gelu_tanh_gate(ctx, g, u, y, n, q8);
+    case Activation::SwiGluOai: return cuda::swiglu_oai_gate(ctx, g, u, y, n, q8);
+  }
+}
+
 struct GpuStage::Impl {
   const ModelConfig& c;
   cuda::Context ctx;
@@ -270,10 +280,8 @@ struct CudaLayers {
     if (p.kind == Pending::Norm) {
       if (p.d) cuda::add_rms_norm(g.ctx, p.x, p.d, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
       else cuda::rms_norm(g.ctx, p.x, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
-    } else if (p.act == Activation::SiLU) {
-      cuda::silu_gate(g.ctx, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
     } else {
-      cuda::gelu_tanh_gate(g.ctx, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
+      launch_gate(g.ctx, p.act, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
     }
     return fuse;
   }
@@ -326,6 +334,7 @@ struct CudaLayers {
     const ModelConfig& c = g.c;
     const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
     cuda::matmul(g.ctx, L.router, xb, n, g.moe_logits);
+    if (L.router_b) add_rows(g.moe_logits, L.router_b, n, X);
     cuda::copy_to_host(g.ctx, g.h_logits.data(), g.moe_logits, size_t(n) * size_t(X) * sizeof(float));
     if (g.cpu_moe) {  // the experts on the CPU: the rows they read come along
       Scratch& hs = *g.host_scratch;
@@ -361,10 +370,12 @@ struct CudaLayers {
         outs[2 * i + 1] = {&L.up_exp[size_t(group[i])], hb2 + size_t(i) * F};
       }
       cuda::matmul_n(g.ctx, outs, 2 * in_group, xb, 1);
+      for (int i = 0; i < in_group; ++i) expert_bias(L.gate_exp_b, L.up_exp_b, group[i], hb + size_t(i) * F, hb2 + size_t(i) * F, 1, F);
       gate_hb(int64_t(in_group) * F);
       for (int i = 0; i < in_group; ++i) {
         const int off = first[size_t(group[i])];
         cuda::matmul(g.ctx, L.down_exp[size_t(group[i])], hb + size_t(i) * F, 1, g.ye);
+        expert_bias(L.down_exp_b, {}, group[i], g.ye, nullptr, 1, E);
         cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, 1, E);
       }
       in_group = 0;
@@ -385,17 +396,24 @@ struct CudaLayers {
         in = g.xe;
       }
       cuda::matmul_n(g.ctx, {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}}, in, m);
+      expert_bias(L.gate_exp_b, L.up_exp_b, e, hb, hb2, m, F);
       gate_hb(int64_t(m) * F);
       cuda::matmul(g.ctx, L.down_exp[size_t(e)], hb, m, g.ye);
+      expert_bias(L.down_exp_b, {}, e, g.ye, nullptr, m, E);
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
     }
     if (in_group > 0) run_group();
     shared_expert(L, n);
   }
+  // Expert e's biases (gpt-oss) added to m rows of width w: a's to ya, b's (if any) to yb.
+  void expert_bias(const std::vector<const float*>& a, const std::vector<const float*>& b, int e, float* ya,
+                   float* yb, int m, int w) {
+    if (!a.empty()) add_rows(ya, a[size_t(e)], m, w);
+    if (!b.empty()) add_rows(yb, b[size_t(e)], m, w);
+  }
   // hb = act(hb) * hb2 over count values, launched now (a mixture's experts, not a pending gate).
   void gate_hb(int64_t count) {
-    if (g.c.act == Activation::SiLU) cuda::silu_gate(g.ctx, hb, hb2, hb, count);
-    else cuda::gelu_tanh_gate(g.ctx, hb, hb2, hb, count);
+    launch_gate(g.ctx, g.c.act, hb, hb2, hb, count);
   }
   // The shared expert (qwen2moe), scaled per token by sigmoid(gate_inp_sh · x), added to the sum
   // of the routed experts in g.acc; then that sum into xb.
@@ -424,8 +442,7 @@ struct CudaLayers {
     flush();
     const int F = g.c.n_ff;
     if (n_total % F != 0) {  // not rows of the FFN width: no consumer to pair with
-      if (act == Activation::SiLU) cuda::silu_gate(g.ctx, gt, u, y, n_total);
-      else cuda::gelu_tanh_gate(g.ctx, gt, u, y, n_total);
+      launch_gate(g.ctx, act, gt, u, y, n_total);
       return;
     }
     pending = {Pending::Gate, const_cast<float*>(gt), nullptr, nullptr, y, n_total / F, F, u, act};
@@ -459,6 +476,7 @@ struct CudaLayers {
     cuda::AttentionArgs a = attention_args<cuda::AttentionArgs>(g.c, l, n, q, xb2, g.pos, g.seq, g.first, g.row0,
                                                                 g.k_new, g.v_new);
     a.kv = g.kv[size_t(l - g.begin)];
+    a.sinks = layer(l).sinks;
     // Long runs (prompt chunks) take the tiled prefill kernel, everything between them the split
     // attention, in groups of consecutive rows (the int arrays are per row, so a group is a view).
     auto split = [&](int t0, int t1) {
@@ -661,6 +679,21 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     L.bq = g.upload_floats(H.bq, size_t(cfg.n_embd_q()));
     L.bk = g.upload_floats(H.bk, size_t(cfg.n_embd_k()));
     L.bv = g.upload_floats(H.bv, size_t(cfg.n_embd_v()));
+    L.bo = g.upload_floats(H.bo, E);
+    L.sinks = g.upload_floats(H.sinks, size_t(cfg.n_head));
+    if (cfg.is_moe() && cfg.moe_bias) {
+      L.router_b = g.upload_floats(H.router_b, size_t(cfg.n_expert));
+      // Each stacked bias tensor in one upload; expert e's bias at e · width.
+      auto biases = [&](const std::vector<const float*>& host, size_t width, std::vector<const float*>& out) {
+        const float* all = g.upload_floats(host[0], width * size_t(cfg.n_expert));
+        for (int e = 0; e < cfg.n_expert; ++e) out.push_back(all + size_t(e) * width);
+      };
+      if (!g.cpu_moe) {
+        biases(H.gate_exp_b, size_t(cfg.n_ff_exp), L.gate_exp_b);
+        biases(H.up_exp_b, size_t(cfg.n_ff_exp), L.up_exp_b);
+        biases(H.down_exp_b, E, L.down_exp_b);
+      }
+    }
     const std::vector<float>& fr = cfg.freqs(l);
     if (!g.freqs.count(fr.data())) g.freqs[fr.data()] = g.upload_floats(fr.data(), fr.size());
   }

@@ -217,6 +217,8 @@ const std::vector<ShapePreset>& shape_presets() {
     // Mixtures of experts (experts, used per token, expert FFN width, shared expert width last).
     {"mixtral-8x7b", "llama", "Mixtral 8x7B (top 2 of 8 experts)", 32, 4096, 32, 8, 128, 14336, 32000, 32768, false, 0, 0, 1000000.f, 1e-5f, false, 0, 0, 8, 2, 14336},
     {"qwen3-30b-a3b", "qwen3moe", "Qwen3 30B-A3B (top 8 of 128 experts, 3B active)", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false, 0, 0, 128, 8, 768},
+    {"gpt-oss-20b", "gpt-oss", "gpt-oss 20B (top 4 of 32 experts, 3.6B active; every other layer window 128; sinks)", 24, 2880, 64, 8, 64, 2880, 201088, 131072, false, 128, 2, 150000.f, 1e-5f, true, 0, 0, 32, 4, 2880},
+    {"gpt-oss-120b", "gpt-oss", "gpt-oss 120B (top 4 of 128 experts, 5.1B active; every other layer window 128; sinks)", 36, 2880, 64, 8, 64, 2880, 201088, 131072, false, 128, 2, 150000.f, 1e-5f, true, 0, 0, 128, 4, 2880},
     {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;
@@ -263,14 +265,22 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   const int64_t E = p.n_embd, F = p.n_ff, V = p.n_vocab;
   const int64_t q = int64_t(p.n_head) * p.head_dim, kv = int64_t(p.n_head_kv) * p.head_dim;
   std::vector<TensorSpec> out;
+  // MXFP4 is what gpt-oss files keep their expert matrices in, every other matrix in Q8_0 (or
+  // wider): with MXFP4 the experts get it (a model without experts: its FFN matrices), the rest Q8_0.
+  const bool mx = type == GgmlType::MXFP4;
+  const GgmlType dense = mx ? GgmlType::Q8_0 : type, ffn_type = mx && p.n_expert > 0 ? GgmlType::Q8_0 : type;
   auto mat = [&](std::string name, int64_t cols, int64_t rows) {
-    out.push_back({std::move(name), weight_type_for_row(type, cols), {cols, rows}});
+    out.push_back({std::move(name), weight_type_for_row(dense, cols), {cols, rows}});
+  };
+  auto ffn = [&](std::string name, int64_t cols, int64_t rows) {  // the dense FFN's matrices
+    out.push_back({std::move(name), weight_type_for_row(ffn_type, cols), {cols, rows}});
   };
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const std::string_view arch = p.architecture;
   const bool gemma = arch == "gemma3" || arch == "gemma2";
   const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe";
   const bool phi3 = arch == "phi3";  // fused q/k/v, fused gate/up
+  const bool oai = arch == "gpt-oss";  // output bias, sinks, router and expert biases
 
   mat("token_embd.weight", E, V);
   if (p.rope_long_ctx) {
@@ -298,14 +308,24 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
       vec(b + "attn_k_norm.weight", p.head_dim);
     }
     mat(b + "attn_output.weight", q, E);
-    if (gemma) vec(b + "post_attention_norm.weight", E);
-    vec(b + "ffn_norm.weight", E);
+    if (oai) {
+      vec(b + "attn_output.bias", E);
+      vec(b + "attn_sinks.weight", p.n_head);
+    }
+    if (gemma || oai) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm
+    if (!oai) vec(b + "ffn_norm.weight", E);
     if (p.n_expert > 0) {  // the router in F32 (as converters and quantizers leave it), the experts stacked
       const int64_t X = p.n_expert, FX = p.n_ff_exp;
       out.push_back({b + "ffn_gate_inp.weight", GgmlType::F32, {E, X}});
       out.push_back({b + "ffn_gate_exps.weight", weight_type_for_row(type, E), {E, FX, X}});
       out.push_back({b + "ffn_up_exps.weight", weight_type_for_row(type, E), {E, FX, X}});
       out.push_back({b + "ffn_down_exps.weight", weight_type_for_row(type, FX), {FX, E, X}});
+      if (oai) {
+        vec(b + "ffn_gate_inp.bias", X);
+        out.push_back({b + "ffn_gate_exps.bias", GgmlType::F32, {FX, X}});
+        out.push_back({b + "ffn_up_exps.bias", GgmlType::F32, {FX, X}});
+        out.push_back({b + "ffn_down_exps.bias", GgmlType::F32, {E, X}});
+      }
       if (p.n_ff_shexp > 0) {
         vec(b + "ffn_gate_inp_shexp.weight", E);
         mat(b + "ffn_gate_shexp.weight", E, p.n_ff_shexp);
@@ -313,12 +333,12 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
         mat(b + "ffn_down_shexp.weight", p.n_ff_shexp, E);
       }
     } else if (phi3) {
-      mat(b + "ffn_up.weight", E, 2 * F);
+      ffn(b + "ffn_up.weight", E, 2 * F);
     } else {
-      mat(b + "ffn_gate.weight", E, F);
-      mat(b + "ffn_up.weight", E, F);
+      ffn(b + "ffn_gate.weight", E, F);
+      ffn(b + "ffn_up.weight", E, F);
     }
-    if (p.n_expert == 0) mat(b + "ffn_down.weight", F, E);
+    if (p.n_expert == 0) ffn(b + "ffn_down.weight", F, E);
     if (gemma) vec(b + "post_ffw_norm.weight", E);
   }
   vec("output_norm.weight", E);

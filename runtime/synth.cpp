@@ -147,11 +147,12 @@ void check_shape(const ShapePreset& p) {
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
   need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
-           a == "qwen3moe" || a == "qwen2moe",
-       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe or qwen2moe");
-  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe";
-  need(p.n_expert > 0 || !moe_arch, "qwen3moe and qwen2moe need experts (--n-expert)");
-  need(p.n_expert == 0 || a == "llama" || moe_arch, "experts are for llama (Mixtral), qwen3moe and qwen2moe");
+           a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss",
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe or gpt-oss");
+  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss";
+  need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe and gpt-oss need experts (--n-expert)");
+  need(p.n_expert == 0 || a == "llama" || moe_arch, "experts are for llama (Mixtral), qwen3moe, qwen2moe and gpt-oss");
+  need(a != "gpt-oss" || p.qkv_bias, "gpt-oss has q/k/v biases");
   need(p.n_expert == 0 || (p.n_expert <= 4096 && p.n_expert_used >= 1 && p.n_expert_used <= p.n_expert),
        "experts used per token must be between 1 and the expert count (at most 4096)");
   need(p.n_expert == 0 || (p.n_ff_exp > 0 && p.n_ff_exp % 32 == 0 && p.n_ff_shexp % 32 == 0),
@@ -159,14 +160,15 @@ void check_shape(const ShapePreset& p) {
   need((p.n_ff_shexp > 0) == (a == "qwen2moe"), "a shared expert (--n-ff-shexp) is what qwen2moe has, and only it");
   need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
        "LongRoPE factors are for phi3, from a context shorter than the trained one");
-  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2", "a sliding window is only supported for gemma3 and gemma2");
+  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2" || a == "gpt-oss",
+       "a sliding window is only supported for gemma3, gemma2 and gpt-oss");
 }
 
 gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   check_shape(p);
   if (!has_quantize(opt.type) || !traits(opt.type).compute)
     fail(ErrorKind::Usage,
-         "weight type {} cannot be written (use F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS)",
+         "weight type {} cannot be written (use F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
          type_name(opt.type));
   gguf::Writer w;
   const std::string a = p.architecture;
@@ -203,6 +205,11 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
     w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(p.rope_long_ctx));
     w.set(key("rope.scaling.attn_factor"),
           gguf::Value::of_f32(float(std::sqrt(1 + std::log(scale) / std::log(double(p.rope_long_ctx))))));
+  }
+  if (a == "gpt-oss") {  // gpt-oss's YaRN: 32× from a 4096-token original context
+    w.set(key("rope.scaling.type"), gguf::Value::of_str("yarn"));
+    w.set(key("rope.scaling.factor"), gguf::Value::of_f32(32.f));
+    w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(4096));
   }
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
   if (p.n_expert > 0) {  // (Mixtral's llama files carry no expert width: it is n_ff)

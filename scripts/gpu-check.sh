@@ -368,6 +368,25 @@ else
   skip moe "no experts in 'baton synth' yet"
 fi
 
+# 9b. gpt-oss (session 30: sinks in every attention kernel, expert biases, the clamped SwiGLU, MXFP4
+# experts; never run on a GPU): 4 of gpt-oss-20b's 24 layers, MXFP4 experts and Q8_0 elsewhere.
+if has_cmd synth --sliding-window; then
+  fo=$models/gpt-oss-MXFP4.gguf
+  if [[ $sim == 1 ]]; then
+    oss_shape=(--arch gpt-oss --n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 64 --n-ff 256 --n-vocab 4096
+               --n-expert 8 --n-expert-used 4 --n-ff-exp 256 --sliding-window 16)
+  else
+    oss_shape=(--shape gpt-oss-20b --n-layer 4)
+  fi
+  if (($(limit_for 180) < 180)); then
+    skip gpt-oss "too little time left (BATON_GPU_END)"
+  elif [[ -s $fo ]] || run synth-gpt-oss 90 "$bin" synth "${oss_shape[@]}" --type MXFP4 --out "$fo"; then
+    run bench-gpt-oss 90 "$bin" bench -m "$fo" --devices cuda:0 -p "$pp" -n "$tg"
+  fi
+else
+  skip gpt-oss "no gpt-oss in 'baton synth' yet"
+fi
+
 # compute-sanitizer (with the toolkit) on the kernel tests, when time is left: memcheck on all of
 # test_cuda_ops, racecheck (shared-memory hazards) on the kernels that share memory across warps.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

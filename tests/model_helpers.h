@@ -178,6 +178,17 @@ inline std::string tiny_qwen2moe_model() {
   return path;
 }
 
+// A generated gpt-oss-shaped model: q/k/v/o biases, attention sinks, every other layer sliding
+// (window 16), YaRN, top 3 of 6 experts with biases and the clamped SwiGLU; as gpt-oss files, the
+// experts MXFP4 and the other matrices Q8_0.
+inline std::string tiny_gpt_oss_model() {
+  static const std::string path = synth_model(
+      {"tiny-gpt-oss", "gpt-oss", "test", 4, 128, 4, 2, 64, 256, 1000, 2048, false, 16, 2, 1.5e5f, 1e-5f, true, 0, 0,
+       6, 3, 128},
+      14, GgmlType::MXFP4);
+  return path;
+}
+
 // A copy of a mixture-of-experts file with each layer's gate and up experts in one
 // ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
 // store them: the same model in the other layout.

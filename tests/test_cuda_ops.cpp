@@ -95,6 +95,8 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std:
       const uint16_t h = f32_to_fp16(s);
       std::memcpy(&m[blk * bb + size_t(off)], &h, 2);
     }
+  for (size_t blk = 0; blk < bytes / bb; blk++)
+    for (int off : test::e8m0_fields(t)) m[blk * bb + size_t(off)] = test::random_e8m0(rng);
   return m;
 }
 
@@ -110,7 +112,7 @@ bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                            GgmlType::Q2_K, GgmlType::Q3_K,
                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                           GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
+                           GgmlType::MXFP4, GgmlType::F16, GgmlType::BF16, GgmlType::F32};
 
 // Checks Y (rows x n, column j at j*rows) against the exact product of the dequantized weights.
 // Per-path bounds: the GEMV rounds each activation to an 8-bit grid (error <= d/2 per value, d the
@@ -467,7 +469,7 @@ TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, 
     const auto wt = random_weights(wt_type, 300, cols, rng);
     cu::Weight W;
     cu::DeviceBuffer keep = cu::upload_weight(wt_type, wt.data(), 300, cols, W);
-    for (int op = 0; op < 4; op++) {  // rms_norm, add_rms_norm, silu_gate, gelu_tanh_gate
+    for (int op = 0; op < 5; op++) {  // rms_norm, add_rms_norm, silu_gate, gelu_tanh_gate, swiglu_oai_gate
       INFO("op " << op << ", rows of " << cols << ", skew " << sh.skew << ", " << n << " columns");
       auto dx = skewed(x), dd = skewed(d);
       cu::DeviceBuffer dy_buf((m + size_t(sh.skew)) * 4);
@@ -481,6 +483,7 @@ TEST_CASE("norms and gates that write the 8-bit activations equal quantize_act, 
       if (op == 1) cu::add_rms_norm(ctx(), px, pd, pw, py, n, int(cols), 1e-6f, q8);
       if (op == 2) cu::silu_gate(ctx(), px, pu, py, int64_t(m), q8);
       if (op == 3) cu::gelu_tanh_gate(ctx(), px, pu, py, int64_t(m), q8);
+      if (op == 4) cu::swiglu_oai_gate(ctx(), px, pu, py, int64_t(m), q8);
       // What the op left in the scratch, against quantize_act of its output.
       std::vector<int8_t> qs(m);
       std::vector<float> ds(m / 16);  // a (d, d * sum) pair per 32 values
@@ -657,6 +660,12 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
   cu::gelu_tanh_gate(ctx(), dg.as<float>(), du.as<float>(), dy.as<float>(), n);
   cpu::gelu_tanh_gate(g.data(), u.data(), ref.data(), int(n));
   close(to_host<float>(dy, size_t(n)), ref, 1e-5f, "gelu_tanh_gate");
+  // gpt-oss's gate: g beyond its clamp at 7 (from above only), u beyond ±7 and through -1 (u + 1 = 0).
+  const auto g9 = random_floats(size_t(n), rng, -10.0f, 10.0f), u9 = random_floats(size_t(n), rng, -9.0f, 9.0f);
+  auto dg9 = to_dev(g9), du9 = to_dev(u9);
+  cu::swiglu_oai_gate(ctx(), dg9.as<float>(), du9.as<float>(), dy.as<float>(), n);
+  cpu::swiglu_oai_gate(g9.data(), u9.data(), ref.data(), int(n));
+  close(to_host<float>(dy, size_t(n)), ref, 1e-5f, "swiglu_oai_gate");
 
   ref = g;
   cpu::add(ref.data(), u.data(), int(n));
@@ -897,32 +906,51 @@ struct AttnCase {
 };
 
 // A batch of queries over an AttnCase: random q, cpu::attention's output for it (`ref`), and the
-// device's arguments (q, the int arrays and an output buffer on the device).
+// device's arguments (q, the int arrays, the sinks and an output buffer on the device).
 struct AttnBatch {
   std::vector<int32_t> pos, seq, first, row0;
   int n;
   size_t qs;
-  std::vector<float> q, ref;
-  cu::DeviceBuffer dq, dpos, dseq, dfirst, drow0, dout;
+  std::vector<float> q, ref, sinks;
+  cu::DeviceBuffer dq, dpos, dseq, dfirst, drow0, dout, dsinks;
   cu::AttentionArgs g;
   AttnBatch(AttnCase& C, std::vector<int32_t> pos_, std::vector<int32_t> seq_, std::vector<int32_t> first_,
-            std::vector<int32_t> row0_, int window, std::mt19937& rng, float softcap = 0.0f)
+            std::vector<int32_t> row0_, int window, std::mt19937& rng, float softcap = 0.0f,
+            std::vector<float> sinks_ = {})  // empty: no sinks
       : pos(std::move(pos_)), seq(std::move(seq_)), first(std::move(first_)), row0(std::move(row0_)), n(int(pos.size())),
-        qs(size_t(C.n_head * C.head_dim)), q(random_floats(qs * size_t(n), rng, -1.0f, 1.0f)), ref(qs * size_t(n)) {
+        qs(size_t(C.n_head * C.head_dim)), q(random_floats(qs * size_t(n), rng, -1.0f, 1.0f)), ref(qs * size_t(n)),
+        sinks(std::move(sinks_)) {
     cpu::AttentionArgs a;
     a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
     a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = row0.data();
     a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
     a.scale = 1.0f / std::sqrt(float(C.head_dim)); a.window = window; a.kv = C.cpu_view(); a.softcap = softcap;
+    a.sinks = sinks.empty() ? nullptr : sinks.data();
     cpu::attention(a, pool());
+    if (!sinks.empty()) dsinks = to_dev(sinks);
     dq = to_dev(q), dpos = to_dev(pos), dseq = to_dev(seq), dfirst = to_dev(first), drow0 = to_dev(row0);
     dout = cu::DeviceBuffer(ref.size() * 4);
     g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
     g.pos = dpos.as<int32_t>(); g.seq = dseq.as<int32_t>(); g.first = dfirst.as<int32_t>(); g.row0 = drow0.as<int32_t>();
     g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
     g.scale = a.scale; g.window = window; g.kv = C.gpu_view(); g.softcap = softcap;
+    g.sinks = sinks.empty() ? nullptr : dsinks.as<float>();
   }
 };
+
+// As check_close, the tolerance relative to the largest value of each run of `row` values (an
+// attention head's output), so that heads a strong sink scales down are checked as closely.
+void check_close_rows(const std::vector<float>& got, const std::vector<float>& want, size_t row, float tol,
+                      const char* what) {
+  int bad = 0;
+  for (size_t r = 0; r < got.size(); r += row) {
+    float size = 0;
+    for (size_t i = r; i < r + row; i++) size = std::max(size, std::fabs(want[i]));
+    for (size_t i = r; i < r + row; i++) bad += !(std::fabs(got[i] - want[i]) <= tol * size);  // NaN: bad
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " values off");
+  CHECK(bad == 0);
+}
 
 void check_close(const std::vector<float>& got, const std::vector<float>& want, float tol, const char* what) {
   int bad = 0;
@@ -1146,6 +1174,69 @@ TEST_CASE("attention_prefill (tiled, causal) matches cpu::attention") {
         // the F32 reference at most (2.5e-4 seen); the F32 kernel (256) is within float rounding.
         const float tol = hd <= 128 && ctx().mma_prefill ? 1e-3f : 2e-5f;
         check_close(to_host<float>(dout, ref.size()), ref, tol, "attention_prefill");
+      }
+    }
+  }
+}
+
+TEST_CASE("attention sinks: the split (fused and combined) and both prefill kernels match cpu::attention") {
+  std::mt19937 rng(21);
+  // The scores here are within about ±2: sinks below them, among them, and far above them all
+  // (head 7's outputs are about e^-28 of the others; checked relative to each head's size).
+  const std::vector<float> sinks = {-30.0f, -1.0f, 0.0f, 0.3f, 1.0f, 2.0f, 4.0f, 30.0f};
+  auto dsinks = to_dev(sinks);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    for (int hd : {64, 256}) {
+      // Split: sequence 0 decodes at 75 (one split: the head's output written at once) or 900
+      // (several, merged: by the head's last block, or the combine kernel); sequence 1 runs 3..9.
+      for (auto [p0, window] : {std::pair{75, 0}, std::pair{900, 300}}) {
+        AttnCase C(kt, hd, 8, rng, p0 + 5);
+        AttnBatch B(C, {p0, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 1, 1, 1, 1, 1, 1}, {p0, 3, 3, 3, 3, 3, 3, 3},
+                    {0, 1, 1, 1, 1, 1, 1, 1}, window, rng, 0.0f, sinks);
+        for (int max_len : {p0 + 1, 2000})
+          for (bool one_launch : {true, false}) {
+            INFO(type_name(kt) << " head_dim " << hd << " window " << window << " max_len " << max_len
+                               << (one_launch ? " fused" : " with the combine kernel"));
+            ctx().fused_attention = one_launch;
+            cu::attention(ctx(), B.g, max_len, true);
+            check_close_rows(to_host<float>(B.dout, B.ref.size()), B.ref, size_t(hd), 2e-5f, "attention with sinks");
+          }
+        ctx().fused_attention = true;
+      }
+      // Prefill: 37 or 150 tokens of sequence 1 after 20 cached positions, with and without a
+      // window; the tensor-core kernel (head dims up to 128) and the F32 one.
+      for (auto [window, n] : {std::pair{0, 37}, std::pair{45, 150}}) {
+        const int pos0 = 20, row0 = 2, s = 1;
+        std::vector<int32_t> pos(n), seq(n, s), first(n, pos0), rows(n, row0);
+        std::iota(pos.begin(), pos.end(), pos0);
+        AttnCase C(kt, hd, row0 + n, rng);
+        const size_t qs = size_t(C.n_head * hd);
+        const auto q = random_floats(qs * n, rng, -1.0f, 1.0f);
+        std::vector<float> ref(qs * n, 0.0f);
+        cpu::AttentionArgs a;
+        a.n_tokens = n; a.q = q.data(); a.q_stride = qs; a.out = ref.data(); a.out_stride = qs;
+        a.pos = pos.data(); a.seq = seq.data(); a.first = first.data(); a.row0 = rows.data();
+        a.k_new = C.k_new.data(); a.v_new = C.v_new.data(); a.n_head = C.n_head;
+        a.scale = 1.0f / std::sqrt(float(hd)); a.window = window; a.kv = C.cpu_view(); a.sinks = sinks.data();
+        cpu::attention(a, pool());
+        auto dq = to_dev(q);
+        cu::DeviceBuffer dout(ref.size() * 4);
+        cu::AttentionArgs g;
+        g.n_tokens = n; g.q = dq.as<float>(); g.q_stride = qs; g.out = dout.as<float>(); g.out_stride = qs;
+        g.k_new = C.dkn.as<uint8_t>(); g.v_new = C.dvn.as<uint8_t>(); g.n_head = C.n_head;
+        g.scale = a.scale; g.window = window; g.kv = C.gpu_view(); g.sinks = dsinks.as<float>();
+        const bool mma = ctx().mma_prefill;
+        for (bool tensor_cores : {true, false}) {
+          if (tensor_cores && (hd > 128 || !mma)) continue;
+          ctx().mma_prefill = tensor_cores;
+          cu::attention_prefill(ctx(), g, s, pos0, row0);
+          INFO(type_name(kt) << " head_dim " << hd << " window " << window << " tokens " << n
+                             << (tensor_cores ? " tensor cores" : " F32"));
+          // As in the test above: Q and the probabilities in F16 on the tensor cores.
+          check_close_rows(to_host<float>(dout, ref.size()), ref, size_t(hd), tensor_cores ? 1e-3f : 2e-5f,
+                           "attention_prefill with sinks");
+        }
+        ctx().mma_prefill = mma;
       }
     }
   }

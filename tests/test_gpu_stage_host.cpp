@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #if BATON_CUDA_HOST_EMULATION
 #include "gguf/error.h"
 #include "gguf/gguf.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/gpu_stage.h"
 #include "runtime/link.h"
@@ -439,11 +441,11 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
   CHECK(kind == int(ErrorKind::Usage));
 }
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE shapes, IQ4_XS; F16 and Q8_0 KV)") {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss shapes, IQ4_XS; F16 and Q8_0 KV)") {
   for (const std::string& path :
        {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(),
         test::tiny_phi3_model(), test::tiny_gemma2_model(), test::tiny_model_of(GgmlType::IQ4_XS),
-        test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model()}) {
+        test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
@@ -466,7 +468,7 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
 }
 
 TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give the CPU stage's logits") {
-  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model()}) {
+  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()}) {
     const Model m(path);
     const int V = m.cfg.n_vocab;
     auto decode_alone = [&](Chain& stages) {  // a 12-token prompt, then 24 steps of one token each
@@ -487,7 +489,7 @@ TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give th
 }
 
 TEST_CASE("--cpu-moe: a GPU stage with its experts in host memory gives the CPU stage's logits, without their bytes") {
-  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model()}) {
+  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()}) {
     const Model m(path);
     const Stage st = block(m.cfg, 0, m.cfg.n_layer, "gpu");
     StageOptions o = options(GgmlType::F16);
@@ -616,6 +618,69 @@ TEST_CASE("a GPU stage answers argmax-only and top-k rows with what its full row
   CHECK(n_mode[kArgmaxOnly] == 2);
   CHECK(n_mode[kTopK] == 1);
   CHECK(n_mode[kLogitsRow] == 1);
+}
+
+TEST_CASE("the emulated attention with sinks and clamped SwiGLU gate give the CPU ops' results") {
+  // 40 staged tokens of one sequence, 4 query heads over 2 KV heads, a window of 9: the prefill
+  // and the split attention of the emulation against cpu::attention, sinks below, among and far
+  // above the scores. (Device memory is host memory here: the CPU's arrays serve as device arrays.)
+  const int n = 40, n_head = 4, n_kv = 2, d = 32, n_cells = 64;
+  std::mt19937 rng(5);
+  auto randoms = [&](size_t m, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(m);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const size_t row = size_t(n_kv * d) * 2;  // F16
+  const std::vector<float> q = randoms(size_t(n * n_head * d), -2.f, 2.f);
+  const std::vector<float> k = randoms(size_t(n * n_kv * d), -1.f, 1.f), v = randoms(k.size(), -1.f, 1.f);
+  std::vector<uint8_t> k_new(row * n), v_new(row * n), cache(row * n_cells, 0);
+  for (int t = 0; t < n; ++t) {
+    cpu::kv_convert(GgmlType::F16, k.data() + size_t(t * n_kv * d), k_new.data() + row * size_t(t), n_kv * d);
+    cpu::kv_convert(GgmlType::F16, v.data() + size_t(t * n_kv * d), v_new.data() + row * size_t(t), n_kv * d);
+  }
+  std::vector<int32_t> pos(n), seq(n, 0), first(n, 0), row0(n, 0);
+  for (int t = 0; t < n; ++t) pos[size_t(t)] = t;
+  const std::vector<float> sinks = {-3.f, 0.f, 1.5f, 25.f};
+  std::vector<float> want(size_t(n * n_head * d)), got(want.size());
+  cpu::AttentionArgs a;
+  a.n_tokens = n, a.q = q.data(), a.q_stride = size_t(n_head * d), a.out = want.data(), a.out_stride = a.q_stride;
+  a.pos = pos.data(), a.seq = seq.data(), a.first = first.data(), a.row0 = row0.data();
+  a.k_new = k_new.data(), a.v_new = v_new.data(), a.n_head = n_head, a.scale = 1.f / std::sqrt(float(d));
+  a.window = 9, a.sinks = sinks.data();
+  a.kv = {GgmlType::F16, cache.data(), cache.data(), row, row, n_cells, n_kv, d, d};
+  cpu::ThreadPool pool(2);
+  cpu::attention(a, pool);
+  cuda::Context ctx(0);
+  cuda::AttentionArgs g;
+  g.n_tokens = n, g.q = q.data(), g.q_stride = a.q_stride, g.out = got.data(), g.out_stride = a.out_stride;
+  g.pos = pos.data(), g.seq = seq.data(), g.first = first.data(), g.row0 = row0.data();
+  g.k_new = k_new.data(), g.v_new = v_new.data(), g.n_head = n_head, g.scale = a.scale, g.window = 9;
+  g.sinks = sinks.data();
+  g.kv = {GgmlType::F16, cache.data(), cache.data(), row, row, n_cells, n_kv, d};
+  // Relative to each head's largest value: head 3's outputs are about e^-24 of the others.
+  auto check = [&](const char* what) {
+    INFO(what);
+    int bad = 0;
+    for (size_t r = 0; r < want.size(); r += size_t(d)) {
+      float size = 0;
+      for (size_t i = r; i < r + size_t(d); ++i) size = std::max(size, std::fabs(want[i]));
+      for (size_t i = r; i < r + size_t(d); ++i) bad += !(std::fabs(got[i] - want[i]) <= 1e-5f * size);
+    }
+    CHECK(bad == 0);
+  };
+  cuda::attention_prefill(ctx, g, 0, 0, 0);
+  check("attention_prefill");
+  std::fill(got.begin(), got.end(), NAN);
+  cuda::attention(ctx, g, n);
+  check("attention");
+
+  const std::vector<float> gate = randoms(1000, -10.f, 10.f), up = randoms(1000, -9.f, 9.f);
+  std::vector<float> y_cpu(gate.size()), y_emu(gate.size());
+  cpu::swiglu_oai_gate(gate.data(), up.data(), y_cpu.data(), int(gate.size()));
+  cuda::swiglu_oai_gate(ctx, gate.data(), up.data(), y_emu.data(), int64_t(gate.size()));
+  CHECK(y_emu == y_cpu);
 }
 
 #else  // a build with the real CUDA backend: no emulation to run on

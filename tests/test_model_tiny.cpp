@@ -52,6 +52,8 @@ double g_min_router_gap = 1e30;
 // that now and then, and the two paths then pick different experts. MoE tests take the first
 // seed whose routing is this decisive for their prompt (a property of the reference alone).
 constexpr double kRouterMargin = 0.08;
+// How many gate and up values the reference clamped (gpt-oss): the clamps must bite in its tests.
+long g_clamped = 0;
 
 // Random weights, the quantized bytes written to the file, and the dequantized floats the
 // reference uses (so both paths see exactly the same numbers).
@@ -95,6 +97,12 @@ Model make_model(const Spec& s) {
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
     wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
+  }
+  const bool oai = a == "gpt-oss";
+  if (oai) {  // gpt-oss's YaRN: 32× from 4096 (pairs 6 to 15 of 32 on the ramp at this base)
+    wr.set(a + ".rope.scaling.type", gguf::Value::of_str("yarn"));
+    wr.set(a + ".rope.scaling.factor", gguf::Value::of_f32(32.f));
+    wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(4096));
   }
 
   // planes > 1: that many matrices of `rows` rows stacked in one 3-D tensor (the experts).
@@ -147,10 +155,21 @@ Model make_model(const Spec& s) {
       add(b + "attn_v.weight", s.n_head_kv * D, E, we, 0.f, true);
     }
     add(b + "attn_output.weight", E, s.n_head * D, we, 0.f, true);
-    add(b + "ffn_norm.weight", 1, E, 0.2f, 1.f, false);
+    if (oai) {  // the output bias; sinks around the scores' size, so some heads give them most weight
+      add(b + "attn_output.bias", 1, E, 0.3f, 0.f, false);
+      add(b + "attn_sinks.weight", 1, s.n_head, 2.f, 0.5f, false);
+    }
+    add(b + (oai ? "post_attention_norm.weight" : "ffn_norm.weight"), 1, E, 0.2f, 1.f, false);
     if (s.n_expert > 0) {  // the router in F32 (as converters leave it), a spread that routes decisively
-      const float wx = 1.f / std::sqrt(float(s.n_ff_exp)) * 1.7f;
-      add(b + "ffn_gate_inp.weight", s.n_expert, E, 3.f * we, 0.f, false);
+      // gpt-oss: large gate and up biases, so its clamps at ±7 bite, and a smaller down projection.
+      const float wx = 1.f / std::sqrt(float(s.n_ff_exp)) * (oai ? 0.05f : 1.7f);
+      add(b + "ffn_gate_inp.weight", s.n_expert, E, (oai ? 6.f : 3.f) * we, 0.f, false);  // (3 of 6: wider)
+      if (oai) {
+        add(b + "ffn_gate_inp.bias", 1, s.n_expert, 0.5f, 0.f, false);
+        add(b + "ffn_gate_exps.bias", s.n_expert, s.n_ff_exp, 6.5f, 0.f, false);
+        add(b + "ffn_up_exps.bias", s.n_expert, s.n_ff_exp, 7.5f, 0.f, false);
+        add(b + "ffn_down_exps.bias", s.n_expert, E, 0.3f, 0.f, false);
+      }
       const auto gate = add(b + "ffn_gate_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert, !s.merged_exps);
       const auto up = add(b + "ffn_up_exps.weight", s.n_ff_exp, E, we, 0.f, true, s.n_expert, !s.merged_exps);
       if (s.merged_exps) {  // ffn_gate_up_exps: per expert its gate rows, then its up rows
@@ -174,7 +193,7 @@ Model make_model(const Spec& s) {
       add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
     }
     if (s.n_expert == 0) add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a == "qwen2moe") {
+    if (a == "qwen2moe" || oai) {
       add(b + "attn_q.bias", 1, s.n_head * D, 0.3f, 0.f, false);
       add(b + "attn_k.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
       add(b + "attn_v.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
@@ -213,13 +232,34 @@ Vec rmsnorm(const Vec& x, const float* w, size_t off, size_t n, double eps) {
   return y;
 }
 
+// YaRN as gpt-oss's reference code computes it (the ramp's ends not rounded to whole pairs): per
+// pair, the fraction of the original frequency kept; pairs below `lo` keep it all, pairs above `hi`
+// are interpolated (divided by the factor).
+struct Yarn {
+  double factor = 0, lo = 0, hi = 0;
+  Yarn() = default;
+  Yarn(double factor, double original_ctx, double base, int R, double beta_fast = 32, double beta_slow = 1)
+      : factor(factor) {
+    const double two_pi = 2 * 3.14159265358979323846;
+    auto pair = [&](double turns) { return R * std::log(original_ctx / (turns * two_pi)) / (2 * std::log(base)); };
+    lo = std::max(0.0, pair(beta_fast));
+    hi = std::min(double(R - 1), pair(beta_slow));
+  }
+  double freq(double theta, int i) const {
+    if (factor == 0) return theta;
+    const double interp = std::clamp((i - lo) / std::max(hi - lo, 0.001), 0.0, 1.0);
+    return theta / factor * interp + theta * (1 - interp);
+  }
+  double mscale() const { return factor == 0 ? 1.0 : 0.1 * std::log(factor) + 1.0; }
+};
+
 // The first R dims of each head rotate, the rest pass. div: LongRoPE's per-pair divisors of the
 // frequency (or none); mscale multiplies cos and sin (the rotated dims only).
 void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox, const float* div = nullptr,
-              double mscale = 1.0) {
+              double mscale = 1.0, const Yarn& yarn = {}) {
   for (int h = 0; h < n_head; ++h)
     for (int i = 0; i < R / 2; ++i) {
-      const double ang = pos * std::pow(base, -2.0 * i / R) / (div ? double(div[i]) : 1.0);
+      const double ang = pos * yarn.freq(std::pow(base, -2.0 * i / R), i) / (div ? double(div[i]) : 1.0);
       const size_t i0 = size_t(h * D + (neox ? i : 2 * i)), i1 = size_t(h * D + (neox ? i + R / 2 : 2 * i + 1));
       const double a = v[i0], b = v[i1], c = std::cos(ang) * mscale, sn = std::sin(ang) * mscale;
       v[i0] = a * c - b * sn;
@@ -233,6 +273,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2";
   const bool qwen3 = s.arch == "qwen3" || s.arch == "qwen3moe", qwen2moe = s.arch == "qwen2moe";
   const bool phi3 = s.arch == "phi3";
+  const bool oai = s.arch == "gpt-oss";
   const bool neox = s.arch != "llama";
   const float* rope_div = s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
@@ -263,7 +304,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
         v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
       }
-      if (qwen2moe)
+      if (qwen2moe || oai)
         for (auto [y, name] : {std::pair{&q[size_t(t)], "attn_q.bias"}, {&k[size_t(t)], "attn_k.bias"},
                                {&v[size_t(t)], "attn_v.bias"}})
           for (size_t i = 0; i < y->size(); ++i) (*y)[i] += double(W(b + name)[i]);
@@ -278,8 +319,9 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         }
       }
       const int R = s.rope_dim > 0 ? s.rope_dim : D;
-      rope_ref(q[size_t(t)], s.n_head, D, R, t, base, neox, rope_div, s.rope_attn_factor);
-      rope_ref(k[size_t(t)], s.n_head_kv, D, R, t, base, neox, rope_div, s.rope_attn_factor);
+      const Yarn yarn = oai ? Yarn(32, 4096, base, R) : Yarn();  // (every layer, sliding or not)
+      rope_ref(q[size_t(t)], s.n_head, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
+      rope_ref(k[size_t(t)], s.n_head_kv, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
     }
     for (int t = 0; t < T; ++t) {
       Vec o(size_t(s.n_head * D), 0.0);
@@ -294,19 +336,35 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
           if (s.attn_softcap > 0) d = s.attn_softcap * std::tanh(d / s.attn_softcap);
           sc.push_back(d);
         }
-        const double mx = *std::max_element(sc.begin(), sc.end());
-        double sum = 0;
+        // gpt-oss: the head's sink joins the softmax as one more logit with no value.
+        const double sink = oai ? double(W(b + "attn_sinks.weight")[size_t(hh)]) : -INFINITY;
+        const double mx = std::max(*std::max_element(sc.begin(), sc.end()), sink);
+        double sum = oai ? std::exp(sink - mx) : 0.0;
         for (double& z : sc) sum += (z = std::exp(z - mx));
         for (int j = lo; j <= t; ++j)
           for (int i = 0; i < D; ++i) o[size_t(hh * D + i)] += sc[size_t(j - lo)] / sum * v[size_t(j)][size_t(g * D + i)];
       }
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
+      if (oai) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
       if (gemma) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += att[size_t(i)];
     }
     auto act = [&](double z) {
       return gemma ? 0.5 * z * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)))
                    : z / (1 + std::exp(-z));
+    };
+    // gpt-oss's gate: the gate clamped above at 7, its sigmoid sharpened by 1.702, times the up
+    // projection clamped to ±7, plus one.
+    auto glu = [&](double g, double u) {
+      if (!oai) return act(g) * u;
+      g_clamped += (g > 7.0) + (std::fabs(u) > 7.0);
+      g = std::min(g, 7.0);
+      return g / (1 + std::exp(-1.702 * g)) * (std::clamp(u, -7.0, 7.0) + 1);
+    };
+    // Row e of a stacked bias tensor added to y (gpt-oss's experts), nothing otherwise.
+    auto bias_row = [&](Vec& y, const std::string& name, int e) {
+      if (!oai) return;
+      for (size_t i = 0; i < y.size(); ++i) y[i] += double(W(b + name)[size_t(e) * y.size() + i]);
     };
     // One SwiGLU FFN n_f wide whose matrices start at row `r0` of the named tensors (an expert's
     // rows in the stacked ones).
@@ -316,17 +374,26 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         const auto at = W(b + name).begin() + std::ptrdiff_t(from) * cols;
         return std::vector<float>(at, at + std::ptrdiff_t(n_rows) * cols);
       };
-      const Vec g = matvec(rows(gate, r0, n_f, E), n_f, E, h), u = matvec(rows(up, r0, n_f, E), n_f, E, h);
+      Vec g = matvec(rows(gate, r0, n_f, E), n_f, E, h), u = matvec(rows(up, r0, n_f, E), n_f, E, h);
+      const int e = r0 / n_f;
+      bias_row(g, "ffn_gate_exps.bias", e);
+      bias_row(u, "ffn_up_exps.bias", e);
       Vec a(static_cast<size_t>(n_f));
-      for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
-      return matvec(rows(down, r0 / n_f * E, E, n_f), E, n_f, a);
+      for (size_t i = 0; i < a.size(); ++i) a[i] = glu(g[i], u[i]);
+      Vec d = matvec(rows(down, e * E, E, n_f), E, n_f, a);
+      bias_row(d, "ffn_down_exps.bias", e);
+      return d;
     };
     for (int t = 0; t < T && s.n_expert > 0; ++t) {
       // Mixture of experts: softmax over the router's logits, the top k, their probabilities as
       // weights (renormalized to sum 1 except in qwen2moe), plus qwen2moe's shared expert scaled by
       // sigmoid(gate_inp_shexp · h).
-      const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
-      const Vec logit = matvec(W(b + "ffn_gate_inp.weight"), s.n_expert, E, h);
+      // (gpt-oss: the router has a bias, and the softmax over the k chosen logits is the same as the
+      // renormalized top k of the softmax over all)
+      const Vec h = rmsnorm(x[size_t(t)], W(b + (oai ? "post_attention_norm.weight" : "ffn_norm.weight")).data(), 0,
+                            size_t(E), eps);
+      Vec logit = matvec(W(b + "ffn_gate_inp.weight"), s.n_expert, E, h);
+      if (oai) for (int e = 0; e < s.n_expert; ++e) logit[size_t(e)] += double(W(b + "ffn_gate_inp.bias")[size_t(e)]);
       std::vector<int> order(size_t(s.n_expert));
       for (int e = 0; e < s.n_expert; ++e) order[size_t(e)] = e;
       std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return logit[size_t(a)] > logit[size_t(c)]; });
@@ -420,6 +487,11 @@ void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<
   std::printf("%-7s %-5s %-22s max|d| %.4f mean|d| %.4f (logit sd %.2f), argmax agrees %zu/%zu\n",
               m.spec.arch.c_str(), type_name(m.spec.wtype), what, max_d, mean_d, sd, agree, ids.size());
   CHECK(sd > 0.5);  // the model is not degenerate
+  if (m.spec.arch == "gpt-oss") {  // its clamped SwiGLU clamped some gate and up values
+    INFO("values clamped " << g_clamped);
+    CHECK(g_clamped > 0);
+  }
+  g_clamped = 0;
   if (m.spec.n_expert > 0) {  // every router decision is clear of the fast path's rounding
     INFO("smallest router margin " << g_min_router_gap);
     CHECK(g_min_router_gap > kRouterMargin);
@@ -469,6 +541,13 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_expert_used = 2;
     s.n_ff_exp = 256;
     s.n_ff_shexp = 512;
+  } else if (arch == "gpt-oss") {  // layers 0 and 2 sliding (window 5); top 3 of 6 experts with biases
+    s.n_layer = 3;
+    s.window = 5;
+    s.swa_pattern = 2;
+    s.n_expert = 6;
+    s.n_expert_used = 3;
+    s.n_ff_exp = 256;
   } else if (arch == "gemma3") {  // layers 0 and 1 sliding (window 5), layer 2 global
     s.n_layer = 3;
     s.n_head_kv = 1;
@@ -493,6 +572,7 @@ Model decisive_model(Spec s, const std::vector<int32_t>& ids, int n_ctx = 64) {
     reference(m, ids, n_ctx);
     const bool ok = g_min_router_gap > kRouterMargin;
     g_min_router_gap = 1e30;
+    g_clamped = 0;
     if (ok) return m;
   }
   FAIL("no seed routes the prompt decisively");
@@ -503,13 +583,14 @@ Model decisive_model(Spec s, const std::vector<int32_t>& ids, int n_ctx = 64) {
 
 TEST_CASE("tiny generated models: fast path matches the float reference for every weight type") {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
-                     GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
-                                   "qwen3moe-merged"}) {
+                                   "qwen3moe-merged", "gpt-oss"}) {
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two (and keep the
-      // sanitizer build's run short).
-      if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) continue;
+      // sanitizer build's run short), and MXFP4 (an expert format) two of its own.
+      const bool mx_moe = t == GgmlType::MXFP4 && (arch == "mixtral" || arch == "qwen3moe" || arch == "gpt-oss");
+      if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && !mx_moe) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
       auto p = load(m, 64);
@@ -539,7 +620,7 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
-  for (const std::string arch : {"llama", "gemma3", "qwen2moe"}) {  // (experts: decode runs them as one job)
+  for (const std::string arch : {"llama", "gemma3", "qwen2moe", "gpt-oss"}) {  // (experts: decode runs them as one job)
     const Spec s = spec_of(arch, GgmlType::Q8_0);
     const auto ids = prompt(s, 17, 3);  // longer than the sliding window: the rings wrap
     const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -651,4 +732,33 @@ TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long on
     CHECK(scaled[i] <= plain[i]);
     CHECK(scaled[i] >= plain[i] / 8 * (1 - 1e-6));
   }
+}
+
+TEST_CASE("config: yarn keeps the fast pairs, interpolates the slow ones, a ramp between; its magnitude") {
+  // gpt-oss's numbers: 64 rotated dims, base 150000, 32× from 4096. The pair that turns r times over
+  // 4096 tokens is 64·ln(4096 / (2π·r)) / (2·ln 150000): 8.09 for r = 32, 17.40 for r = 1.
+  RopeScaling s;
+  s.type = "yarn";
+  s.factor = 32;
+  s.original_ctx = 4096;
+  const auto plain = rope_frequencies(64, 150000.f, RopeScaling{});
+  const auto rounded = rope_frequencies(64, 150000.f, s);  // ramp from pair 8 to pair 18
+  s.yarn_truncate = false;
+  const auto exact = rope_frequencies(64, 150000.f, s);  // from 8.09 to 17.40
+  const double pi = 3.14159265358979323846, lo = 64 * std::log(4096 / (2 * pi * 32)) / (2 * std::log(150000.0)),
+               hi = 64 * std::log(4096 / (2 * pi)) / (2 * std::log(150000.0));
+  REQUIRE(lo == Approx(8.09).margin(0.01));
+  REQUIRE(hi == Approx(17.40).margin(0.01));
+  for (int i = 0; i < 32; ++i) {
+    const double t = plain[size_t(i)];
+    const double keep_rounded = 1 - std::clamp((i - 8.0) / 10.0, 0.0, 1.0);
+    const double keep_exact = 1 - std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
+    CHECK(rounded[size_t(i)] == Approx(t * keep_rounded + t / 32 * (1 - keep_rounded)).epsilon(1e-6));
+    CHECK(exact[size_t(i)] == Approx(t * keep_exact + t / 32 * (1 - keep_exact)).epsilon(1e-6));
+  }
+  CHECK(exact[0] == plain[0]);
+  CHECK(exact[31] == Approx(plain[31] / 32).epsilon(1e-6));
+  CHECK(exact[12] != Approx(rounded[12]).epsilon(1e-3));  // the rounding moves the ramp
+  CHECK(yarn_mscale(32, 0) == Approx(1 + 0.1 * std::log(32.0)));
+  CHECK(yarn_mscale(1, 0) == 1.f);
 }

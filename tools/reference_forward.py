@@ -2,14 +2,14 @@
 """A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
-Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE), not from Baton's.
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
     baton logits -m MODEL.gguf --tokens "ID ID ..." --out baton.f32     # then compare the two files
 
-Families: llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe; no RoPE scaling, no
-sliding windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+Families: llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gpt-oss (YaRN, sliding
+windows on even layers, sinks, biases, the clamped SwiGLU); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
 """
@@ -46,15 +46,28 @@ def main():
     eps, base = g("attention.layer_norm_rms_epsilon"), g("rope.freq_base", 10000.0)
     renorm = arch != "qwen2moe"  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
     neox = arch != "llama"       # the llama converter permutes q/k for adjacent pairs
+    oai = arch == "gpt-oss"
+    window = g("attention.sliding_window", 0) if oai else 0  # gpt-oss: layers 0, 2, 4, ... slide
+
+    # RoPE frequencies; gpt-oss's YaRN as its config.json has it (beta_fast 32, beta_slow 1,
+    # "truncate": false: the ramp's ends are not rounded to whole pairs).
+    half = R // 2
+    theta = base ** (-np.arange(half) * 2.0 / R)
+    mscale = 1.0
+    if g("rope.scaling.type", "none") == "yarn":
+        factor, ctx0 = g("rope.scaling.factor"), g("rope.scaling.original_context_length")
+        turning = lambda r: R * np.log(ctx0 / (r * 2 * np.pi)) / (2 * np.log(base))
+        lo, hi = max(turning(32.0), 0.0), min(turning(1.0), R - 1)
+        interp = np.clip((np.arange(half) - lo) / max(hi - lo, 0.001), 0, 1)
+        theta = theta / factor * interp + theta * (1 - interp)
+        mscale = 0.1 * np.log(factor) + 1
 
     def rms(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
     def rope(v, pos):  # v [n, heads, D]; the first R dims of each head rotate
-        half = R // 2
-        theta = base ** (-np.arange(half) * 2.0 / R)
         a = pos[:, None] * theta[None]
-        c, s = np.cos(a)[:, None], np.sin(a)[:, None]
+        c, s = np.cos(a)[:, None] * mscale, np.sin(a)[:, None] * mscale
         o = v.copy()
         if neox:
             x0, x1 = v[..., :half], v[..., half:R]
@@ -68,6 +81,13 @@ def main():
 
     def swiglu(h, gate, up, down):
         return (silu(h @ gate.T) * (h @ up.T)) @ down.T
+
+    def oai_expert(h, b, e):  # gpt-oss: biases, the gate clamped above at 7, the up at ±7, and + 1
+        gt = h @ T[b + "ffn_gate_exps.weight"][e].T + T[b + "ffn_gate_exps.bias"][e]
+        u = h @ T[b + "ffn_up_exps.weight"][e].T + T[b + "ffn_up_exps.bias"][e]
+        gt, u = np.minimum(gt, 7.0), np.clip(u, -7.0, 7.0)
+        a = gt / (1 + np.exp(-1.702 * gt)) * (u + 1)
+        return a @ T[b + "ffn_down_exps.weight"][e].T + T[b + "ffn_down_exps.bias"][e]
 
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
@@ -88,14 +108,22 @@ def main():
             kv = hh // (H // HKV)
             s = q[:, hh] @ k[:, kv].T / np.sqrt(D)
             s[np.triu_indices(n, 1)] = -np.inf
-            p = np.exp(s - s.max(1, keepdims=True))
-            o[:, hh] = (p / p.sum(1, keepdims=True)) @ v[:, kv]
+            if window and l % 2 == 0:
+                s[np.tril_indices(n, -window)] = -np.inf  # keys window or more tokens back
+            sink = T[b + "attn_sinks.weight"][hh] if oai else -np.inf
+            mx = np.maximum(s.max(1, keepdims=True), sink)
+            p = np.exp(s - mx)
+            o[:, hh] = (p / (p.sum(1, keepdims=True) + np.exp(sink - mx))) @ v[:, kv]
         x = x + o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
-        h = rms(x, T[b + "ffn_norm.weight"])
+        if oai:
+            x = x + T[b + "attn_output.bias"]
+        h = rms(x, T[b + ("post_attention_norm.weight" if oai else "ffn_norm.weight")])
         if X == 0:
             x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"])
             continue
         logit = h @ T[b + "ffn_gate_inp.weight"].T
+        if oai:
+            logit = logit + T[b + "ffn_gate_inp.bias"]
         prob = np.exp(logit - logit.max(1, keepdims=True))
         prob /= prob.sum(1, keepdims=True)
         y = np.zeros_like(x)
@@ -108,6 +136,9 @@ def main():
             if renorm:
                 w = w / w.sum()
             for e, we in zip(chosen, w):
+                if oai:  # (its softmax over the k chosen logits is the renormalized top k)
+                    y[t] += we * oai_expert(h[t], b, e)
+                    continue
                 y[t] += we * swiglu(h[t], T[b + "ffn_gate_exps.weight"][e], T[b + "ffn_up_exps.weight"][e],
                                     T[b + "ffn_down_exps.weight"][e])
         if b + "ffn_gate_inp_shexp.weight" in T:
