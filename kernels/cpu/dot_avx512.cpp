@@ -571,6 +571,11 @@ KernelTable make_avx512_table() {
   t.packed[int(GgmlType::Q4_K)] = packed_by_cols<PackedK4<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = packed_by_cols<PackedK4<GgmlType::Q5_K>>;
   t.packed[int(GgmlType::Q6_K)] = packed_by_cols<PackedQ6K>;
+  // The IQ4 formats and MXFP4 have no AVX-512 tile; their AVX2 tiles (same Q8_32s activations) beat
+  // the AVX-512 row kernels here in decode and in prefill (docs/KERNELS.md, session 30: MXFP4 GEMV
+  // 18.0 against 12.4 GB/s a thread, GEMM of 64 columns 120 against 87 GFLOP/s). Q2_K, Q3_K and
+  // Q5_1's AVX2 tiles lose the one-column GEMV to the rows: those keep their rows.
+  for (GgmlType ty : {GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) t.packed[int(ty)] = kernels_avx2().packed[int(ty)];
   return t;
 }
 

@@ -48,7 +48,7 @@ constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
 // whether this process packs it at load (the active ISA has its tile kernel and it beats the row
-// kernel there — AVX-512: all but Q2_K, Q3_K, Q5_1, Q6_K, the IQ4 formats and MXFP4, AVX2: all of them —
+// kernel there — AVX-512: all but Q2_K, Q3_K, Q5_1 and Q6_K (the IQ4 formats and MXFP4 with their AVX2 tiles), AVX2: all of them —
 // and BATON_CPU_PACK is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
