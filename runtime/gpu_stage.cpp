@@ -435,7 +435,7 @@ struct CudaLayers {
   }
   void add_rows(float* y, const float* bias, int rows, int n) {
     flush();
-    for (int t = 0; t < rows; ++t) cuda::add(g.ctx, y + size_t(t) * n, bias, n);
+    cuda::add_rows(g.ctx, y, bias, rows, n);
   }
   // y = act(gt) * u over n_total values; the down projection reads them as rows of n_ff.
   void gate(Activation act, const float* gt, const float* u, float* y, int n_total) {

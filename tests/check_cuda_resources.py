@@ -39,7 +39,7 @@ MAX_THREADS = [
     (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),
     (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("
-     r"|quantize_act_kernel\(|gather_rows_kernel\(|scatter_add_rows_kernel\()", 256),
+     r"|quantize_act_kernel\(|gather_rows_kernel\(|scatter_add_rows_kernel\(|add_rows_kernel\()", 256),
 ]
 
 # Local memory measured and left alone (docs/GPU.md, "Registers and local memory"): bytes of stack

@@ -618,7 +618,7 @@ TEST_CASE("dequantize to FP16 and embedding rows match the scalar dequantizer") 
   }
 }
 
-TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
+TEST_CASE("rms_norm, gates, add, add_rows, scale, softcap match kernels/cpu/ops") {
   std::mt19937 rng(5);
   auto close = [](const std::vector<float>& a, const std::vector<float>& b, float rel, const char* what) {
     int bad = 0;
@@ -675,6 +675,18 @@ TEST_CASE("rms_norm, gates, add, scale, softcap match kernels/cpu/ops") {
   cu::scale(ctx(), dg.as<float>(), 0.37f, n);
   cu::softcap(ctx(), dg.as<float>(), 5.0f, n);
   close(to_host<float>(dg, size_t(n)), ref, 1e-5f, "add+scale+softcap");
+
+  // A bias row added to every row (q/k/v, output and expert biases): the CPU's add per row, bit for bit.
+  for (int width : {1, 7, 64, 2880}) {
+    const int rows = 13;
+    const auto y = random_floats(size_t(rows) * size_t(width), rng, -3.0f, 3.0f);
+    const auto bias = random_floats(size_t(width), rng, -1.0f, 1.0f);
+    auto dyr = to_dev(y), db = to_dev(bias);
+    cu::add_rows(ctx(), dyr.as<float>(), db.as<float>(), rows, width);
+    std::vector<float> want = y;
+    for (int r = 0; r < rows; ++r) cpu::add(want.data() + size_t(r) * size_t(width), bias.data(), width);
+    CHECK(to_host<float>(dyr, y.size()) == want);
+  }
 }
 
 TEST_CASE("a mixture of experts' gather, weighted scatter-add and zero match kernels/cpu/ops") {

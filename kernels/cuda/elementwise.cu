@@ -65,7 +65,23 @@ void launch_ew(Context& c, const float* a, const float* b, float* y, float s, in
   CUDA_CHECK_LAUNCH();
 }
 
+// y[i] += bias[i % width]: a bias added to each of n / width rows.
+__global__ void add_rows_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t width, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  griddep_release();
+  griddep_wait();
+  if (i < n) y[i] += bias[i % width];
+}
+
 }  // namespace
+
+void add_rows(Context& c, float* y, const float* bias, int rows, int64_t width) {
+  const int64_t n = int64_t(rows) * width;
+  if (n <= 0) return;
+  launch_early(c.early_launch, add_rows_kernel, ceil_div(n, 256), 256, static_cast<cudaStream_t>(c.stream()), y, bias,
+               width, n);
+  CUDA_CHECK_LAUNCH();
+}
 
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
   launch_ew<Ew::Silu>(c, g, u, y, 0, n, q8);

@@ -398,6 +398,8 @@ void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, 
 void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void add(Context& c, float* y, const float* x, int64_t n);       // y += x
+// y[r·width + i] += bias[i] for r < rows: a bias row added to every token's row, one launch.
+void add_rows(Context& c, float* y, const float* bias, int rows, int64_t width);
 void scale(Context& c, float* y, float s, int64_t n);            // y *= s
 void softcap(Context& c, float* y, float cap, int64_t n);        // y = cap·tanh(y / cap)
 // out[i] = row ids[i] of the table, dequantized, times s. ids must be in range (caller's job).

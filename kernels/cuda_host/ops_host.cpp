@@ -493,6 +493,9 @@ void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64
 void add(Context&, float* y, const float* x, int64_t n) {
   in_pieces(n, [&](int64_t i, int m) { cpu::add(y + i, x + i, m); });
 }
+void add_rows(Context&, float* y, const float* bias, int rows, int64_t width) {
+  for (int r = 0; r < rows; ++r) cpu::add(y + size_t(r) * size_t(width), bias, int(width));
+}
 void scale(Context&, float* y, float s, int64_t n) {
   in_pieces(n, [&](int64_t i, int m) { cpu::scale(y + i, s, m); });
 }
