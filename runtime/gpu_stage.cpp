@@ -370,12 +370,15 @@ struct CudaLayers {
         outs[2 * i + 1] = {&L.up_exp[size_t(group[i])], hb2 + size_t(i) * F};
       }
       cuda::matmul_n(g.ctx, outs, 2 * in_group, xb, 1);
-      for (int i = 0; i < in_group; ++i) expert_bias(L.gate_exp_b, L.up_exp_b, group[i], hb + size_t(i) * F, hb2 + size_t(i) * F, 1, F);
+      for (int i = 0; i < in_group; ++i) {
+        expert_bias(L.gate_exp_b, group[i], hb + size_t(i) * F, 1, F);
+        expert_bias(L.up_exp_b, group[i], hb2 + size_t(i) * F, 1, F);
+      }
       gate_hb(int64_t(in_group) * F);
       for (int i = 0; i < in_group; ++i) {
         const int off = first[size_t(group[i])];
         cuda::matmul(g.ctx, L.down_exp[size_t(group[i])], hb + size_t(i) * F, 1, g.ye);
-        expert_bias(L.down_exp_b, {}, group[i], g.ye, nullptr, 1, E);
+        expert_bias(L.down_exp_b, group[i], g.ye, 1, E);
         cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, 1, E);
       }
       in_group = 0;
@@ -396,20 +399,19 @@ struct CudaLayers {
         in = g.xe;
       }
       cuda::matmul_n(g.ctx, {{&L.gate_exp[size_t(e)], hb}, {&L.up_exp[size_t(e)], hb2}}, in, m);
-      expert_bias(L.gate_exp_b, L.up_exp_b, e, hb, hb2, m, F);
+      expert_bias(L.gate_exp_b, e, hb, m, F);
+      expert_bias(L.up_exp_b, e, hb2, m, F);
       gate_hb(int64_t(m) * F);
       cuda::matmul(g.ctx, L.down_exp[size_t(e)], hb, m, g.ye);
-      expert_bias(L.down_exp_b, {}, e, g.ye, nullptr, m, E);
+      expert_bias(L.down_exp_b, e, g.ye, m, E);
       cuda::scatter_add_rows(g.ctx, g.acc, g.ye, g.moe_rows + off, g.moe_w + off, false, m, E);
     }
     if (in_group > 0) run_group();
     shared_expert(L, n);
   }
-  // Expert e's biases (gpt-oss) added to m rows of width w: a's to ya, b's (if any) to yb.
-  void expert_bias(const std::vector<const float*>& a, const std::vector<const float*>& b, int e, float* ya,
-                   float* yb, int m, int w) {
-    if (!a.empty()) add_rows(ya, a[size_t(e)], m, w);
-    if (!b.empty()) add_rows(yb, b[size_t(e)], m, w);
+  // Expert e's bias (gpt-oss; none when `biases` is empty) added to m rows of width w.
+  void expert_bias(const std::vector<const float*>& biases, int e, float* y, int m, int w) {
+    if (!biases.empty()) add_rows(y, biases[size_t(e)], m, w);
   }
   // hb = act(hb) * hb2 over count values, launched now (a mixture's experts, not a pending gate).
   void gate_hb(int64_t count) {
