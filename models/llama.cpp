@@ -186,7 +186,7 @@ struct Scratch::Layout {
 
 size_t Scratch::ffn_rows(const ModelConfig& c, int n_batch) {
   if (!c.is_moe()) return size_t(n_batch) * size_t(c.n_ff);
-  return std::max(size_t(std::max(n_batch, c.n_expert_used)) * size_t(c.n_ff_exp),
+  return std::max(size_t(moe_expert_rows(uint64_t(n_batch), uint64_t(c.n_expert_used))) * size_t(c.n_ff_exp),
                   size_t(n_batch) * size_t(c.n_ff_shexp));
 }
 
@@ -208,7 +208,7 @@ Scratch::Layout Scratch::layout(const ModelConfig& c, int n_batch, GgmlType kv_t
   if (c.is_moe()) {
     L.router = take(B * c.n_expert * f);
     L.xe = take(B * c.n_embd * f);
-    L.ye = take(std::max(B, size_t(c.n_expert_used)) * c.n_embd * f);
+    L.ye = take(size_t(moe_expert_rows(B, uint64_t(c.n_expert_used))) * c.n_embd * f);
     L.acc = take(B * c.n_embd * f);
   }
   L.total = at;

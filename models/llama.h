@@ -60,7 +60,7 @@ class Scratch {
   uint8_t* k_new = nullptr;  // the batch's keys in the KV type (staging rows, see cpu::attention)
   uint8_t* v_new = nullptr;
   // Mixture of experts only (null otherwise): router logits (n_batch × n_expert), an expert's
-  // gathered input rows (n_batch × n_embd), expert outputs (max(n_batch, k) × n_embd) and their
+  // gathered input rows (n_batch × n_embd), expert outputs (moe_expert_rows × n_embd) and their
   // weighted sum (n_batch × n_embd); per token its k experts and weights, and the same grouped by
   // expert (cpu::moe_group: expert e's tokens and weights from expert_first[e]).
   float* router = nullptr;
@@ -69,8 +69,8 @@ class Scratch {
   float* acc = nullptr;
   std::vector<int32_t> route_ids, expert_first, expert_rows;
   std::vector<float> route_w, expert_w;
-  // Floats of hb (and hb2): n_batch × n_ff, or for a mixture of experts the widest of max(n_batch,
-  // k) experts' rows and n_batch shared-expert rows.
+  // Floats of hb (and hb2): n_batch × n_ff, or for a mixture of experts the widest of
+  // moe_expert_rows(n_batch, k) experts' rows and n_batch shared-expert rows.
   static size_t ffn_rows(const ModelConfig& c, int n_batch);
   std::vector<int32_t> first, row0, row;  // per token: its sequence's first position / staging rows
 

@@ -28,6 +28,18 @@ enum LogitsMode : uint8_t {
 constexpr int kMaxTopKCandidates = 256;
 inline int top_k_candidates(int n_vocab) { return n_vocab / 2 < kMaxTopKCandidates ? n_vocab / 2 : kMaxTopKCandidates; }
 
+// A GPU stage routes a mixture of experts on the device for steps of up to this many tokens (decode
+// steps: no wait for the host, captured in graphs), each (token, expert) pair its own row of the
+// experts' buffers. Rows of those buffers (hb, hb2, ye: Scratch, scratch_layout) for n_batch
+// tokens and k experts per token: enough for that, for k experts of one token and for n_batch
+// tokens of one expert.
+constexpr int kMoeDeviceTokens = 16;
+inline uint64_t moe_expert_rows(uint64_t n_batch, uint64_t k) {
+  const uint64_t pairs = (n_batch < uint64_t(kMoeDeviceTokens) ? n_batch : uint64_t(kMoeDeviceTokens)) * k;
+  const uint64_t one = n_batch > k ? n_batch : k;
+  return pairs > one ? pairs : one;
+}
+
 // The 4-byte words an output row of this mode holds (its slot always spans n_vocab floats).
 inline size_t output_words(uint8_t mode, size_t n_vocab) {
   switch (mode) {

@@ -52,7 +52,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   L.k = align_buffer(B * kvh * s.head_dim_k * f);
   L.v = align_buffer(B * kvh * s.head_dim_v * f);
   const uint64_t ffn = s.n_expert == 0 ? B * s.n_ff
-                                       : std::max(std::max<uint64_t>(B, s.n_expert_used) * s.n_ff_exp, B * s.n_ff_shexp);
+                                       : std::max(moe_expert_rows(B, s.n_expert_used) * s.n_ff_exp, B * s.n_ff_shexp);
   L.hb = align_buffer(ffn * f);
   L.hb2 = align_buffer(ffn * f);
   L.k_new = align_buffer(B * row_bytes_ceil(kv_type, uint64_t(kvh) * s.head_dim_k));
@@ -64,7 +64,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;
   if (s.n_expert > 0)
     L.moe = align_buffer(B * s.n_expert * f) + 2 * align_buffer(B * s.n_embd * f) +
-            align_buffer(std::max<uint64_t>(B, s.n_expert_used) * s.n_embd * f);
+            align_buffer(moe_expert_rows(B, s.n_expert_used) * s.n_embd * f);
   return L;
 }
 
@@ -91,8 +91,12 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
     if (split_k > 1 && split_k * K < V) sampling = split_k * n * K * 8;
     if (split_a > 1) sampling = std::max(sampling, split_a * n * 8);
   }
+  // A mixture's experts routed on the device (kMoeDeviceTokens tokens, k pairs each, a column per
+  // pair): the 8-bit activations of the down projections' input (cuda::gemv_experts).
+  const uint64_t pairs = std::min<uint64_t>(B, kMoeDeviceTokens) * s.n_expert_used;
+  const uint64_t moe = s.n_expert > 0 ? (pairs * s.n_ff_exp + 255) / 256 * 256 + s.n_ff_exp / 32 * pairs * 8 : 0;
   const uint64_t mib = uint64_t(1) << 20;
-  return (std::max({gemm, gemv, attention, sampling}) + mib - 1) / mib * mib;
+  return (std::max({gemm, gemv, attention, sampling, moe}) + mib - 1) / mib * mib;
 }
 
 uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_batch) {

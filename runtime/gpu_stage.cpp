@@ -99,6 +99,11 @@ struct GpuStage::Impl {
   // --cpu-moe: the experts stay in host memory (bound and packed here) and run on the CPU with
   // the CPU stage's own code (moe_experts) on this pool and host scratch.
   bool cpu_moe = false;
+  // Steps of at most kMoeDeviceTokens tokens route on the device (BATON_MOE_DEVICE=0: never).
+  bool moe_device = true;
+  bool routes_on_device(int n) const {
+    return moe_device && !cpu_moe && n <= kMoeDeviceTokens && c.n_expert <= cuda::kMoeRouteMaxExperts;
+  }
   ModelWeights host_w;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Scratch> host_scratch;
@@ -325,17 +330,21 @@ struct CudaLayers {
     cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n, x_q8);
   }
   // A mixture of experts over the normed rows in xb, into xb, as the CPU stage computes it: the
-  // router on the device, its logits to the host (a wait per layer, so these steps are never
-  // captured in graphs) for cpu::moe_route, then per chosen expert its rows gathered (not in
-  // decode: one token is its only row), gate and up, the gate, down, and the weighted add into
-  // the sum.
+  // router on the device; steps of up to kMoeDeviceTokens tokens route there too (moe_on_device);
+  // longer ones take its logits to the host (a wait per layer, so these steps are never captured
+  // in graphs) for cpu::moe_route, then per chosen expert its rows gathered, gate and up, the
+  // gate, down, and the weighted add into the sum.
   void moe(const GpuLayer& L, int n) {
-    flush();
     const ModelConfig& c = g.c;
     const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert;
-    cuda::matmul(g.ctx, L.router, xb, n, g.moe_logits);
+    // Routed on the device: the norm before writes xb's 8-bit activations for the experts' GEMV
+    // (the router reads them too, or the floats; nothing in between uses the scratch).
+    const bool x_q8 = g.routes_on_device(n) && !L.gate_exp.empty() && q8_input({&L.gate_exp[0]}) ? flush(xb, E, n)
+                                                                                                   : flush();
+    cuda::matmul(g.ctx, L.router, xb, n, g.moe_logits, x_q8);
     if (L.router_b) add_rows(g.moe_logits, L.router_b, n, X);
-    cuda::copy_to_host(g.ctx, g.h_logits.data(), g.moe_logits, size_t(n) * size_t(X) * sizeof(float));
+    if (!g.routes_on_device(n))
+      cuda::copy_to_host(g.ctx, g.h_logits.data(), g.moe_logits, size_t(n) * size_t(X) * sizeof(float));
     if (g.cpu_moe) {  // the experts on the CPU: the rows they read come along
       Scratch& hs = *g.host_scratch;
       cuda::copy_to_host(g.ctx, hs.xb, xb, size_t(n) * size_t(E) * sizeof(float));
@@ -348,6 +357,7 @@ struct CudaLayers {
       shared_expert(L, n);
       return;
     }
+    if (g.routes_on_device(n)) return moe_on_device(L, n, x_q8);
     g.ctx.synchronize();
     for (int t = 0; t < n; ++t)
       cpu::moe_route(g.h_logits.data() + size_t(t) * X, X, K, c.expert_weights_norm,
@@ -408,6 +418,43 @@ struct CudaLayers {
     }
     if (in_group > 0) run_group();
     shared_expert(L, n);
+  }
+  // The same on the device (steps of at most kMoeDeviceTokens tokens, Impl::routes_on_device): the
+  // routing kernel writes each (token, rank) pair's expert and weight, and every pair is a column
+  // of its expert's GEMV: gate and up of all pairs in one launch, the gate, down, the weighted sum
+  // per token in rank order (the CPU stage's decode order). Nothing waits for the host.
+  void moe_on_device(const GpuLayer& L, int n, bool x_q8) {
+    const ModelConfig& c = g.c;
+    const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert, P = n * K;
+    cuda::moe_route(g.ctx, g.moe_logits, n, X, K, c.expert_weights_norm, g.moe_rows, g.moe_w);
+    const cuda::ExpertWeights gate = stacked(L.gate_exp), up = stacked(L.up_exp), down = stacked(L.down_exp);
+    if (gate.first.type == up.first.type) {
+      const cuda::ExpertOut outs[] = {{&gate, hb}, {&up, hb2}};
+      cuda::gemv_experts(g.ctx, outs, 2, xb, K, g.moe_rows, P, x_q8);
+    } else {
+      const cuda::ExpertOut o1[] = {{&gate, hb}}, o2[] = {{&up, hb2}};
+      cuda::gemv_experts(g.ctx, o1, 1, xb, K, g.moe_rows, P, x_q8);
+      cuda::gemv_experts(g.ctx, o2, 1, xb, K, g.moe_rows, P, x_q8 || cuda::q8_activations(gate.first.type));
+    }
+    if (!L.gate_exp_b.empty()) {  // stacked: expert e's at e · width
+      cuda::add_rows_id(g.ctx, hb, L.gate_exp_b[0], g.moe_rows, P, F);
+      cuda::add_rows_id(g.ctx, hb2, L.up_exp_b[0], g.moe_rows, P, F);
+    }
+    // The gate writes the down projection's 8-bit activations where its GEMV looks for them.
+    const bool q8 = cuda::q8_activations(down.first.type);
+    launch_gate(g.ctx, c.act, hb, hb2, hb, int64_t(P) * F, q8 ? cuda::q8_scratch(g.ctx, F, P) : cuda::Q8Act{});
+    const cuda::ExpertOut od[] = {{&down, g.ye}};
+    cuda::gemv_experts(g.ctx, od, 1, hb, 1, g.moe_rows, P, q8);
+    if (!L.down_exp_b.empty()) cuda::add_rows_id(g.ctx, g.ye, L.down_exp_b[0], g.moe_rows, P, E);
+    cuda::moe_combine(g.ctx, c.n_ff_shexp > 0 ? g.acc : xb, g.ye, g.moe_rows, g.moe_w, n, K, E);
+    if (c.n_ff_shexp > 0) shared_expert(L, n);
+  }
+  // A stacked tensor's experts (row views, LayerT::gate_exp...) as one device array.
+  static cuda::ExpertWeights stacked(const std::vector<cuda::Weight>& experts) {
+    cuda::ExpertWeights w{experts[0], 0};
+    if (experts.size() > 1)
+      w.expert_bytes = size_t(static_cast<const uint8_t*>(experts[1].data) - static_cast<const uint8_t*>(experts[0].data));
+    return w;
   }
   // Expert e's bias (gpt-oss; none when `biases` is empty) added to m rows of width w.
   void expert_bias(const std::vector<const float*>& biases, int e, float* y, int m, int w) {
@@ -575,7 +622,8 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   g.n_batch = opt.n_batch;
   g.n_seq = opt.n_seq;
   g.kv_type = opt.kv_type;
-  g.use_graphs = opt.cuda_graphs && !cfg.is_moe();  // (a mixture routes on the host: no step is a graph)
+  g.use_graphs = opt.cuda_graphs;  // (not a mixture's steps that route on the host: forward())
+  g.moe_device = env_setting("BATON_MOE_DEVICE", 0, 1, 1, "0 or 1") == 1;
   g.n_ctx = opt.n_ctx;
   g.ctx.gemv_max_cols = env_setting("BATON_GEMV_MAX_COLS", 1, 256, g.ctx.gemv_max_cols, "a column count");
   g.ctx.gemv_rows_per_warp = env_setting("BATON_GEMV_ROWS", 1, 2, g.ctx.gemv_rows_per_warp, "1 or 2");
@@ -744,7 +792,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     const size_t K = size_t(cfg.n_expert_used), E = size_t(cfg.n_embd);
     g.moe_logits = g.alloc_n<float>(B * size_t(cfg.n_expert));
     g.xe = g.alloc_n<float>(B * E);
-    g.ye = g.alloc_n<float>(std::max(B, K) * E);
+    g.ye = g.alloc_n<float>(size_t(moe_expert_rows(B, K)) * E);
     g.acc = g.alloc_n<float>(B * E);
     g.moe_rows = g.alloc_n<int32_t>(B * K);
     g.moe_w = g.alloc_n<float>(B * K);
@@ -928,7 +976,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   // The step's ops: embedding lookup, the family's layers, the head and the argmax. Steps of at
   // most gemv_max_cols tokens (decode: no cuBLAS) are captured once per shape and replayed; the
   // attention then takes n_ctx as its bound, so one graph serves every position.
-  const bool graph = g.use_graphs && n <= g.ctx.gemv_max_cols;
+  const bool graph = g.use_graphs && n <= g.ctx.gemv_max_cols && (!c.is_moe() || g.routes_on_device(n));
   CudaLayers b{g, batch.logits, {}, graph ? g.n_ctx : max_len, {}};
   for (const auto& [n_cells, cm] : g.commits) b.commit_n.push_back(cm.n);
   b.decode_only = true;

@@ -350,7 +350,9 @@ else
 fi
 
 # 9. A mixture of experts on one GPU (session 29: routing on the host, experts gathered per launch;
-# not timed on a GPU before): 8 of Qwen3-30B-A3B's 48 layers (Q4_0, 2.9 GiB), with --sim a small one.
+# session 31: steps of up to 16 tokens routed on the device and captured in graphs, the host's
+# routing kept behind BATON_MOE_DEVICE=0; neither timed on a GPU before): 8 of Qwen3-30B-A3B's 48
+# layers (Q4_0, 2.9 GiB), with --sim a small one.
 if has_cmd bench && has_cmd synth --n-expert; then
   fm=$models/moe-Q4_0.gguf
   if [[ $sim == 1 ]]; then
@@ -363,6 +365,7 @@ if has_cmd bench && has_cmd synth --n-expert; then
     skip moe "too little time left (BATON_GPU_END)"
   elif [[ -s $fm ]] || run synth-moe 120 "$bin" synth "${moe_shape[@]}" --type Q4_0 --out "$fm"; then
     run bench-moe-1stage 120 "$bin" bench -m "$fm" --devices cuda:0 -p "$pp" -n "$tg"
+    run bench-moe-hostroute 120 env BATON_MOE_DEVICE=0 "$bin" bench -m "$fm" --devices cuda:0 -p 0 -n "$tg"
   fi
 else
   skip moe "no experts in 'baton synth' yet"

@@ -30,6 +30,8 @@ import tempfile
 MAX_THREADS = [
     (r"gemv_kernel<", 128),                                   # kGemvThreads
     (r"gemv_stream_kernel<", 128),                            # kGemvThreads
+    (r"gemv_experts_kernel<", 128),                           # kGemvThreads
+    (r"moe_route_kernel\(", 128),                             # kRouteThreads
     (r"attn_combine_kernel<", 256),                           # one thread per dimension, <= 256
     (r"attn_(split|prefill)_kernel<", 128),                   # kAttnThreads
     (r"attn_prefill_mma_kernel<", 128),                       # kMmaWarps * 32
@@ -39,7 +41,8 @@ MAX_THREADS = [
     (r"(rope_kernel|rope_stage_kernel<)", 256),                # kRopeThreads; rope_stage: 256
     (r"embed_kernel<", 128),
     (r"(ew_kernel<|kv_commit_kernel\(|kv_q8_kernel\(|kv_f16_kernel\(|dequant_f16_kernel<|act_to_f16_kernel\("
-     r"|quantize_act_kernel\(|gather_rows_kernel\(|scatter_add_rows_kernel\(|add_rows_kernel\()", 256),
+     r"|quantize_act_kernel\(|gather_rows_kernel\(|scatter_add_rows_kernel\(|add_rows_kernel\("
+     r"|add_rows_id_kernel\(|moe_combine_kernel\()", 256),
 ]
 
 # Local memory measured and left alone (docs/GPU.md, "Registers and local memory"): bytes of stack

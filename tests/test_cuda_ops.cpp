@@ -731,6 +731,116 @@ TEST_CASE("a mixture of experts' gather, weighted scatter-add and zero match ker
   }
 }
 
+// The decode steps of a mixture of experts route on the device (runtime/gpu_stage.cpp,
+// moe_on_device): the routing against cpu::moe_route (ids exact, NaN and all -inf rows, ties to
+// the lower id), each (token, expert) pair's GEMV against cuda::gemv of that expert alone, the
+// experts' biases by id and the weighted sum against the CPU's scatter-add in rank order.
+TEST_CASE("a mixture of experts routed on the device matches kernels/cpu/ops and per-expert GEMVs") {
+  std::mt19937 rng(16);
+  struct Route { int n_expert, k; bool renorm; };
+  for (const Route& r : {Route{8, 2, true}, Route{60, 4, false}, Route{128, 8, true}, Route{32, 4, true},
+                         Route{512, 8, true}, Route{5, 8, true}, Route{33, 1, false}}) {
+    INFO(r.n_expert << " experts, top " << r.k << (r.renorm ? ", renormalized" : ""));
+    const int n = 13, X = r.n_expert, K = r.k;
+    auto logits = random_floats(size_t(n * X), rng, -4.0f, 4.0f);
+    logits[size_t(1 * X + X / 2)] = std::nanf("");                                 // a NaN counts as -inf
+    std::fill(logits.begin() + 2 * X, logits.begin() + 3 * X, -INFINITY);           // no finite logit
+    logits[size_t(4 * X + X - 1)] = logits[size_t(4 * X)] = 6.0f;                   // a tie at the top
+    auto dl = to_dev(logits);
+    cu::DeviceBuffer dids(size_t(n * K) * 4), dw(size_t(n * K) * 4);
+    cu::moe_route(ctx(), dl.as<float>(), n, X, K, r.renorm, dids.as<int32_t>(), dw.as<float>());
+    const auto ids = to_host<int32_t>(dids, size_t(n * K));
+    const auto w = to_host<float>(dw, size_t(n * K));
+    CHECK(to_host<float>(dl, logits.size())[size_t(X)] == logits[size_t(X)]);  // the logits are not changed
+    std::vector<int32_t> want_ids(size_t(n * K));
+    std::vector<float> want_w(size_t(n * K)), row(static_cast<size_t>(X));
+    for (int t = 0; t < n; ++t) {
+      std::copy(logits.begin() + t * X, logits.begin() + (t + 1) * X, row.begin());
+      cpu::moe_route(row.data(), X, K, r.renorm, want_ids.data() + t * K, want_w.data() + t * K);
+    }
+    CHECK(ids == want_ids);
+    int bad = 0;
+    for (size_t i = 0; i < w.size(); ++i) bad += std::fabs(w[i] - want_w[i]) > 2e-6f * std::fabs(want_w[i]) + 1e-7f;
+    CHECK(bad == 0);
+    CHECK(ids[size_t(2 * K)] == -1);
+    if (K > 1 && X > 1) CHECK(ids[size_t(4 * K)] == 0);
+  }
+  // Gate and up of 3 tokens x 2 experts (one pair without an expert) in one launch, and down with a
+  // column per pair; every CUDA weight type.
+  const int n_exp = 5, F = 37, E = 256, n = 3, K = 2, P = n * K;
+  const std::vector<int32_t> ids = {3, 0, 4, -1, 1, 3};
+  auto did = to_dev(ids);
+  for (GgmlType t : kTypes) {
+    INFO(type_name(t));
+    std::vector<uint8_t> wg, wu;
+    for (int e = 0; e < n_exp; ++e) {
+      const auto a = random_weights(t, F, E, rng), b = random_weights(t, F, E, rng);
+      wg.insert(wg.end(), a.begin(), a.end());
+      wu.insert(wu.end(), b.begin(), b.end());
+    }
+    cu::Weight Wg, Wu;
+    cu::DeviceBuffer bg = cu::upload_weight(t, wg.data(), int64_t(F) * n_exp, E, Wg);
+    cu::DeviceBuffer bu = cu::upload_weight(t, wu.data(), int64_t(F) * n_exp, E, Wu);
+    cu::ExpertWeights gate{Wg, size_t(F) * Wg.row_stride}, up{Wu, size_t(F) * Wu.row_stride};
+    gate.first.rows = up.first.rows = F;
+    for (int x_div : {K, 1}) {
+      INFO("x_div " << x_div);
+      const int n_x = P / x_div;
+      const auto x = random_floats(size_t(n_x * E), rng);
+      auto dx = to_dev(x);
+      const std::vector<float> sentinel(size_t(P * F), 7.0f);
+      auto dg = to_dev(sentinel), du = to_dev(sentinel);
+      const cu::ExpertOut outs[] = {{&gate, dg.as<float>()}, {&up, du.as<float>()}};
+      cu::gemv_experts(ctx(), outs, 2, dx.as<float>(), x_div, did.as<int32_t>(), P);
+      const auto yg = to_host<float>(dg, sentinel.size()), yu = to_host<float>(du, sentinel.size());
+      cu::DeviceBuffer one(size_t(F) * 4);
+      for (int p = 0; p < P; ++p) {
+        for (int m = 0; m < 2; ++m) {
+          const std::vector<float>& got = m ? yu : yg;
+          if (ids[size_t(p)] < 0) {
+            CHECK(std::equal(got.begin() + p * F, got.begin() + (p + 1) * F, sentinel.begin()));  // not written
+            continue;
+          }
+          cu::Weight v = (m ? up : gate).first;
+          v.data = static_cast<const uint8_t*>(v.data) + size_t(ids[size_t(p)]) * (m ? up : gate).expert_bytes;
+          cu::gemv(ctx(), v, dx.as<float>() + size_t(p / x_div) * E, 1, one.as<float>());
+          const auto want = to_host<float>(one, size_t(F));
+          float scale = 0;
+          for (float y : want) scale = std::max(scale, std::fabs(y));
+          int bad = 0;
+          for (int i = 0; i < F; ++i) bad += std::fabs(got[size_t(p * F + i)] - want[size_t(i)]) > 1e-5f * scale + 1e-7f;
+          INFO("pair " << p << (m ? " up" : " gate"));
+          CHECK(bad == 0);
+        }
+      }
+    }
+  }
+  // Biases by id, then each token's weighted sum in rank order.
+  const int W = 96;
+  const auto bias = random_floats(size_t(n_exp * W), rng), y0 = random_floats(size_t(P * W), rng);
+  const auto wt = random_floats(size_t(P), rng, 0.0f, 1.0f);
+  auto db = to_dev(bias), dy = to_dev(y0), dwt = to_dev(wt);
+  cu::add_rows_id(ctx(), dy.as<float>(), db.as<float>(), did.as<int32_t>(), P, W);
+  std::vector<float> y = y0;
+  for (int p = 0; p < P; ++p)
+    if (ids[size_t(p)] >= 0) cpu::add(y.data() + p * W, bias.data() + ids[size_t(p)] * W, W);
+  CHECK(to_host<float>(dy, y.size()) == y);  // one add each: exact
+  std::vector<float> nan_row = y;
+  std::fill(nan_row.begin() + 3 * W, nan_row.begin() + 4 * W, std::nanf(""));  // the pair without an expert is never read
+  auto dyn = to_dev(nan_row);
+  cu::DeviceBuffer dacc(size_t(n * W) * 4);
+  cu::moe_combine(ctx(), dacc.as<float>(), dyn.as<float>(), did.as<int32_t>(), dwt.as<float>(), n, K, W);
+  std::vector<float> want(size_t(n * W), 0.0f);
+  for (int p = 0; p < P; ++p) {
+    const int32_t row = p / K;
+    if (ids[size_t(p)] >= 0) cpu::scatter_add_rows(want.data(), y.data() + p * W, &row, wt.data() + p, false, 1, W);
+  }
+  const auto got = to_host<float>(dacc, want.size());
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= 1e-6f * std::fabs(want[i]) + 1e-7f);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("rope (adjacent pairs and NeoX) matches kernels/cpu/ops") {
   std::mt19937 rng(6);
   for (bool neox : {false, true}) {

@@ -106,7 +106,9 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3, Phi-3, Qwen
   }
 }
 
-TEST_CASE("a mixture's one-token decode steps on the GPU (experts four to a launch) give the CPU's logits") {
+// Steps of up to kMoeDeviceTokens tokens route on the device (the 12-token prompt too);
+// BATON_MOE_DEVICE=0 takes them to the host (a one-token step's experts four to a launch).
+TEST_CASE("a mixture's decode steps on the GPU, routed on the device or the host, give the CPU's logits") {
   const std::string path = test::tiny_qwen3moe_model();
   auto steps = [&](Pipeline& p) {  // a 12-token prompt, then 16 steps of one token each
     const int V = p.n_vocab();
@@ -124,8 +126,13 @@ TEST_CASE("a mixture's one-token decode steps on the GPU (experts four to a laun
     return all;
   };
   auto cpu = load(path, "cpu");
-  auto gpu = load(path, "cuda:0");
-  test::check_routed_close(steps(*cpu), steps(*gpu), cpu->n_vocab(), path + " one-token steps");
+  const std::vector<float> want = steps(*cpu);
+  for (const char* on_device : {"1", "0"}) {
+    setenv("BATON_MOE_DEVICE", on_device, 1);
+    auto gpu = load(path, "cuda:0");
+    unsetenv("BATON_MOE_DEVICE");
+    test::check_routed_close(want, steps(*gpu), cpu->n_vocab(), path + " steps, BATON_MOE_DEVICE=" + on_device);
+  }
 }
 
 TEST_CASE("--cpu-moe: the experts in host memory under a GPU stage give the CPU's logits") {

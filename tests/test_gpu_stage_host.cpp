@@ -467,8 +467,13 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
   }
 }
 
-TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give the CPU stage's logits") {
-  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()}) {
+// Steps of up to kMoeDeviceTokens tokens route on the device (moe_on_device); BATON_MOE_DEVICE=0
+// takes them to the host (per expert, a one-token step's experts four to a launch).
+TEST_CASE("a mixture's decode steps, routed on the device or the host, give the CPU stage's logits") {
+  for (const std::string& path : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()})
+  for (const char* on_device : {"1", "0"}) {
+    INFO("BATON_MOE_DEVICE=" << on_device);
+    setenv("BATON_MOE_DEVICE", on_device, 1);
     const Model m(path);
     const int V = m.cfg.n_vocab;
     auto decode_alone = [&](Chain& stages) {  // a 12-token prompt, then 24 steps of one token each
@@ -484,7 +489,13 @@ TEST_CASE("a mixture's one-token decode steps (experts four to a launch) give th
       return all;
     };
     Chain cpu = chain(m, GgmlType::F16, 0, "cpu"), gpu = chain(m, GgmlType::F16, 0, "gpu");
+    unsetenv("BATON_MOE_DEVICE");
     test::check_routed_close(decode_alone(cpu), decode_alone(gpu), V, name_of(path) + " one-token steps, CPU vs GPU");
+    // Routed on the device, the prompt (12 tokens) and the one-token steps are two graphs, the
+    // steps replay theirs; routed on the host, nothing is captured.
+    const GpuStage::Stats gs = static_cast<const GpuStage&>(*gpu[0]).stats();
+    CHECK(gs.captured == (on_device[0] == '1' ? 2u : 0u));
+    CHECK(gs.launched == (on_device[0] == '1' ? 25u : 0u));
   }
 }
 

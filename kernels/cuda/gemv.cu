@@ -374,6 +374,106 @@ static void check_weight(const Weight& W, const char* op) {
     input_error(cat("CUDA ", op, ": bad weight shape ", W.rows, " x ", W.cols, " (row stride ", W.row_stride, ")"));
 }
 
+// The experts' GEMV (gemv_experts): blockIdx.y a (token, expert) pair, blockIdx.z one of up to two
+// stacked tensors; the expert id comes from the routing kernel before it, so the weights' address
+// is known only after griddep_wait. One column per pair; wpr warps per row as gemv_kernel's split
+// rows, chosen for the launch's rows (all pairs').
+struct ExpertSegs {
+  const uint8_t* W[2];
+  size_t expert_bytes[2];
+  float* Y[2];
+};
+
+template <class T>
+__global__ void __launch_bounds__(kGemvThreads)
+gemv_experts_kernel(ExpertSegs segs, int rows, size_t stride, int64_t cols, Act act, const int32_t* __restrict__ ids,
+                    int x_div, int wpr) {
+  __shared__ float part[kGemvThreads / 32];
+  griddep_release();
+  griddep_wait();  // the ids (and the activations) come from the ops before
+  const int p = blockIdx.y, m = blockIdx.z;
+  const int e = ids[p];
+  if (e < 0) return;  // the whole block
+  const uint8_t* __restrict__ W = (m ? segs.W[1] : segs.W[0]) + size_t(e) * (m ? segs.expert_bytes[1] : segs.expert_bytes[0]);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = int(blockIdx.x) * (kGemvThreads / 32 / wpr) + warp / wpr;
+  const int sub = warp % wpr;
+  const int n_units = int(cols / T::unit);
+  const int step = 32 * wpr;
+  const int j = p / x_div;  // the pair's input column
+  Act a = act;
+  if (a.qs) a.qs += int64_t(j) * cols, a.ds += int64_t(j) * (cols / 32);
+  if (a.x) a.x += int64_t(j) * cols;
+  float acc = 0.0f;
+  if (row < rows) {
+    const uint8_t* rp = W + size_t(row) * stride;
+    for (int u0 = sub * 32 + lane; u0 < n_units; u0 += step * T::unroll) {
+      typename T::W w[T::unroll];
+#pragma unroll
+      for (int k = 0; k < T::unroll; k++)
+        if (u0 + k * step < n_units) w[k] = T::load(rp, cols, u0 + k * step);
+#pragma unroll
+      for (int k = 0; k < T::unroll; k++)
+        if (u0 + k * step < n_units) acc += T::dot(w[k], a, 0, u0 + k * step);
+    }
+  }
+  acc = warp_sum(acc);
+  float* __restrict__ Y = (m ? segs.Y[1] : segs.Y[0]) + int64_t(p) * rows;
+  if (wpr == 1) {
+    if (row < rows && lane == 0) Y[row] = acc;
+    return;
+  }
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  if (sub == 0 && row < rows && lane == 0) {
+    float v = 0.0f;
+    for (int k = 0; k < wpr; k++) v += part[warp + k];
+    Y[row] = v;
+  }
+}
+
+void gemv_experts(Context& c, const ExpertOut* outs, int count, const float* X, int x_div, const int32_t* ids,
+                  int pairs, bool x_q8) {
+  CUDA_ASSERT(count >= 1 && count <= 2 && x_div >= 1);
+  const Weight& W0 = outs[0].W->first;
+  check_weight(W0, "gemv_experts");
+  for (int i = 1; i < count; i++) {
+    const Weight& Wi = outs[i].W->first;
+    if (Wi.type != W0.type || Wi.rows != W0.rows || Wi.cols != W0.cols)
+      input_error(cat("CUDA gemv_experts: the stacked tensors of one launch differ (", type_name(W0.type), " ", W0.rows,
+                      " x ", W0.cols, " and ", type_name(Wi.type), " ", Wi.rows, " x ", Wi.cols, ")"));
+  }
+  if (pairs <= 0) return;
+  if (pairs % x_div != 0) input_error(cat("CUDA gemv_experts: ", pairs, " pairs is not a multiple of ", x_div));
+  const int64_t cols = W0.cols;
+  const int n_x = pairs / x_div;
+  Act act;
+  act.cols = cols;
+  act.x = X;
+  if (q8_activations(W0.type)) {
+    const Q8Act s = q8_scratch(c, cols, n_x);
+    act.qs = s.qs;
+    act.ds = reinterpret_cast<const float2*>(s.ds);
+    if (!x_q8) quantize_act(c, X, cols, n_x, s.qs, s.ds);
+  }
+  ExpertSegs segs{};
+  for (int i = 0; i < count; i++) {
+    segs.W[i] = static_cast<const uint8_t*>(outs[i].W->first.data);
+    segs.expert_bytes[i] = outs[i].W->expert_bytes;
+    segs.Y[i] = outs[i].Y;
+  }
+  with_weight_type(W0.type, [&](auto t) {
+    using T = decltype(t);
+    // Split rows when the launch's rows (all pairs' and tensors') do not fill the GPU.
+    const int wpr = warps_per_row(c, GemvForm::Split, W0.rows * pairs * count, int(cols / T::unit));
+    const dim3 grid(unsigned(ceil_div(W0.rows, kGemvThreads / 32 / wpr)), unsigned(pairs), unsigned(count));
+    launch_early(c.early_launch, gemv_experts_kernel<T>, grid, kGemvThreads, static_cast<cudaStream_t>(c.stream()),
+                 segs, int(W0.rows), W0.row_stride, cols, act, ids, x_div, wpr);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+
 // The launches gemv_n makes of `count` matrices: runs of consecutive matrices of one type, at most
 // kMaxSegs each; f(i0, i1) for each run [i0, i1).
 template <class F>

@@ -410,6 +410,34 @@ void embed_rows(Context& c, const Weight& table, const int32_t* ids, int n, floa
 void gather_rows(Context& c, const float* x, const int32_t* rows, int m, int width, float* y);
 void scatter_add_rows(Context& c, float* acc, const float* y, const int32_t* rows, const float* w, bool sigmoid_w,
                       int m, int width);
+// A mixture of experts routed on the device (steps of up to kMoeDeviceTokens tokens: no wait for
+// the host, so a decode step is captured in a graph). Each (token t, rank j) is a pair p = t·k + j.
+// moe_route: per token, cpu::moe_route over its row of n_expert logits (read, not changed): ids[p]
+// the experts in order of probability (then lower id), w[p] their probabilities (renormalized to
+// sum 1 when renorm); -1 and 0 for a token without a finite logit.
+constexpr int kMoeRouteMaxExperts = 512;
+void moe_route(Context& c, const float* logits, int n, int n_expert, int k, bool renorm, int32_t* ids, float* w);
+// A stacked expert tensor on the device: expert e's matrix is `first` with data advanced by
+// e·expert_bytes.
+struct ExpertWeights {
+  Weight first;
+  size_t expert_bytes = 0;
+};
+struct ExpertOut {
+  const ExpertWeights* W;
+  float* Y;
+};
+// For each pair p < pairs: Y[p] (W.rows floats) = matrix ids[p] of W · X[p / x_div] (X: pairs /
+// x_div vectors of W.cols floats), as cuda::gemv of that expert computes it; pairs with ids[p] < 0
+// are not written. One or two stacked tensors of one type and width (gate and up) in one launch.
+// x_q8: X's 8-bit activations are already at q8_scratch(c, W.cols, pairs / x_div).
+void gemv_experts(Context& c, const ExpertOut* outs, int count, const float* X, int x_div, const int32_t* ids,
+                  int pairs, bool x_q8 = false);
+// y[p·width + i] += bias[ids[p]·width + i] for pairs with ids[p] >= 0 (stacked per-expert biases).
+void add_rows_id(Context& c, float* y, const float* bias, const int32_t* ids, int pairs, int width);
+// acc[t·width + i] = Σ_j w[t·k + j]·ye[(t·k + j)·width + i] over the ranks j with an expert, in
+// rank order from zero (cpu::scatter_add_rows of each into zeroed rows); t < n.
+void moe_combine(Context& c, float* acc, const float* ye, const int32_t* ids, const float* w, int n, int k, int width);
 // bytes zero bytes at p (cudaMemsetAsync).
 void zero(Context& c, void* p, size_t bytes);
 

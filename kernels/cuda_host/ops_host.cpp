@@ -511,6 +511,43 @@ void scatter_add_rows(Context&, float* acc, const float* y, const int32_t* rows,
   if (m > 0) cpu::scatter_add_rows(acc, y, rows, w, sigmoid_w, m, width);
 }
 
+void moe_route(Context&, const float* logits, int n, int n_expert, int k, bool renorm, int32_t* ids, float* w) {
+  if (n_expert < 1 || n_expert > kMoeRouteMaxExperts || k < 1)
+    input_error(fmt::format("CUDA moe_route: {} experts, {} used", n_expert, k));
+  std::vector<float> row(static_cast<size_t>(n_expert));
+  for (int t = 0; t < n; ++t) {  // (cpu::moe_route changes its row)
+    std::copy(logits + size_t(t) * size_t(n_expert), logits + size_t(t + 1) * size_t(n_expert), row.begin());
+    cpu::moe_route(row.data(), n_expert, k, renorm, ids + size_t(t) * size_t(k), w + size_t(t) * size_t(k));
+  }
+}
+void gemv_experts(Context& c, const ExpertOut* outs, int count, const float* X, int x_div, const int32_t* ids,
+                  int pairs, bool) {
+  for (int i = 0; i < count; ++i) {
+    const ExpertWeights& W = *outs[i].W;
+    for (int p = 0; p < pairs; ++p) {
+      if (ids[p] < 0) continue;
+      Weight e = W.first;
+      e.data = static_cast<const uint8_t*>(W.first.data) + size_t(ids[p]) * W.expert_bytes;
+      gemv(c, e, X + size_t(p / x_div) * size_t(e.cols), 1, outs[i].Y + size_t(p) * size_t(e.rows));
+    }
+  }
+}
+void add_rows_id(Context&, float* y, const float* bias, const int32_t* ids, int pairs, int width) {
+  for (int p = 0; p < pairs; ++p)
+    if (ids[p] >= 0) cpu::add(y + size_t(p) * size_t(width), bias + size_t(ids[p]) * size_t(width), width);
+}
+void moe_combine(Context&, float* acc, const float* ye, const int32_t* ids, const float* w, int n, int k, int width) {
+  for (int t = 0; t < n; ++t) {
+    float* a = acc + size_t(t) * size_t(width);
+    std::fill(a, a + width, 0.f);
+    for (int j = 0; j < k; ++j) {
+      const size_t p = size_t(t) * size_t(k) + size_t(j);
+      const int32_t row0 = 0;
+      if (ids[p] >= 0) cpu::scatter_add_rows(a, ye + p * size_t(width), &row0, w + p, false, 1, width);
+    }
+  }
+}
+
 void embed_rows(Context&, const Weight& table, const int32_t* ids, int n, float* out, float s) {
   if (n <= 0) return;
   check_weight(table, "embed_rows");
