@@ -45,12 +45,15 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "phi3") p.architecture = "phi3", p.qkv_bias = false;
       else if (a.arch == "qwen3moe") p.architecture = "qwen3moe", p.qkv_bias = false;
       else if (a.arch == "qwen2moe") p.architecture = "qwen2moe", p.qkv_bias = true;
+      else if (a.arch == "granite") p.architecture = "granite", p.qkv_bias = false;  // (Granite 3's multipliers)
+      else if (a.arch == "granitemoe") p.architecture = "granitemoe", p.qkv_bias = false;
       else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
         p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
         if (!p.sliding_window) p.sliding_window = 128;
       } else
         fail(ErrorKind::Usage,
-             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe or gpt-oss (gemma through --shape)",
+             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite or granitemoe "
+             "(gemma through --shape)",
              a.arch);
     }
     if (a.sliding_window) p.sliding_window = *a.sliding_window;
@@ -63,7 +66,8 @@ int run_synth(const SynthArgs& a) {
     if (a.n_head) p.n_head = *a.n_head;
     p.n_head_kv = a.n_head_kv ? *a.n_head_kv : (a.n_head ? p.n_head : p.n_head_kv);
     if (a.n_ff) p.n_ff = *a.n_ff;
-    if (p.n_expert > 0 && !p.n_ff_exp) p.n_ff_exp = p.n_ff;  // (as a file without the key reads)
+    if (p.n_expert > 0 && (!p.n_ff_exp || (p.architecture == std::string_view("granitemoe") && !a.n_ff_exp)))
+      p.n_ff_exp = p.n_ff;  // (as a file without the key reads; granitemoe's experts are n_ff wide)
     if (a.n_vocab) p.n_vocab = *a.n_vocab;
     if (a.ctx) p.n_ctx_train = *a.ctx;
     if (a.tied) p.tied = true;
@@ -96,7 +100,10 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
-                app.add_option("--arch", a->arch, "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe or gpt-oss");
+                app.add_option("--arch", a->arch,
+                               "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite "
+                               "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8) or "
+                               "granitemoe");
                 app.add_option("--sliding-window", a->sliding_window,
                                "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");

@@ -379,6 +379,7 @@ struct CpuLayers {
     int rows, len;  // rows × len elements; Add and the gates are one flat row (rows 1); Commit: rows
                     // = tokens, len 1
     int layer = 0;  // Commit: the layer whose staged K/V rows go into the cache
+    float s = 1.f;  // Add: y += s·a (the residual scale)
   };
   // The length of row j of o when a matmul over n rows runs it as its prologue, or 0 when o does
   // not split into n rows: per-token ops (norm, commit) need exactly n rows, flat ones n parts.
@@ -438,8 +439,8 @@ struct CpuLayers {
   void rms_norm(const float* in, const float* wt, float* out, int rows, int n) {
     queue({RowOp::Norm, in, wt, out, rows, n});
   }
-  void add_rms_norm(float* x, const float* d, const float* wt, float* out, int rows, int n) {
-    add(x, d, rows * n);
+  void add_rms_norm(float* x, const float* d, const float* wt, float* out, int rows, int n, float s = 1.f) {
+    add(x, d, rows * n, s);
     rms_norm(x, wt, out, rows, n);
   }
   void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) {
@@ -453,7 +454,15 @@ struct CpuLayers {
     const cpu::MatmulTarget t[] = {{&L.gate, hb}, {&L.up, hb2}};
     with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 2, xb, n, pool, p); });
   }
-  void add(float* y, const float* in, int n) { queue({RowOp::Add, in, nullptr, y, 1, n}); }
+  void add(float* y, const float* in, int n, float s = 1.f) {
+    RowOp o{RowOp::Add, in, nullptr, y, 1, n};
+    o.s = s;
+    queue(o);
+  }
+  void scale(float* y, float s, int n) {
+    flush();
+    cpu::scale(y, s, n);
+  }
   void add_rows(float* y, const float* bias, int rows, int n) {
     flush();
     add_bias(y, bias, rows, n);

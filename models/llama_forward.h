@@ -9,8 +9,10 @@
 //   rms_norm(x, w, y, rows, n)                y = x / rms(x) * w per row
 //   matmul(W, X, n, Y)  matmul_qkv(L, n)  matmul_gate_up(L, n)
 //   moe(L, n)                                 a mixture-of-experts FFN, xb -> xb (see LayerT)
-//   add(y, x, n)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
-//   add_rms_norm(x, d, w, y, rows, n)         x += d, then y = rms_norm(x, w) (a backend may fuse them)
+//   add(y, x, n, s)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
+//   scale(y, s, n)                            y *= s
+//   add_rms_norm(x, d, w, y, rows, n, s)      x += s·d, then y = rms_norm(x, w) (a backend may fuse them;
+//                                             s: the residual scale, 1 but for granite)
 //   rope_and_stage(l, n)   RoPE on q and k, and k/v converted into the KV type's staging rows
 //   attention(l, n)        attention over cache + staged rows into xb2, then the commit
 //   gather_logit_rows()    copies the rows of x that want logits to xb, returns their count
@@ -105,8 +107,9 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     if (L.bo) b.add_rows(b.xb, L.bo, n, E);
     if (L.post_attn_norm) b.rms_norm(b.xb, L.post_attn_norm, b.xb, n, E);
 
-    // FFN block: residual add and norm (one op), gate and up, activation, down.
-    b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E);
+    // FFN block: residual add (the branch times residual_scale: granite) and norm (one op), gate
+    // and up, activation, down.
+    b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E, c.residual_scale);
     if (c.is_moe()) {
       b.moe(L, n);  // xb -> the experts' weighted sum in xb
     } else {
@@ -115,8 +118,8 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
       b.matmul(L.down, b.hb, n, b.xb);
     }
     if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
-    if (l + 1 < end) b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E);  // and the next layer's norm
-    else b.add(b.x, b.xb, n * E);
+    if (l + 1 < end) b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E, c.residual_scale);  // and the next layer's norm
+    else b.add(b.x, b.xb, n * E, c.residual_scale);
   }
 }
 
@@ -128,6 +131,7 @@ void llama_head(const ModelConfig& c, B& b, float* logits) {
   if (m == 0) return;
   b.rms_norm(b.xb, b.output_norm(), b.xb, m, c.n_embd);
   b.matmul(b.output(), b.xb, m, logits);
+  if (c.logit_scale != 1) b.scale(logits, 1.f / c.logit_scale, m * c.n_vocab);  // granite
   if (c.final_softcap > 0) b.softcap(logits, c.final_softcap, m * c.n_vocab);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <ctime>
 
 #include "gguf/error.h"
@@ -20,7 +21,7 @@ const Named kNames[] = {
     {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
     {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4-mini", ChatFamily::Phi4Mini},
-    {"gpt-oss", ChatFamily::GptOss},
+    {"gpt-oss", ChatFamily::GptOss}, {"granite", ChatFamily::Granite},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
@@ -71,8 +72,116 @@ std::string chatml_default_system(std::string_view src) {
   return "";
 }
 
+// A Jinja string literal at s[i] ('...' or "...", Python's escapes): its value, i moved past it.
+std::optional<std::string> jinja_literal(std::string_view s, size_t& i) {
+  if (i >= s.size() || (s[i] != '"' && s[i] != '\'')) return std::nullopt;
+  const char quote = s[i++];
+  std::string out;
+  for (; i < s.size(); ++i) {
+    if (s[i] == quote) {
+      ++i;
+      return out;
+    }
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      const char e = s[++i];
+      out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+      continue;
+    }
+    out += s[i];
+  }
+  return std::nullopt;
+}
+
+void skip_space(std::string_view s, size_t& i) {
+  while (i < s.size() && std::isspace(uint8_t(s[i]))) ++i;
+}
+
+// Granite 3.1+'s own system prompt, for conversations without one: the plain literal of
+// `set system_message = "..." + strftime_now('FMT') + "..."` (the date's place and format), and
+// what the branch for no tools, documents or thinking appends (`{%- else %}` then
+// `set system_message = system_message + "..."`: 3.2, 3.3). Granite 3.0's template has none.
+struct GraniteSystem {
+  std::string text;
+  size_t date_at = std::string::npos;
+  std::string date_format;
+};
+GraniteSystem granite_default_system(std::string_view src) {
+  GraniteSystem g;
+  constexpr std::string_view kSet = "set system_message = ";
+  for (size_t p = src.find(kSet); p != std::string_view::npos; p = src.find(kSet, p + 1)) {
+    size_t i = p + kSet.size();
+    if (i >= src.size() || (src[i] != '"' && src[i] != '\'')) continue;  // messages[0]['content'], or an append
+    GraniteSystem cand;
+    while (true) {  // literal | strftime_now('FMT'), joined by +, up to the tag's end
+      skip_space(src, i);
+      if (auto lit = jinja_literal(src, i)) {
+        cand.text += *lit;
+      } else if (src.substr(i, 13) == "strftime_now(" && cand.date_at == std::string_view::npos) {
+        i += 13;
+        auto fmt = jinja_literal(src, i);
+        skip_space(src, i);
+        if (!fmt || i >= src.size() || src[i] != ')') return {};
+        ++i;
+        cand.date_at = cand.text.size();
+        cand.date_format = *fmt;
+      } else {
+        return {};  // not a plain expression
+      }
+      skip_space(src, i);
+      if (i < src.size() && src[i] == '+') {
+        ++i;
+        continue;
+      }
+      if (src.substr(i, 2) != "%}" && src.substr(i, 3) != "-%}") return {};
+      break;
+    }
+    g = cand;
+    break;
+  }
+  if (g.text.empty()) return g;
+  constexpr std::string_view kAppend = "set system_message = system_message + ";
+  for (size_t p = src.find(kAppend); p != std::string_view::npos; p = src.find(kAppend, p + 1)) {
+    size_t b = p;  // the tag opening this set, and what comes before it
+    while (b > 0 && src[b - 1] != '{') --b;
+    if (b < 2) continue;
+    std::string_view before = src.substr(0, b - 1);
+    while (!before.empty() && std::isspace(uint8_t(before.back()))) before.remove_suffix(1);
+    if (!before.ends_with("else %}") && !before.ends_with("else -%}")) continue;
+    size_t i = p + kAppend.size();
+    if (auto lit = jinja_literal(src, i)) g.text += *lit;
+    break;
+  }
+  return g;
+}
+
+// strftime's %B %b %d %m %Y %y %% for a YYYY-MM-DD date (English month names, as Python's C locale).
+std::string format_date(std::string_view fmt, const std::string& ymd) {
+  static const char* kMonths[] = {"January", "February", "March",     "April",   "May",      "June",
+                                  "July",    "August",   "September", "October", "November", "December"};
+  const int month = ymd.size() >= 7 ? std::clamp(std::atoi(ymd.c_str() + 5), 1, 12) : 1;
+  std::string out;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%' || i + 1 == fmt.size()) {
+      out += fmt[i];
+      continue;
+    }
+    switch (fmt[++i]) {
+      case 'B': out += kMonths[month - 1]; break;
+      case 'b': out += std::string(kMonths[month - 1]).substr(0, 3); break;
+      case 'd': out += ymd.substr(8, 2); break;
+      case 'm': out += ymd.substr(5, 2); break;
+      case 'Y': out += ymd.substr(0, 4); break;
+      case 'y': out += ymd.substr(2, 2); break;
+      case '%': out += '%'; break;
+      default: out += '%', out += fmt[i];
+    }
+  }
+  return out;
+}
+
 std::optional<ChatFamily> family_from_markers(std::string_view s) {
   if (contains(s, "<|channel|>")) return ChatFamily::GptOss;
+  if (contains(s, "<|start_of_role|>")) return ChatFamily::Granite;
   if (contains(s, "<|im_sep|>")) return ChatFamily::Phi4;
   if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
   if (contains(s, "<start_of_turn>")) return ChatFamily::Gemma;
@@ -119,13 +228,30 @@ ChatTemplate::ChatTemplate(ChatFamily family, std::string bos_text, std::string 
     : family_(family), bos_(std::move(bos_text)), eos_(std::move(eos_text)), default_system_(std::move(default_system)),
       date_(today()) {}
 
+std::string ChatTemplate::default_system() const {
+  if (date_at_ == std::string::npos) return default_system_;
+  return default_system_.substr(0, date_at_) + format_date(date_format_, date_) + default_system_.substr(date_at_);
+}
+
+// The template's own system prompt, when its family has one (ChatML: SmolLM2's; Granite 3.1+'s, dated).
+static void take_default_system(ChatTemplate& t, std::string_view src, std::string& text, size_t& date_at,
+                                std::string& date_format) {
+  if (t.family() == ChatFamily::ChatML) text = chatml_default_system(src);
+  if (t.family() != ChatFamily::Granite) return;
+  GraniteSystem g = granite_default_system(src);
+  text = std::move(g.text);
+  date_at = g.date_at;
+  date_format = std::move(g.date_format);
+}
+
 ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, std::string eos_text,
                                   std::string* warning) {
   if (auto f = family_from_markers(jinja)) {
     // Phi-4-mini writes Phi-3's turns with no newline anywhere (neither a real one nor a "\n" escape).
     if (*f == ChatFamily::Phi3 && !contains(jinja, "\n") && !contains(jinja, "\\n")) f = ChatFamily::Phi4Mini;
-    std::string sys = *f == ChatFamily::ChatML ? chatml_default_system(jinja) : "";
-    return ChatTemplate(*f, std::move(bos_text), std::move(eos_text), std::move(sys));
+    ChatTemplate t(*f, std::move(bos_text), std::move(eos_text));
+    take_default_system(t, jinja, t.default_system_, t.date_at_, t.date_format_);
+    return t;
   }
   if (warning)
     *warning = jinja.empty() ? "the model has no chat template; using chatml (choose another with --chat-template NAME)"
@@ -142,12 +268,14 @@ ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, 
   if (!override_name.empty()) {
     auto fam = chat_family_from_name(override_name);
     if (!fam) fail(ErrorKind::Usage, "--chat-template {}: unknown template (known: {})", override_name, chat_family_names());
-    std::string sys = *fam == ChatFamily::ChatML ? chatml_default_system(src) : "";
-    return ChatTemplate(*fam, bos, eos, sys);
+    ChatTemplate t(*fam, bos, eos);
+    take_default_system(t, src, t.default_system_, t.date_at_, t.date_format_);
+    return t;
   }
   if (!src.empty()) return detect(src, bos, eos, warning);
   // No template in the file (the Gemma 3 270M GGUF has none): the vocabulary's markers tell.
-  for (const char* marker : {"<|channel|>", "<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "[INST]"}) {
+  for (const char* marker : {"<|channel|>", "<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|start_of_role|>",
+                             "<|user|>", "[INST]"}) {
     auto id = tok.find_token(marker);
     if (!id) continue;
     std::string probe = marker;
@@ -163,7 +291,7 @@ bool ChatTemplate::starts_with_bos() const {
     case ChatFamily::Phi3:
       return !bos_.empty();
     case ChatFamily::ChatML: case ChatFamily::Zephyr: case ChatFamily::Phi4: case ChatFamily::Phi4Mini:
-    case ChatFamily::GptOss:
+    case ChatFamily::GptOss: case ChatFamily::Granite:
       return false;
   }
   return false;
@@ -276,6 +404,19 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
           out += "<|" + m.role + "|>\n" + m.content + eos_ + "\n";
       if (gen && !msgs.empty()) out += "<|assistant|>\n";
       break;
+
+    case ChatFamily::Granite: {
+      // A conversation's system message, else the template's own (Granite 3.1+: dated; 3.0: none).
+      // The generation prompt opens only after a message other than the system one.
+      const std::string sys = has_system ? system : default_system();
+      if (has_system || !sys.empty()) out += "<|start_of_role|>system<|end_of_role|>" + sys + "<|end_of_text|>\n";
+      for (size_t i = first; i < msgs.size(); ++i)
+        out += "<|start_of_role|>" + msgs[i].role + "<|end_of_role|>" + msgs[i].content + "<|end_of_text|>\n";
+      // (Granite 3.0's template, with no system prompt of its own, loops over the system message too.)
+      if (gen && (msgs.size() > first || (has_system && default_system_.empty())))
+        out += "<|start_of_role|>assistant<|end_of_role|>";
+      break;
+    }
 
     case ChatFamily::GptOss: {
       // Harmony: the template's own system message (identity, knowledge cutoff, date, reasoning

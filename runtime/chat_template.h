@@ -14,7 +14,8 @@ class Tokenizer;
 
 // Phi4: ChatML's turns with <|im_sep|> after the role (Phi-4 14B). Phi4Mini: Phi-3's turns without
 // the newlines (Phi-4-mini). GptOss: OpenAI's harmony format (gpt-oss; replies: runtime/harmony.h).
-enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss };
+// Granite: IBM Granite 3's <|start_of_role|>ROLE<|end_of_role|>...<|end_of_text|> turns.
+enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss, Granite };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -43,8 +44,9 @@ class ChatTemplate {
 
   ChatFamily family() const { return family_; }
   const char* name() const { return chat_family_name(family_); }
-  // ChatML templates such as SmolLM2's insert their own system prompt when the conversation has none.
-  const std::string& default_system() const { return default_system_; }
+  // ChatML templates such as SmolLM2's insert their own system prompt when the conversation has none;
+  // so do Granite 3.1+'s, with today's date in it (date_format: strftime's, e.g. "%B %d, %Y").
+  std::string default_system() const;
   // gpt-oss's system message states today's date (the template's strftime_now("%Y-%m-%d")): the
   // local date when the template was made, kept for its lifetime so that a conversation's prompt
   // does not change under its KV cache at midnight. Tests fix it.
@@ -72,6 +74,9 @@ class ChatTemplate {
   ChatFamily family_;
   std::string bos_, eos_, default_system_;
   std::string date_;
+  // Granite: today's date, formatted by date_format_, goes into default_system_ at date_at_ (npos: no date).
+  size_t date_at_ = std::string::npos;
+  std::string date_format_;
 };
 
 }  // namespace baton

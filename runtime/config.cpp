@@ -58,6 +58,9 @@ struct Family {
   // gpt-oss's additions (ModelConfig: attn_out_bias, attn_sinks, moe_bias, ffn_norm_as_post_attention),
   // and its sliding-window layers rotate with the global layers' (scaled) frequencies.
   bool oai = false;
+  // Granite's multipliers from the file (ModelConfig: embd_scale, residual_scale, attn_scale,
+  // logit_scale); its biases (optional in llama.cpp, absent from every Granite 3 file) are refused.
+  bool granite = false;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -82,6 +85,12 @@ constexpr Family kFamilies[] = {
   // with the global RoPE (YaRN-scaled), top-4 experts with biases and the clamped SwiGLU. Its
   // router's softmax over the k chosen logits is the renormalized top-k of the softmax over all.
   {"gpt-oss", RopeStyle::NeoX, Activation::SwiGluOai, false, false, false, true, 2, false, 0.f, 0, 2, true, false, true},
+  // IBM Granite 3.x: llama's layer (the converter permutes Q/K for adjacent pairs, as for llama)
+  // with four multipliers from the file. granitemoe (Granite 3.0/3.1 1B-A400M, 3B-A800M): the FFN a
+  // mixture, the router's top k softmaxed among themselves (= the renormalized top k); its
+  // GraniteMoeShared variant's ungated shared expert is not supported.
+  {"granite", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 1, true, false, false, true},
+  {"granitemoe", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 2, true, false, false, true},
 };
 
 }  // namespace
@@ -245,6 +254,22 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.qk_norm = fam->qk_norm;
   c.attn_bias = fam->attn_bias;
   c.attn_scale = attention_scale(c.arch, c.n_layer, c.n_embd, c.n_head, c.head_dim_k);
+  if (fam->granite) {  // a multiplier of 0 or a missing key means none (as llama.cpp reads them)
+    auto multiplier = [&](const char* key, float dflt) {
+      const double v = get_float(key, 0.0);
+      if (!(std::isfinite(v) && v >= 0)) problems.push_back(fmt::format("{} = {} must be finite and >= 0", f.arch_key(key), v));
+      return v > 0 ? float(v) : dflt;
+    };
+    c.embd_scale = multiplier("embedding_scale", 1.f);
+    c.residual_scale = multiplier("residual_scale", 1.f);
+    c.attn_scale = multiplier("attention.scale", c.attn_scale);
+    c.logit_scale = multiplier("logit_scale", 1.f);
+    for (const char* t : {"blk.0.attn_output.bias", "blk.0.ffn_gate.bias", "blk.0.ffn_up.bias", "blk.0.ffn_down.bias"})
+      if (f.tensor(t)) problems.push_back(fmt::format("{}: Granite with biases is not supported", t));
+    if (f.has(f.arch_key("expert_shared_feed_forward_length")))
+      problems.push_back(fmt::format("{}: a shared expert (GraniteMoeShared) is not supported",
+                                     f.arch_key("expert_shared_feed_forward_length")));
+  }
   c.final_softcap = float(get_float("final_logit_softcapping", 0.0));
   c.attn_softcap = float(get_float("attn_logit_softcapping", 0.0));
   if (!(c.attn_softcap >= 0) || !(c.final_softcap >= 0))
@@ -425,7 +450,7 @@ std::string ModelConfig::summary() const {
   for (int w : layer_window) n_local += w > 0;
   return fmt::format(
       "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
-      "dim {} scaling {}, {}{}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      "dim {} scaling {}, {}{}{}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
       n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
       rope_scaling, act == Activation::SiLU ? "SwiGLU" : act == Activation::GeluTanh ? "GeGLU" : "clamped SwiGLU", tied_output ? ", tied output" : "",
       n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
@@ -436,7 +461,11 @@ std::string ModelConfig::summary() const {
                              n_ff_shexp ? fmt::format(", shared {}", n_ff_shexp) : "",
                              expert_weights_norm ? ", renormalized" : "") : "",
       rope_freqs_long.empty() ? "" : fmt::format(", LongRoPE factor {}, {} factors (long past {})", rope_attn_factor,
-                                                 rope_freqs == rope_freqs_long ? "long" : "short", rope_long_ctx));
+                                                 rope_freqs == rope_freqs_long ? "long" : "short", rope_long_ctx),
+      residual_scale != 1 || logit_scale != 1
+          ? fmt::format(", scales: embedding {} residual {} attention {} logits /{}", embd_scale, residual_scale,
+                        attn_scale, logit_scale)
+          : "");
 }
 
 }  // namespace baton

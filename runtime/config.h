@@ -67,12 +67,18 @@ struct ModelConfig {
 
   // Family flags.
   Activation act = Activation::SiLU;
-  float embd_scale = 1.f;        // token embeddings are multiplied by this (gemma: sqrt(n_embd))
+  float embd_scale = 1.f;        // token embeddings are multiplied by this (gemma: sqrt(n_embd); granite:
+                                 // embedding_scale)
   bool norm_add_one = false;     // RMSNorm weight is (1 + w) and the file did not fold the 1 in
   bool post_norms = false;       // RMSNorm on the attention and FFN outputs before the residual add
   bool qk_norm = false;          // per-head RMSNorm on q and k before RoPE
   bool attn_bias = false;        // q/k/v projections have biases (qwen2)
-  float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k)
+  float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k) (granite: attention.scale)
+  // Granite's muP multipliers (1 for every other family): each branch's output (the attention's
+  // output projection, the FFN's down projection or experts' sum) is multiplied by residual_scale
+  // before it joins the residual stream, and the logits are divided by logit_scale.
+  float residual_scale = 1.f;
+  float logit_scale = 1.f;
   float final_softcap = 0.f;     // logits = c * tanh(logits / c) when > 0
   float attn_softcap = 0.f;      // attention scores (scaled q·k) = c * tanh(s / c) when > 0 (gemma2)
   bool tied_output = false;      // no output.weight: the head reuses token_embd

@@ -270,6 +270,7 @@ struct CudaLayers {
     int rows = 0, n = 0;  // Gate: y = act(x) * u over rows * n values (n = the consumer's width)
     const float* u = nullptr;
     Activation act = Activation::SiLU;
+    float ds = 1.f;  // Norm with d: the residual scale (granite)
   } pending;
 
   // Launches the pending op; `X`, `cols`, `n_cols`: the GEMV about to read X (0: none). Returns
@@ -283,7 +284,7 @@ struct CudaLayers {
     const bool fuse = X == p.y && n_cols <= g.ctx.gemv_max_cols && cols == p.n && n_cols == p.rows && cols % 32 == 0;
     const cuda::Q8Act q8 = fuse ? cuda::q8_scratch(g.ctx, cols, n_cols) : cuda::Q8Act{};
     if (p.kind == Pending::Norm) {
-      if (p.d) cuda::add_rms_norm(g.ctx, p.x, p.d, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
+      if (p.d) cuda::add_rms_norm(g.ctx, p.x, p.d, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8, p.ds);
       else cuda::rms_norm(g.ctx, p.x, p.w, p.y, p.rows, p.n, g.c.rms_eps, q8);
     } else {
       launch_gate(g.ctx, p.act, p.x, p.u, p.y, int64_t(p.rows) * p.n, q8);
@@ -305,9 +306,10 @@ struct CudaLayers {
     flush();
     pending = {Pending::Norm, const_cast<float*>(in), nullptr, w, out, rows, n};  // in is only read without d
   }
-  void add_rms_norm(float* x, const float* d, const float* w, float* out, int rows, int n) {
+  void add_rms_norm(float* x, const float* d, const float* w, float* out, int rows, int n, float s = 1.f) {
     flush();
     pending = {Pending::Norm, x, d, w, out, rows, n};
+    pending.ds = s;
   }
   // The attention's output rows whose 8-bit activations its combine kernel wrote (cuda::attention
   // with q8_out), for the output projection right after it.
@@ -478,9 +480,13 @@ struct CudaLayers {
     }
     cuda::copy_on_device(g.ctx, xb, g.acc, size_t(n) * size_t(E) * sizeof(float));
   }
-  void add(float* y, const float* in, int n) {
+  void add(float* y, const float* in, int n, float s = 1.f) {
     flush();
-    cuda::add(g.ctx, y, in, n);
+    cuda::add(g.ctx, y, in, n, s);
+  }
+  void scale(float* y, float s, int n) {
+    flush();
+    cuda::scale(g.ctx, y, s, n);
   }
   void add_rows(float* y, const float* bias, int rows, int n) {
     flush();

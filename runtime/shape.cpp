@@ -219,6 +219,11 @@ const std::vector<ShapePreset>& shape_presets() {
     {"qwen3-30b-a3b", "qwen3moe", "Qwen3 30B-A3B (top 8 of 128 experts, 3B active)", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false, 0, 0, 128, 8, 768},
     {"gpt-oss-20b", "gpt-oss", "gpt-oss 20B (top 4 of 32 experts, 3.6B active; every other layer window 128; sinks)", 24, 2880, 64, 8, 64, 2880, 201088, 131072, false, 128, 2, 150000.f, 1e-5f, true, 0, 0, 32, 4, 2880},
     {"gpt-oss-120b", "gpt-oss", "gpt-oss 120B (top 4 of 128 experts, 5.1B active; every other layer window 128; sinks)", 36, 2880, 64, 8, 64, 2880, 201088, 131072, false, 128, 2, 150000.f, 1e-5f, true, 0, 0, 128, 4, 2880},
+    // IBM Granite 3.1 (granite-3.1-*-instruct's config.json: embedding_multiplier, residual_multiplier,
+    // attention_multiplier, logits_scaling last), and Granite 3.0's smaller mixture.
+    {"granite-3-8b", "granite", "Granite 3.1 8B (tied head; embeddings x12, branches x0.22, q.k x1/128, logits /16)", 40, 4096, 32, 8, 128, 12800, 49155, 131072, true, 0, 0, 10000000.f, 1e-5f, false, 0, 0, 0, 0, 0, 0, 12.f, 0.22f, 0.0078125f, 16.f},
+    {"granite-3-2b", "granite", "Granite 3.1 2B (tied head; embeddings x12, branches x0.22, q.k x1/64, logits /8)", 40, 2048, 32, 8, 64, 8192, 49155, 131072, true, 0, 0, 5000000.f, 1e-5f, false, 0, 0, 0, 0, 0, 0, 12.f, 0.22f, 0.015625f, 8.f},
+    {"granite-3-1b-a400m", "granitemoe", "Granite 3.0 1B-A400M (top 8 of 32 experts; tied head; Granite's multipliers, logits /6)", 24, 1024, 16, 8, 64, 512, 49155, 4096, true, 0, 0, 10000.f, 1e-6f, false, 0, 0, 32, 8, 512, 0, 12.f, 0.22f, 0.015625f, 6.f},
     {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;

@@ -72,7 +72,7 @@ ModelShape shape_from_gguf(const gguf::File& f);
 
 struct ShapePreset {
   const char* name;          // what users type: --shape llama3-8b
-  const char* architecture;  // llama, qwen2, qwen3, gemma3, phi3
+  const char* architecture;  // llama, qwen2, qwen3, gemma3, phi3, granite, ...
   const char* what;          // one line for --help
   uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
   bool tied;                 // no output.weight
@@ -87,6 +87,9 @@ struct ShapePreset {
   uint32_t n_expert_used = 0;  // used per token,
   uint32_t n_ff_exp = 0;       // their FFN width,
   uint32_t n_ff_shexp = 0;     // and the shared expert's (qwen2moe; 0: none)
+  // granite, granitemoe: the multipliers the file states (0: synth writes Granite 3's own:
+  // embedding 12, residual 0.22, attention 1/head_dim, logits 8)
+  float embedding_scale = 0.f, residual_scale = 0.f, attention_scale = 0.f, logit_scale = 0.f;
 };
 const std::vector<ShapePreset>& shape_presets();
 const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names

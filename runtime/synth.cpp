@@ -147,11 +147,15 @@ void check_shape(const ShapePreset& p) {
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
   need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
-           a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss",
-       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe or gpt-oss");
-  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss";
-  need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe and gpt-oss need experts (--n-expert)");
-  need(p.n_expert == 0 || a == "llama" || moe_arch, "experts are for llama (Mixtral), qwen3moe, qwen2moe and gpt-oss");
+           a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe",
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, granite or granitemoe");
+  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe";
+  need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe, gpt-oss and granitemoe need experts (--n-expert)");
+  need(p.n_expert == 0 || a == "llama" || moe_arch,
+       "experts are for llama (Mixtral), qwen3moe, qwen2moe, gpt-oss and granitemoe");
+  need(a != "granitemoe" || p.n_ff_exp == p.n_ff, "granitemoe's experts are n_ff wide (its files say no other width)");
+  need(p.embedding_scale >= 0 && p.residual_scale >= 0 && p.attention_scale >= 0 && p.logit_scale >= 0,
+       "Granite's multipliers must be >= 0");
   need(a != "gpt-oss" || p.qkv_bias, "gpt-oss has q/k/v biases");
   need(p.n_expert == 0 || (p.n_expert <= 4096 && p.n_expert_used >= 1 && p.n_expert_used <= p.n_expert),
        "experts used per token must be between 1 and the expert count (at most 4096)");
@@ -212,10 +216,17 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
     w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(4096));
   }
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
-  if (p.n_expert > 0) {  // (Mixtral's llama files carry no expert width: it is n_ff)
+  if (a == "granite" || a == "granitemoe") {  // its multipliers, as the converter names them
+    w.set(key("embedding_scale"), gguf::Value::of_f32(p.embedding_scale > 0 ? p.embedding_scale : 12.f));
+    w.set(key("residual_scale"), gguf::Value::of_f32(p.residual_scale > 0 ? p.residual_scale : 0.22f));
+    w.set(key("attention.scale"), gguf::Value::of_f32(p.attention_scale > 0 ? p.attention_scale : 1.f / float(p.head_dim)));
+    w.set(key("logit_scale"), gguf::Value::of_f32(p.logit_scale > 0 ? p.logit_scale : 8.f));
+  }
+  if (p.n_expert > 0) {  // (Mixtral's llama files and granitemoe's carry no expert width: it is n_ff)
     w.set(key("expert_count"), gguf::Value::of_u32(p.n_expert));
     w.set(key("expert_used_count"), gguf::Value::of_u32(p.n_expert_used));
-    if (a != "llama" || p.n_ff_exp != p.n_ff) w.set(key("expert_feed_forward_length"), gguf::Value::of_u32(p.n_ff_exp));
+    if ((a != "llama" && a != "granitemoe") || p.n_ff_exp != p.n_ff)
+      w.set(key("expert_feed_forward_length"), gguf::Value::of_u32(p.n_ff_exp));
     if (p.n_ff_shexp > 0) w.set(key("expert_shared_feed_forward_length"), gguf::Value::of_u32(p.n_ff_shexp));
   }
   if (p.sliding_window) {

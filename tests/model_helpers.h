@@ -189,6 +189,17 @@ inline std::string tiny_gpt_oss_model() {
   return path;
 }
 
+// A generated Granite-shaped model (tied head): embeddings ×12, each branch ×0.22 into the residual
+// stream, q·k ×0.05, and logits divided by 0.5 (Granite's own 8 or 16 would leave random weights'
+// logits too small for the GPU tests' absolute bounds to see a scale missed).
+inline std::string tiny_granite_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-granite", "granite", "test", 3, 256, 4, 2, 64, 512, 1000, 2048, true, 0, 0, 1e4f, 1e-5f, false, 0, 0, 0,
+       0, 0, 0, 12.f, 0.22f, 0.05f, 0.5f},
+      12);
+  return path;
+}
+
 // A copy of a mixture-of-experts file with each layer's gate and up experts in one
 // ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
 // store them: the same model in the other layout.

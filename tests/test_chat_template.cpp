@@ -1,6 +1,6 @@
 // Chat templates against the real Jinja templates: tests/data/chat_templates/expected.json holds
 // what Jinja2 renders for each family's published template (tools/gen_chat_fixtures.py). A
-// template that writes today's date (gpt-oss) was rendered with the fixture's "date".
+// template that writes today's date (gpt-oss, Granite) was rendered with the fixture's "date".
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -42,7 +42,7 @@ ChatFamily family_of_fixture(const std::string& name) {
 
 TEST_CASE("each family renders exactly what its Jinja template renders") {
   auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
-  REQUIRE(j.size() == 11);
+  REQUIRE(j.size() == 12);
   size_t compared = 0;
   for (const auto& [name, fx] : j.items()) {
     std::string warning;
@@ -60,7 +60,7 @@ TEST_CASE("each family renders exactly what its Jinja template renders") {
       ++compared;
     }
   }
-  CHECK(compared >= 51);
+  CHECK(compared >= 56);
 }
 
 TEST_CASE("a new turn after a rendered history is exactly the tail of the full rendering") {
@@ -110,7 +110,7 @@ TEST_CASE("detection, names and the fallback warning") {
   CHECK_FALSE(chat_family_from_name("vicuna"));
   for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
                        ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini,
-                       ChatFamily::GptOss})
+                       ChatFamily::GptOss, ChatFamily::Granite})
     CHECK(chat_family_from_name(chat_family_name(f)) == f);
 
   std::string warning;
@@ -120,6 +120,35 @@ TEST_CASE("detection, names and the fallback warning") {
   warning.clear();
   ChatTemplate::detect("", "", "", &warning);
   CHECK_THAT(warning, Catch::Contains("no chat template"));
+}
+
+TEST_CASE("Granite: its own system prompt, dated as strftime('%B %d, %Y'), only without a system message") {
+  ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + "granite.jinja"), "<|end_of_text|>", "<|end_of_text|>");
+  REQUIRE(t.family() == ChatFamily::Granite);
+  CHECK_FALSE(t.starts_with_bos());
+  t.set_date("2024-12-06");
+  CHECK(t.default_system() ==
+        "Knowledge Cutoff Date: April 2024. Today's Date: December 06, 2024. You are Granite, developed by IBM. "
+        "You are a helpful AI assistant.");
+  CHECK(t.render({{"user", "Hi"}}, true) ==
+        "<|start_of_role|>system<|end_of_role|>" + t.default_system() + "<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>");
+  // A template whose prompt is other literals around the date (escaped newlines), with no else branch.
+  const std::string other =
+      "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}{%- else %}"
+      "{%- set system_message = \"Cutoff.\\nToday: \" + strftime_now('%Y-%m-%d') + '.\\nGranite.' %}{%- endif %}"
+      "{{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_of_text|>\n' }}";
+  ChatTemplate o = ChatTemplate::detect(other, "", "");
+  o.set_date("2025-01-31");
+  CHECK(o.default_system() == "Cutoff.\nToday: 2025-01-31.\nGranite.");
+  // Granite 3.0's template writes the conversation's messages and nothing of its own.
+  ChatTemplate plain = ChatTemplate::detect(
+      "{%- for message in messages %}{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
+      "message['content'] + '<|end_of_text|>\n' }}{%- endfor %}", "", "");
+  CHECK(plain.default_system().empty());
+  CHECK(plain.render({{"user", "Hi"}}, true) ==
+        "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>");
+  CHECK(chat_family_from_name("Granite") == ChatFamily::Granite);
 }
 
 TEST_CASE("gpt-oss: today's date in the system message, instructions in a developer message, no BOS") {

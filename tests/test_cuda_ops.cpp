@@ -648,6 +648,20 @@ TEST_CASE("rms_norm, gates, add, add_rows, scale, softcap match kernels/cpu/ops"
     cu::add_rms_norm(ctx(), x2.as<float>(), d2.as<float>(), dw.as<float>(), d2.as<float>(), rows, n, 1e-6f);
     CHECK(to_host<float>(x1, x.size()) == to_host<float>(x2, x.size()));
     CHECK(to_host<float>(d1, x.size()) == to_host<float>(d2, x.size()));
+    // With a residual scale (granite: x += 0.22·d): add with that scale, then rms_norm, bit for bit,
+    // and the CPU's scaled add.
+    auto x3 = to_dev(x), x4 = to_dev(x), d3 = to_dev(d), d4 = to_dev(d);
+    cu::add(ctx(), x3.as<float>(), d3.as<float>(), int64_t(x.size()), 0.22f);
+    cu::rms_norm(ctx(), x3.as<float>(), dw.as<float>(), d3.as<float>(), rows, n, 1e-6f);
+    cu::add_rms_norm(ctx(), x4.as<float>(), d4.as<float>(), dw.as<float>(), d4.as<float>(), rows, n, 1e-6f, {}, 0.22f);
+    CHECK(to_host<float>(x3, x.size()) == to_host<float>(x4, x.size()));
+    CHECK(to_host<float>(d3, x.size()) == to_host<float>(d4, x.size()));
+    std::vector<float> scaled = x, normed(x.size());
+    cpu::add(scaled.data(), d.data(), int(x.size()), 0.22f);
+    close(to_host<float>(x4, x.size()), scaled, 1e-6f, "add_rms_norm's scaled add");
+    cpu::rms_norm(scaled.data(), w.data(), normed.data(), rows, n, 1e-6f);
+    close(to_host<float>(d4, x.size()), normed, 1e-5f, "add_rms_norm with a residual scale");
+    CHECK(to_host<float>(x4, x.size()) != to_host<float>(x2, x.size()));  // the scale is applied
   }
   const int64_t n = 10001;
   auto g = random_floats(size_t(n), rng, -8.0f, 8.0f), u = random_floats(size_t(n), rng, -2.0f, 2.0f);

@@ -6,10 +6,13 @@ and write the expected strings to tests/data/chat_templates/expected.json.
 Templates: smollm2.jinja is SmolLM2-135M-Instruct's `tokenizer.chat_template`; gemma3.jinja is
 Gemma 3's tokenizer_config.json template (the Gemma 3 270M GGUF carries none); the others are the
 published templates of OpenHermes (ChatML), Llama 2 chat, Llama 3 instruct, Mistral 7B instruct
-v0.1/v0.2, Phi-3, Zephyr, Phi-4, Phi-4-mini and gpt-oss (openai/gpt-oss-120b's harmony template,
-whose strftime_now date is fixed here as FIXED_DATE and stored with its cases).
+v0.1/v0.2, Phi-3, Zephyr, Phi-4, Phi-4-mini, gpt-oss (openai/gpt-oss-120b's harmony template,
+whose strftime_now date is fixed here as FIXED_DATE and stored with its cases) and Granite
+(ibm-granite/granite-3.3-2b-instruct's, whose default system prompt states the date as
+strftime_now('%B %d, %Y') writes FIXED_DATE).
 Run: python3 tools/gen_chat_fixtures.py  (needs jinja2)
 """
+import datetime
 import json
 import os
 
@@ -31,6 +34,7 @@ TOKENS = {  # bos_token, eos_token as each model's tokenizer defines them
     "phi4": ("<|endoftext|>", "<|im_end|>"),
     "phi4mini": ("<|endoftext|>", "<|endoftext|>"),
     "gpt-oss": ("<|startoftext|>", "<|return|>"),
+    "granite": ("<|end_of_text|>", "<|end_of_text|>"),
 }
 FIXED_DATE = "2025-08-05"  # what strftime_now("%Y-%m-%d") returns in the fixtures
 
@@ -67,7 +71,8 @@ def render(src, bos, eos, messages, gen):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: FIXED_DATE if fmt == "%Y-%m-%d" else raise_exception(fmt)
+    fixed = datetime.date.fromisoformat(FIXED_DATE)
+    env.globals["strftime_now"] = lambda fmt: fixed.strftime(fmt) if fmt in ("%Y-%m-%d", "%B %d, %Y") else raise_exception(fmt)
     return env.from_string(src).render(messages=messages, add_generation_prompt=gen, bos_token=bos, eos_token=eos)
 
 

@@ -2,14 +2,17 @@
 """A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
-Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss), not from Baton's.
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
     baton logits -m MODEL.gguf --tokens "ID ID ..." --out baton.f32     # then compare the two files
 
 Families: llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gpt-oss (YaRN, sliding
-windows on even layers, sinks, biases, the clamped SwiGLU); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+windows on even layers, sinks, biases, the clamped SwiGLU), granite and granitemoe (embeddings times
+embedding_multiplier, each block's output times residual_multiplier before its residual add, q.k
+times attention_multiplier, logits divided by logits_scaling; the MoE's softmax over the top k router
+logits); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
 """
@@ -45,7 +48,14 @@ def main():
     X, K = g("expert_count", 0), g("expert_used_count", 0)
     eps, base = g("attention.layer_norm_rms_epsilon"), g("rope.freq_base", 10000.0)
     renorm = arch != "qwen2moe"  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
-    neox = arch != "llama"       # the llama converter permutes q/k for adjacent pairs
+    granite = arch in ("granite", "granitemoe")
+    neox = arch != "llama" and not granite  # the llama and granite converters permute q/k for adjacent pairs
+    # Granite's multipliers (GGUF: embedding_scale, residual_scale, attention.scale, logit_scale;
+    # 0 or absent: none).
+    emb_mult = (g("embedding_scale", 0.0) or 1.0) if granite else 1.0
+    res_mult = (g("residual_scale", 0.0) or 1.0) if granite else 1.0
+    q_scale = (g("attention.scale", 0.0) or 1 / np.sqrt(D)) if granite else 1 / np.sqrt(D)
+    logit_div = (g("logit_scale", 0.0) or 1.0) if granite else 1.0
     oai = arch == "gpt-oss"
     window = g("attention.sliding_window", 0) if oai else 0  # gpt-oss: layers 0, 2, 4, ... slide
 
@@ -91,7 +101,7 @@ def main():
 
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
-    x = T["token_embd.weight"][ids]
+    x = T["token_embd.weight"][ids] * emb_mult
     margin = np.inf
     for l in range(L):
         b = f"blk.{l}."
@@ -106,7 +116,7 @@ def main():
         o = np.zeros((n, H, D))
         for hh in range(H):
             kv = hh // (H // HKV)
-            s = q[:, hh] @ k[:, kv].T / np.sqrt(D)
+            s = q[:, hh] @ k[:, kv].T * q_scale
             s[np.triu_indices(n, 1)] = -np.inf
             if window and l % 2 == 0:
                 s[np.tril_indices(n, -window)] = -np.inf  # keys window or more tokens back
@@ -114,12 +124,13 @@ def main():
             mx = np.maximum(s.max(1, keepdims=True), sink)
             p = np.exp(s - mx)
             o[:, hh] = (p / (p.sum(1, keepdims=True) + np.exp(sink - mx))) @ v[:, kv]
-        x = x + o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
+        a = o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
         if oai:
-            x = x + T[b + "attn_output.bias"]
+            a = a + T[b + "attn_output.bias"]
+        x = x + a * res_mult
         h = rms(x, T[b + ("post_attention_norm.weight" if oai else "ffn_norm.weight")])
         if X == 0:
-            x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"])
+            x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"]) * res_mult
             continue
         logit = h @ T[b + "ffn_gate_inp.weight"].T
         if oai:
@@ -145,9 +156,9 @@ def main():
             gate = 1 / (1 + np.exp(-(h @ T[b + "ffn_gate_inp_shexp.weight"].reshape(-1))))
             y += gate[:, None] * swiglu(h, T[b + "ffn_gate_shexp.weight"], T[b + "ffn_up_shexp.weight"],
                                         T[b + "ffn_down_shexp.weight"])
-        x = x + y
+        x = x + y * res_mult
     head = T["output.weight"] if "output.weight" in T else T["token_embd.weight"]
-    (rms(x, T["output_norm.weight"]) @ head.T).astype(np.float32).tofile(out)
+    (rms(x, T["output_norm.weight"]) @ head.T / logit_div).astype(np.float32).tofile(out)
     if X:
         print(f"smallest router margin {margin:.5f}")
 

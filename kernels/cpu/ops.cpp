@@ -349,8 +349,12 @@ void silu_gate(const float* g, const float* u, float* y, int n) { gate<Gate::Sil
 void gelu_tanh_gate(const float* g, const float* u, float* y, int n) { gate<Gate::Gelu>(g, u, y, n); }
 void swiglu_oai_gate(const float* g, const float* u, float* y, int n) { gate<Gate::SwigluOai>(g, u, y, n); }
 
-void add(float* y, const float* x, int n) {
-  for (int i = 0; i < n; ++i) y[i] += x[i];
+void add(float* y, const float* x, int n, float s) {
+  if (s == 1.f) {
+    for (int i = 0; i < n; ++i) y[i] += x[i];
+  } else {
+    for (int i = 0; i < n; ++i) y[i] += s * x[i];
+  }
 }
 
 void scale(float* y, float s, int n) {

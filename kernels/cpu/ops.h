@@ -30,7 +30,7 @@ void gelu_tanh_gate(const float* g, const float* u, float* y, int n);  // y = ge
 // gpt-oss's clamped SwiGLU: y = x·σ(α·x)·(u' + 1), x = min(g, limit), u' = clamp(u, −limit, limit)
 // (α = kSwigluOaiAlpha, limit = kSwigluOaiLimit: kernels/swiglu_oai.h). A NaN g or u gives NaN.
 void swiglu_oai_gate(const float* g, const float* u, float* y, int n);
-void add(float* y, const float* x, int n);                        // y += x
+void add(float* y, const float* x, int n, float s = 1.f);         // y += s·x (s: granite's residual scale)
 void scale(float* y, float s, int n);                             // y *= s
 void softcap(float* y, float cap, int n);                         // y = cap * tanh(y / cap)
 // Index of the largest of n > 0 values, ties to the lowest index; NaNs are never picked (all NaN: 0).

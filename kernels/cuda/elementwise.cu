@@ -24,7 +24,7 @@ __device__ __forceinline__ float ew(float a, float b, float s) {
     const float u = b > kSwigluOaiLimit ? kSwigluOaiLimit : b < -kSwigluOaiLimit ? -kSwigluOaiLimit : b;
     return x / (1.0f + expf(-kSwigluOaiAlpha * x)) * (u + 1.0f);
   }
-  if constexpr (op == Ew::Add) return a + b;
+  if constexpr (op == Ew::Add) return a + s * b;  // (s = 1: exactly a + b)
   if constexpr (op == Ew::Scale) return a * s;
   return s * tanhf(a / s);  // Softcap
 }
@@ -92,7 +92,7 @@ void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_
 void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8) {
   launch_ew<Ew::SwigluOai>(c, g, u, y, 0, n, q8);
 }
-void add(Context& c, float* y, const float* x, int64_t n) { launch_ew<Ew::Add>(c, y, x, y, 0, n); }
+void add(Context& c, float* y, const float* x, int64_t n, float s) { launch_ew<Ew::Add>(c, y, x, y, s, n); }
 void scale(Context& c, float* y, float s, int64_t n) { launch_ew<Ew::Scale>(c, y, nullptr, y, s, n); }
 void softcap(Context& c, float* y, float cap, int64_t n) { launch_ew<Ew::Softcap>(c, y, nullptr, y, cap, n); }
 

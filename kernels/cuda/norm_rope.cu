@@ -6,8 +6,8 @@
 
 namespace baton::cuda {
 
-// One block per row; float sums in a fixed tree order. With d: x += d first (the residual add,
-// written back), then the norm of the sum. With qs: y's 8-bit activations too (n a multiple of
+// One block per row; float sums in a fixed tree order. With d: x += ds·d first (the residual add,
+// written back; ds = 1 but for granite's residual scale), then the norm of the sum. With qs: y's 8-bit activations too (n a multiple of
 // 32). A thread holds V consecutive values of each slice of V·blockDim (V = 4: 16-byte loads and
 // stores, and a block of 8-bit activations is 8 lanes, q8_store_v). Rows of up to kNormSlices
 // slices are read once into registers, every load issued before any is used (a decode step's
@@ -19,7 +19,7 @@ constexpr int kNormSlices = 4, kNormMaxThreads = 1024;
 
 template <int V>
 __global__ void __launch_bounds__(kNormMaxThreads)
-rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y, int n, float eps,
+rms_norm_kernel(float* x, const float* d, float d_scale, const float* __restrict__ w, float* y, int n, float eps,
                 int8_t* __restrict__ qs, float2* __restrict__ ds) {
   griddep_release();  // the GEMV after the norm may start loading its weights
   griddep_wait();     // launched early itself: x and d come from the ops before
@@ -58,7 +58,7 @@ rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y,
         float dv[V];
         load_v<V>(dr + i, dv);
 #pragma unroll
-        for (int e = 0; e < V; e++) v[k][e] += dv[e];
+        for (int e = 0; e < V; e++) v[k][e] += d_scale * dv[e];
         store_v<V>(xr + i, v[k]);
       }
     }
@@ -82,7 +82,7 @@ rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y,
       float dv[V];
       load_v<V>(dr + i, dv);
 #pragma unroll
-      for (int e = 0; e < V; e++) v[e] += dv[e];
+      for (int e = 0; e < V; e++) v[e] += d_scale * dv[e];
       store_v<V>(xr + i, v);
     }
 #pragma unroll
@@ -103,8 +103,8 @@ rms_norm_kernel(float* x, const float* d, const float* __restrict__ w, float* y,
   }
 }
 
-static void rms_norm_launch(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
-                            Q8Act q8) {
+static void rms_norm_launch(Context& c, float* x, const float* d, float d_scale, const float* w, float* y, int rows,
+                            int n, float eps, Q8Act q8) {
   if (rows <= 0 || n <= 0) return;
   if (q8.qs && n % 32 != 0) input_error(cat("CUDA rms_norm: 8-bit activations of rows of ", n, " (not a multiple of 32)"));
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -115,18 +115,18 @@ static void rms_norm_launch(Context& c, float* x, const float* d, const float* w
       int(std::min<int64_t>(kNormMaxThreads, std::max<int64_t>(32, ceil_div(ceil_div(n, V * kNormSlices), 32) * 32)));
   cudaStream_t s = static_cast<cudaStream_t>(c.stream());
   auto* ds = reinterpret_cast<float2*>(q8.ds);
-  if (vec) launch_early(c.early_launch, rms_norm_kernel<4>, rows, threads, s, x, d, w, y, n, eps, q8.qs, ds);
-  else launch_early(c.early_launch, rms_norm_kernel<1>, rows, threads, s, x, d, w, y, n, eps, q8.qs, ds);
+  if (vec) launch_early(c.early_launch, rms_norm_kernel<4>, rows, threads, s, x, d, d_scale, w, y, n, eps, q8.qs, ds);
+  else launch_early(c.early_launch, rms_norm_kernel<1>, rows, threads, s, x, d, d_scale, w, y, n, eps, q8.qs, ds);
   CUDA_CHECK_LAUNCH();
 }
 
 void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps, Q8Act q8) {
-  rms_norm_launch(c, const_cast<float*>(x), nullptr, w, y, rows, n, eps, q8);  // x is only read without d
+  rms_norm_launch(c, const_cast<float*>(x), nullptr, 1.f, w, y, rows, n, eps, q8);  // x is only read without d
 }
 
 void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
-                  Q8Act q8) {
-  rms_norm_launch(c, x, d, w, y, rows, n, eps, q8);
+                  Q8Act q8, float ds) {
+  rms_norm_launch(c, x, d, ds, w, y, rows, n, eps, q8);
 }
 
 // Thread per rotated pair of one head: blockIdx.x the token, blockIdx.y q or k, thread j of the

@@ -372,10 +372,10 @@ void dequantize_f16(Context& c, const Weight& W, int64_t row0, int64_t nrows, ui
 // y[r] = x[r] / rms(x[r]) * w for `rows` rows of n (y may alias x); w == nullptr: no weight.
 // q8 (from q8_scratch(c, n, rows)): also write y's 8-bit activations there.
 void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, int n, float eps, Q8Act q8 = {});
-// The residual add and the next norm in one launch: x += d, then y = rms_norm(x) * w, as add
-// followed by rms_norm (y may alias d).
+// The residual add and the next norm in one launch: x += ds·d, then y = rms_norm(x) * w, as add
+// followed by rms_norm (y may alias d). ds: granite's residual scale (1: the plain add, bit for bit).
 void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
-                  Q8Act q8 = {});
+                  Q8Act q8 = {}, float ds = 1.f);
 
 // RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
 // token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
@@ -397,7 +397,7 @@ void rope_qk(Context& c, const RopeRows& q, const RopeRows& k, int n_tok, int he
 void silu_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void gelu_tanh_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
 void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64_t n, Q8Act q8 = {});
-void add(Context& c, float* y, const float* x, int64_t n);       // y += x
+void add(Context& c, float* y, const float* x, int64_t n, float s = 1.f);  // y += s·x
 // y[r·width + i] += bias[i] for r < rows: a bias row added to every token's row, one launch.
 void add_rows(Context& c, float* y, const float* bias, int rows, int64_t width);
 void scale(Context& c, float* y, float s, int64_t n);            // y *= s

@@ -455,8 +455,8 @@ void rms_norm(Context& c, const float* x, const float* w, float* y, int rows, in
 }
 
 void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y, int rows, int n, float eps,
-                  Q8Act q8) {
-  add(c, x, d, int64_t(rows) * n);
+                  Q8Act q8, float ds) {
+  add(c, x, d, int64_t(rows) * n, ds);
   rms_norm(c, x, w, y, rows, n, eps, q8);
 }
 
@@ -490,8 +490,8 @@ void swiglu_oai_gate(Context& c, const float* g, const float* u, float* y, int64
   in_pieces(n, [&](int64_t i, int m) { cpu::swiglu_oai_gate(g + i, u + i, y + i, m); });
   if (q8.qs) quantize_act(c, y, n, 1, q8.qs, q8.ds);
 }
-void add(Context&, float* y, const float* x, int64_t n) {
-  in_pieces(n, [&](int64_t i, int m) { cpu::add(y + i, x + i, m); });
+void add(Context&, float* y, const float* x, int64_t n, float s) {
+  in_pieces(n, [&](int64_t i, int m) { cpu::add(y + i, x + i, m, s); });
 }
 void add_rows(Context&, float* y, const float* bias, int rows, int64_t width) {
   for (int r = 0; r < rows; ++r) cpu::add(y + size_t(r) * size_t(width), bias, int(width));
