@@ -189,32 +189,8 @@ std::set<std::string> done_keys(const std::string& path) {
   return keys;
 }
 
-class Output {
- public:
-  Output(const std::string& path, bool append) {
-    // "-": stdout (records only; the progress and the summary go to stderr).
-    fd_ = path == "-" ? ::dup(STDOUT_FILENO)
-                      : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
-    if (fd_ < 0) fail(ErrorKind::Usage, "cannot open {} for writing", path);
-  }
-  ~Output() { ::close(fd_); }
-  // One write per record: after a crash a line is either there or (at worst) cut short at the end.
-  void write(const json& j) {
-    std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-    const char* p = s.data();
-    size_t left = s.size();
-    while (left > 0) {
-      ssize_t n = ::write(fd_, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail(ErrorKind::Usage, "writing the output failed");
-      p += n;
-      left -= size_t(n);
-    }
-  }
 
- private:
-  int fd_ = -1;
-};
+std::string record_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
 json error_record(const Job& j, const std::string& msg) {
   json r;
@@ -291,7 +267,7 @@ int run(const BatchOpts& o) {
   std::vector<const Job*> todo;
   for (const auto& j : jobs)
     if (!skip.count(key_of(j))) todo.push_back(&j);
-  Output out(o.out, o.resume);
+  RecordFile out(o.out, o.resume);  // "-": stdout (records only; the progress and the summary go to stderr)
   if (jobs.empty()) {
     std::fprintf(stderr, "nothing to do: %s has no requests\n", o.in.c_str());
     return 0;
@@ -320,7 +296,7 @@ int run(const BatchOpts& o) {
     draw_progress(n_done, total, s > 0 ? gen_tokens / s : 0, eta);
   };
   auto record_error = [&](const Job& j, const std::string& msg) {
-    out.write(error_record(j, msg));
+    out.write(record_line(error_record(j, msg)));
     n_done++;
     n_failed++;
     progress();
@@ -366,7 +342,7 @@ int run(const BatchOpts& o) {
              {"completion_tokens", r.completion_tokens()}, {"finish_reason", to_string(r.finish)},
              {"ms", int64_t(r.total_ms + 0.5)}, {"seed", r.seed}};
     if (harmony && !o.sampling.hide_thinking) rec["reasoning"] = r.reasoning;  // gpt-oss: the analysis
-    out.write(rec);
+    out.write(record_line(rec));
     n_done++;
     n_ok++;
     gen_tokens += r.completion_tokens();

@@ -27,6 +27,24 @@
 
 namespace baton::cli {
 
+RecordFile::RecordFile(const std::string& path, bool append) {
+  fd_ = path == "-" ? ::dup(STDOUT_FILENO)
+                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+  if (fd_ < 0) fail(ErrorKind::Usage, "cannot open {} for writing", path);
+}
+RecordFile::~RecordFile() { ::close(fd_); }
+void RecordFile::write(const std::string& record) {
+  const char* p = record.data();
+  size_t left = record.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(ErrorKind::Usage, "writing the output failed");
+    p += n;
+    left -= size_t(n);
+  }
+}
+
 void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-m,--model", f.model, "model: a GGUF path or a known name (e.g. smollm2-135m)")->required();
   app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);

@@ -19,6 +19,20 @@
 
 namespace baton::cli {
 
+// An output file of records (batch, embed): "-" is stdout; each record goes out in one write, so
+// after a crash a line is either there or (at worst) cut short at the end.
+class RecordFile {
+ public:
+  RecordFile(const std::string& path, bool append);
+  ~RecordFile();
+  RecordFile(const RecordFile&) = delete;
+  RecordFile& operator=(const RecordFile&) = delete;
+  void write(const std::string& record);
+
+ private:
+  int fd_ = -1;
+};
+
 // Where the layers go beyond --devices: the planner's overrides, the same flags for `baton plan`
 // and for the commands that load a model, so a plan printed is the plan run.
 struct PlacementFlags {

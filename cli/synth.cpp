@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "runtime/devices.h"
+#include "runtime/embed.h"
 #include "runtime/shape.h"
 #include "runtime/synth.h"
 
@@ -12,7 +13,7 @@ namespace baton::cli {
 namespace {
 
 struct SynthArgs {
-  std::string shape, arch, type, out, vocab;
+  std::string shape, arch, type, out, vocab, pooling;
   uint64_t seed = 0;
   std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
   std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp, sliding_window;
@@ -81,6 +82,7 @@ int run_synth(const SynthArgs& a) {
   o.type = t->type;
   o.seed = a.seed;
   o.vocab_from = a.vocab;
+  if (!a.pooling.empty()) o.pooling = int(parse_pooling(a.pooling));  // (rank and unknown names: an error)
   const ModelShape s = shape_from_preset((check_shape(p), p), o.type);
   std::fprintf(stderr, "writing %s: %s (%s), %u layers, %s of weights, seed %llu\n", a.out.c_str(), p.name,
                p.architecture, p.n_layer, format_bytes(s.total_weight_bytes()).c_str(), (unsigned long long)a.seed);
@@ -100,6 +102,9 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
+                app.add_option("--pooling", a->pooling,
+                               "An embedding model: write {arch}.pooling_type none, mean, cls or last (last also "
+                               "sets tokenizer.ggml.add_eos_token)");
                 app.add_option("--arch", a->arch,
                                "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite "
                                "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8) or "

@@ -395,7 +395,7 @@ struct CpuLayers {
   void apply(const RowOp& o, size_t off, int len) const {
     switch (o.kind) {
       case RowOp::Norm: cpu::rms_norm(o.a + off, o.b, o.y + off, 1, len, c.rms_eps); break;
-      case RowOp::Add: cpu::add(o.y + off, o.a + off, len); break;
+      case RowOp::Add: cpu::add(o.y + off, o.a + off, len, o.s); break;
       case RowOp::Silu: cpu::silu_gate(o.a + off, o.b + off, o.y + off, len); break;
       case RowOp::Gelu: cpu::gelu_tanh_gate(o.a + off, o.b + off, o.y + off, len); break;
       case RowOp::SwigluOai: cpu::swiglu_oai_gate(o.a + off, o.b + off, o.y + off, len); break;
@@ -569,6 +569,13 @@ struct CpuLayers {
       if (batch.logits[size_t(t)])
         std::memcpy(xb + size_t(m++) * c.n_embd, x + size_t(t) * c.n_embd, size_t(c.n_embd) * sizeof(float));
     return m;
+  }
+  // Embeddings (kHidden rows): the normed hidden states are the output, each at the start of its row.
+  bool hidden_rows() const { return std::find(batch.logits.begin(), batch.logits.end(), kHidden) != batch.logits.end(); }
+  void copy_hidden_rows(float* out, int m) {
+    flush();
+    const size_t E = size_t(c.n_embd);
+    for (int r = 0; r < m; ++r) std::memcpy(out + size_t(r) * size_t(c.n_vocab), xb + size_t(r) * E, E * sizeof(float));
   }
 };
 

@@ -16,6 +16,8 @@
 //   rope_and_stage(l, n)   RoPE on q and k, and k/v converted into the KV type's staging rows
 //   attention(l, n)        attention over cache + staged rows into xb2, then the commit
 //   gather_logit_rows()    copies the rows of x that want logits to xb, returns their count
+//   hidden_rows()          whether the batch's output rows are kHidden (then all of them are)
+//   copy_hidden_rows(out, m)  the m normed rows of xb into out's rows (n_vocab floats apart)
 //   output_norm(), output()
 // The CPU backend is in models/llama.cpp, the CUDA one in runtime/gpu_stage.cpp. Each backend's
 // ops are tested against the other's twins (tests/test_cuda_ops.cpp), so one loop serves both.
@@ -124,12 +126,15 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
 }
 
 // Final norm and output matmul for the rows that want logits, in batch order, into `logits`
-// (n_logits rows of n_vocab floats). Overwrites xb.
+// (n_logits rows of n_vocab floats). Overwrites xb. A batch whose output rows are kHidden (never
+// mixed with other modes: check_batch) gets the normed hidden states instead, n_embd floats at
+// the start of each row, and no output matmul.
 template <class B>
 void llama_head(const ModelConfig& c, B& b, float* logits) {
   const int m = b.gather_logit_rows();
   if (m == 0) return;
   b.rms_norm(b.xb, b.output_norm(), b.xb, m, c.n_embd);
+  if (b.hidden_rows()) return b.copy_hidden_rows(logits, m);  // kHidden (embeddings): no output matmul
   b.matmul(b.output(), b.xb, m, logits);
   if (c.logit_scale != 1) b.scale(logits, 1.f / c.logit_scale, m * c.n_vocab);  // granite
   if (c.final_softcap > 0) b.softcap(logits, c.final_softcap, m * c.n_vocab);

@@ -22,6 +22,11 @@ enum LogitsMode : uint8_t {
   // that samples with top_k <= K and no repetition penalty draws exactly what it would from the
   // full row, without the row leaving the GPU or crossing a process link.
   kTopK = 3,
+  // The token's final hidden state after the output norm (what embedding models return), without
+  // the output matmul: n_embd floats in the row's first words (the slot still spans n_vocab floats,
+  // so a model must have n_embd <= n_vocab; check_batch refuses it otherwise). A batch's output
+  // rows are all kHidden or none of them.
+  kHidden = 4,
 };
 
 // K of a kTopK row: at most 256 (cuda::top_k's limit), and 2K words must fit in the row's slot.
@@ -41,11 +46,12 @@ inline uint64_t moe_expert_rows(uint64_t n_batch, uint64_t k) {
 }
 
 // The 4-byte words an output row of this mode holds (its slot always spans n_vocab floats).
-inline size_t output_words(uint8_t mode, size_t n_vocab) {
+inline size_t output_words(uint8_t mode, size_t n_vocab, size_t n_embd) {
   switch (mode) {
     case kLogitsRow: return n_vocab;
     case kArgmaxOnly: return 1;
     case kTopK: return 2 * size_t(top_k_candidates(int(n_vocab)));
+    case kHidden: return n_embd;
     default: return 0;
   }
 }
@@ -87,7 +93,8 @@ inline void set_top_k_row(float* row, int K, const int32_t* ids, const float* va
 }
 
 // The CPU's reduction of a full row of n_vocab logits, in place, to what `mode` asks for
-// (kArgmaxOnly, kTopK; other modes leave the row as it is). The twin of the GPU stage's.
+// (kArgmaxOnly, kTopK; other modes, kHidden included, leave the row as it is). The twin of the GPU
+// stage's.
 void reduce_output_row(uint8_t mode, float* row, int n_vocab);
 
 }  // namespace baton

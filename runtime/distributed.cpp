@@ -465,9 +465,9 @@ void put_work(Writer& w, uint64_t id, const Batch& b, const LocalStage& s, size_
 }
 
 // The 4-byte words of a micro-batch's output: output_words(mode) per token (runtime/batch.h).
-size_t output_words(const Batch& b, size_t n_vocab) {
+size_t output_words(const Batch& b, size_t n_vocab, size_t n_embd) {
   size_t words = 0;
-  for (uint8_t mode : b.logits) words += baton::output_words(mode, n_vocab);
+  for (uint8_t mode : b.logits) words += baton::output_words(mode, n_vocab, n_embd);
   return words;
 }
 
@@ -584,9 +584,10 @@ struct Worker {
     if (stage->s->last()) {
       // kLogits: id, the word count, busy, step; then kLogitsRows: the output rows in batch order,
       // n_vocab floats for a kLogitsRow token, one 4-byte word (the token id) for a kArgmaxOnly
-      // one, 2K for a kTopK one. Rank 0 receives the rows straight into its logits buffer.
+      // one, 2K for a kTopK one, n_embd for a kHidden one. Rank 0 receives the rows straight into
+      // its logits buffer.
       const size_t V = size_t(cfg.n_vocab), rows = size_t(b.n_logits());
-      const size_t words = output_words(b, V);
+      const size_t words = output_words(b, V, E);
       std::vector<uint8_t> bytes(words * sizeof(float));
       float* dst = reinterpret_cast<float*>(bytes.data());
       uint64_t ns = 0;
@@ -598,7 +599,7 @@ struct Worker {
         size_t r = 0;
         for (uint8_t mode : b.logits) {
           if (mode == kNoLogits) continue;
-          const size_t len = baton::output_words(mode, V);
+          const size_t len = baton::output_words(mode, V, E);
           std::memcpy(dst, out.data() + r++ * V, len * sizeof(float));
           dst += len;
         }
@@ -953,9 +954,9 @@ void DistributedPipeline::take(const Message& m) {
     BATON_CHECK(it != jobs_.end() && index < it->second.mbs.size());
     job = &it->second;  // std::map nodes do not move, and only this thread finishes a job
     const MicroBatch& mb = job->mbs[index];
-    if (words != output_words(mb.batch, V))
+    if (words != output_words(mb.batch, V, size_t(cfg_.n_embd)))
       fail(ErrorKind::Model, "rank {} sent {} output words for a micro-batch of {} (different baton versions?)",
-           m.source, words, output_words(mb.batch, V));
+           m.source, words, output_words(mb.batch, V, size_t(cfg_.n_embd)));
     int first = -1, next = -1;
     bool consecutive = true;
     for (size_t t = 0; t < size_t(mb.batch.size()) && consecutive; ++t) {
@@ -980,7 +981,7 @@ void DistributedPipeline::take(const Message& m) {
         const uint8_t mode = mb.batch.logits[t];
         if (mode == kNoLogits) continue;
         float* dst = job->logits + size_t(job->out_row[size_t(mb.index[t])]) * V;
-        const size_t len = baton::output_words(mode, V);  // ids and candidates: their words, as they came
+        const size_t len = baton::output_words(mode, V, size_t(cfg_.n_embd));  // ids, candidates, hidden states: their words, as they came
         std::memcpy(dst, src, len * sizeof(float));
         src += len;
       }

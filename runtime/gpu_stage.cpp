@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -263,7 +264,7 @@ struct CudaLayers {
   // otherwise they run as they are. Every op launches the pending one first (flush).
   struct Pending {
     enum Kind { None, Norm, Gate } kind = None;
-    float* x = nullptr;  // Norm: x (+= d when d), y = rms_norm(x) * w, rows of n
+    float* x = nullptr;  // Norm: x (+= ds·d when d), y = rms_norm(x) * w, rows of n
     const float* d = nullptr;
     const float* w = nullptr;
     float* y = nullptr;  // both: the output
@@ -591,6 +592,13 @@ struct CudaLayers {
     for (size_t t = 0; t < logits.size(); ++t)
       if (logits[t]) cuda::copy_on_device(g.ctx, xb + size_t(m++) * E, x + t * E, E * sizeof(float));
     return m;
+  }
+  // Embeddings (kHidden rows): the m normed rows, packed (n_embd floats apart) at the start of
+  // `out`; the host spreads them to their rows when it copies them back (GpuStage::forward).
+  bool hidden_rows() const { return std::find(logits.begin(), logits.end(), kHidden) != logits.end(); }
+  void copy_hidden_rows(float* out, int m) {
+    flush();
+    cuda::copy_on_device(g.ctx, out, xb, size_t(m) * size_t(g.c.n_embd) * sizeof(float));
   }
 };
 
@@ -1037,6 +1045,13 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
       cuda::copy_to_host(g.ctx, g.h_top_vals.data(), g.top_vals, m * K * sizeof(float));
     }
     if (any_row && m > 0) cuda::copy_to_host(g.ctx, logits, g.logits, m * V * sizeof(float));
+    const size_t E = size_t(c.n_embd);  // kHidden rows (all of the batch's rows, or none): packed on the device
+    const bool hidden = std::find(batch.logits.begin(), batch.logits.end(), kHidden) != batch.logits.end();
+    if (hidden) {
+      cuda::copy_to_host(g.ctx, logits, g.logits, m * E * sizeof(float));
+      g.ctx.synchronize();
+      for (size_t r = m; r-- > 1;) std::memmove(logits + r * V, logits + r * E, E * sizeof(float));  // (V >= E)
+    }
     if (any_argmax || any_top) {
       g.ctx.synchronize();
       for (size_t t = 0, r = 0; t < size_t(n); ++t) {

@@ -445,8 +445,14 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
   }
   if (error) std::rethrow_exception(error);
   for (size_t g = 0; g < n_groups; ++g)
-    for (size_t r = 0; r < rows_of[g].size(); ++r)
-      std::memcpy(logits + rows_of[g][r] * V, out[g].data() + r * V, V * sizeof(float));
+    for (size_t r = 0, t = 0; r < rows_of[g].size(); ++t) {
+      const uint8_t mode = groups[g].logits[t];
+      if (mode == kNoLogits) continue;
+      // What the row holds (a hidden state: n_embd floats of the n_vocab the slot spans).
+      const size_t words = mode == kHidden ? size_t(cfg_.n_embd) : V;
+      std::memcpy(logits + rows_of[g][r] * V, out[g].data() + r * V, words * sizeof(float));
+      ++r;
+    }
 }
 
 void CpuPipeline::truncate_seq(int seq, int from) {

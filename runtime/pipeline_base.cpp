@@ -62,9 +62,16 @@ std::vector<int> ModelPipeline::check_batch(const Batch& b) const {
   if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
     fail(ErrorKind::Usage, "batch arrays differ in length");
   std::vector<int> next(len_);
+  bool hidden = false, other = false;  // kHidden rows and rows of other output modes
+  for (uint8_t mode : b.logits) hidden |= mode == kHidden, other |= mode != kHidden && mode != kNoLogits;
+  if (hidden && other) fail(ErrorKind::Usage, "a batch's output rows are all hidden states (kHidden) or none of them");
   for (int i = 0; i < n; ++i) {
     const int t = b.token[size_t(i)], s = b.seq[size_t(i)], p = b.pos[size_t(i)];
     if (t < 0 || t >= cfg_.n_vocab) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", t, cfg_.n_vocab - 1);
+    if (b.logits[size_t(i)] > kHidden) fail(ErrorKind::Usage, "output mode {} is not a LogitsMode", int(b.logits[size_t(i)]));
+    if (b.logits[size_t(i)] == kHidden && cfg_.n_embd > cfg_.n_vocab)
+      fail(ErrorKind::Usage, "hidden-state rows need n_embd ({}) <= n_vocab ({}): an output row holds n_vocab floats",
+           cfg_.n_embd, cfg_.n_vocab);
     check_seq(s);
     if (p != next[size_t(s)])
       fail(ErrorKind::Usage, "sequence {}: token at position {} does not continue the cache (expected position {})", s, p, next[size_t(s)]);

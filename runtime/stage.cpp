@@ -56,7 +56,7 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   for (size_t t = 0, r = 0; t < size_t(batch.size()); ++t) {
     const uint8_t mode = batch.logits[t];
     if (mode == kNoLogits) continue;
-    if (mode != kLogitsRow) reduced_rows_.emplace_back(r, mode);
+    if (mode == kArgmaxOnly || mode == kTopK) reduced_rows_.emplace_back(r, mode);
     ++r;
   }
   const cpu::RowFn reduce = [&](int i) {

@@ -236,6 +236,11 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   }
   if (opt.vocab_from.empty()) synthetic_vocab(w, p.n_vocab);
   else copied_vocab(w, opt.vocab_from, p.n_vocab);
+  if (opt.pooling >= 0) {  // an embedding model
+    if (opt.pooling > 3) fail(ErrorKind::Usage, "pooling type {}: use 0 (none), 1 (mean), 2 (cls) or 3 (last)", opt.pooling);
+    w.set(key("pooling_type"), gguf::Value::of_u32(uint32_t(opt.pooling)));
+    if (opt.pooling == 3) w.set("tokenizer.ggml.add_eos_token", gguf::Value::of_bool(true));
+  }
 
   for (const TensorSpec& t : preset_tensors(p, opt.type)) {
     const Init init = init_for(t.name);

@@ -18,6 +18,10 @@ struct SynthOptions {
   // A GGUF whose tokenizer.* metadata to copy (its token count must equal n_vocab). Empty: a
   // synthetic SentencePiece-style vocabulary (specials, 256 byte tokens, then letter pieces).
   std::string vocab_from;
+  // Embedding models: `{arch}.pooling_type` to write (llama.cpp's enum: 0 none, 1 mean, 2 cls,
+  // 3 last; -1 writes no key). With 3 (last), tokenizer.ggml.add_eos_token is set too, as in
+  // Qwen3-Embedding's files: the last token, whose state is the embedding, is EOS.
+  int pooling = -1;
 };
 
 // The file's metadata and lazy tensors; nothing is generated until written. Weights are

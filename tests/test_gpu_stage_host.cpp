@@ -22,6 +22,7 @@
 #include "gguf/gguf.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "runtime/embed.h"
 #include "runtime/gpu_stage.h"
 #include "runtime/link.h"
 #include "runtime/pipeline.h"
@@ -629,6 +630,49 @@ TEST_CASE("a GPU stage answers argmax-only and top-k rows with what its full row
   CHECK(n_mode[kArgmaxOnly] == 2);
   CHECK(n_mode[kTopK] == 1);
   CHECK(n_mode[kLogitsRow] == 1);
+}
+
+// Embeddings (runtime/embed.h): kHidden rows from a GPU stage's head (the normed rows packed on
+// the device and spread to their rows on the way back), from a CPU head after a GPU stage, and
+// from two CPU stages (the pipeline regrouping the sequences per stage), against one CPU stage.
+TEST_CASE("embeddings from GPU stages and from two CPU stages are the one CPU stage's") {
+  const std::string& path = tiny_qwen3();
+  std::vector<std::vector<int32_t>> inputs;
+  for (int len : {5, 23, 12, 1}) {
+    inputs.emplace_back();
+    for (int i = 0; i < len; ++i) inputs.back().push_back(int32_t((7 + 13 * i + 31 * len) % 1500));
+  }
+  auto embed = [&](const std::string& devices, Pooling pool) {
+    LoadOptions o = gpu_options(devices);
+    o.n_seq = 2;
+    if (devices == "cuda:0,cpu") o.n_gpu_layers = 1;  // the head on the CPU
+    auto p = Pipeline::load(path, o);
+    EmbedOptions eo;
+    eo.pooling = pool;
+    eo.batch_tokens = 16;  // the long input in two forwards, the others beside it
+    std::vector<float> all;
+    embed_sequences(*p, inputs, eo, [&](Embedding&& e) { all.insert(all.end(), e.values.begin(), e.values.end()); });
+    return all;
+  };
+  for (Pooling pool : {Pooling::Mean, Pooling::Last}) {
+    const std::vector<float> ref = embed("cpu", pool);
+    REQUIRE(ref.size() == inputs.size() * 256);
+    CHECK(embed("cpu,cpu", pool) == ref);  // the same ops on the same rows
+    for (const std::string devices : {"cuda:0", "cuda:0,cpu"}) {
+      const std::vector<float> got = embed(devices, pool);
+      REQUIRE(got.size() == ref.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {  // unit vectors: their dot product is the cosine
+        double dot = 0, max_d = 0;
+        for (size_t k = i * 256; k < (i + 1) * 256; ++k) {
+          dot += double(ref[k]) * got[k];
+          max_d = std::max(max_d, double(std::fabs(ref[k] - got[k])));
+        }
+        INFO(devices << ", pooling " << to_string(pool) << ", input " << i << ": max|d| " << max_d);
+        CHECK(dot > 0.998);  // (8-bit activation codes from other float arithmetic on each side; a wrong row: ~0)
+        CHECK(max_d < 0.02);
+      }
+    }
+  }
 }
 
 TEST_CASE("the emulated attention with sinks and clamped SwiGLU gate give the CPU ops' results") {

@@ -10,7 +10,11 @@
 // chunks into gate then up; LongRoPE (per-pair divisors, the long ones past the original context)
 // with cos and sin multiplied by the attention factor. And a gemma2-shaped one, per Gemma 2's
 // modeling code: Gemma 3's layer without q/k norms, one RoPE base, every other layer sliding, the
-// attention scores (scaled) and the final logits soft-capped, cap·tanh(x / cap).
+// attention scores (scaled) and the final logits soft-capped, cap·tanh(x / cap). And granite-shaped
+// ones, per Granite's modeling code (transformers' GraniteForCausalLM, GraniteMoeForCausalLM): the
+// embeddings times embedding_multiplier, q·k times attention_multiplier (not 1/√head_dim), each
+// attention and FFN output times residual_multiplier before its residual add, the logits divided
+// by logits_scaling; GraniteMoe's router softmaxes its top-k logits among themselves.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,7 +25,9 @@
 #include "helpers.h"
 #include "quant/quant.h"
 #include "runtime/config.h"
+#include "runtime/embed.h"
 #include "runtime/pipeline.h"
+#include "runtime/synth.h"
 
 using namespace baton;
 
@@ -40,6 +46,10 @@ struct Spec {
   // expert n_ff_shexp wide (qwen2moe).
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   bool merged_exps = false;  // gate and up experts in one ffn_gate_up_exps tensor
+  // granite, granitemoe: embedding_scale, residual_scale, attention.scale, logit_scale. drop_key:
+  // one of them left out of the file (the reference still applies it).
+  float embd_mult = 1.f, residual_mult = 1.f, attn_mult = 0.f, logit_div = 1.f;
+  std::string drop_key;
   uint32_t seed = 7;
 };
 
@@ -91,13 +101,19 @@ Model make_model(const Spec& s) {
   if (s.n_expert > 0) {
     wr.set(a + ".expert_count", gguf::Value::of_u32(uint32_t(s.n_expert)));
     wr.set(a + ".expert_used_count", gguf::Value::of_u32(uint32_t(s.n_expert_used)));
-    if (a != "llama") wr.set(a + ".expert_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_exp)));
+    if (a != "llama" && a != "granitemoe")  // (their experts are n_ff wide)
+      wr.set(a + ".expert_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_exp)));
     if (s.n_ff_shexp > 0) wr.set(a + ".expert_shared_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_shexp)));
   }
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
     wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
   }
+  const bool granite = a == "granite" || a == "granitemoe";
+  if (granite)
+    for (auto [key, v] : {std::pair{"embedding_scale", s.embd_mult}, {"residual_scale", s.residual_mult},
+                          {"attention.scale", s.attn_mult}, {"logit_scale", s.logit_div}})
+      if (key != s.drop_key) wr.set(a + "." + key, gguf::Value::of_f32(v));
   const bool oai = a == "gpt-oss";
   if (oai) {  // gpt-oss's YaRN: 32× from 4096 (pairs 6 to 15 of 32 on the ramp at this base)
     wr.set(a + ".rope.scaling.type", gguf::Value::of_str("yarn"));
@@ -133,10 +149,12 @@ Model make_model(const Spec& s) {
   const float we = 1.f / std::sqrt(float(E)) * 1.7f, wf = 1.f / std::sqrt(float(s.n_ff)) * 1.7f;
   // Gemma scales embeddings up by sqrt(n_embd): store them small, as real Gemma files do, so the
   // layers (not the embedding) dominate the residual stream and a wrong layer detail shows.
+  // Granite's embeddings likewise small against its multiplier, and its tied head's logits large
+  // enough before the division by logit_scale.
   const bool gemma = a == "gemma3" || a == "gemma2";
-  add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : 1.0f, 0.f, true);
+  add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : granite ? 0.1f : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
-  add("output_norm.weight", 1, E, gemma ? 2.f : 0.2f, gemma ? 12.f : 1.f, false);
+  add("output_norm.weight", 1, E, gemma || granite ? 2.f : 0.2f, gemma ? 12.f : granite ? 4.f * s.logit_div : 1.f, false);
   const bool phi3 = a == "phi3";
   if (a == "llama" || phi3) add("output.weight", s.n_vocab, E, we, 0.f, true);
   if (s.rope_long_ctx > 0) {
@@ -267,14 +285,17 @@ void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox,
     }
 }
 
-// Logits for every position of `ids` (one sequence starting at position 0) with a context of n_ctx.
-std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx) {
+// Logits for every position of `ids` (one sequence starting at position 0) with a context of n_ctx;
+// `hidden`, when given, gets each position's final hidden state after the output norm.
+std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx, std::vector<Vec>* hidden = nullptr) {
   const Spec& s = m.spec;
   const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2";
   const bool qwen3 = s.arch == "qwen3" || s.arch == "qwen3moe", qwen2moe = s.arch == "qwen2moe";
   const bool phi3 = s.arch == "phi3";
   const bool oai = s.arch == "gpt-oss";
-  const bool neox = s.arch != "llama";
+  const bool granite = s.arch == "granite" || s.arch == "granitemoe";
+  const bool neox = s.arch != "llama" && !granite;  // (the llama and granite converters permute q/k)
+  const double res = granite ? s.residual_mult : 1.0;
   const float* rope_div = s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
   const int E = s.n_embd, D = s.head_dim, T = int(ids.size()), rep = s.n_head / s.n_head_kv;
@@ -285,6 +306,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
     const float* e = W("token_embd.weight").data() + size_t(ids[size_t(t)]) * E;
     x[size_t(t)].assign(e, e + E);
     if (gemma) for (double& v : x[size_t(t)]) v *= std::sqrt(double(E));
+    if (granite) for (double& v : x[size_t(t)]) v *= s.embd_mult;
   }
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -332,7 +354,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         for (int j = lo; j <= t; ++j) {
           double d = 0;
           for (int i = 0; i < D; ++i) d += q[size_t(t)][size_t(hh * D + i)] * k[size_t(j)][size_t(g * D + i)];
-          d /= std::sqrt(double(D));
+          d *= granite ? double(s.attn_mult) : 1.0 / std::sqrt(double(D));
           if (s.attn_softcap > 0) d = s.attn_softcap * std::tanh(d / s.attn_softcap);
           sc.push_back(d);
         }
@@ -347,7 +369,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
       if (oai) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
       if (gemma) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
-      for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += att[size_t(i)];
+      for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * att[size_t(i)];
     }
     auto act = [&](double z) {
       return gemma ? 0.5 * z * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)))
@@ -416,7 +438,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         const Vec d = ffn(h, "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight", s.n_ff_shexp, 0);
         for (int j = 0; j < E; ++j) out[size_t(j)] += d[size_t(j)] / (1 + std::exp(-gz));
       }
-      for (int j = 0; j < E; ++j) x[size_t(t)][size_t(j)] += out[size_t(j)];
+      for (int j = 0; j < E; ++j) x[size_t(t)][size_t(j)] += res * out[size_t(j)];
     }
     for (int t = 0; t < T && s.n_expert == 0; ++t) {
       const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
@@ -433,15 +455,19 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
       Vec d = matvec(W(b + "ffn_down.weight"), E, s.n_ff, a);
       if (gemma) d = rmsnorm(d, W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
-      for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
+      for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * d[size_t(i)];
     }
   }
   std::vector<Vec> logits;
   const std::string out = m.w.count("output.weight") ? "output.weight" : "token_embd.weight";  // else tied
   for (int t = 0; t < T; ++t) {
-    logits.push_back(matvec(W(out), s.n_vocab, E, rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps)));
+    const Vec normed = rmsnorm(x[size_t(t)], W("output_norm.weight").data(), 0, size_t(E), eps);
+    if (hidden) hidden->push_back(normed);
+    logits.push_back(matvec(W(out), s.n_vocab, E, normed));
     if (s.final_softcap > 0)
       for (double& z : logits.back()) z = s.final_softcap * std::tanh(z / s.final_softcap);
+    if (granite)
+      for (double& z : logits.back()) z /= s.logit_div;
   }
   return logits;
 }
@@ -462,9 +488,13 @@ std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1, int n
   return Pipeline::load(m.path, o);
 }
 
-// Max |fast - reference| over all logits, relative to the reference's standard deviation.
-void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, const char* what,
-             int n_ctx = 64) {
+// Max and mean |fast - reference| over all logits, the reference's standard deviation, and how
+// many positions' argmax agree.
+struct Deviation {
+  double max_d = 0, mean_d = 0, sd = 0;
+  size_t agree = 0;
+};
+Deviation deviation(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, int n_ctx = 64) {
   const auto ref = reference(m, ids, n_ctx);
   const int V = m.spec.n_vocab;
   double max_d = 0, sum_d = 0, sum = 0, sum2 = 0;
@@ -482,8 +512,14 @@ void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<
     }
     agree += best_ref == best_got;
   }
-  const double n = double(ids.size()) * V, sd = std::sqrt(sum2 / n - (sum / n) * (sum / n));
-  const double mean_d = sum_d / n;
+  const double n = double(ids.size()) * V;
+  return {max_d, sum_d / n, std::sqrt(sum2 / n - (sum / n) * (sum / n)), agree};
+}
+
+// Max |fast - reference| over all logits, relative to the reference's standard deviation.
+void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, const char* what,
+             int n_ctx = 64) {
+  const auto [max_d, mean_d, sd, agree] = deviation(m, ids, got, n_ctx);
   std::printf("%-7s %-5s %-22s max|d| %.4f mean|d| %.4f (logit sd %.2f), argmax agrees %zu/%zu\n",
               m.spec.arch.c_str(), type_name(m.spec.wtype), what, max_d, mean_d, sd, agree, ids.size());
   CHECK(sd > 0.5);  // the model is not degenerate
@@ -548,6 +584,17 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_expert = 6;
     s.n_expert_used = 3;
     s.n_ff_exp = 256;
+  } else if (arch == "granite") {  // Granite 3's embedding and residual multipliers; a q·k scale
+    s.embd_mult = 12.f;            // above 1/√64 (Granite's own 1/64 flattens these tiny scores)
+    s.residual_mult = 0.22f;       // and a division of the logits by 4
+    s.attn_mult = 0.45f;
+    s.logit_div = 4.f;
+  } else if (arch == "granitemoe") {  // the same with top 2 of 6 experts n_ff wide, renormalized
+    s = spec_of("granite", t);
+    s.arch = "granitemoe";
+    s.n_expert = 6;
+    s.n_expert_used = 2;
+    s.n_ff_exp = s.n_ff;
   } else if (arch == "gemma3") {  // layers 0 and 1 sliding (window 5), layer 2 global
     s.n_layer = 3;
     s.n_head_kv = 1;
@@ -594,7 +641,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     if (kSanitized && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && t != GgmlType::MXFP4) continue;
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
-                                   "qwen3moe-merged", "gpt-oss"}) {
+                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe"}) {
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two, and MXFP4 (an
       // expert format: test_matmul has its kernels on every shape) runs in the mixtures only.
@@ -605,6 +652,30 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
       auto p = load(m, 64);
       compare(m, ids, run_prompt(*p, ids), "one batch");
+    }
+  }
+}
+
+// The granite test above checks every multiplier: left out of the file (the forward then runs
+// without it), each moves the logits far past the tolerance the comparison allows.
+TEST_CASE("tiny generated models: each of granite's multipliers matters") {
+  for (const std::string arch : {"granite", "granitemoe"}) {
+    const Spec s = spec_of(arch, GgmlType::Q8_0);
+    const auto ids = prompt(s, 12, 11);
+    const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
+    compare(m, ids, run_prompt(*load(m, 64), ids), "all multipliers");  // (closed before the file is rewritten)
+    for (const char* key : {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"}) {
+      Spec without = m.spec;
+      without.drop_key = key;
+      const Model w = make_model(without);  // (the same weights: the same seed)
+      auto q = load(w, 64);
+      const auto d = deviation(m, ids, run_prompt(*q, ids));
+      g_min_router_gap = 1e30;
+      std::printf("%-10s without %-16s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", arch.c_str(), key, d.max_d,
+                  d.mean_d, d.sd);
+      INFO(arch << " without " << key);
+      CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+      CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
     }
   }
 }
@@ -630,7 +701,7 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
-  for (const std::string arch : {"llama", "gemma3", "qwen2moe", "gpt-oss"}) {  // (experts: decode runs them as one job)
+  for (const std::string arch : {"llama", "gemma3", "qwen2moe", "gpt-oss", "granite"}) {  // (experts: decode runs them as one job)
     const Spec s = spec_of(arch, GgmlType::Q8_0);
     const auto ids = prompt(s, 17, 3);  // longer than the sliding window: the rings wrap
     const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -705,6 +776,87 @@ TEST_CASE("tiny generated models: a batch of two sequences equals each one alone
   }
 }
 
+// Embeddings (runtime/embed.h): the pipeline's kHidden rows, pooled and normalized, against the
+// reference's final hidden states after the output norm, pooled and normalized in double. Four
+// inputs over two slots in forwards of 8 tokens: the long one takes several forwards, the others
+// share forwards with it.
+TEST_CASE("tiny generated models: embeddings are the reference's normed final states, pooled") {
+  for (const std::string arch : {"llama", "qwen3"}) {
+    const Spec s = spec_of(arch, GgmlType::F32);
+    const Model m = make_model(s);
+    const std::vector<std::vector<int32_t>> inputs = {prompt(s, 5, 1), prompt(s, 19, 2), prompt(s, 1, 3), prompt(s, 9, 4)};
+    std::vector<std::vector<Vec>> hidden(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) reference(m, inputs[i], 64, &hidden[i]);
+    const auto p = load(m, /*n_batch=*/8, /*n_seq=*/2);
+    const size_t E = size_t(s.n_embd);
+    std::map<Pooling, std::vector<float>> first_of;  // each pooling's vector of input 0 (normalized)
+    for (Pooling pool : {Pooling::Mean, Pooling::Last, Pooling::Cls, Pooling::None})
+      for (int norm : {-1, 2}) {
+        EmbedOptions o;
+        o.pooling = pool;
+        o.normalize = norm;
+        o.batch_tokens = 8;
+        std::vector<Embedding> got;
+        embed_sequences(*p, inputs, o, [&](Embedding&& e) { got.push_back(std::move(e)); });
+        REQUIRE(got.size() == inputs.size());
+        double worst_cos = 1, worst_rel = 0;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const Embedding& e = got[i];
+          CHECK(e.index == i);  // in input order
+          CHECK(e.n_tokens == int(inputs[i].size()));
+          // The reference's vectors: one per token (none) or pooled, each normalized as asked.
+          std::vector<Vec> want;
+          const auto& h = hidden[i];
+          if (pool == Pooling::None) want = h;
+          if (pool == Pooling::Last) want = {h.back()};
+          if (pool == Pooling::Cls) want = {h.front()};
+          if (pool == Pooling::Mean) {
+            Vec mean(E, 0.0);
+            for (const Vec& r : h)
+              for (size_t k = 0; k < E; ++k) mean[k] += r[k] / double(h.size());
+            want = {mean};
+          }
+          REQUIRE(e.values.size() == want.size() * E);
+          for (size_t r = 0; r < want.size(); ++r) {
+            Vec& w = want[r];
+            if (norm == 2) {
+              double n2 = 0;
+              for (double v : w) n2 += v * v;
+              for (double& v : w) v /= std::sqrt(n2);
+            }
+            const float* g = e.values.data() + r * E;
+            double dot = 0, gg = 0, ww = 0, max_d = 0, max_w = 0;
+            for (size_t k = 0; k < E; ++k) {
+              dot += g[k] * w[k], gg += double(g[k]) * g[k], ww += w[k] * w[k];
+              max_d = std::max(max_d, std::fabs(g[k] - w[k]));
+              max_w = std::max(max_w, std::fabs(w[k]));
+            }
+            if (norm == 2) CHECK(std::fabs(std::sqrt(gg) - 1.0) < 1e-5);  // unit length
+            worst_cos = std::min(worst_cos, dot / std::sqrt(gg * ww));
+            worst_rel = std::max(worst_rel, max_d / max_w);
+          }
+        }
+        if (norm == 2) first_of[pool] = std::vector<float>(got[0].values.begin(), got[0].values.begin() + E);
+        std::printf("%-5s embeddings, pooling %-4s normalize %2d: worst cosine %.7f, max|d| / max|v| %.5f\n",
+                    arch.c_str(), to_string(pool), norm, worst_cos, worst_rel);
+        // F32 weights (float activations) and F16 K/V: a few 1e-4 of the largest value. A missing
+        // output norm (weights 1 ± 0.2) costs ~1e-2 of cosine, a row of the wrong token or the
+        // wrong pooling whole vectors.
+        CHECK(worst_cos > 0.99999);
+        CHECK(worst_rel < 0.002);
+      }
+    // The poolings differ from each other here, so the checks above tell them apart.
+    for (const auto& [a, va] : first_of)
+      for (const auto& [b, vb] : first_of) {
+        if (a >= b || (a == Pooling::None && b == Pooling::Cls)) continue;  // none's first row is cls
+        double dot = 0;
+        for (size_t k = 0; k < E; ++k) dot += double(va[k]) * vb[k];
+        INFO(to_string(a) << " vs " << to_string(b));
+        CHECK(dot < 0.99);
+      }
+  }
+}
+
 TEST_CASE("config: missing and inconsistent keys are all reported in one error") {
   gguf::Writer wr;
   wr.set("general.architecture", gguf::Value::of_str("llama"));
@@ -725,6 +877,43 @@ TEST_CASE("config: missing and inconsistent keys are all reported in one error")
     CHECK(msg.find("not a multiple of head_count_kv") != std::string::npos);
     CHECK(msg.find("not a multiple of head_count 8") != std::string::npos);
   }
+}
+
+TEST_CASE("config: granite's multipliers from the file (0 or absent: none); its biases and a shared expert refused") {
+  ShapePreset p{"t", "granite", "test", 1, 64, 2, 1, 32, 64, 300, 128, true, 0, 0, 1e4f, 1e-5f, false};
+  auto config = [](gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  gguf::Writer w = synth_writer(p, {});  // a custom shape: Granite 3's own multipliers
+  ModelConfig c = config(w);
+  CHECK(c.rope_style == RopeStyle::Adjacent);
+  CHECK(c.embd_scale == 12.f);
+  CHECK(c.residual_scale == 0.22f);
+  CHECK(c.attn_scale == 1.f / 32);
+  CHECK(c.logit_scale == 8.f);
+  w.set("granite.residual_scale", gguf::Value::of_f32(0.f));
+  w.set("granite.attention.scale", gguf::Value::of_f32(0.f));
+  c = config(w);
+  CHECK(c.residual_scale == 1.f);
+  CHECK(c.attn_scale == Approx(1 / std::sqrt(32.0)));
+  // The 8B preset's published values, and the same keys ignored by a family without them.
+  const ShapePreset& g8 = find_preset("granite-3-8b");
+  CHECK(g8.head_dim == 128);
+  CHECK((g8.embedding_scale == 12.f && g8.residual_scale == 0.22f && g8.attention_scale == 0.0078125f && g8.logit_scale == 16.f));
+  p.architecture = "llama";
+  gguf::Writer l = synth_writer(p, {});
+  l.set("llama.logit_scale", gguf::Value::of_f32(16.f));
+  CHECK(config(l).logit_scale == 1.f);
+  // A mixture: top k of the experts renormalized; GraniteMoeShared's shared expert is refused.
+  ShapePreset m = p;
+  m.architecture = "granitemoe";
+  m.n_expert = 4, m.n_expert_used = 2, m.n_ff_exp = m.n_ff;
+  gguf::Writer mw = synth_writer(m, {});
+  c = config(mw);
+  CHECK((c.n_expert == 4 && c.n_ff_exp == 64 && c.expert_weights_norm && c.logit_scale == 8.f));
+  mw.set("granitemoe.expert_shared_feed_forward_length", gguf::Value::of_u32(64));
+  CHECK_THROWS_WITH(config(mw), Catch::Contains("GraniteMoeShared"));
 }
 
 TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long ones") {

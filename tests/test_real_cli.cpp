@@ -21,38 +21,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/cli_helpers.h"
 #include "tests/helpers.h"
 
 using nlohmann::json;
 using namespace baton::test;
 
 namespace {
-
-struct Out {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs `baton ARGS` through the shell (so tests can pipe into it); stdout and stderr captured.
-Out run_baton(const std::string& args, const std::string& stdin_text = "") {
-  static std::string dir = temp_dir();
-  Out o;
-  std::string in = dir + "/stdin", out = dir + "/stdout", err = dir + "/stderr";
-  std::ofstream(in) << stdin_text;
-  std::string cmd = std::string(BATON_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
-  int st = std::system(cmd.c_str());
-  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  o.out = slurp(out);
-  o.err = slurp(err);
-  return o;
-}
 
 std::vector<json> read_jsonl(const std::string& path) {
   std::vector<json> v;
@@ -403,6 +378,45 @@ this is not json
   Out e = run_baton("batch -m " + m + " -i " + dir + "/empty.jsonl -o " + dir + "/empty.out.jsonl");
   CHECK(e.code == 0);
   CHECK(e.err.find("has no requests") != std::string::npos);
+}
+
+TEST_CASE("embed: a vector per token without a pooling key, --pooling mean, a broken JSONL line, an empty input") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  Out none = run_baton("embed -m " + m + " -p 'Hello world' -t 2");  // SmolLM2's file has no pooling_type
+  INFO(none.err);
+  REQUIRE(none.code == 0);
+  CHECK(none.err.find("pooling none") != std::string::npos);
+  const json r = json::parse(none.out);
+  REQUIRE(r["embedding"].size() == size_t(r["n_tokens"].get<int>()));
+  CHECK(r["embedding"][0].size() == 576);
+  Out mean = run_baton("embed -m " + m + " -p 'Hello world' --pooling mean -t 2 --normalize -1");
+  REQUIRE(mean.code == 0);
+  const json v = json::parse(mean.out)["embedding"];
+  REQUIRE(v.size() == 576);
+  double sum0 = 0;
+  for (const auto& x : v) sum0 += x.get<double>() * x.get<double>();
+  CHECK(sum0 > 1.0);  // the raw state, not a unit vector
+
+  const std::string dir = temp_dir();
+  std::ofstream(dir + "/in.jsonl") << R"({"id": "a", "input": "Hello world"})" "\n" << R"({"id": "b", "input": "x)" "\n"
+                                   << R"({"id": "c", "input": "The capital of France is Paris."})" "\n";
+  Out b = run_baton("embed -m " + m + " -i " + dir + "/in.jsonl --pooling last -t 2");
+  INFO(b.err);
+  REQUIRE(b.code == 0);
+  std::vector<json> rec;
+  std::istringstream in(b.out);
+  for (std::string l; std::getline(in, l);) rec.push_back(json::parse(l));
+  REQUIRE(rec.size() == 3);
+  CHECK(rec[0]["id"] == "a");
+  CHECK(rec[0]["embedding"].size() == 576);
+  CHECK(rec[1] == json{{"line", 2}, {"error", "invalid JSON"}});
+  CHECK(rec[2]["id"] == "c");
+  CHECK(b.err.find("warning: not every input ends in the EOS token") != std::string::npos);  // no add_eos_token
+
+  Out empty = run_baton("embed -m " + m + " -p ''");
+  CHECK(empty.code == 1);
+  CHECK(empty.err.find("the input is empty") != std::string::npos);
 }
 
 TEST_CASE("batch: '-' reads the requests from stdin and writes the records to stdout") {
