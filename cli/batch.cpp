@@ -212,25 +212,7 @@ int run(const BatchOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   if (o.resume && o.out == "-") fail(ErrorKind::Usage, "--resume needs an output file, not stdout (-o -)");
   const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);
-  std::ifstream file;
-  if (o.in != "-") {
-    file.open(o.in, std::ios::binary);
-    if (!file) fail(ErrorKind::Usage, "cannot read input file {}", o.in);
-  }
-  std::istream& in = o.in == "-" ? std::cin : file;
-  std::vector<std::string> lines;
-  for (std::string s; std::getline(in, s);) {
-    if (!s.empty() && s.back() == '\r') s.pop_back();
-    lines.push_back(std::move(s));
-  }
-  // JSONL when the first non-blank line is an object; otherwise one plain prompt per line.
-  bool jsonl = false;
-  for (const auto& l : lines) {
-    size_t p = l.find_first_not_of(" \t");
-    if (p == std::string::npos) continue;
-    jsonl = l[p] == '{';
-    break;
-  }
+  const auto [lines, jsonl] = read_input_lines(o.in);  // JSONL, or one plain prompt per line
 
   std::vector<Job> jobs;
   for (size_t i = 0; i < lines.size(); i++) {

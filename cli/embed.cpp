@@ -56,24 +56,7 @@ std::string drop_newlines(std::string s) {
 // -i: JSONL ({"id": ..., "input": "..."}) when the first non-blank line starts with '{', otherwise
 // one input per non-blank line (its id the line number). Broken lines become inputs with an error.
 std::vector<Input> read_input_file(const std::string& path) {
-  std::ifstream file;
-  if (path != "-") {
-    file.open(path, std::ios::binary);
-    if (!file) fail(ErrorKind::Usage, "cannot read input file {}", path);
-  }
-  std::istream& in = path == "-" ? std::cin : file;
-  std::vector<std::string> lines;
-  for (std::string s; std::getline(in, s);) {
-    if (!s.empty() && s.back() == '\r') s.pop_back();
-    lines.push_back(std::move(s));
-  }
-  bool jsonl = false;
-  for (const auto& l : lines) {
-    const size_t p = l.find_first_not_of(" \t");
-    if (p == std::string::npos) continue;
-    jsonl = l[p] == '{';
-    break;
-  }
+  const auto [lines, jsonl] = read_input_lines(path);
   std::vector<Input> out;
   std::map<std::string, int> first_line;  // id (as JSON text) -> the line that has it first
   for (size_t i = 0; i < lines.size(); ++i) {

@@ -27,6 +27,27 @@
 
 namespace baton::cli {
 
+InputLines read_input_lines(const std::string& path) {
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path, std::ios::binary);
+    if (!file) fail(ErrorKind::Usage, "cannot read input file {}", path);
+  }
+  std::istream& in = path == "-" ? std::cin : file;
+  InputLines r;
+  for (std::string s; std::getline(in, s);) {
+    if (!s.empty() && s.back() == '\r') s.pop_back();
+    r.lines.push_back(std::move(s));
+  }
+  for (const auto& l : r.lines) {
+    const size_t p = l.find_first_not_of(" \t");
+    if (p == std::string::npos) continue;
+    r.jsonl = l[p] == '{';
+    break;
+  }
+  return r;
+}
+
 RecordFile::RecordFile(const std::string& path, bool append) {
   fd_ = path == "-" ? ::dup(STDOUT_FILENO)
                     : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);

@@ -33,6 +33,14 @@ class RecordFile {
   int fd_ = -1;
 };
 
+// An input file of records (batch, embed; "-": stdin) as its lines, a trailing '\r' dropped, and
+// whether it is JSONL (its first non-blank line starts with '{') or one plain input per line.
+struct InputLines {
+  std::vector<std::string> lines;
+  bool jsonl = false;
+};
+InputLines read_input_lines(const std::string& path);
+
 // Where the layers go beyond --devices: the planner's overrides, the same flags for `baton plan`
 // and for the commands that load a model, so a plan printed is the plan run.
 struct PlacementFlags {

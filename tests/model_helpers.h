@@ -13,11 +13,42 @@
 
 #include "gguf/gguf.h"
 #include "helpers.h"
+#include "runtime/embed.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 #include "runtime/tokenizer.h"
 
 namespace baton::test {
+
+// Every input's pooled, normalized embedding (runtime/embed.h) from pipeline p, concatenated, in
+// forwards of 16 tokens (a long input in two or more, the others beside it).
+inline std::vector<float> embed_all(Pipeline& p, const std::vector<std::vector<int32_t>>& inputs, Pooling pool) {
+  EmbedOptions eo;
+  eo.pooling = pool;
+  eo.batch_tokens = 16;
+  std::vector<float> all;
+  embed_sequences(p, inputs, eo, [&](Embedding&& e) { all.insert(all.end(), e.values.begin(), e.values.end()); });
+  return all;
+}
+
+// Two runs' embeddings of n_inputs inputs (unit vectors, concatenated) from different devices:
+// each pair's cosine above 0.998 and no value off by 0.02 (8-bit activations from other float
+// arithmetic on each side; a wrong row's cosine is ~0).
+inline void check_embeddings_close(const std::vector<float>& ref, const std::vector<float>& got, size_t n_inputs,
+                                   const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  const size_t w = ref.size() / n_inputs;
+  for (size_t i = 0; i < n_inputs; ++i) {
+    double dot = 0, max_d = 0;
+    for (size_t k = i * w; k < (i + 1) * w; ++k) {
+      dot += double(ref[k]) * got[k];
+      max_d = std::max(max_d, double(std::fabs(ref[k] - got[k])));
+    }
+    INFO(what << ", input " << i << ": cosine " << dot << ", max|d| " << max_d);
+    CHECK(dot > 0.998);
+    CHECK(max_d < 0.02);
+  }
+}
 
 // Whitespace-separated token ids from a file (peer *.tokens.txt).
 inline std::vector<int32_t> read_ids(const std::string& path) {

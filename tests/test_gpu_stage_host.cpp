@@ -646,32 +646,14 @@ TEST_CASE("embeddings from GPU stages and from two CPU stages are the one CPU st
     LoadOptions o = gpu_options(devices);
     o.n_seq = 2;
     if (devices == "cuda:0,cpu") o.n_gpu_layers = 1;  // the head on the CPU
-    auto p = Pipeline::load(path, o);
-    EmbedOptions eo;
-    eo.pooling = pool;
-    eo.batch_tokens = 16;  // the long input in two forwards, the others beside it
-    std::vector<float> all;
-    embed_sequences(*p, inputs, eo, [&](Embedding&& e) { all.insert(all.end(), e.values.begin(), e.values.end()); });
-    return all;
+    return test::embed_all(*Pipeline::load(path, o), inputs, pool);
   };
   for (Pooling pool : {Pooling::Mean, Pooling::Last}) {
     const std::vector<float> ref = embed("cpu", pool);
     REQUIRE(ref.size() == inputs.size() * 256);
     CHECK(embed("cpu,cpu", pool) == ref);  // the same ops on the same rows
-    for (const std::string devices : {"cuda:0", "cuda:0,cpu"}) {
-      const std::vector<float> got = embed(devices, pool);
-      REQUIRE(got.size() == ref.size());
-      for (size_t i = 0; i < inputs.size(); ++i) {  // unit vectors: their dot product is the cosine
-        double dot = 0, max_d = 0;
-        for (size_t k = i * 256; k < (i + 1) * 256; ++k) {
-          dot += double(ref[k]) * got[k];
-          max_d = std::max(max_d, double(std::fabs(ref[k] - got[k])));
-        }
-        INFO(devices << ", pooling " << to_string(pool) << ", input " << i << ": max|d| " << max_d);
-        CHECK(dot > 0.998);  // (8-bit activation codes from other float arithmetic on each side; a wrong row: ~0)
-        CHECK(max_d < 0.02);
-      }
-    }
+    for (const std::string devices : {"cuda:0", "cuda:0,cpu"})
+      test::check_embeddings_close(ref, embed(devices, pool), inputs.size(), devices + ", pooling " + to_string(pool));
   }
 }
 
