@@ -233,15 +233,13 @@ std::string ChatTemplate::default_system() const {
   return default_system_.substr(0, date_at_) + format_date(date_format_, date_) + default_system_.substr(date_at_);
 }
 
-// The template's own system prompt, when its family has one (ChatML: SmolLM2's; Granite 3.1+'s, dated).
-static void take_default_system(ChatTemplate& t, std::string_view src, std::string& text, size_t& date_at,
-                                std::string& date_format) {
-  if (t.family() == ChatFamily::ChatML) text = chatml_default_system(src);
-  if (t.family() != ChatFamily::Granite) return;
+void ChatTemplate::take_default_system(std::string_view src) {
+  if (family_ == ChatFamily::ChatML) default_system_ = chatml_default_system(src);
+  if (family_ != ChatFamily::Granite) return;
   GraniteSystem g = granite_default_system(src);
-  text = std::move(g.text);
-  date_at = g.date_at;
-  date_format = std::move(g.date_format);
+  default_system_ = std::move(g.text);
+  date_at_ = g.date_at;
+  date_format_ = std::move(g.date_format);
 }
 
 ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, std::string eos_text,
@@ -250,7 +248,7 @@ ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, 
     // Phi-4-mini writes Phi-3's turns with no newline anywhere (neither a real one nor a "\n" escape).
     if (*f == ChatFamily::Phi3 && !contains(jinja, "\n") && !contains(jinja, "\\n")) f = ChatFamily::Phi4Mini;
     ChatTemplate t(*f, std::move(bos_text), std::move(eos_text));
-    take_default_system(t, jinja, t.default_system_, t.date_at_, t.date_format_);
+    t.take_default_system(jinja);
     return t;
   }
   if (warning)
@@ -269,7 +267,7 @@ ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, 
     auto fam = chat_family_from_name(override_name);
     if (!fam) fail(ErrorKind::Usage, "--chat-template {}: unknown template (known: {})", override_name, chat_family_names());
     ChatTemplate t(*fam, bos, eos);
-    take_default_system(t, src, t.default_system_, t.date_at_, t.date_format_);
+    t.take_default_system(src);
     return t;
   }
   if (!src.empty()) return detect(src, bos, eos, warning);

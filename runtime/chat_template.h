@@ -70,6 +70,8 @@ class ChatTemplate {
 
  private:
   std::string render_impl(const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool closing) const;
+  // The template's own system prompt, when its family has one (ChatML: SmolLM2's; Granite 3.1+'s, dated).
+  void take_default_system(std::string_view src);
 
   ChatFamily family_;
   std::string bos_, eos_, default_system_;
