@@ -261,14 +261,14 @@ int run(const BatchOpts& o) {
 
   Loaded m = load_model(o.model, o.parallel);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
-  Engine engine(*m.pipe, *m.vocab);
+  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling));
   const bool harmony = m.vocab->harmony();  // replies carry reasoning apart from the text
   install_interrupt_handler();
 
   const bool tty = stderr_is_tty();
   const int total = int(todo.size());
   int n_done = 0, n_ok = 0, n_failed = 0;
-  long gen_tokens = 0, prompt_tokens = 0;
+  long gen_tokens = 0, prompt_tokens = 0, drafted = 0, drafts_kept = 0;
   auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto progress = [&] {
@@ -329,15 +329,18 @@ int run(const BatchOpts& o) {
     n_ok++;
     gen_tokens += r.completion_tokens();
     prompt_tokens += r.prompt_tokens;
+    drafted += r.drafted;
+    drafts_kept += r.draft_accepted;
     progress();
   };
   progress();
   engine.run(source, sink, o.parallel, &interrupted());
   if (tty) std::fprintf(stderr, "\r\033[K");
   double s = elapsed();
-  std::fprintf(stderr, "%d ok, %d failed%s | %ld prompt + %ld generated tokens | %.1f s | %.1f generated tok/s\n", n_ok,
+  const std::string lookup = drafted > 0 ? fmt::format(" | lookup {}/{} drafts kept", drafts_kept, drafted) : "";
+  std::fprintf(stderr, "%d ok, %d failed%s | %ld prompt + %ld generated tokens | %.1f s | %.1f generated tok/s%s\n", n_ok,
                n_failed, interrupted() ? fmt::format(", {} not done (interrupted)", total - n_done).c_str() : "",
-               prompt_tokens, gen_tokens, s, s > 0 ? gen_tokens / s : 0.0);
+               prompt_tokens, gen_tokens, s, s > 0 ? gen_tokens / s : 0.0, lookup.c_str());
   return interrupted() ? 130 : 0;
 }
 

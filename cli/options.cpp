@@ -125,6 +125,12 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
                  "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'");
   app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file");
   app.add_option("--format", f.format, "json: every reply is one JSON object")->check(CLI::IsMember({"json"}));
+  app.add_option("--lookup", f.lookup,
+                 "speculative decoding by prompt lookup: draft up to N tokens a step from where the last few "
+                 "tokens occurred before in the prompt or reply; the reply does not change, only its speed "
+                 "(0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -337,6 +343,12 @@ void ReplyPrinter::answer(std::string_view s) {
 
 void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
 
+EngineOptions engine_options(const SamplingFlags& f) {
+  EngineOptions o;
+  o.lookup = f.lookup;
+  return o;
+}
+
 std::string count_of(int n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
 
 std::string speed_stats(const Result& r, const std::string& prompt_note) {
@@ -344,8 +356,10 @@ std::string speed_stats(const Result& r, const std::string& prompt_note) {
       fmt::format("prompt {}{}, {:.1f} tok/s", count_of(r.prompt_tokens, "token"), prompt_note, r.prompt_tps());
   if (r.completion_tokens() == 0) return prompt + " | generated nothing";
   const std::string speed = r.completion_tokens() > 1 ? fmt::format(", {:.1f} tok/s", r.gen_tps()) : "";
-  return prompt + fmt::format(" | generated {}{} | ttft {:.0f} ms", count_of(r.completion_tokens(), "token"), speed,
-                              r.ttft_ms);
+  const std::string drafts =
+      r.drafted > 0 ? fmt::format(" | lookup {}/{} drafts kept", r.draft_accepted, r.drafted) : "";
+  return prompt + fmt::format(" | generated {}{}{} | ttft {:.0f} ms", count_of(r.completion_tokens(), "token"), speed,
+                              drafts, r.ttft_ms);
 }
 
 std::string read_text(const std::string& path) {

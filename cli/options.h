@@ -95,6 +95,7 @@ struct SamplingFlags {
   // Constrained replies, at most one: a GBNF grammar (text or file), a JSON Schema (text or
   // file), or --format json (any JSON object).
   std::string grammar, grammar_file, json_schema, json_schema_file, format;
+  int lookup = 0;                    // --lookup N: drafts per step by prompt lookup (0: off)
 };
 // with_prompt_flags: --system, --chat-template and --hide-thinking too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
@@ -106,6 +107,8 @@ std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbos
 // ("json", or a JSON Schema as Ollama's format takes it); `what` names the source in errors.
 std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what,
                                                   bool verbose = false);
+// The engine's options the flags ask for (prompt lookup).
+EngineOptions engine_options(const SamplingFlags& f);
 // The seed a request runs with: given, or drawn now.
 uint64_t resolve_seed(const std::optional<uint64_t>& s);
 

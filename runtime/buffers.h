@@ -21,10 +21,15 @@ inline constexpr uint32_t kPlanThreadsPerStage = 64;
 // KV element types: F16 (2 bytes) or Q8_0 (34 bytes per 32 elements).
 bool is_kv_type(GgmlType t);
 
+// How far a sequence with sliding-window layers can be rewound (drafts the model did not confirm,
+// a chat turn re-rendering the previous reply's end): its rings keep kRingRewind - 1 cells beyond
+// the window.
+inline constexpr uint32_t kRingRewind = 16;
 // Cells (token slots) layer `il` keeps for n_parallel sequences of n_ctx tokens each. A global
-// layer keeps n_ctx per sequence. A sliding-window layer keeps a ring of min(W, n_ctx) per
-// sequence: the forward attends over the ring *plus the current batch's own k/v (held in
-// scratch)*, and only then writes the batch into the ring, so W cells are enough for any batch.
+// layer keeps n_ctx per sequence. A sliding-window layer keeps a ring of min(W + kRingRewind - 1,
+// n_ctx) per sequence: the forward attends over the ring *plus the current batch's own k/v (held
+// in scratch)*, and only then writes the batch into the ring, so W cells would be enough for any
+// batch; the kRingRewind - 1 more keep the positions a rewind may return to.
 uint64_t kv_cells(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_parallel);
 // Bytes of layer il's K and V: cells × n_head_kv × (head_dim_k + head_dim_v) elements of kv_type,
 // each cell's K row and V row rounded to whole blocks.

@@ -26,6 +26,23 @@ const char* to_string(FinishReason f) {
   return "?";
 }
 
+void lookup_draft(const std::vector<int32_t>& h, int ngram_min, int ngram_max, size_t max_len,
+                  std::vector<int32_t>& out) {
+  out.clear();
+  const size_t len = h.size();
+  for (int n = std::max(ngram_max, 1); n >= std::max(ngram_min, 1) && max_len > 0; n--) {
+    if (len <= size_t(n)) continue;
+    const int32_t* key = h.data() + (len - size_t(n));
+    for (size_t i = len - size_t(n); i-- > 0;) {  // the latest occurrence first
+      if (h[i] != key[0] || !std::equal(key, key + n, h.data() + i)) continue;
+      // What followed it; past the history's end, the draft itself (from + m - len < m).
+      const size_t from = i + size_t(n);
+      for (size_t m = 0; m < max_len; m++) out.push_back(from + m < len ? h[from + m] : out[from + m - len]);
+      return;
+    }
+  }
+}
+
 // A request while it holds a slot.
 struct Engine::Active {
   Request req;
@@ -39,6 +56,9 @@ struct Engine::Active {
   std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
   size_t next_prompt = 0;        // first prompt token not yet evaluated
   int32_t pending = -1;          // sampled, to be evaluated in the next step
+  std::vector<int32_t> draft;    // prompt lookup: drafted behind `pending` in the step in flight
+  size_t step_row = 0;           // its rows of that step looked at so far
+  int draft_len = 1;             // how many to draft next (end_step adapts it to how drafts fare)
   bool waiting = false;          // a token whose logits it needs is in the pipeline
   bool done = false;
   Clock::time_point t_admit, t_first;
@@ -255,6 +275,32 @@ void Engine::accept(Active& a, int32_t t) {
   if (int(cached_[a.slot].size()) >= n_ctx_) return finish(a, FinishReason::Context);
 }
 
+// How many tokens a decoder may draft behind its pending one (already in `cached`): no further than
+// the context's end, than it may still generate, than the caches can rewind (sliding-window
+// rings), or than the step's budget allows.
+size_t Engine::draft_room(const Active& a, size_t budget) const {
+  if (opt_.lookup <= 0) return 0;
+  size_t room = std::min(size_t(std::min(a.draft_len, opt_.lookup)), budget);
+  room = std::min(room, size_t(n_ctx_) - cached_[a.slot].size());
+  if (a.req.max_tokens >= 0) room = std::min(room, size_t(std::max(0, a.req.max_tokens - a.res.completion_tokens() - 1)));
+  return std::min(room, size_t(std::max(0, pipe_.max_rewind())));
+}
+
+// A decoder's step ended at one of its rows: the drafts the model did not confirm leave the
+// pipeline's caches (the engine never counted them in `cached_`).
+void Engine::end_step(Active& a) {
+  // The next draft: longer after one wholly confirmed (doubling up to the limit), else one more
+  // than this one kept, so that a stretch the drafts miss costs little and a copied one soon runs
+  // at the full length.
+  if (!a.draft.empty() && a.step_row > 0) {
+    const int kept = int(a.step_row) - 1;
+    a.draft_len = kept == int(a.draft.size()) ? std::min(2 * a.draft_len, opt_.lookup) : kept + 1;
+  }
+  a.draft.clear();
+  const int keep = int(cached_[a.slot].size());
+  if (pipe_.seq_len(a.slot) > keep) pipe_.truncate_seq(a.slot, keep);
+}
+
 // One batch in the pipeline: what was submitted and whose logits rows come back.
 struct Engine::Step {
   uint64_t ticket = 0;
@@ -274,16 +320,31 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   st.rows.clear();
   st.chunks.clear();
   size_t decoders = 0;
+  int budget = opt_.prefill_chunk;
   for (auto& a : active) {
     if (a->pending < 0 || a->waiting || decoders == cap) continue;
-    st.batch.add(a->pending, int32_t(cached_[a->slot].size()), a->slot, a->out_mode(n_vocab_));
-    cached_[a->slot].push_back(a->pending);
+    const uint8_t mode = a->out_mode(n_vocab_);
+    auto& cached = cached_[a->slot];
+    st.batch.add(a->pending, int32_t(cached.size()), a->slot, mode);
+    cached.push_back(a->pending);
     st.rows.push_back(a.get());
+    // Drafts ride behind it, each with its own output row; they join `cached` only once the
+    // model has confirmed them (end_step).
+    a->draft.clear();
+    if (const size_t room = draft_room(*a, size_t(std::max(budget, 0))); room > 0) {
+      lookup_draft(a->history, opt_.lookup_ngram_min, opt_.lookup_ngram_max, room, a->draft);
+      for (size_t i = 0; i < a->draft.size(); i++) {
+        st.batch.add(a->draft[i], int32_t(cached.size() + i), a->slot, mode);
+        st.rows.push_back(a.get());
+      }
+      a->res.drafted += int(a->draft.size());
+      budget -= int(a->draft.size());
+    }
+    a->step_row = 0;
     a->pending = -1;
     a->waiting = true;
     decoders++;
   }
-  int budget = opt_.prefill_chunk;
   for (auto& a : active) {
     if (!a->prefilling() || budget <= 0) continue;
     size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
@@ -340,6 +401,7 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       std::exception_ptr error;
       drain(error);
       for (auto& a : active) {
+        end_step(*a);
         finish(*a, FinishReason::Cancelled);
         done(std::move(a->res));
       }
@@ -416,12 +478,23 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       if (last) a->res.prompt_ms = ms_between(a->t_admit, now);
     for (size_t r = 0; r < st.rows.size(); r++) {
       Active& a = *st.rows[r];
+      const size_t j = a.step_row++;  // its row j: the logits after its token and j drafts
+      if (j > 0 && (a.done || a.pending >= 0)) continue;  // it stopped at an earlier row
       a.waiting = false;
       const float* row = st.logits.data() + r * size_t(n_vocab_);
       const int32_t t = a.take(row, n_vocab_, *this);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());
       if (t < 0) finish(a, FinishReason::Stop);  // a grammar with nowhere to go (res.error says so)
       else accept(a, t);
+      if (a.draft.empty()) continue;
+      if (!a.done && j < a.draft.size() && t == a.draft[j]) {
+        // Drafted right: already in the cache, and the next row holds what follows it.
+        cached_[a.slot].push_back(t);
+        a.res.draft_accepted++;
+        a.pending = -1;
+        continue;
+      }
+      end_step(a);
     }
     spare.push_back(std::move(st));
 

@@ -81,6 +81,8 @@ struct Result {
   double ttft_ms = 0;                 // admission → first token sampled
   double gen_ms = 0;                  // first token → finished
   double total_ms = 0;                // admission → finished
+  int drafted = 0;                    // prompt lookup (EngineOptions::lookup): tokens drafted,
+  int draft_accepted = 0;             // and of those, the ones the model confirmed
   int completion_tokens() const { return int(tokens.size()); }
   double prompt_tps() const { return prompt_ms > 0 ? prompt_evaluated * 1000.0 / prompt_ms : 0; }
   // Tokens after the first over the time after the first: the steady decode rate.
@@ -91,7 +93,23 @@ struct EngineOptions {
   // Most prompt tokens evaluated in one step. Smaller keeps running decoders moving while a
   // newcomer's prompt is processed; larger evaluates long prompts faster.
   int prefill_chunk = 256;
+  // Speculative decoding by prompt lookup: a decoder whose last few tokens (lookup_ngram_max down
+  // to lookup_ngram_min of them) occurred earlier in its prompt or reply drafts the up to `lookup`
+  // tokens that followed there, and its step evaluates them behind its sampled token. Each row is
+  // sampled as it would have been one step at a time and the drafts are kept while they agree, so
+  // the reply is the same as without drafts (sampled ones too, seed for seed); what disagrees
+  // leaves the KV cache. A step then yields up to lookup + 1 tokens for about the weight traffic
+  // of one. 0: off.
+  int lookup = 0;
+  int lookup_ngram_min = 2, lookup_ngram_max = 4;
 };
+
+// Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens of
+// `history` (the longest n in [ngram_min, ngram_max] that occurred), at most max_len of them; a
+// continuation that reaches the end of the history goes on with itself (a repeating stretch is
+// drafted as repeating). Empty when the last tokens occurred nowhere before.
+void lookup_draft(const std::vector<int32_t>& history, int ngram_min, int ngram_max, size_t max_len,
+                  std::vector<int32_t>& out);
 
 class Engine {
  public:
@@ -123,6 +141,8 @@ class Engine {
   bool build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap, Step& st);
   void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel);
   bool admit(Active& a);
+  size_t draft_room(const Active& a, size_t budget) const;
+  void end_step(Active& a);
   void finish(Active& a, FinishReason why);
   void accept(Active& a, int32_t token);
   // The vocabulary's pieces for grammars (first: as a reply's first token shows them), built on

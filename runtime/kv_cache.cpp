@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "gguf/error.h"
+#include "runtime/buffers.h"
 #include "runtime/config.h"
 
 namespace baton {
@@ -19,7 +20,7 @@ void check_kv_type(const ModelConfig& c, GgmlType type) {
 int KvCache::cells(const ModelConfig& c, const KvCacheShape& s, int layer) {
   const int w = c.layer_window[size_t(layer)];
   if (w <= 0) return s.n_ctx;
-  return std::min(s.n_ctx, w);
+  return std::min(s.n_ctx, w + int(kRingRewind) - 1);
 }
 
 size_t KvCache::bytes(const ModelConfig& c, const KvCacheShape& s) {

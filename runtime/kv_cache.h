@@ -1,8 +1,9 @@
 // The KV cache of one stage: for each layer of its range, n_seq sequence slots of cells holding
 // K and V rows in F16 (default) or Q8_0. Full-attention layers keep n_ctx cells per slot;
-// sliding-window layers keep a ring of min(window, n_ctx) cells (position p in cell p % n_cells):
-// attention reads the batch's own keys from staging rows and commits them to the ring afterwards
-// (cpu::attention), so the window is enough for any batch size.
+// sliding-window layers keep a ring of min(window + kRingRewind - 1, n_ctx) cells (position p in
+// cell p % n_cells; runtime/buffers.h, the planner's kv_cells): attention reads the batch's own keys
+// from staging rows and commits them to the ring afterwards (cpu::attention), so the window is
+// enough for any batch size, and the cells beyond it let a sequence be rewound by kRingRewind.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +37,8 @@ class KvCache {
   cpu::KvLayerView layer(int layer) const;  // absolute layer index within [layer_begin, layer_end)
   size_t bytes() const { return total_; }
   // How many positions a sequence can be rewound (truncated from its end, not to 0) without
-  // losing cells a later query needs: 1 when a ring layer is present, unlimited (INT_MAX) otherwise.
+  // losing cells a later query needs: kRingRewind when a ring layer is present, unlimited (INT_MAX)
+  // otherwise.
   int max_rewind() const { return max_rewind_; }
   static int max_rewind(const ModelConfig& c, const KvCacheShape& shape);  // the same, from the shape
 

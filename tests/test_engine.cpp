@@ -30,12 +30,20 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-// The toy model's next-token logits after the sequence `c`.
-void toy_logits(const std::vector<int32_t>& c, float eog_bias, float* row) {
+// The toy model's next-token logits after the sequence `c`. With copy_bias > 0 it tends to repeat
+// itself: the token that followed the last token's latest earlier occurrence gets that much more
+// (what prompt lookup drafts, right often but not always).
+void toy_logits(const std::vector<int32_t>& c, float eog_bias, float* row, float copy_bias = 0) {
   uint64_t h = 1469598103934665603ull;
   for (size_t p = 0; p < c.size(); p++) h = mix(h ^ (uint64_t(c[p]) + 131 * p));
   for (int v = 0; v < kVocab; v++)
     row[v] = float(mix(h + uint64_t(v)) >> 40) / float(1 << 24) * 6.0f + (v == 0 ? eog_bias : 0.0f);
+  if (copy_bias > 0 && c.size() >= 2)
+    for (size_t i = c.size() - 1; i-- > 0;)
+      if (c[i] == c.back()) {
+        row[c[i + 1]] += copy_bias;
+        break;
+      }
 }
 
 class ToyPipeline : public Pipeline {
@@ -63,7 +71,7 @@ class ToyPipeline : public Pipeline {
       if (per_seq[b.seq[i]] == 1 && b.logits[i]) decoders++; else prompt_tokens++;
       if (!b.logits[i]) continue;
       float* row = logits;
-      toy_logits(c, eog_bias_, row);
+      toy_logits(c, eog_bias_, row, copy_bias);
       logits += kVocab;
       argmax_rows += b.logits[i] == kArgmaxOnly;
       top_k_rows += b.logits[i] == kTopK;
@@ -83,6 +91,7 @@ class ToyPipeline : public Pipeline {
   int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
 
   int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0, argmax_rows = 0, top_k_rows = 0;
+  float copy_bias = 0;
 
  private:
   int n_ctx_;
@@ -654,4 +663,189 @@ TEST_CASE("a long prompt is evaluated in chunks that are in flight together") {
   CHECK(a.tokens == b.tokens);
   CHECK(b.prompt_evaluated == 100);
   CHECK(p.max_queued == 2);  // the next chunk was submitted before the previous one came back
+}
+
+// ---- prompt lookup (speculative decoding with drafts from the sequence itself) ----
+
+TEST_CASE("lookup_draft: what followed the latest occurrence of the longest matching n-gram") {
+  std::vector<int32_t> d;
+  // "1 2 3 9 | 4 2 3 7 | 1 2 3": the 3-gram 1 2 3 occurred at 0 (then 9); its 2-gram 2 3 later (then 7).
+  lookup_draft({1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3}, 2, 3, 4, d);
+  CHECK(d == std::vector<int32_t>{9, 4, 2, 3});
+  lookup_draft({1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3}, 2, 2, 4, d);  // only 2-grams: the latest, at 5
+  CHECK(d == std::vector<int32_t>{7, 1, 2, 3});
+  lookup_draft({1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3}, 2, 3, 2, d);  // at most max_len
+  CHECK(d == std::vector<int32_t>{9, 4});
+  // A repeating stretch: the match reaches the end and the draft goes on repeating.
+  lookup_draft({5, 6, 7, 6, 7}, 2, 4, 5, d);
+  CHECK(d == std::vector<int32_t>{6, 7, 6, 7, 6});
+  lookup_draft({4, 4, 4}, 1, 2, 3, d);
+  CHECK(d == std::vector<int32_t>{4, 4, 4});
+  // Nothing occurred before: no draft.
+  lookup_draft({1, 2, 3, 4}, 1, 3, 4, d);
+  CHECK(d.empty());
+  lookup_draft({7}, 1, 3, 4, d);
+  CHECK(d.empty());
+  lookup_draft({1, 2, 1, 2}, 3, 4, 4, d);  // shorter than ngram_min matches do not count
+  CHECK(d.empty());
+  lookup_draft({1, 2, 1, 2}, 1, 2, 0, d);
+  CHECK(d.empty());
+}
+
+namespace {
+
+// Requests whose prompts repeat themselves, so that lookup finds drafts; greedy and sampled ones
+// (penalty, top-k, top-p), stop strings, short and long limits.
+std::vector<Request> repetitive_requests(int n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<Request> out;
+  for (int i = 0; i < n; i++) {
+    Request r;
+    std::vector<int32_t> phrase;
+    for (int k = 0, len = 3 + int(g() % 8); k < len; k++) phrase.push_back(1 + int32_t(g() % (kVocab - 1)));
+    for (int rep = 0, reps = 2 + int(g() % 3); rep < reps; rep++) r.prompt.insert(r.prompt.end(), phrase.begin(), phrase.end());
+    if (i % 3 == 0) {
+      r.sampling.temperature = 0;
+    } else {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = i % 2 ? 20 : 0;
+      r.sampling.top_p = 0.95f;
+      r.sampling.repeat_penalty = i % 4 == 1 ? 1.1f : 1.0f;
+    }
+    r.sampling.seed = 77 + uint64_t(i);
+    r.max_tokens = 8 + int(g() % 60);
+    if (i % 5 == 2) r.stop = {"q"};
+    r.tag = uint64_t(i);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void check_same_results(const std::map<uint64_t, Result>& ref, const std::map<uint64_t, Result>& got) {
+  REQUIRE(got.size() == ref.size());
+  for (const auto& [tag, a] : ref) {
+    INFO("request " << tag);
+    const Result& b = got.at(tag);
+    CHECK(a.error == b.error);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.text == b.text);
+    CHECK(a.finish == b.finish);
+    CHECK(a.ctx_used == b.ctx_used);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("prompt lookup: the same replies as without drafts, the unconfirmed drafts out of the cache") {
+  ToyVocab vocab;
+  const auto reqs = repetitive_requests(30, 3);
+  for (int parallel : {1, 4}) {
+    INFO("parallel " << parallel);
+    ToyPipeline p0(256, 4);
+    p0.copy_bias = 4.0f;
+    Engine e0(p0, vocab);
+    const auto ref = run_all(e0, reqs, parallel);
+    for (int lookup : {1, 3, 8}) {
+      INFO("lookup " << lookup);
+      ToyPipeline p(256, 4);
+      p.copy_bias = 4.0f;
+      EngineOptions opt;
+      opt.lookup = lookup;
+      Engine e(p, vocab, opt);
+      const auto got = run_all(e, reqs, parallel);
+      check_same_results(ref, got);
+      int drafted = 0, kept = 0;
+      for (const auto& [tag, r] : got) drafted += r.drafted, kept += r.draft_accepted;
+      // Both ways were taken: drafts confirmed and drafts thrown away.
+      CHECK(kept > 0);
+      CHECK(kept < drafted);
+      CHECK(p.steps < p0.steps);  // confirmed drafts save steps
+      // What each slot's cache holds is what the engine counts: no unconfirmed draft stayed.
+      for (int s = 0; s < parallel; s++) {
+        REQUIRE(p.seq_len(s) == int(e.cached(s).size()));
+        if (parallel == 1) CHECK(p.seq_len(s) == p0.seq_len(s));  // (in parallel, slots serve in another order)
+      }
+    }
+  }
+}
+
+TEST_CASE("prompt lookup: in-flight batches, the context's end, short rewinds, a grammar, a cancel") {
+  ToyVocab vocab;
+  auto reqs = repetitive_requests(24, 11);
+  EngineOptions opt;
+  opt.lookup = 6;
+  opt.prefill_chunk = 16;
+  {
+    INFO("several batches in flight");
+    ToyPipeline p0(256, 8);
+    AsyncToyPipeline p(256, 8, 3);
+    p0.copy_bias = p.copy_bias = 4.0f;
+    Engine e0(p0, vocab), e(p, vocab, opt);
+    check_same_results(run_all(e0, reqs, 8), run_all(e, reqs, 8));
+  }
+  {
+    INFO("a context that ends mid-draft, and caches that rewind at most 2 positions");
+    for (auto& r : reqs) r.max_tokens = -1;
+    ToyPipeline p0(48, 4, -100.0f), p(48, 4, -100.0f, /*max_rewind=*/2);
+    p0.copy_bias = p.copy_bias = 4.0f;
+    Engine e0(p0, vocab), e(p, vocab, opt);
+    const auto ref = run_all(e0, reqs, 4);
+    int at_end = 0;
+    for (const auto& [tag, r] : ref) at_end += r.finish == FinishReason::Context;
+    CHECK(at_end > 12);
+    check_same_results(ref, run_all(e, reqs, 4));  // the toy refuses a rewind further than 2
+  }
+  {
+    INFO("a grammar: each row sampled under the grammar state the confirmed drafts left");
+    const auto g = Grammar::parse(R"(root ::= ("ab" | "abc" | "c")+ ".")");
+    std::vector<Request> greqs;
+    for (int i = 0; i < 4; i++) {
+      Request r;
+      r.prompt = {1, 2, 3, 1, 2, 3, 1, 2};
+      r.grammar = g;
+      r.sampling.temperature = i == 0 ? 0.0f : 0.7f;
+      r.sampling.seed = uint64_t(i);
+      r.max_tokens = 40;
+      r.tag = uint64_t(i);
+      greqs.push_back(r);
+    }
+    ToyPipeline p0(256, 2), p(256, 2);
+    p0.copy_bias = p.copy_bias = 4.0f;
+    Engine e0(p0, vocab), e(p, vocab, opt);
+    const auto got = run_all(e, greqs, 2);
+    check_same_results(run_all(e0, greqs, 2), got);
+    int drafted = 0;
+    for (const auto& [tag, r] : got) drafted += r.drafted;
+    CHECK(drafted > 0);
+  }
+  {
+    INFO("a cancel with drafts in flight leaves each cache as the engine counts it");
+    AsyncToyPipeline p(4096, 2, 2);
+    p.copy_bias = 6.0f;
+    Engine e(p, vocab, opt);
+    std::atomic<bool> cancel{false};
+    std::vector<Request> two;
+    for (int i = 0; i < 2; i++) {
+      Request r;
+      r.prompt = {1, 2, 3, 4, 1, 2, 3, 4, 1, int32_t(2 + i)};
+      r.sampling.temperature = 0;
+      r.tag = uint64_t(i);
+      two.push_back(r);
+    }
+    int chunks = 0;
+    two[0].on_text = [&](std::string_view) { if (++chunks == 20) cancel = true; };
+    size_t next = 0;
+    std::map<uint64_t, Result> out;
+    e.run([&]() -> std::optional<Request> { return next < two.size() ? std::optional(two[next++]) : std::nullopt; },
+          [&](Result&& r) { out[r.tag] = std::move(r); }, 2, &cancel);
+    REQUIRE(out.size() == 2);
+    int kept = 0;
+    for (const auto& [tag, res] : out) {
+      CHECK(res.finish == FinishReason::Cancelled);
+      CHECK(p.seq_len(int(tag)) == int(e.cached(int(tag)).size()));
+      CHECK(res.ctx_used == int(e.cached(int(tag)).size()));
+      kept += res.draft_accepted;
+    }
+    CHECK(kept > 0);
+  }
 }

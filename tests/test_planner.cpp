@@ -420,13 +420,15 @@ TEST_CASE("sliding-window layers keep only the window in the KV cache") {
   o.n_parallel = 2;
   const Plan p = plan(s, {cpu(16 * GiB)}, o);
   check_structure(p, s, o);
-  // Per cell: 1 KV head × (256 + 256) × 2 bytes = 1 KiB.
-  CHECK(p.kv_bytes() == (22ull * 512 + 4ull * 8192) * 2 * 1024);
-  CHECK(kv_cells(s, 0, 8192, 2) == 1024);
+  // Per cell: 1 KV head × (256 + 256) × 2 bytes = 1 KiB. A ring keeps kRingRewind - 1 cells beyond
+  // its window (the positions a rewind returns to).
+  const uint64_t ring = 512 + kRingRewind - 1;
+  CHECK(p.kv_bytes() == (22ull * ring + 4ull * 8192) * 2 * 1024);
+  CHECK(kv_cells(s, 0, 8192, 2) == 2 * ring);
   CHECK(kv_cells(s, 5, 8192, 2) == 16384);
   CHECK(kv_cells(s, 0, 300, 1) == 300);  // a context shorter than the window
   o.kv_type = GgmlType::Q8_0;            // 34 bytes per 32 elements
-  CHECK(plan(s, {cpu(16 * GiB)}, o).kv_bytes() == (22ull * 512 + 4ull * 8192) * 2 * (512 / 32 * 34));
+  CHECK(plan(s, {cpu(16 * GiB)}, o).kv_bytes() == (22ull * ring + 4ull * 8192) * 2 * (512 / 32 * 34));
 }
 
 TEST_CASE("reserve, batch clamp and option errors") {
