@@ -48,13 +48,16 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "qwen2moe") p.architecture = "qwen2moe", p.qkv_bias = true;
       else if (a.arch == "granite") p.architecture = "granite", p.qkv_bias = false;  // (Granite 3's multipliers)
       else if (a.arch == "granitemoe") p.architecture = "granitemoe", p.qkv_bias = false;
+      else if (a.arch == "smollm3") p.architecture = "smollm3", p.qkv_bias = false;  // (every 4th layer NoPE)
+      else if (a.arch == "olmo2") p.architecture = "olmo2", p.qkv_bias = false, p.swa_period = 4;  // (--sliding-window: OLMo 3)
+      else if (a.arch == "olmoe") p.architecture = "olmoe", p.qkv_bias = false;
       else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
         p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
         if (!p.sliding_window) p.sliding_window = 128;
       } else
         fail(ErrorKind::Usage,
-             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite or granitemoe "
-             "(gemma through --shape)",
+             "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
+             "smollm3, olmo2 or olmoe (gemma through --shape)",
              a.arch);
     }
     if (a.sliding_window) p.sliding_window = *a.sliding_window;
@@ -67,8 +70,9 @@ int run_synth(const SynthArgs& a) {
     if (a.n_head) p.n_head = *a.n_head;
     p.n_head_kv = a.n_head_kv ? *a.n_head_kv : (a.n_head ? p.n_head : p.n_head_kv);
     if (a.n_ff) p.n_ff = *a.n_ff;
-    if (p.n_expert > 0 && (!p.n_ff_exp || (p.architecture == std::string_view("granitemoe") && !a.n_ff_exp)))
-      p.n_ff_exp = p.n_ff;  // (as a file without the key reads; granitemoe's experts are n_ff wide)
+    const bool ff_wide_experts = p.architecture == std::string_view("granitemoe") || p.architecture == std::string_view("olmoe");
+    if (p.n_expert > 0 && (!p.n_ff_exp || (ff_wide_experts && !a.n_ff_exp)))
+      p.n_ff_exp = p.n_ff;  // (as a file without the key reads; granitemoe's and olmoe's experts are n_ff wide)
     if (a.n_vocab) p.n_vocab = *a.n_vocab;
     if (a.ctx) p.n_ctx_train = *a.ctx;
     if (a.tied) p.tied = true;
@@ -107,10 +111,11 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "sets tokenizer.ggml.add_eos_token)");
                 app.add_option("--arch", a->arch,
                                "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite "
-                               "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8) or "
-                               "granitemoe");
+                               "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8), "
+                               "granitemoe, smollm3 (every 4th layer without RoPE), olmo2 (OLMo 2; with "
+                               "--sliding-window OLMo 3: 3 of 4 layers sliding, YaRN on the others) or olmoe");
                 app.add_option("--sliding-window", a->sliding_window,
-                               "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss)");
+                               "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
                 app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
                 app.add_option("--n-head", a->n_head, "Custom shape: query heads");

@@ -124,8 +124,10 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     } else {
       L.down = mat(l, LayerTensor::Down);
     }
-    L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
-    L.ffn_norm = norm(layer_tensor_key(l, c.ffn_norm_tensor()));
+    if (c.pre_norms) {  // (olmo2 has none)
+      L.attn_norm = norm(layer_tensor_key(l, LayerTensor::AttnNorm));
+      L.ffn_norm = norm(layer_tensor_key(l, c.ffn_norm_tensor()));
+    }
     if (c.qk_norm) {
       L.q_norm = norm(layer_tensor_key(l, LayerTensor::QNorm));
       L.k_norm = norm(layer_tensor_key(l, LayerTensor::KNorm));
@@ -446,13 +448,13 @@ struct CpuLayers {
   void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) {
     with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul(W, X, n, Y, pool, p); });
   }
-  void matmul_qkv(const LayerWeights& L, int n) {
+  void matmul_qkv(const LayerWeights& L, const float* X, int n) {
     const cpu::MatmulTarget t[] = {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}};
-    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 3, xb, n, pool, p); });  // one job in decode
+    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 3, X, n, pool, p); });  // one job in decode
   }
-  void matmul_gate_up(const LayerWeights& L, int n) {
+  void matmul_gate_up(const LayerWeights& L, const float* X, int n) {
     const cpu::MatmulTarget t[] = {{&L.gate, hb}, {&L.up, hb2}};
-    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 2, xb, n, pool, p); });
+    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 2, X, n, pool, p); });
   }
   void add(float* y, const float* in, int n, float s = 1.f) {
     RowOp o{RowOp::Add, in, nullptr, y, 1, n};
@@ -492,18 +494,22 @@ struct CpuLayers {
     const float* freqs = c.freqs(l).data();
     const bool neox = c.rope_style == RopeStyle::NeoX;
     const int half = c.rope_dim / 2;
-    if (freqs != angles_of) {  // the angles of every token, once per distinct frequency table
+    const bool rotate = !c.is_nope(l);  // (a NoPE layer stages q and k as projected)
+    if (rotate && freqs != angles_of) {  // the angles of every token, once per distinct frequency table
+                                         // (a table is global or local: so is attn_factor)
       angles.resize(size_t(n) * size_t(2 * half));
       for (int t = 0; t < n; ++t)
         cpu::rope_angles(batch.pos[size_t(t)], freqs, half, angles.data() + size_t(t) * 2 * half,
-                         angles.data() + size_t(t) * 2 * half + half, c.rope_attn_factor);
+                         angles.data() + size_t(t) * 2 * half + half, c.attn_factor(l));
       angles_of = freqs;
     }
     const cpu::RowFn token = [&](int t) {
-      const float* cs = angles.data() + size_t(t) * 2 * half;
-      const float* sn = cs + half;
-      cpu::rope_rotate(q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
-      cpu::rope_rotate(k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
+      if (rotate) {
+        const float* cs = angles.data() + size_t(t) * 2 * half;
+        const float* sn = cs + half;
+        cpu::rope_rotate(q + size_t(t) * nq, c.n_head, c.head_dim_k, c.rope_dim, cs, sn, neox);
+        cpu::rope_rotate(k + size_t(t) * nk, c.n_head_kv, c.head_dim_k, c.rope_dim, cs, sn, neox);
+      }
       cpu::kv_convert(kvt, k + size_t(t) * nk, s.k_new + size_t(s.row[size_t(t)]) * k_row, nk);
       cpu::kv_convert(kvt, v + size_t(t) * nv, s.v_new + size_t(s.row[size_t(t)]) * v_row, nv);
     };

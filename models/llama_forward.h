@@ -7,7 +7,7 @@
 //                                             (matrices) and attn_norm ffn_norm q_norm k_norm
 //                                             post_attn_norm post_ffn_norm bq bk bv (vectors or null)
 //   rms_norm(x, w, y, rows, n)                y = x / rms(x) * w per row
-//   matmul(W, X, n, Y)  matmul_qkv(L, n)  matmul_gate_up(L, n)
+//   matmul(W, X, n, Y)  matmul_qkv(L, X, n)  matmul_gate_up(L, X, n)   (X: xb, or x without pre-norms)
 //   moe(L, n)                                 a mixture-of-experts FFN, xb -> xb (see LayerT)
 //   add(y, x, n, s)  add_rows(y, bias, rows, n)  gate(y = act(g) * u over n)  softcap(y, cap, n)
 //   scale(y, s, n)                            y *= s
@@ -91,17 +91,19 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     const auto& L = b.layer(l);
 
     // Attention block: norm, projections, q/k bias, q/k norm, RoPE, attention, output projection.
-    // (After the first layer the previous layer's residual add has done the norm.)
-    if (l == begin) b.rms_norm(b.x, L.attn_norm, b.xb, n, E);
-    b.matmul_qkv(L, n);  // xb -> q, k, v
+    // (After the first layer the previous layer's residual add has done the norm. Without
+    // pre-norms, olmo2, the projections read the residual stream itself.)
+    if (l == begin && L.attn_norm) b.rms_norm(b.x, L.attn_norm, b.xb, n, E);
+    b.matmul_qkv(L, L.attn_norm ? b.xb : b.x, n);  // -> q, k, v
     if (L.bq) {
       b.add_rows(b.q, L.bq, n, c.n_embd_q());
       b.add_rows(b.k, L.bk, n, c.n_embd_k());
       b.add_rows(b.v, L.bv, n, c.n_embd_v());
     }
-    if (L.q_norm) {
-      b.rms_norm(b.q, L.q_norm, b.q, n * c.n_head, c.head_dim_k);
-      b.rms_norm(b.k, L.k_norm, b.k, n * c.n_head_kv, c.head_dim_k);
+    if (L.q_norm) {  // per head, or over each token's whole q and k rows (qk_norm_full: olmo2, olmoe)
+      const int qw = c.q_norm_width(), kw = c.k_norm_width();
+      b.rms_norm(b.q, L.q_norm, b.q, n * (c.n_embd_q() / qw), qw);
+      b.rms_norm(b.k, L.k_norm, b.k, n * (c.n_embd_k() / kw), kw);
     }
     b.rope_and_stage(l, n);
     b.attention(l, n);  // q + cache + staged rows -> xb2
@@ -110,18 +112,21 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
     if (L.post_attn_norm) b.rms_norm(b.xb, L.post_attn_norm, b.xb, n, E);
 
     // FFN block: residual add (the branch times residual_scale: granite) and norm (one op), gate
-    // and up, activation, down.
-    b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E, c.residual_scale);
+    // and up, activation, down. Without pre-norms (olmo2, never a mixture) gate and up read x.
+    if (L.ffn_norm) b.add_rms_norm(b.x, b.xb, L.ffn_norm, b.xb, n, E, c.residual_scale);
+    else b.add(b.x, b.xb, n * E, c.residual_scale);
     if (c.is_moe()) {
       b.moe(L, n);  // xb -> the experts' weighted sum in xb
     } else {
-      b.matmul_gate_up(L, n);  // xb -> hb, hb2
+      b.matmul_gate_up(L, L.ffn_norm ? b.xb : b.x, n);  // -> hb, hb2
       b.gate(c.act, b.hb, b.hb2, b.hb, n * F);
       b.matmul(L.down, b.hb, n, b.xb);
     }
     if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
-    if (l + 1 < end) b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E, c.residual_scale);  // and the next layer's norm
-    else b.add(b.x, b.xb, n * E, c.residual_scale);
+    if (l + 1 < end && b.layer(l + 1).attn_norm)  // and the next layer's norm
+      b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E, c.residual_scale);
+    else
+      b.add(b.x, b.xb, n * E, c.residual_scale);
   }
 }
 

@@ -21,7 +21,8 @@ const Named kNames[] = {
     {"chatml", ChatFamily::ChatML}, {"llama2", ChatFamily::Llama2}, {"llama3", ChatFamily::Llama3},
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
     {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4-mini", ChatFamily::Phi4Mini},
-    {"gpt-oss", ChatFamily::GptOss}, {"granite", ChatFamily::Granite},
+    {"gpt-oss", ChatFamily::GptOss}, {"granite", ChatFamily::Granite}, {"smollm3", ChatFamily::SmolLM3},
+    {"olmo2", ChatFamily::Olmo2},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
@@ -44,6 +45,20 @@ std::string trim(const std::string& s) {
   while (b < e && space(cps[b])) ++b;
   while (e > b && space(cps[e - 1])) --e;
   return unicode::encode(std::vector<uint32_t>(cps.begin() + long(b), cps.begin() + long(e)));
+}
+
+// Python's str.rstrip(): whitespace off the end only.
+std::string rstrip(const std::string& s) {
+  auto space = [](uint32_t c) { return unicode::is_whitespace(c) || (c >= 0x1C && c <= 0x1F); };
+  auto cps = unicode::decode(s);
+  while (!cps.empty() && space(cps.back())) cps.pop_back();
+  return unicode::encode(cps);
+}
+
+// Python's str.replace(what, ""): every occurrence of `what` taken out, left to right.
+std::string erase_all(std::string s, std::string_view what) {
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p)) s.erase(p, what.size());
+  return s;
 }
 
 // A ChatML template that opens with its own system prompt when the conversation has none (SmolLM2:
@@ -179,8 +194,27 @@ std::string format_date(std::string_view fmt, const std::string& ymd) {
   return out;
 }
 
+// SmolLM3's system block. Reasoning off unless the system message says /think (a /no_think in it
+// wins; the template's enable_thinking, which Baton leaves false); the markers taken out of the
+// instructions. /system_override: the instructions alone, no metadata. The default instructions
+// are the template's literals (its /think one asks for the <think> Thought </think> Solution form).
+constexpr const char* kSmolThinkInstructions =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an assistant involves "
+    "thoroughly exploring questions through a systematic thinking process before providing the final precise and "
+    "accurate solutions. This requires engaging in a comprehensive cycle of analysis, summarizing, exploration, "
+    "reassessment, reflection, backtracking, and iteration to develop well-considered thinking process. Please "
+    "structure your response into two main sections: Thought and Solution using the specified format: <think> "
+    "Thought section </think> Solution section. In the Thought section, detail your reasoning process in steps. Each "
+    "step should include detailed considerations such as analysing questions, summarizing relevant findings, "
+    "brainstorming new ideas, verifying the accuracy of the current steps, refining any errors, and revisiting "
+    "previous steps. In the Solution section, based on various attempts, explorations, and reflections from the "
+    "Thought section, systematically present the final solution that you deem correct. The Solution section should "
+    "be logical, accurate, and concise and detail necessary steps needed to reach the conclusion.";
+constexpr const char* kSmolInstructions = "You are a helpful AI assistant named SmolLM, trained by Hugging Face.";
+
 std::optional<ChatFamily> family_from_markers(std::string_view s) {
   if (contains(s, "<|channel|>")) return ChatFamily::GptOss;
+  if (contains(s, "<|im_start|>") && contains(s, "Reasoning Mode: ")) return ChatFamily::SmolLM3;
   if (contains(s, "<|start_of_role|>")) return ChatFamily::Granite;
   if (contains(s, "<|im_sep|>")) return ChatFamily::Phi4;
   if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
@@ -188,6 +222,10 @@ std::optional<ChatFamily> family_from_markers(std::string_view s) {
   if (contains(s, "<|start_header_id|>")) return ChatFamily::Llama3;
   const bool user_or_assistant = contains(s, "<|user|>") || contains(s, "<|assistant|>");
   if (user_or_assistant && contains(s, "<|end|>")) return ChatFamily::Phi3;
+  // Tülu 3 / OLMo 2 Instruct: Zephyr's markers, but BOS first and turns that end in a newline, not EOS.
+  if (user_or_assistant && contains(s, "bos_token") &&
+      (contains(s, "message['content'] + '\n'") || contains(s, "message['content'] + '\\n'")))
+    return ChatFamily::Olmo2;
   if (user_or_assistant) return ChatFamily::Zephyr;
   if (contains(s, "[INST]")) return contains(s, "<<SYS>>") ? ChatFamily::Llama2 : ChatFamily::Mistral;
   return std::nullopt;
@@ -219,6 +257,7 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   if (k == "llama") k = "llama2";
   if (k == "phi") k = "phi3";
   if (k == "harmony") k = "gptoss";
+  if (k == "tulu" || k == "tulu3" || k == "olmo") k = "olmo2";
   for (const Named& n : kNames)
     if (k == key(n.name)) return n.family;
   return std::nullopt;
@@ -235,6 +274,16 @@ std::string ChatTemplate::default_system() const {
 
 void ChatTemplate::take_default_system(std::string_view src) {
   if (family_ == ChatFamily::ChatML) default_system_ = chatml_default_system(src);
+  if (family_ == ChatFamily::SmolLM3) {  // HuggingFaceTB's template dates its system block; some copies do not
+    size_t i = src.find("strftime_now(");
+    if (i == std::string_view::npos) {  // (chosen by name for a file with another template: dated, as HF's)
+      if (!contains(src, "Reasoning Mode: ")) date_format_ = "%d %B %Y";
+      return;
+    }
+    i += 13;
+    if (auto fmt = jinja_literal(src, i)) date_format_ = *fmt;
+    return;
+  }
   if (family_ != ChatFamily::Granite) return;
   GraniteSystem g = granite_default_system(src);
   default_system_ = std::move(g.text);
@@ -286,10 +335,10 @@ ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, 
 bool ChatTemplate::starts_with_bos() const {
   switch (family_) {
     case ChatFamily::Llama2: case ChatFamily::Llama3: case ChatFamily::Mistral: case ChatFamily::Gemma:
-    case ChatFamily::Phi3:
+    case ChatFamily::Phi3: case ChatFamily::Olmo2:
       return !bos_.empty();
     case ChatFamily::ChatML: case ChatFamily::Zephyr: case ChatFamily::Phi4: case ChatFamily::Phi4Mini:
-    case ChatFamily::GptOss: case ChatFamily::Granite:
+    case ChatFamily::GptOss: case ChatFamily::Granite: case ChatFamily::SmolLM3:
       return false;
   }
   return false;
@@ -396,6 +445,18 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
         out += eos_;  // as Phi-3's template
       break;
 
+    case ChatFamily::Olmo2:
+      // A reply ends with EOS, and a newline unless it is the conversation's last message; other
+      // roles are not written.
+      out += bos_;
+      for (size_t i = 0; i < msgs.size(); ++i) {
+        const ChatMessage& m = msgs[i];
+        if (m.role == "system" || m.role == "user") out += "<|" + m.role + "|>\n" + m.content + "\n";
+        else if (m.role == "assistant") out += "<|assistant|>\n" + m.content + eos_ + (i + 1 < msgs.size() ? "\n" : "");
+      }
+      if (gen && !msgs.empty()) out += "<|assistant|>\n";
+      break;
+
     case ChatFamily::Zephyr:
       for (const auto& m : msgs)
         if (m.role == "user" || m.role == "system" || m.role == "assistant")
@@ -413,6 +474,40 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
       // (Granite 3.0's template, with no system prompt of its own, loops over the system message too.)
       if (gen && (msgs.size() > first || (has_system && default_system_.empty())))
         out += "<|start_of_role|>assistant<|end_of_role|>";
+      break;
+    }
+
+    case ChatFamily::SmolLM3: {
+      // Its system block always comes first (from the conversation's system message, if any, which
+      // the turns then skip); reasoning_mode decides the replies' empty think blocks. Tool turns
+      // are written as user turns, as the template does; tools themselves are not supported.
+      bool think = false;
+      std::string instructions;
+      if (has_system) {
+        if (contains(system, "/no_think")) think = false;
+        else if (contains(system, "/think")) think = true;
+        instructions = rstrip(erase_all(erase_all(system, "/no_think"), "/think"));
+      }
+      out += "<|im_start|>system\n";
+      if (has_system && contains(system, "/system_override")) {
+        out += rstrip(erase_all(instructions, "/system_override")) + "<|im_end|>\n";
+      } else {
+        out += "## Metadata\n\nKnowledge Cutoff Date: June 2025\n";
+        if (!date_format_.empty()) out += "Today Date: " + format_date(date_format_, date_) + "\n";
+        out += std::string("Reasoning Mode: ") + (think ? "/think" : "/no_think") + "\n\n## Custom Instructions\n\n";
+        out += (!instructions.empty() ? instructions : think ? kSmolThinkInstructions : kSmolInstructions) + "\n\n";
+        out += "<|im_end|>\n";
+      }
+      const char* open_reply = think ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n";
+      for (const auto& m : msgs) {
+        if (m.role == "user" || m.role == "tool") {
+          out += "<|im_start|>user\n" + m.content + "<|im_end|>\n";
+        } else if (m.role == "assistant") {
+          const size_t lead = m.content.find_first_not_of('\n');  // (the template's lstrip("\n"))
+          out += open_reply + (lead == std::string::npos ? "" : m.content.substr(lead)) + "<|im_end|>\n";
+        }
+      }
+      if (gen) out += open_reply;
       break;
     }
 

@@ -14,8 +14,12 @@ class Tokenizer;
 
 // Phi4: ChatML's turns with <|im_sep|> after the role (Phi-4 14B). Phi4Mini: Phi-3's turns without
 // the newlines (Phi-4-mini). GptOss: OpenAI's harmony format (gpt-oss; replies: runtime/harmony.h).
-// Granite: IBM Granite 3's <|start_of_role|>ROLE<|end_of_role|>...<|end_of_text|> turns.
-enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss, Granite };
+// Granite: IBM Granite 3's <|start_of_role|>ROLE<|end_of_role|>...<|end_of_text|> turns. SmolLM3:
+// ChatML's turns after a system block of its own (metadata, the reasoning mode, the instructions),
+// replies opened with an empty <think> block while reasoning is off. Olmo2: AllenAI's Tülu 3 turns
+// (OLMo 2 Instruct): BOS, then <|system|>/<|user|> turns ending in a newline, replies ending in EOS.
+enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss, Granite, SmolLM3,
+                        Olmo2 };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -77,6 +81,7 @@ class ChatTemplate {
   std::string bos_, eos_, default_system_;
   std::string date_;
   // Granite: today's date, formatted by date_format_, goes into default_system_ at date_at_ (npos: no date).
+  // SmolLM3: its system block's "Today Date" line, formatted by date_format_ (empty: the template has none).
   size_t date_at_ = std::string::npos;
   std::string date_format_;
 };

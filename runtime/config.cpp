@@ -61,6 +61,15 @@ struct Family {
   // Granite's multipliers from the file (ModelConfig: embd_scale, residual_scale, attn_scale,
   // logit_scale); its biases (optional in llama.cpp, absent from every Granite 3 file) are refused.
   bool granite = false;
+  // Every Nth layer ((l+1) % N == 0) has no rotary embedding (ModelConfig::layer_nope; 0: none).
+  // The files carry no key for it (llama.cpp fixes SmolLM3's at 4, as its config.json says).
+  int nope_period = 0;
+  // OLMo's: no pre-norms (olmo2: the blocks read the residual stream, their outputs normed by the
+  // post-norms), q/k norms over the whole q and k rows instead of per head (olmo2, olmoe), and
+  // sliding-window layers that rotate plainly, with no YaRN scaling or magnitude (OLMo 3).
+  bool pre_norms = true;
+  bool qk_norm_full = false;
+  bool local_rope_plain = false;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -91,6 +100,20 @@ constexpr Family kFamilies[] = {
   // GraniteMoeShared variant's ungated shared expert is not supported.
   {"granite", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 1, true, false, false, true},
   {"granitemoe", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 2, true, false, false, true},
+  // SmolLM3 (3B): llama's layer (the converter permutes Q/K for adjacent pairs, as for llama), every
+  // 4th layer without RoPE (NoPE: layers 3, 7, ..., 35 of 36).
+  {"smollm3", RopeStyle::Adjacent, Activation::SiLU, false, false, false, false, 0, false, 10000.f, 0, 0, true, false, false, false, 4},
+  // AllenAI OLMo 2 (1B-32B) and OLMo 3 (same arch): no pre-norms, q and k each RMS-normed over their
+  // whole row, NeoX RoPE (the converter does not permute), post-attention and post-FFN norms before
+  // each residual add. OLMo 3's files add attention.sliding_window (and a per-layer pattern; else 3
+  // sliding layers of every 4): those rotate plainly with the global base (or rope.freq_base_swa),
+  // the global layers with the file's YaRN. A window of -1 here: the file may say, none if not.
+  {"olmo2", RopeStyle::NeoX, Activation::SiLU, false, true, true, false, 4, false, 0.f, -1, 0, true, false, false, false, 0,
+   false, true, true},
+  // OLMoE (1B-7B): llama's pre-norm layer with OLMo's whole-row q/k norms, top-8 of 64 experts, the
+  // chosen weights as the softmax over all gives them (not renormalized; llama.cpp ignores the key).
+  {"olmoe", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0, false, 10000.f, 0, 2, false, false, false, false, 0,
+   true, true},
 };
 
 }  // namespace
@@ -108,7 +131,8 @@ bool ModelConfig::has(LayerTensor t) const {
     case LayerTensor::QNorm: case LayerTensor::KNorm: return qk_norm;
     case LayerTensor::PostAttnNorm: return post_norms || ffn_norm_as_post_attention;
     case LayerTensor::PostFfnNorm: return post_norms;
-    case LayerTensor::FfnNorm: return !ffn_norm_as_post_attention;
+    case LayerTensor::AttnNorm: return pre_norms;
+    case LayerTensor::FfnNorm: return pre_norms && !ffn_norm_as_post_attention;
     case LayerTensor::Bo: return attn_out_bias;
     case LayerTensor::Sinks: return attn_sinks;
     case LayerTensor::BGateInp: case LayerTensor::BDownExps: return is_moe() && moe_bias;
@@ -252,6 +276,8 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.embd_scale = fam->embd_scale_sqrt ? std::sqrt(float(c.n_embd)) : 1.f;
   c.post_norms = fam->post_norms;
   c.qk_norm = fam->qk_norm;
+  c.qk_norm_full = fam->qk_norm_full;
+  c.pre_norms = fam->pre_norms;
   c.attn_bias = fam->attn_bias;
   c.attn_scale = attention_scale(c.arch, c.n_layer, c.n_embd, c.n_head, c.head_dim_k);
   if (fam->granite) {  // a multiplier of 0 or a missing key means none (as llama.cpp reads them)
@@ -309,13 +335,25 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   }
 
   c.layer_window.assign(size_t(std::max(c.n_layer, 0)), 0);
-  if (fam->swa_pattern > 0) {
+  // (default_window < 0: the window is optional, no sliding layers without it or with 0: olmo2.)
+  const bool optional_window = fam->default_window < 0;
+  if (fam->swa_pattern > 0 && (!optional_window || get_int("attention.sliding_window", false, 0) > 0)) {
     c.sliding_window = positive("attention.sliding_window", get_int("attention.sliding_window", fam->default_window == 0,
                                                                      fam->default_window));
-    const int pattern = int(get_int("attention.sliding_window_pattern", false, fam->swa_pattern));
-    for (int l = 0; l < c.n_layer; ++l)
-      if (pattern <= 0 || (l + 1) % pattern != 0) c.layer_window[size_t(l)] = c.sliding_window;
+    const gguf::Value* pv = f.find(f.arch_key("attention.sliding_window_pattern"));
+    if (pv && pv->type == gguf::ValueType::ARRAY) {  // per layer: true = sliding (OLMo 3's converter)
+      if (pv->elem != gguf::ValueType::BOOL || pv->arr.size() != size_t(std::max(c.n_layer, 0)))
+        problems.push_back(fmt::format("{} must be {} booleans", f.arch_key("attention.sliding_window_pattern"), c.n_layer));
+      else
+        for (int l = 0; l < c.n_layer; ++l) c.layer_window[size_t(l)] = pv->arr[size_t(l)].u ? c.sliding_window : 0;
+    } else {
+      const int pattern = int(get_int("attention.sliding_window_pattern", false, fam->swa_pattern));
+      for (int l = 0; l < c.n_layer; ++l)
+        if (pattern <= 0 || (l + 1) % pattern != 0) c.layer_window[size_t(l)] = c.sliding_window;
+    }
   }
+  c.layer_nope.assign(size_t(std::max(c.n_layer, 0)), false);
+  for (int l = 0; fam->nope_period > 0 && l < c.n_layer; ++l) c.layer_nope[size_t(l)] = (l + 1) % fam->nope_period == 0;
 
   // RoPE frequencies, with scaling for global layers only (local layers use the plain local base).
   RopeScaling rs;
@@ -380,6 +418,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     problems.push_back(fmt::format("rope.scaling.attn_factor {} is out of range", c.rope_attn_factor));
   if (rs.type == "yarn" && rs.ext_factor != 0)
     c.rope_attn_factor *= yarn_mscale(rs.factor, float(get_float("rope.scaling.yarn_log_multiplier", 0.0)));
+  c.rope_attn_factor_local = fam->local_rope_plain ? 1.f : c.rope_attn_factor;
 
   // Tensors: presence, shape and a type Baton computes with, all checked before any loading.
   auto check = [&](const std::string& name, bool required, const std::vector<int64_t>& dims, bool f32 = false) {
@@ -409,7 +448,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     for (int l = 0; l < c.n_layer; ++l) {
       const int64_t dims[][2] = {
         {E, 0}, {E, c.n_embd_q()}, {E, c.n_embd_k()}, {E, c.n_embd_v()}, {c.n_embd_attn(), E},
-        {c.n_embd_q(), 0}, {c.n_embd_k(), 0}, {c.n_embd_v(), 0}, {c.head_dim_k, 0}, {c.head_dim_k, 0},
+        {c.n_embd_q(), 0}, {c.n_embd_k(), 0}, {c.n_embd_v(), 0}, {c.q_norm_width(), 0}, {c.k_norm_width(), 0},
         {E, 0}, {E, 0}, {E, c.n_ff}, {E, c.fused_gate_up ? 2 * c.n_ff : c.n_ff}, {c.n_ff, E}, {E, 0},
         {E, c.n_embd_q() + c.n_embd_k() + c.n_embd_v()},
         {E, c.n_expert}, {E, c.n_ff_exp}, {E, c.n_ff_exp}, {c.n_ff_exp, E},
@@ -448,13 +487,17 @@ void ModelConfig::use_context(int n_ctx) {
 std::string ModelConfig::summary() const {
   int n_local = 0;
   for (int w : layer_window) n_local += w > 0;
+  const auto n_nope = std::count(layer_nope.begin(), layer_nope.end(), true);
   return fmt::format(
       "{} '{}': {} layers, n_embd {}, heads {}/{} (dim {}/{}), n_ff {}, vocab {}, ctx {}, rope {} base {} "
-      "dim {} scaling {}, {}{}{}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
+      "dim {} scaling {}, {}{}{}{}{}{}{}{}{}", arch, name, n_layer, n_embd, n_head, n_head_kv, head_dim_k, head_dim_v,
       n_ff, n_vocab, n_ctx_train, rope_style == RopeStyle::Adjacent ? "adjacent" : "neox", rope_base, rope_dim,
       rope_scaling, act == Activation::SiLU ? "SwiGLU" : act == Activation::GeluTanh ? "GeGLU" : "clamped SwiGLU", tied_output ? ", tied output" : "",
-      n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
-      qk_norm ? ", q/k norm" : "", attn_sinks ? ", attention sinks" : "",
+      fmt::format("{}{}", n_local ? fmt::format(", {} sliding-window layers (window {})", n_local, sliding_window) : "",
+                  n_nope ? fmt::format(", {} layers without RoPE", n_nope) : ""),
+      fmt::format("{}{}{}", pre_norms ? "" : ", no pre-norms",
+                  qk_norm ? (qk_norm_full ? ", q/k norm (whole rows)" : ", q/k norm") : "",
+                  attn_sinks ? ", attention sinks" : ""),
       attn_softcap > 0 || final_softcap > 0 ? fmt::format(", soft-caps {} / {}", attn_softcap, final_softcap) : "",
       fused_qkv || fused_gate_up || fused_gate_up_exps ? ", fused matrices" : "",
       is_moe() ? fmt::format(", {} of {} experts (n_ff {}{}{})", n_expert_used, n_expert, n_ff_exp,

@@ -64,6 +64,8 @@ struct ModelConfig {
   int rope_long_ctx = 0;
   float rope_attn_factor = 1.f;     // rope.scaling.attn_factor (times YaRN's 1 + 0.1·ln(factor)):
                                     // rotated q and k are multiplied by it
+  float rope_attn_factor_local = 1.f;  // the same for sliding-window layers (1 where they rotate
+                                       // plainly: olmo2's OLMo 3 files; else rope_attn_factor)
 
   // Family flags.
   Activation act = Activation::SiLU;
@@ -72,6 +74,10 @@ struct ModelConfig {
   bool norm_add_one = false;     // RMSNorm weight is (1 + w) and the file did not fold the 1 in
   bool post_norms = false;       // RMSNorm on the attention and FFN outputs before the residual add
   bool qk_norm = false;          // per-head RMSNorm on q and k before RoPE
+  bool qk_norm_full = false;     // with qk_norm: one RMSNorm over the whole q row (n_head·head_dim) and
+                                 // one over the whole k row, not one per head (olmo2, olmoe)
+  bool pre_norms = true;         // RMSNorm before attention and FFN (attn_norm, ffn_norm); olmo2 has none:
+                                 // its blocks read the residual stream and norm their outputs (post_norms)
   bool attn_bias = false;        // q/k/v projections have biases (qwen2)
   float attn_scale = 0.f;        // multiplies q·k; default 1/sqrt(head_dim_k) (granite: attention.scale)
   // Granite's muP multipliers (1 for every other family): each branch's output (the attention's
@@ -103,9 +109,19 @@ struct ModelConfig {
   bool is_moe() const { return n_expert > 0; }
   int sliding_window = 0;        // tokens a local layer sees (itself included); 0: none
   std::vector<int> layer_window; // per layer: 0 = full attention, else the window
+  // Per layer: true = no rotary embedding (NoPE): q and k reach the attention and the KV cache as
+  // projected (smollm3: every 4th layer). Layers past its end rotate.
+  std::vector<bool> layer_nope;
 
   bool is_local(int layer) const { return layer_window[layer] > 0; }
+  bool is_nope(int layer) const { return size_t(layer) < layer_nope.size() && layer_nope[size_t(layer)]; }
+  // The dims of each q/k head that layer rotates: rope_dim, or 0 on a NoPE layer.
+  int rope_dims(int layer) const { return is_nope(layer) ? 0 : rope_dim; }
   const std::vector<float>& freqs(int layer) const { return is_local(layer) ? rope_freqs_local : rope_freqs; }
+  float attn_factor(int layer) const { return is_local(layer) ? rope_attn_factor_local : rope_attn_factor; }
+  // The width one q (k) norm covers: a head, or the whole row (qk_norm_full).
+  int q_norm_width() const { return qk_norm_full ? n_embd_q() : head_dim_k; }
+  int k_norm_width() const { return qk_norm_full ? n_embd_k() : head_dim_k; }
   int n_embd_q() const { return n_head * head_dim_k; }
   int n_embd_k() const { return n_head_kv * head_dim_k; }
   int n_embd_v() const { return n_head_kv * head_dim_v; }

@@ -324,13 +324,13 @@ struct CudaLayers {
     const bool x_q8 = flush_for({&W}, X, n) || ready;
     cuda::matmul(g.ctx, W, X, n, Y, x_q8);
   }
-  void matmul_qkv(const GpuLayer& L, int n) {
-    const bool x_q8 = flush_for({&L.wq, &L.wk, &L.wv}, xb, n);
-    cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, xb, n, x_q8);
+  void matmul_qkv(const GpuLayer& L, const float* X, int n) {
+    const bool x_q8 = flush_for({&L.wq, &L.wk, &L.wv}, X, n);
+    cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, X, n, x_q8);
   }
-  void matmul_gate_up(const GpuLayer& L, int n) {
-    const bool x_q8 = flush_for({&L.gate, &L.up}, xb, n);
-    cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, xb, n, x_q8);
+  void matmul_gate_up(const GpuLayer& L, const float* X, int n) {
+    const bool x_q8 = flush_for({&L.gate, &L.up}, X, n);
+    cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, X, n, x_q8);
   }
   // A mixture of experts over the normed rows in xb, into xb, as the CPU stage computes it: the
   // router on the device; steps of up to kMoeDeviceTokens tokens route there too (moe_on_device);
@@ -522,8 +522,8 @@ struct CudaLayers {
     const float* fr = g.freqs.at(c.freqs(l).data());
     const bool neox = c.rope_style == RopeStyle::NeoX;
     cuda::rope_stage(g.ctx, g.kv_type, {q, size_t(nq), c.n_head}, {k, size_t(nk), g.k_new, g.k_row, nk},
-                     {v, size_t(nv), g.v_new, g.v_row, nv}, n, c.head_dim_k, c.rope_dim, g.pos, fr, neox,
-                     c.rope_attn_factor);
+                     {v, size_t(nv), g.v_new, g.v_row, nv}, n, c.head_dim_k, c.rope_dims(l), g.pos, fr, neox,
+                     c.attn_factor(l));  // (rope_dims 0 on a NoPE layer: the staging only)
   }
 
   void attention(int l, int n) {
@@ -555,8 +555,8 @@ struct CudaLayers {
       cuda::RopeStage rope;
       if (rope_here) {
         const ModelConfig& c = g.c;
-        rope = {k, size_t(c.n_embd_k()), v, size_t(c.n_embd_v()), c.rope_dim, g.freqs.at(c.freqs(l).data()),
-                c.rope_style == RopeStyle::NeoX, c.rope_attn_factor};
+        rope = {k, size_t(c.n_embd_k()), v, size_t(c.n_embd_v()), c.rope_dims(l), g.freqs.at(c.freqs(l).data()),
+                c.rope_style == RopeStyle::NeoX, c.attn_factor(l)};
       }
       cuda::attention(g.ctx, a, max_len, true, commit_args(a), rope);  // the commit in the same launches
       q8_of = a.out, q8_rows = n, q8_cols = cols;
@@ -733,11 +733,11 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
       L.up = g.upload_matrix(up, H.up, name.c_str(), done, progress);
       L.down = g.upload_matrix(up, H.down, name.c_str(), done, progress);
     }
-    const size_t E = size_t(cfg.n_embd), hd = size_t(cfg.head_dim_k);
-    L.attn_norm = g.upload_floats(H.attn_norm, E);
+    const size_t E = size_t(cfg.n_embd);
+    L.attn_norm = g.upload_floats(H.attn_norm, E);  // (null: no pre-norms, olmo2)
     L.ffn_norm = g.upload_floats(H.ffn_norm, E);
-    L.q_norm = g.upload_floats(H.q_norm, hd);
-    L.k_norm = g.upload_floats(H.k_norm, hd);
+    L.q_norm = g.upload_floats(H.q_norm, size_t(cfg.q_norm_width()));  // a head, or the whole row
+    L.k_norm = g.upload_floats(H.k_norm, size_t(cfg.k_norm_width()));
     L.post_attn_norm = g.upload_floats(H.post_attn_norm, E);
     L.post_ffn_norm = g.upload_floats(H.post_ffn_norm, E);
     L.bq = g.upload_floats(H.bq, size_t(cfg.n_embd_q()));

@@ -59,7 +59,7 @@ uint64_t weight_used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nb
 uint32_t default_swa_period(const std::string& arch) {
   if (arch == "gemma3") return 6;
   if (arch == "gemma2" || arch == "gpt-oss") return 2;
-  if (arch == "cohere2") return 4;
+  if (arch == "cohere2" || arch == "olmo2") return 4;  // (olmo2: OLMo 3's files, the only ones with a window)
   return 1;
 }
 
@@ -224,6 +224,20 @@ const std::vector<ShapePreset>& shape_presets() {
     {"granite-3-8b", "granite", "Granite 3.1 8B (tied head; embeddings x12, branches x0.22, q.k x1/128, logits /16)", 40, 4096, 32, 8, 128, 12800, 49155, 131072, true, 0, 0, 10000000.f, 1e-5f, false, 0, 0, 0, 0, 0, 0, 12.f, 0.22f, 0.0078125f, 16.f},
     {"granite-3-2b", "granite", "Granite 3.1 2B (tied head; embeddings x12, branches x0.22, q.k x1/64, logits /8)", 40, 2048, 32, 8, 64, 8192, 49155, 131072, true, 0, 0, 5000000.f, 1e-5f, false, 0, 0, 0, 0, 0, 0, 12.f, 0.22f, 0.015625f, 8.f},
     {"granite-3-1b-a400m", "granitemoe", "Granite 3.0 1B-A400M (top 8 of 32 experts; tied head; Granite's multipliers, logits /6)", 24, 1024, 16, 8, 64, 512, 49155, 4096, true, 0, 0, 10000.f, 1e-6f, false, 0, 0, 32, 8, 512, 0, 12.f, 0.22f, 0.015625f, 6.f},
+    // SmolLM3 3B (HuggingFaceTB/SmolLM3-3B's config.json; no_rope_layer_interval 4: layers 3, 7, ..., 35
+    // without RoPE).
+    {"smollm3-3b", "smollm3", "SmolLM3 3B (tied head, GQA 4:1; every 4th layer without RoPE)", 36, 2048, 16, 4, 128, 11008, 128256, 65536, true, 0, 0, 5000000.f, 1e-6f, false},
+    // AllenAI OLMo 2 (config.json of OLMo-2-0425-1B, -1124-7B, -1124-13B, -0325-32B; the embedding
+    // padded to 100352 rows), OLMo 3 (Olmo-3-1025-7B, -1125-32B: 3 of every 4 layers a 4096-token
+    // window; YaRN x8 from 8192 on the global layers, which synth writes for olmo2 with a window)
+    // and OLMoE-1B-7B-0924 (top 8 of 64 experts, 1024 wide, not renormalized).
+    {"olmo2-1b", "olmo2", "OLMo 2 1B (no pre-norms, whole-row q/k norms, post-norms)", 16, 2048, 16, 16, 128, 8192, 100352, 4096, false, 0, 0, 500000.f, 1e-6f, false},
+    {"olmo2-7b", "olmo2", "OLMo 2 7B", 32, 4096, 32, 32, 128, 11008, 100352, 4096, false, 0, 0, 500000.f, 1e-6f, false},
+    {"olmo2-13b", "olmo2", "OLMo 2 13B", 40, 5120, 40, 40, 128, 13824, 100352, 4096, false, 0, 0, 500000.f, 1e-6f, false},
+    {"olmo2-32b", "olmo2", "OLMo 2 32B (8 KV heads)", 64, 5120, 40, 8, 128, 27648, 100352, 4096, false, 0, 0, 500000.f, 1e-6f, false},
+    {"olmo3-7b", "olmo2", "OLMo 3 7B (3 of 4 layers window 4096; YaRN x8 on the others)", 32, 4096, 32, 32, 128, 11008, 100352, 65536, false, 4096, 4, 500000.f, 1e-6f, false},
+    {"olmo3-32b", "olmo2", "OLMo 3 32B (8 KV heads; 3 of 4 layers window 4096; YaRN x8 on the others)", 64, 5120, 40, 8, 128, 27648, 100352, 65536, false, 4096, 4, 500000.f, 1e-6f, false},
+    {"olmoe-1b-7b", "olmoe", "OLMoE 1B-7B (top 8 of 64 experts, 1.3B active; whole-row q/k norms)", 16, 2048, 16, 16, 128, 1024, 50304, 4096, false, 0, 0, 10000.f, 1e-5f, false, 0, 0, 64, 8, 1024},
     {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;
@@ -283,7 +297,9 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const std::string_view arch = p.architecture;
   const bool gemma = arch == "gemma3" || arch == "gemma2";
-  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe";
+  const bool olmo = arch == "olmo2" || arch == "olmoe";  // q/k norms over the whole q and k rows
+  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || olmo;
+  const bool pre_norms = arch != "olmo2";  // olmo2: post-norms only
   const bool phi3 = arch == "phi3";  // fused q/k/v, fused gate/up
   const bool oai = arch == "gpt-oss";  // output bias, sinks, router and expert biases
 
@@ -295,7 +311,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   }
   for (uint32_t i = 0; i < p.n_layer; i++) {
     const std::string b = "blk." + std::to_string(i) + ".";
-    vec(b + "attn_norm.weight", E);
+    if (pre_norms) vec(b + "attn_norm.weight", E);
     if (phi3) {
       mat(b + "attn_qkv.weight", E, q + 2 * kv);
     } else {
@@ -309,16 +325,16 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
       vec(b + "attn_v.bias", kv);
     }
     if (qk_norm) {
-      vec(b + "attn_q_norm.weight", p.head_dim);
-      vec(b + "attn_k_norm.weight", p.head_dim);
+      vec(b + "attn_q_norm.weight", olmo ? q : p.head_dim);
+      vec(b + "attn_k_norm.weight", olmo ? kv : p.head_dim);
     }
     mat(b + "attn_output.weight", q, E);
     if (oai) {
       vec(b + "attn_output.bias", E);
       vec(b + "attn_sinks.weight", p.n_head);
     }
-    if (gemma || oai) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm
-    if (!oai) vec(b + "ffn_norm.weight", E);
+    if (gemma || oai || !pre_norms) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm
+    if (!oai && pre_norms) vec(b + "ffn_norm.weight", E);
     if (p.n_expert > 0) {  // the router in F32 (as converters and quantizers leave it), the experts stacked
       const int64_t X = p.n_expert, FX = p.n_ff_exp;
       out.push_back({b + "ffn_gate_inp.weight", GgmlType::F32, {E, X}});
@@ -344,7 +360,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
       ffn(b + "ffn_up.weight", E, F);
     }
     if (p.n_expert == 0) ffn(b + "ffn_down.weight", F, E);
-    if (gemma) vec(b + "post_ffw_norm.weight", E);
+    if (gemma || !pre_norms) vec(b + "post_ffw_norm.weight", E);
   }
   vec("output_norm.weight", E);
   if (!p.tied) mat("output.weight", E, V);

@@ -147,13 +147,16 @@ void check_shape(const ShapePreset& p) {
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
   need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
-           a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe",
-       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, granite or granitemoe");
-  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe";
-  need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe, gpt-oss and granitemoe need experts (--n-expert)");
+           a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe" || a == "smollm3" ||
+           a == "olmo2" || a == "olmoe",
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
+       "smollm3, olmo2 or olmoe");
+  const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe" || a == "olmoe";
+  need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe, gpt-oss, granitemoe and olmoe need experts (--n-expert)");
   need(p.n_expert == 0 || a == "llama" || moe_arch,
-       "experts are for llama (Mixtral), qwen3moe, qwen2moe, gpt-oss and granitemoe");
-  need(a != "granitemoe" || p.n_ff_exp == p.n_ff, "granitemoe's experts are n_ff wide (its files say no other width)");
+       "experts are for llama (Mixtral), qwen3moe, qwen2moe, gpt-oss, granitemoe and olmoe");
+  need((a != "granitemoe" && a != "olmoe") || p.n_ff_exp == p.n_ff,
+       "granitemoe's and olmoe's experts are n_ff wide (their files say no other width)");
   need(p.embedding_scale >= 0 && p.residual_scale >= 0 && p.attention_scale >= 0 && p.logit_scale >= 0,
        "Granite's multipliers must be >= 0");
   need(a != "gpt-oss" || p.qkv_bias, "gpt-oss has q/k/v biases");
@@ -164,8 +167,8 @@ void check_shape(const ShapePreset& p) {
   need((p.n_ff_shexp > 0) == (a == "qwen2moe"), "a shared expert (--n-ff-shexp) is what qwen2moe has, and only it");
   need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
        "LongRoPE factors are for phi3, from a context shorter than the trained one");
-  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2" || a == "gpt-oss",
-       "a sliding window is only supported for gemma3, gemma2 and gpt-oss");
+  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2" || a == "gpt-oss" || a == "olmo2",
+       "a sliding window is only supported for gemma3, gemma2, gpt-oss and olmo2 (OLMo 3)");
 }
 
 gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
@@ -215,6 +218,12 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
     w.set(key("rope.scaling.factor"), gguf::Value::of_f32(32.f));
     w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(4096));
   }
+  if (a == "olmo2" && p.sliding_window) {  // OLMo 3: YaRN 8x from 8192 (its global layers only), as
+    w.set(key("rope.scaling.type"), gguf::Value::of_str("yarn"));  // its converter writes it
+    w.set(key("rope.scaling.factor"), gguf::Value::of_f32(8.f));
+    w.set(key("rope.scaling.original_context_length"), gguf::Value::of_u32(8192));
+    w.set(key("rope.scaling.yarn_attn_factor"), gguf::Value::of_f32(float(1 + 0.1 * std::log(8.0))));
+  }
   w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::of_f32(p.rms_eps));
   if (a == "granite" || a == "granitemoe") {  // its multipliers, as the converter names them
     w.set(key("embedding_scale"), gguf::Value::of_f32(p.embedding_scale > 0 ? p.embedding_scale : 12.f));
@@ -225,14 +234,19 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   if (p.n_expert > 0) {  // (Mixtral's llama files and granitemoe's carry no expert width: it is n_ff)
     w.set(key("expert_count"), gguf::Value::of_u32(p.n_expert));
     w.set(key("expert_used_count"), gguf::Value::of_u32(p.n_expert_used));
-    if ((a != "llama" && a != "granitemoe") || p.n_ff_exp != p.n_ff)
+    if ((a != "llama" && a != "granitemoe" && a != "olmoe") || p.n_ff_exp != p.n_ff)
       w.set(key("expert_feed_forward_length"), gguf::Value::of_u32(p.n_ff_exp));
     if (p.n_ff_shexp > 0) w.set(key("expert_shared_feed_forward_length"), gguf::Value::of_u32(p.n_ff_shexp));
   }
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));
-    if (p.swa_period != default_swa_period(a))  // gemma's periods are implied, as in real files
+    if (a == "olmo2") {  // OLMo 3's converter writes one flag per layer (true: sliding)
+      std::vector<gguf::Value> sliding;
+      for (uint32_t l = 0; l < p.n_layer; l++) sliding.push_back(gguf::Value::of_bool(!layer_is_global(l, p.swa_period)));
+      w.set(key("attention.sliding_window_pattern"), gguf::Value::of_array(gguf::ValueType::BOOL, std::move(sliding)));
+    } else if (p.swa_period != default_swa_period(a)) {  // gemma's periods are implied, as in real files
       w.set(key("attention.sliding_window_pattern"), gguf::Value::of_u32(p.swa_period));
+    }
   }
   if (opt.vocab_from.empty()) synthetic_vocab(w, p.n_vocab);
   else copied_vocab(w, opt.vocab_from, p.n_vocab);

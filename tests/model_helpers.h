@@ -231,6 +231,30 @@ inline std::string tiny_granite_model() {
   return path;
 }
 
+// A generated OLMo 3-shaped model (an olmo2 file: no pre-norms, whole-row q/k norms, post-norms;
+// layers 0-2 and 4 sliding with a window of 8 and plain RoPE, layer 3 global with YaRN).
+inline std::string tiny_olmo3_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-olmo3", "olmo2", "test", 5, 128, 4, 2, 32, 256, 1000, 2048, false, 8, 4, 5e5f, 1e-6f, false}, 15);
+  return path;
+}
+// A generated OLMoE-shaped model: pre-norms, whole-row q/k norms, top 2 of 6 experts n_ff wide.
+inline std::string tiny_olmoe_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-olmoe", "olmoe", "test", 2, 128, 4, 4, 32, 128, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, false, 0, 0,
+       6, 2, 128},
+      16);
+  return path;
+}
+
+// A generated SmolLM3-shaped model (tied head): layers 3 and 7 of 8 without RoPE, base 1e4 (so
+// that the rotation the NoPE layers leave out turns far over the tests' prompts).
+inline std::string tiny_smollm3_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-smollm3", "smollm3", "test", 8, 128, 4, 2, 32, 256, 1000, 2048, true, 0, 0, 1e4f, 1e-5f, false}, 17);
+  return path;
+}
+
 // A copy of a mixture-of-experts file with each layer's gate and up experts in one
 // ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
 // store them: the same model in the other layout.

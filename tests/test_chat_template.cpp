@@ -1,6 +1,6 @@
 // Chat templates against the real Jinja templates: tests/data/chat_templates/expected.json holds
 // what Jinja2 renders for each family's published template (tools/gen_chat_fixtures.py). A
-// template that writes today's date (gpt-oss, Granite) was rendered with the fixture's "date".
+// template that writes today's date (gpt-oss, Granite, SmolLM3) was rendered with the fixture's "date".
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -42,7 +42,7 @@ ChatFamily family_of_fixture(const std::string& name) {
 
 TEST_CASE("each family renders exactly what its Jinja template renders") {
   auto j = nlohmann::json::parse(test::read_all(dir() + "expected.json"));
-  REQUIRE(j.size() == 12);
+  REQUIRE(j.size() == 14);
   size_t compared = 0;
   for (const auto& [name, fx] : j.items()) {
     std::string warning;
@@ -110,7 +110,7 @@ TEST_CASE("detection, names and the fallback warning") {
   CHECK_FALSE(chat_family_from_name("vicuna"));
   for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
                        ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini,
-                       ChatFamily::GptOss, ChatFamily::Granite})
+                       ChatFamily::GptOss, ChatFamily::Granite, ChatFamily::SmolLM3, ChatFamily::Olmo2})
     CHECK(chat_family_from_name(chat_family_name(f)) == f);
 
   std::string warning;
@@ -149,6 +149,52 @@ TEST_CASE("Granite: its own system prompt, dated as strftime('%B %d, %Y'), only 
   CHECK(plain.render({{"user", "Hi"}}, true) ==
         "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>");
   CHECK(chat_family_from_name("Granite") == ChatFamily::Granite);
+}
+
+// (The fixtures cover the /think, /no_think and /system_override system messages.)
+TEST_CASE("SmolLM3: its system block dated as strftime('%d %B %Y'), reasoning off unless the system says /think") {
+  const std::string src = test::read_all(dir() + "smollm3.jinja");
+  ChatTemplate t = ChatTemplate::detect(src, "<|begin_of_text|>", "<|im_end|>");
+  REQUIRE(t.family() == ChatFamily::SmolLM3);
+  CHECK_FALSE(t.starts_with_bos());
+  t.set_date("2025-12-06");
+  const std::string head = "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\n";
+  const std::string off = "Reasoning Mode: /no_think\n\n## Custom Instructions\n\nYou are a helpful AI assistant named "
+                          "SmolLM, trained by Hugging Face.\n\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                          "<|im_start|>assistant\n<think>\n\n</think>\n";
+  CHECK(t.render({{"user", "Hi"}}, true) == head + "Today Date: 06 December 2025\n" + off);
+  CHECK_THAT(t.render({{"system", "/think"}, {"user", "Hi"}}, true),
+             Catch::EndsWith("Thought section </think> Solution section. In the Thought section, detail your "
+                             "reasoning process in steps. Each step should include detailed considerations such as "
+                             "analysing questions, summarizing relevant findings, brainstorming new ideas, verifying "
+                             "the accuracy of the current steps, refining any errors, and revisiting previous steps. In "
+                             "the Solution section, based on various attempts, explorations, and reflections from the "
+                             "Thought section, systematically present the final solution that you deem correct. The "
+                             "Solution section should be logical, accurate, and concise and detail necessary steps "
+                             "needed to reach the conclusion.\n\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                             "<|im_start|>assistant\n"));
+  // A copy without the date (llama.cpp's models/templates has one): no "Today Date" line.
+  std::string undated = src;
+  const size_t a = undated.find("  {%- set today"), b = undated.find("  {{- \"Reasoning Mode");
+  REQUIRE(a != std::string::npos);
+  REQUIRE(b > a);
+  undated.erase(a, b - a);
+  ChatTemplate u = ChatTemplate::detect(undated, "", "");
+  REQUIRE(u.family() == ChatFamily::SmolLM3);
+  CHECK(u.render({{"user", "Hi"}}, true) == head + off);
+  CHECK(chat_family_from_name("SmolLM3") == ChatFamily::SmolLM3);
+}
+
+TEST_CASE("OLMo 2 (Tulu 3 turns): BOS written by the template, told apart from Zephyr's, continued after a reply") {
+  ChatTemplate t = ChatTemplate::detect(test::read_all(dir() + "olmo2.jinja"), "<|endoftext|>", "<|endoftext|>");
+  REQUIRE(t.family() == ChatFamily::Olmo2);
+  CHECK(t.starts_with_bos());
+  CHECK(ChatTemplate::detect(test::read_all(dir() + "zephyr.jinja"), "<s>", "</s>").family() == ChatFamily::Zephyr);
+  // A chat that keeps its cache: the reply's newline comes with the next turn.
+  const std::vector<ChatMessage> history = {{"user", "Hi"}, {"assistant", "Hello"}};
+  CHECK(t.render(history, false) == "<|endoftext|><|user|>\nHi\n<|assistant|>\nHello<|endoftext|>");
+  CHECK(t.render_continuation(history, {{"user", "Bye"}}) == std::optional<std::string>("\n<|user|>\nBye\n<|assistant|>\n"));
+  CHECK(chat_family_from_name("tulu") == ChatFamily::Olmo2);
 }
 
 TEST_CASE("gpt-oss: today's date in the system message, instructions in a developer message, no BOS") {

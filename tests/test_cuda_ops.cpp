@@ -951,6 +951,35 @@ TEST_CASE("rope_stage equals rope_qk then kv_convert_kv") {
       }
 }
 
+// A NoPE layer (smollm3's every 4th) rotates 0 dims: q and k as they are, the staging unchanged.
+TEST_CASE("rope_dim 0 rotates nothing: rope_qk leaves q and k, rope_stage only stages k and v") {
+  std::mt19937 rng(17);
+  const int n_tok = 3, hq = 4, hk = 2, head_dim = 64, wk = hk * head_dim;
+  const std::vector<int32_t> pos = {5, 6, 700};
+  const std::vector<float> freqs = {1.f};  // (read by nothing)
+  auto dp = to_dev(pos), df = to_dev(freqs);
+  for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    const size_t sq = size_t(hq * head_dim), rk = row_bytes(kt, wk);
+    const auto q = random_floats(sq * n_tok, rng), k = random_floats(size_t(wk) * n_tok, rng, -2.0f, 2.0f);
+    const auto v = random_floats(size_t(wk) * n_tok, rng, -2.0f, 2.0f);
+    auto q1 = to_dev(q), k1 = to_dev(k), dv = to_dev(v);
+    cu::rope_qk(ctx(), {q1.as<float>(), sq, hq}, {k1.as<float>(), size_t(wk), hk}, n_tok, head_dim, 0, dp.as<int32_t>(),
+                df.as<float>(), false);
+    CHECK(to_host<float>(q1, q.size()) == q);
+    CHECK(to_host<float>(k1, k.size()) == k);
+    cu::DeviceBuffer kn1(rk * n_tok), vn1(rk * n_tok), kn2(rk * n_tok), vn2(rk * n_tok);
+    cu::kv_convert_kv(ctx(), kt, {k1.as<float>(), size_t(wk), kn1.as<uint8_t>(), rk, wk},
+                      {dv.as<float>(), size_t(wk), vn1.as<uint8_t>(), rk, wk}, n_tok);
+    cu::rope_stage(ctx(), kt, {q1.as<float>(), sq, hq}, {k1.as<float>(), size_t(wk), kn2.as<uint8_t>(), rk, wk},
+                   {dv.as<float>(), size_t(wk), vn2.as<uint8_t>(), rk, wk}, n_tok, head_dim, 0, dp.as<int32_t>(),
+                   df.as<float>(), true);
+    INFO(type_name(kt));
+    CHECK(to_host<float>(q1, q.size()) == q);
+    CHECK(to_host<uint8_t>(kn1, rk * n_tok) == to_host<uint8_t>(kn2, rk * n_tok));
+    CHECK(to_host<uint8_t>(vn1, rk * n_tok) == to_host<uint8_t>(vn2, rk * n_tok));
+  }
+}
+
 TEST_CASE("KV conversion is byte-identical to the CPU's, commit writes the ring cells") {
   std::mt19937 rng(7);
   for (GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {

@@ -88,10 +88,11 @@ std::vector<float> run(Pipeline& p) {
 
 }  // namespace
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3, Phi-3, Qwen3-MoE, gpt-oss and Granite shapes, Q3_K and IQ4_XS llamas)") {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3, Phi-3, Qwen3-MoE, gpt-oss, Granite, OLMo 3, OLMoE and SmolLM3 shapes, Q3_K and IQ4_XS llamas)") {
   for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model(), test::tiny_phi3_model(),
                                   test::tiny_model_of(GgmlType::Q3_K), test::tiny_model_of(GgmlType::IQ4_XS),
-                                  test::tiny_qwen3moe_model(), test::tiny_gpt_oss_model(), test::tiny_granite_model()}) {
+                                  test::tiny_qwen3moe_model(), test::tiny_gpt_oss_model(), test::tiny_granite_model(),
+                                  test::tiny_olmo3_model(), test::tiny_olmoe_model(), test::tiny_smollm3_model()}) {
     auto cpu = load(path, "cpu");
     auto gpu = load(path, "cuda:0");
     REQUIRE(gpu->stages().size() == 1);

@@ -442,11 +442,12 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
   CHECK(kind == int(ErrorKind::Usage));
 }
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Granite shapes, IQ4_XS; F16 and Q8_0 KV)") {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Granite, OLMo 3, OLMoE, SmolLM3 shapes, IQ4_XS; F16 and Q8_0 KV)") {
   for (const std::string& path :
        {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(),
         test::tiny_phi3_model(), test::tiny_gemma2_model(), test::tiny_model_of(GgmlType::IQ4_XS),
-        test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model(), test::tiny_granite_model()}) {
+        test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model(), test::tiny_granite_model(),
+        test::tiny_olmo3_model(), test::tiny_olmoe_model(), test::tiny_smollm3_model()}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
@@ -540,7 +541,8 @@ TEST_CASE("experts stored as one ffn_gate_up_exps tensor: the same logits on the
 
 TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a CPU stage the CPU's") {
   for (const std::string& path : {tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(), test::tiny_phi3_model(),
-                                  test::tiny_gemma2_model(), test::tiny_qwen3moe_model(), test::tiny_granite_model()}) {
+                                  test::tiny_gemma2_model(), test::tiny_qwen3moe_model(), test::tiny_granite_model(),
+                                  test::tiny_olmo3_model(), test::tiny_smollm3_model()}) {
     const Model m(path);
     const int cut = m.cfg.n_layer / 2;
     Chain cpu = chain(m, GgmlType::F16, 0, "cpu");
@@ -561,7 +563,7 @@ TEST_CASE("two GPU stages give the one-stage logits, and a GPU stage feeding a C
 }
 
 TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launched op by op") {
-  for (const std::string& path : {tiny_llama(), test::tiny_gemma3_model(), test::tiny_granite_model()}) {
+  for (const std::string& path : {tiny_llama(), test::tiny_gemma3_model(), test::tiny_granite_model(), test::tiny_olmo3_model()}) {
     INFO(name_of(path));
     const Model m(path);
     const int L = m.cfg.n_layer, cut = L / 2;
@@ -727,3 +729,4 @@ TEST_CASE("GPU stage on the host emulation: skipped") {
 }
 
 #endif
+

@@ -14,7 +14,15 @@
 // ones, per Granite's modeling code (transformers' GraniteForCausalLM, GraniteMoeForCausalLM): the
 // embeddings times embedding_multiplier, q·k times attention_multiplier (not 1/√head_dim), each
 // attention and FFN output times residual_multiplier before its residual add, the logits divided
-// by logits_scaling; GraniteMoe's router softmaxes its top-k logits among themselves.
+// by logits_scaling; GraniteMoe's router softmaxes its top-k logits among themselves. And a
+// smollm3-shaped one, per SmolLM3's modeling code: llama's layer where the layers whose index + 1 is
+// a multiple of no_rope_layer_interval (4) use no rotary embedding at all (q and k as projected).
+// And olmo2-shaped ones, per Olmo2's and Olmo3's modeling code: no input norms (the projections and
+// the MLP read the residual stream), q_norm and k_norm RMSNorms over the whole projected q and k
+// rows (not per head), the attention and MLP outputs RMS-normed before each residual add; Olmo3's
+// sliding layers rotate with the plain frequencies, its full ones with YaRN's (and its magnitude).
+// And an olmoe-shaped one, per Olmoe's: llama's pre-norm layer with the whole-row q/k norms and a
+// mixture whose top-k softmax weights are not renormalized.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +58,14 @@ struct Spec {
   // one of them left out of the file (the reference still applies it).
   float embd_mult = 1.f, residual_mult = 1.f, attn_mult = 0.f, logit_div = 1.f;
   std::string drop_key;
+  bool rope_every_layer = false;  // smollm3: the reference rotates its NoPE layers too (do they matter?)
+  float q_amp = 1.f;  // the q rows' amplitude times this: a sharper attention, where keys sit matters more
+  // olmo2: a YaRN factor on the global layers (OLMo 3; 0: none), from this original context. And
+  // what the reference gets wrong on purpose (do they matter?): q/k norms per head; the post-norms
+  // used as pre-norms (llama's placement); the sliding layers rotated as the global ones.
+  float yarn_factor = 0.f;
+  int yarn_ctx = 0;
+  bool olmo_per_head_norm = false, olmo_pre_norm = false, olmo_yarn_everywhere = false;
   uint32_t seed = 7;
 };
 
@@ -89,7 +105,8 @@ Model make_model(const Spec& s) {
   wr.set(a + ".attention.key_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".attention.value_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
-  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" ? 10000.f : 1e6f));
+  // (smollm3: 1e4, not its 5e6, so that the rotation its NoPE layer leaves out turns far in a short prompt)
+  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" || a == "smollm3" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
   if (s.attn_softcap > 0) wr.set(a + ".attn_logit_softcapping", gguf::Value::of_f32(s.attn_softcap));
   if (s.final_softcap > 0) wr.set(a + ".final_logit_softcapping", gguf::Value::of_f32(s.final_softcap));
@@ -101,13 +118,24 @@ Model make_model(const Spec& s) {
   if (s.n_expert > 0) {
     wr.set(a + ".expert_count", gguf::Value::of_u32(uint32_t(s.n_expert)));
     wr.set(a + ".expert_used_count", gguf::Value::of_u32(uint32_t(s.n_expert_used)));
-    if (a != "llama" && a != "granitemoe")  // (their experts are n_ff wide)
+    if (a != "llama" && a != "granitemoe" && a != "olmoe")  // (their experts are n_ff wide)
       wr.set(a + ".expert_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_exp)));
     if (s.n_ff_shexp > 0) wr.set(a + ".expert_shared_feed_forward_length", gguf::Value::of_u32(uint32_t(s.n_ff_shexp)));
   }
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
-    wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
+    if (a == "olmo2") {  // OLMo 3's converter: one flag per layer, true = sliding
+      std::vector<gguf::Value> flags;
+      for (int l = 0; l < s.n_layer; ++l) flags.push_back(gguf::Value::of_bool((l + 1) % s.swa_pattern != 0));
+      wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::BOOL, std::move(flags)));
+    } else {
+      wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_u32(uint32_t(s.swa_pattern)));
+    }
+  }
+  if (s.yarn_factor > 0) {
+    wr.set(a + ".rope.scaling.type", gguf::Value::of_str("yarn"));
+    wr.set(a + ".rope.scaling.factor", gguf::Value::of_f32(s.yarn_factor));
+    wr.set(a + ".rope.scaling.original_context_length", gguf::Value::of_u32(uint32_t(s.yarn_ctx)));
   }
   const bool granite = a == "granite" || a == "granitemoe";
   if (granite)
@@ -123,13 +151,16 @@ Model make_model(const Spec& s) {
 
   // planes > 1: that many matrices of `rows` rows stacked in one 3-D tensor (the experts).
   // Returns the quantized bytes; write = false keeps them out of the file.
+  // head_spread: row r's values times 1 + head_spread · (r / head_dim) (heads of unequal sizes).
   auto add = [&](const std::string& name, int rows, int cols, float amp, float center, bool quantized, int planes = 1,
-                 bool write = true) {
+                 bool write = true, float head_spread = 0.f) {
     std::uniform_real_distribution<float> u(-amp, amp);
     const int plane_rows = rows;
     rows *= planes;
     std::vector<float> x(size_t(rows) * cols);
     for (float& v : x) v = center + u(rng);
+    if (head_spread != 0)
+      for (size_t i = 0; i < x.size(); ++i) x[i] *= 1 + head_spread * float(i / size_t(cols) / size_t(s.head_dim));
     const GgmlType t = quantized ? s.wtype : GgmlType::F32;
     const size_t rb = row_bytes(t, cols);
     std::vector<uint8_t> bytes(rb * size_t(rows));
@@ -150,13 +181,15 @@ Model make_model(const Spec& s) {
   // Gemma scales embeddings up by sqrt(n_embd): store them small, as real Gemma files do, so the
   // layers (not the embedding) dominate the residual stream and a wrong layer detail shows.
   // Granite's embeddings likewise small against its multiplier, and its tied head's logits large
-  // enough before the division by logit_scale.
-  const bool gemma = a == "gemma3" || a == "gemma2";
-  add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : granite ? 0.1f : 1.0f, 0.f, true);
+  // enough before the division by logit_scale; SmolLM3's small too, so that its layers (the NoPE
+  // one among them), not the token's own row, dominate the residual stream.
+  const bool gemma = a == "gemma3" || a == "gemma2", small_embd = granite || a == "smollm3";
+  add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : small_embd ? 0.1f : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
-  add("output_norm.weight", 1, E, gemma || granite ? 2.f : 0.2f, gemma ? 12.f : granite ? 4.f * s.logit_div : 1.f, false);
+  add("output_norm.weight", 1, E, gemma || small_embd ? 2.f : 0.2f, gemma ? 12.f : small_embd ? 4.f * s.logit_div : 1.f, false);
   const bool phi3 = a == "phi3";
-  if (a == "llama" || phi3) add("output.weight", s.n_vocab, E, we, 0.f, true);
+  const bool olmo = a == "olmo2" || a == "olmoe", post_only = a == "olmo2";
+  if (a == "llama" || phi3 || olmo) add("output.weight", s.n_vocab, E, we, 0.f, true);
   if (s.rope_long_ctx > 0) {
     const int R = s.rope_dim > 0 ? s.rope_dim : D;
     add("rope_factors_long.weight", 1, R / 2, 4.f, 5.f, false);
@@ -164,12 +197,13 @@ Model make_model(const Spec& s) {
   }
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    add(b + "attn_norm.weight", 1, E, 0.2f, 1.f, false);
+    if (!post_only) add(b + "attn_norm.weight", 1, E, 0.2f, 1.f, false);
     if (phi3) {
       add(b + "attn_qkv.weight", (s.n_head + 2 * s.n_head_kv) * D, E, we, 0.f, true);
     } else {
-      add(b + "attn_q.weight", s.n_head * D, E, we, 0.f, true);
-      add(b + "attn_k.weight", s.n_head_kv * D, E, we, 0.f, true);
+      // OLMo: heads of unequal sizes, as trained ones are (a norm per head would even them out).
+      add(b + "attn_q.weight", s.n_head * D, E, s.q_amp * we, 0.f, true, 1, true, olmo ? 0.6f : 0.f);
+      add(b + "attn_k.weight", s.n_head_kv * D, E, we, 0.f, true, 1, true, olmo ? 0.6f : 0.f);
       add(b + "attn_v.weight", s.n_head_kv * D, E, we, 0.f, true);
     }
     add(b + "attn_output.weight", E, s.n_head * D, we, 0.f, true);
@@ -177,7 +211,7 @@ Model make_model(const Spec& s) {
       add(b + "attn_output.bias", 1, E, 0.3f, 0.f, false);
       add(b + "attn_sinks.weight", 1, s.n_head, 2.f, 0.5f, false);
     }
-    add(b + (oai ? "post_attention_norm.weight" : "ffn_norm.weight"), 1, E, 0.2f, 1.f, false);
+    if (!post_only) add(b + (oai ? "post_attention_norm.weight" : "ffn_norm.weight"), 1, E, 0.2f, 1.f, false);
     if (s.n_expert > 0) {  // the router in F32 (as converters leave it), a spread that routes decisively
       // gpt-oss: large gate and up biases, so its clamps at ±7 bite, and a smaller down projection.
       const float wx = 1.f / std::sqrt(float(s.n_ff_exp)) * (oai ? 0.05f : 1.7f);
@@ -220,9 +254,13 @@ Model make_model(const Spec& s) {
       add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
-    if (gemma) {
+    if (gemma || post_only) {
       add(b + "post_attention_norm.weight", 1, E, 0.2f, 1.f, false);
       add(b + "post_ffw_norm.weight", 1, E, 0.2f, 1.f, false);
+    }
+    if (olmo) {  // over the whole q and k rows
+      add(b + "attn_q_norm.weight", 1, s.n_head * D, 0.2f, 1.f, false);
+      add(b + "attn_k_norm.weight", 1, s.n_head_kv * D, 0.2f, 1.f, false);
     }
   }
   m.path = test::temp_dir() + "/tiny.gguf";
@@ -256,12 +294,14 @@ Vec rmsnorm(const Vec& x, const float* w, size_t off, size_t n, double eps) {
 struct Yarn {
   double factor = 0, lo = 0, hi = 0;
   Yarn() = default;
-  Yarn(double factor, double original_ctx, double base, int R, double beta_fast = 32, double beta_slow = 1)
+  // truncate: the ramp's ends rounded down and up to whole pairs (Hugging Face's default: Olmo3).
+  Yarn(double factor, double original_ctx, double base, int R, bool truncate = false, double beta_fast = 32,
+       double beta_slow = 1)
       : factor(factor) {
     const double two_pi = 2 * 3.14159265358979323846;
     auto pair = [&](double turns) { return R * std::log(original_ctx / (turns * two_pi)) / (2 * std::log(base)); };
-    lo = std::max(0.0, pair(beta_fast));
-    hi = std::min(double(R - 1), pair(beta_slow));
+    lo = std::max(0.0, truncate ? std::floor(pair(beta_fast)) : pair(beta_fast));
+    hi = std::min(double(R - 1), truncate ? std::ceil(pair(beta_slow)) : pair(beta_slow));
   }
   double freq(double theta, int i) const {
     if (factor == 0) return theta;
@@ -294,7 +334,11 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   const bool phi3 = s.arch == "phi3";
   const bool oai = s.arch == "gpt-oss";
   const bool granite = s.arch == "granite" || s.arch == "granitemoe";
-  const bool neox = s.arch != "llama" && !granite;  // (the llama and granite converters permute q/k)
+  const bool smollm3 = s.arch == "smollm3";
+  const bool olmo = s.arch == "olmo2" || s.arch == "olmoe", olmoe = s.arch == "olmoe";
+  const bool post_only = s.arch == "olmo2" && !s.olmo_pre_norm;  // (olmo_pre_norm: the norms before the blocks)
+  const bool olmo_pre = s.arch == "olmo2" && s.olmo_pre_norm;
+  const bool neox = s.arch != "llama" && !granite && !smollm3;  // (the llama, granite, smollm3 converters permute q/k)
   const double res = granite ? s.residual_mult : 1.0;
   const float* rope_div = s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
@@ -311,10 +355,12 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" ? 10000.0 : 1e6;  // as make_model writes
+    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" || smollm3 ? 10000.0 : 1e6;  // as make_model writes
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
-      const Vec h = rmsnorm(x[size_t(t)], W(b + "attn_norm.weight").data(), 0, size_t(E), eps);
+      const Vec h = post_only ? x[size_t(t)]
+                    : rmsnorm(x[size_t(t)], W(b + (olmo_pre ? "post_attention_norm.weight" : "attn_norm.weight")).data(),
+                              0, size_t(E), eps);
       if (phi3) {  // qkv_proj, then q, k and v split off its output in that order
         const Vec qkv = matvec(W(b + "attn_qkv.weight"), (s.n_head + 2 * s.n_head_kv) * D, E, h);
         const auto at = [&](int from, int n) { return Vec(qkv.begin() + from, qkv.begin() + from + n); };
@@ -330,18 +376,25 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         for (auto [y, name] : {std::pair{&q[size_t(t)], "attn_q.bias"}, {&k[size_t(t)], "attn_k.bias"},
                                {&v[size_t(t)], "attn_v.bias"}})
           for (size_t i = 0; i < y->size(); ++i) (*y)[i] += double(W(b + name)[i]);
-      if (gemma3 || qwen3) {  // q/k norms per head, then the rotation
+      if (olmo && !s.olmo_per_head_norm) {  // over the whole rows
+        q[size_t(t)] = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), 0, size_t(s.n_head * D), eps);
+        k[size_t(t)] = rmsnorm(k[size_t(t)], W(b + "attn_k_norm.weight").data(), 0, size_t(s.n_head_kv * D), eps);
+      } else if (gemma3 || qwen3 || olmo) {  // q/k norms per head (olmo: head h's slice of the weights), then the rotation
+        const size_t wq = olmo ? size_t(D) : 0;
         for (int hh = 0; hh < s.n_head; ++hh) {
-          const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), size_t(hh * D), size_t(D), eps);
+          const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data() + hh * wq, size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), q[size_t(t)].begin() + hh * D);
         }
         for (int hh = 0; hh < s.n_head_kv; ++hh) {
-          const Vec n = rmsnorm(k[size_t(t)], W(b + "attn_k_norm.weight").data(), size_t(hh * D), size_t(D), eps);
+          const Vec n = rmsnorm(k[size_t(t)], W(b + "attn_k_norm.weight").data() + hh * wq, size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), k[size_t(t)].begin() + hh * D);
         }
       }
       const int R = s.rope_dim > 0 ? s.rope_dim : D;
-      const Yarn yarn = oai ? Yarn(32, 4096, base, R) : Yarn();  // (every layer, sliding or not)
+      // gpt-oss: every layer, sliding or not; OLMo 3: the global layers only.
+      const bool olmo_yarn = s.yarn_factor > 0 && (!local || s.olmo_yarn_everywhere);
+      const Yarn yarn = oai ? Yarn(32, 4096, base, R) : olmo_yarn ? Yarn(s.yarn_factor, s.yarn_ctx, base, R, true) : Yarn();
+      if (smollm3 && (l + 1) % 4 == 0 && !s.rope_every_layer) continue;  // a NoPE layer
       rope_ref(q[size_t(t)], s.n_head, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
       rope_ref(k[size_t(t)], s.n_head_kv, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
     }
@@ -368,7 +421,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       }
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
       if (oai) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
-      if (gemma) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
+      if (gemma || post_only) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * att[size_t(i)];
     }
     auto act = [&](double z) {
@@ -428,7 +481,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       for (int i = 0; i < K; ++i) {
         const int e = order[size_t(i)];
         double w = std::exp(logit[size_t(e)]) / z;
-        if (!qwen2moe) w /= chosen;
+        if (!qwen2moe && !olmoe) w /= chosen;
         const Vec d = ffn(h, "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", s.n_ff_exp, e * s.n_ff_exp);
         for (int j = 0; j < E; ++j) out[size_t(j)] += w * d[size_t(j)];
       }
@@ -441,7 +494,9 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       for (int j = 0; j < E; ++j) x[size_t(t)][size_t(j)] += res * out[size_t(j)];
     }
     for (int t = 0; t < T && s.n_expert == 0; ++t) {
-      const Vec h = rmsnorm(x[size_t(t)], W(b + "ffn_norm.weight").data(), 0, size_t(E), eps);
+      const Vec h = post_only ? x[size_t(t)]
+                    : rmsnorm(x[size_t(t)], W(b + (olmo_pre ? "post_ffw_norm.weight" : "ffn_norm.weight")).data(), 0,
+                              size_t(E), eps);
       Vec g, u;
       if (phi3) {  // gate_up_proj: its output chunks into gate, then up
         const Vec gu = matvec(W(b + "ffn_up.weight"), 2 * s.n_ff, E, h);
@@ -454,7 +509,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       Vec a(size_t(s.n_ff));
       for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
       Vec d = matvec(W(b + "ffn_down.weight"), E, s.n_ff, a);
-      if (gemma) d = rmsnorm(d, W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
+      if (gemma || post_only) d = rmsnorm(d, W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * d[size_t(i)];
     }
   }
@@ -595,6 +650,21 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_expert = 6;
     s.n_expert_used = 2;
     s.n_ff_exp = s.n_ff;
+  } else if (arch == "smollm3") {  // layer 3 without RoPE
+    s.n_layer = 4;
+  } else if (arch == "olmo2") {  // OLMo 2: post-norms only, whole-row q/k norms, 2:1 GQA (as OLMo 2 32B's 5:1)
+  } else if (arch == "olmo3") {  // OLMo 3 (an olmo2 file): layers 0-2 sliding (window 5), layer 3 global with
+    s = spec_of("olmo2", t);     // YaRN x8 from a context of 64 (pairs 6 and up interpolated at this base)
+    s.n_layer = 4;
+    s.window = 5;
+    s.swa_pattern = 4;
+    s.yarn_factor = 8.f;
+    s.yarn_ctx = 64;
+  } else if (arch == "olmoe") {  // whole-row q/k norms; top 2 of 6 experts n_ff wide, not renormalized
+    s.n_ff = 256;
+    s.n_expert = 6;
+    s.n_expert_used = 2;
+    s.n_ff_exp = s.n_ff;
   } else if (arch == "gemma3") {  // layers 0 and 1 sliding (window 5), layer 2 global
     s.n_layer = 3;
     s.n_head_kv = 1;
@@ -641,7 +711,8 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     if (kSanitized && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && t != GgmlType::MXFP4) continue;
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
-                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe"}) {
+                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe"}) {
+      // (olmo3: OLMo 2's layer with OLMo 3's windows and YaRN; plain OLMo 2 in the olmo2 test below)
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two, and MXFP4 (an
       // expert format: test_matmul has its kernels on every shape) runs in the mixtures only.
@@ -680,6 +751,56 @@ TEST_CASE("tiny generated models: each of granite's multipliers matters") {
   }
 }
 
+// The smollm3 test above checks its NoPE layer: rotated in the reference as the other layers are,
+// the fast path's logits (prompt and decode steps) leave the tolerance far behind.
+TEST_CASE("tiny generated models: smollm3's layer without RoPE matters") {
+  Spec s = spec_of("smollm3", GgmlType::Q8_0);
+  // Random weights attend almost evenly, whatever the positions: a sharper attention (q·k times 3,
+  // which also triples the 8-bit activations' error in the scores) makes the rotation count.
+  s.q_amp = 3.f;
+  const auto ids = prompt(s, 12, 11);
+  const Model m = make_model(s);
+  const auto got = run_prompt(*load(m, 64), ids);
+  compare(m, ids, got, "layer 3 without RoPE");
+  Spec rotated = s;
+  rotated.rope_every_layer = true;
+  Model r = m;
+  r.spec = rotated;  // (the same file and weights; only the reference changes)
+  const auto d = deviation(r, ids, got);
+  std::printf("%-10s against a reference rotating layer 3: max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "smollm3",
+              d.max_d, d.mean_d, d.sd);
+  CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+  CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+}
+
+// The olmo2 tests above check OLMo's layer: the reference with q/k norms per head instead of over
+// the whole rows, with the post-norms placed before the blocks (llama's layout), or (OLMo 3) with
+// its sliding layers rotated by YaRN as the global one is, each leaves the tolerance far behind.
+TEST_CASE("tiny generated models: olmo2's whole-row q/k norms, post-norm placement and OLMo 3's plain local RoPE matter") {
+  for (const std::string arch : {"olmo2", "olmo3"}) {
+    const Spec s = spec_of(arch, GgmlType::Q8_0);
+    const auto ids = prompt(s, 12, 11);
+    const Model m = make_model(s);
+    const auto got = run_prompt(*load(m, 64), ids);
+    compare(m, ids, got, arch == "olmo3" ? "OLMo 3 (window, YaRN)" : "OLMo 2");
+    for (const char* wrong : {"per-head q/k norms", "pre-norm placement", "YaRN on sliding layers"}) {
+      Spec w = s;
+      w.olmo_per_head_norm = wrong[0] == 'p' && wrong[1] == 'e';
+      w.olmo_pre_norm = wrong[0] == 'p' && wrong[1] == 'r';
+      w.olmo_yarn_everywhere = wrong[0] == 'Y';
+      if (w.olmo_yarn_everywhere && arch != "olmo3") continue;
+      Model r = m;
+      r.spec = w;  // (the same file and weights; only the reference changes)
+      const auto d = deviation(r, ids, got);
+      std::printf("%-6s against a reference with %-22s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", arch.c_str(), wrong,
+                  d.max_d, d.mean_d, d.sd);
+      INFO(arch << ": " << wrong);
+      CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+      CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+    }
+  }
+}
+
 TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original context, long ones past it") {
   const Spec s = spec_of("phi3", GgmlType::Q8_0);
   const Model m = make_model(s);
@@ -701,7 +822,7 @@ TEST_CASE("tiny generated models: phi3's short RoPE factors up to the original c
 }
 
 TEST_CASE("tiny generated models: chunked prefill and token-by-token decode equal one batch") {
-  for (const std::string arch : {"llama", "gemma3", "qwen2moe", "gpt-oss", "granite"}) {  // (experts: decode runs them as one job)
+  for (const std::string arch : {"llama", "gemma3", "qwen2moe", "gpt-oss", "granite", "smollm3", "olmo3"}) {  // (experts: decode runs them as one job)
     const Spec s = spec_of(arch, GgmlType::Q8_0);
     const auto ids = prompt(s, 17, 3);  // longer than the sliding window: the rings wrap
     const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -879,6 +1000,28 @@ TEST_CASE("config: missing and inconsistent keys are all reported in one error")
   }
 }
 
+TEST_CASE("config: smollm3's every 4th layer without RoPE (no key in its files); its preset") {
+  ShapePreset p{"t", "smollm3", "test", 9, 64, 2, 1, 32, 64, 300, 128, true, 0, 0, 1e4f, 1e-5f, false};
+  auto config = [](const ShapePreset& s) {
+    const auto bytes = synth_writer(s, {}).to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  const ModelConfig c = config(p);
+  CHECK(c.rope_style == RopeStyle::Adjacent);
+  for (int l = 0; l < 9; ++l) {
+    INFO("layer " << l);
+    CHECK(c.is_nope(l) == (l == 3 || l == 7));
+    CHECK(c.rope_dims(l) == (c.is_nope(l) ? 0 : 32));
+  }
+  CHECK_THAT(c.summary(), Catch::Contains("2 layers without RoPE"));
+  p.architecture = "llama";  // the same tensors rotate in every layer
+  const ModelConfig l = config(p);
+  for (int i = 0; i < 9; ++i) CHECK_FALSE(l.is_nope(i));
+  const ShapePreset& s3 = find_preset("smollm3-3b");  // HuggingFaceTB/SmolLM3-3B's config.json
+  CHECK((s3.n_layer == 36 && s3.n_embd == 2048 && s3.n_head == 16 && s3.n_head_kv == 4 && s3.head_dim == 128 &&
+         s3.n_ff == 11008 && s3.n_vocab == 128256 && s3.tied && s3.rope_base == 5e6f));
+}
+
 TEST_CASE("config: granite's multipliers from the file (0 or absent: none); its biases and a shared expert refused") {
   ShapePreset p{"t", "granite", "test", 1, 64, 2, 1, 32, 64, 300, 128, true, 0, 0, 1e4f, 1e-5f, false};
   auto config = [](gguf::Writer& w) {
@@ -914,6 +1057,45 @@ TEST_CASE("config: granite's multipliers from the file (0 or absent: none); its 
   CHECK((c.n_expert == 4 && c.n_ff_exp == 64 && c.expert_weights_norm && c.logit_scale == 8.f));
   mw.set("granitemoe.expert_shared_feed_forward_length", gguf::Value::of_u32(64));
   CHECK_THROWS_WITH(config(mw), Catch::Contains("GraniteMoeShared"));
+}
+
+TEST_CASE("config: olmo2 (no pre-norms, whole-row q/k norms; OLMo 3's per-layer windows and YaRN on the global layers) and olmoe") {
+  ShapePreset p{"t", "olmo2", "test", 4, 64, 2, 1, 32, 64, 300, 128, false, 0, 4, 5e5f, 1e-6f, false};
+  auto config = [](gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  gguf::Writer w = synth_writer(p, {});  // OLMo 2: no window, no YaRN
+  ModelConfig c = config(w);
+  CHECK((c.rope_style == RopeStyle::NeoX && !c.pre_norms && c.post_norms && c.qk_norm && c.qk_norm_full));
+  CHECK((c.q_norm_width() == 64 && c.k_norm_width() == 32 && c.rope_scaling == "none"));
+  CHECK(c.layer_window == std::vector<int>{0, 0, 0, 0});
+  p.sliding_window = 8;  // OLMo 3: layers 0-2 sliding (the flags synth writes), plain RoPE there
+  w = synth_writer(p, {});
+  c = config(w);
+  CHECK(c.layer_window == std::vector<int>{8, 8, 8, 0});
+  CHECK(c.rope_scaling == "yarn");
+  CHECK(c.attn_factor(3) == Approx(1 + 0.1 * std::log(8.0)));
+  CHECK(c.attn_factor(0) == 1.f);
+  CHECK(c.freqs(0).back() == Approx(std::pow(5e5, -30.0 / 32)));       // the plain frequency
+  CHECK(c.freqs(3).back() == Approx(std::pow(5e5, -30.0 / 32) / 8));   // interpolated
+  std::vector<gguf::Value> flags;
+  for (bool b : {false, true, true, false}) flags.push_back(gguf::Value::of_bool(b));
+  w.set("olmo2.attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::BOOL, flags));
+  CHECK(config(w).layer_window == std::vector<int>{0, 8, 8, 0});
+  flags.pop_back();
+  w.set("olmo2.attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::BOOL, flags));
+  CHECK_THROWS_WITH(config(w), Catch::Contains("4 booleans"));
+  // OLMoE: pre-norms, the whole-row norms, top-k weights not renormalized.
+  ShapePreset m = p;
+  m.architecture = "olmoe";
+  m.sliding_window = 0;
+  m.n_expert = 4, m.n_expert_used = 2, m.n_ff_exp = m.n_ff;
+  gguf::Writer mw = synth_writer(m, {});
+  c = config(mw);
+  CHECK((c.pre_norms && c.qk_norm_full && c.n_expert == 4 && c.n_ff_exp == 64 && !c.expert_weights_norm));
+  const ShapePreset& o7 = find_preset("olmo3-7b");
+  CHECK((o7.n_layer == 32 && o7.n_embd == 4096 && o7.n_ff == 11008 && o7.sliding_window == 4096 && o7.swa_period == 4));
 }
 
 TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long ones") {

@@ -2,7 +2,7 @@
 """A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
-Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe), not from Baton's.
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
@@ -12,7 +12,10 @@ Families: llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gpt
 windows on even layers, sinks, biases, the clamped SwiGLU), granite and granitemoe (embeddings times
 embedding_multiplier, each block's output times residual_multiplier before its residual add, q.k
 times attention_multiplier, logits divided by logits_scaling; the MoE's softmax over the top k router
-logits); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+logits), olmo2 (OLMo 2 and 3: no input norms, whole-row q/k norms, post-norms; OLMo 3's sliding
+layers with plain RoPE, its full ones with YaRN), olmoe (whole-row q/k norms, top-k weights not
+renormalized) and smollm3 (llama's layer; the layers l with (l + 1) % 4 == 0, no_rope_layer_interval,
+without RoPE); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
 """
@@ -47,9 +50,12 @@ def main():
     R = g("rope.dimension_count", D)
     X, K = g("expert_count", 0), g("expert_used_count", 0)
     eps, base = g("attention.layer_norm_rms_epsilon"), g("rope.freq_base", 10000.0)
-    renorm = arch != "qwen2moe"  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
+    renorm = arch not in ("qwen2moe", "olmoe")  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
     granite = arch in ("granite", "granitemoe")
-    neox = arch != "llama" and not granite  # the llama and granite converters permute q/k for adjacent pairs
+    # the llama, granite and smollm3 converters permute q/k for adjacent pairs
+    neox = arch not in ("llama", "smollm3") and not granite
+    # SmolLM3: every 4th layer uses no rotary embedding (its files carry no key for the interval)
+    nope = [arch == "smollm3" and (l + 1) % 4 == 0 for l in range(L)]
     # Granite's multipliers (GGUF: embedding_scale, residual_scale, attention.scale, logit_scale;
     # 0 or absent: none).
     emb_mult = (g("embedding_scale", 0.0) or 1.0) if granite else 1.0
@@ -58,16 +64,33 @@ def main():
     logit_div = (g("logit_scale", 0.0) or 1.0) if granite else 1.0
     oai = arch == "gpt-oss"
     window = g("attention.sliding_window", 0) if oai else 0  # gpt-oss: layers 0, 2, 4, ... slide
+    # OLMo 2 / OLMo 3 (Olmo2/Olmo3ForCausalLM) and OLMoE: q_norm and k_norm over the whole projected
+    # rows; olmo2 has no input norms, its attention and MLP outputs normed before each residual add.
+    # OLMo 3's files carry a window and a flag per layer (true: sliding); its sliding layers rotate
+    # with the plain frequencies, its full ones with the YaRN ones.
+    olmo, post_only = arch in ("olmo2", "olmoe"), arch == "olmo2"
+    sliding = [False] * L
+    if oai:
+        sliding = [l % 2 == 0 for l in range(L)]
+    elif arch == "olmo2" and g("attention.sliding_window", 0) > 0:
+        window = g("attention.sliding_window")
+        f = fields.get(f"{arch}.attention.sliding_window_pattern")
+        if f is not None and len(f.data) == L:
+            sliding = [bool(f.parts[i][0]) for i in f.data]
+        else:
+            sliding = [(l + 1) % 4 != 0 for l in range(L)]
 
     # RoPE frequencies; gpt-oss's YaRN as its config.json has it (beta_fast 32, beta_slow 1,
     # "truncate": false: the ramp's ends are not rounded to whole pairs).
     half = R // 2
     theta = base ** (-np.arange(half) * 2.0 / R)
-    mscale = 1.0
+    theta_plain, mscale = theta, 1.0
     if g("rope.scaling.type", "none") == "yarn":
         factor, ctx0 = g("rope.scaling.factor"), g("rope.scaling.original_context_length")
         turning = lambda r: R * np.log(ctx0 / (r * 2 * np.pi)) / (2 * np.log(base))
         lo, hi = max(turning(32.0), 0.0), min(turning(1.0), R - 1)
+        if olmo:  # Olmo3's rope config leaves truncate at its default: the ramp's ends whole pairs
+            lo, hi = max(np.floor(turning(32.0)), 0.0), min(np.ceil(turning(1.0)), R - 1)
         interp = np.clip((np.arange(half) - lo) / max(hi - lo, 0.001), 0, 1)
         theta = theta / factor * interp + theta * (1 - interp)
         mscale = 0.1 * np.log(factor) + 1
@@ -75,9 +98,10 @@ def main():
     def rms(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
-    def rope(v, pos):  # v [n, heads, D]; the first R dims of each head rotate
-        a = pos[:, None] * theta[None]
-        c, s = np.cos(a)[:, None] * mscale, np.sin(a)[:, None] * mscale
+    def rope(v, pos, plain=False):  # v [n, heads, D]; the first R dims of each head rotate
+        a = pos[:, None] * (theta_plain if plain else theta)[None]
+        m = 1.0 if plain else mscale
+        c, s = np.cos(a)[:, None] * m, np.sin(a)[:, None] * m
         o = v.copy()
         if neox:
             x0, x1 = v[..., :half], v[..., half:R]
@@ -105,20 +129,24 @@ def main():
     margin = np.inf
     for l in range(L):
         b = f"blk.{l}."
-        h = rms(x, T[b + "attn_norm.weight"])
+        h = x if post_only else rms(x, T[b + "attn_norm.weight"])
         q, k, v = (h @ T[b + f"attn_{m}.weight"].T for m in "qkv")
         if b + "attn_q.bias" in T:
             q, k, v = q + T[b + "attn_q.bias"], k + T[b + "attn_k.bias"], v + T[b + "attn_v.bias"]
-        q, k, v = q.reshape(n, H, D), k.reshape(n, HKV, D), v.reshape(n, HKV, D)
-        if b + "attn_q_norm.weight" in T:
+        if olmo:  # over the whole rows
             q, k = rms(q, T[b + "attn_q_norm.weight"]), rms(k, T[b + "attn_k_norm.weight"])
-        q, k = rope(q, pos), rope(k, pos)
+        q, k, v = q.reshape(n, H, D), k.reshape(n, HKV, D), v.reshape(n, HKV, D)
+        if b + "attn_q_norm.weight" in T and not olmo:
+            q, k = rms(q, T[b + "attn_q_norm.weight"]), rms(k, T[b + "attn_k_norm.weight"])
+        plain = olmo and sliding[l]  # (gpt-oss's sliding layers rotate as its full ones)
+        if not nope[l]:
+            q, k = rope(q, pos, plain), rope(k, pos, plain)
         o = np.zeros((n, H, D))
         for hh in range(H):
             kv = hh // (H // HKV)
             s = q[:, hh] @ k[:, kv].T * q_scale
             s[np.triu_indices(n, 1)] = -np.inf
-            if window and l % 2 == 0:
+            if window and sliding[l]:
                 s[np.tril_indices(n, -window)] = -np.inf  # keys window or more tokens back
             sink = T[b + "attn_sinks.weight"][hh] if oai else -np.inf
             mx = np.maximum(s.max(1, keepdims=True), sink)
@@ -127,7 +155,13 @@ def main():
         a = o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
         if oai:
             a = a + T[b + "attn_output.bias"]
+        if post_only:
+            a = rms(a, T[b + "post_attention_norm.weight"])
         x = x + a * res_mult
+        if post_only:
+            y = swiglu(x, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"])
+            x = x + rms(y, T[b + "post_ffw_norm.weight"])
+            continue
         h = rms(x, T[b + ("post_attention_norm.weight" if oai else "ffn_norm.weight")])
         if X == 0:
             x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"]) * res_mult

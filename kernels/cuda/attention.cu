@@ -756,7 +756,7 @@ void attention(Context& c, const AttentionArgs& a, int max_len, bool q8_out, con
   check_args(a);
   if (rope.k) {
     const int d = a.kv.head_dim;
-    if (rope.rope_dim <= 0 || rope.rope_dim % 2 != 0 || rope.rope_dim > d)
+    if (rope.rope_dim < 0 || rope.rope_dim % 2 != 0 || rope.rope_dim > d)  // (0: a NoPE layer, the staging only)
       input_error(cat("CUDA attention: rope_dim ", rope.rope_dim, " must be even and at most the head dim ", d));
     if (!rope.v || !rope.freqs || !a.k_new || !a.v_new) input_error("CUDA attention: rope without its v rows, frequencies or staging rows");
     if (a.kv.type == GgmlType::Q8_0 &&

@@ -201,7 +201,8 @@ __global__ void kv_q8_kernel(KvRows k, KvRows v, int n) {
 // The decode step's rope and staging in one launch: blockIdx.x the token, blockIdx.y the part.
 // q (0): rotated in place, a thread per pair (as rope_kernel). k (1): a thread per value of the
 // row, its rotated value computed from its pair in the F32 row (left as it was) and stored as the
-// KV type, warps of 32 values for Q8_0. v (2): stored as the KV type.
+// KV type, warps of 32 values for Q8_0. v (2): stored as the KV type. rope_dim 0 (a NoPE layer):
+// the q blocks have no pair to rotate and k's values pass through rope_value unrotated.
 template <bool Q8>
 __global__ void __launch_bounds__(256)
 rope_stage_kernel(RopeRows q, KvRows k, KvRows v, int head_dim, int rope_dim, const int32_t* __restrict__ pos,
@@ -256,7 +257,7 @@ void kv_convert_kv(Context& c, GgmlType type, const KvRows& k, const KvRows& v, 
 
 void rope_stage(Context& c, GgmlType type, const RopeRows& q, const KvRows& k, const KvRows& v, int n_tok, int head_dim,
                 int rope_dim, const int32_t* pos, const float* freqs, bool neox, float mscale) {
-  if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
+  if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope_stage: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
   if (type != GgmlType::F16 && type != GgmlType::Q8_0)
     input_error(cat("CUDA rope_stage: KV type ", type_name(type), " is not F16 or Q8_0"));

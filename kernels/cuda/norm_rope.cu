@@ -148,9 +148,9 @@ rope_kernel(RopeRows q, RopeRows k, int head_dim, int rope_dim, const int32_t* _
 
 static void rope_launch(Context& c, const RopeRows& q, const RopeRows* k, int n_tok, int head_dim, int rope_dim,
                         const int32_t* pos, const float* freqs, bool neox, float mscale) {
-  if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
+  if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim || rope_dim > 2048)
     input_error(cat("CUDA rope: rope_dim ", rope_dim, " must be even and at most head_dim ", head_dim));
-  if (n_tok <= 0) return;
+  if (n_tok <= 0 || rope_dim == 0) return;  // (0: a NoPE layer, nothing rotates)
   const int heads = std::max(q.n_head, k ? k->n_head : 0);
   const dim3 grid(unsigned(n_tok), k ? 2u : 1u, unsigned(ceil_div(int64_t(heads) * (rope_dim / 2), kRopeThreads)));
   launch_early(c.early_launch, rope_kernel, grid, kRopeThreads, static_cast<cudaStream_t>(c.stream()), q, k ? *k : q,

@@ -380,7 +380,8 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
 // RoPE for n_tok tokens: token t (n_head heads, head_dim apart, `stride` floats from token to
 // token) at position pos[t] (device). freqs (device, rope_dim/2): angle per position of pair i.
 // neox=false: pairs (2i, 2i+1); true: (i, i + rope_dim/2). Angles in double, as on the CPU.
-// mscale multiplies cos and sin (LongRoPE's attention factor; 1 for every other model).
+// mscale multiplies cos and sin (LongRoPE's attention factor; 1 for every other model). rope_dim 0
+// rotates nothing (a NoPE layer), here and in rope_qk, rope_stage and attention's RopeStage.
 void rope(Context& c, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim,
           const int32_t* pos, const float* freqs, bool neox, float mscale = 1.f);
 // The same for q and k of the same tokens in one launch (as rope on q, then on k).

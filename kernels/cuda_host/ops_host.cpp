@@ -462,8 +462,9 @@ void add_rms_norm(Context& c, float* x, const float* d, const float* w, float* y
 
 void rope(Context&, float* x, int n_tok, size_t stride, int n_head, int head_dim, int rope_dim, const int32_t* pos,
           const float* freqs, bool neox, float mscale) {
-  if (rope_dim % 2 != 0 || rope_dim > head_dim)
+  if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
     input_error(fmt::format("CUDA rope: rope_dim {} must be even and at most head_dim {}", rope_dim, head_dim));
+  if (rope_dim == 0) return;  // (a NoPE layer, nothing rotates)
   const int half = rope_dim / 2;
   std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   for (int t = 0; t < n_tok; ++t) {
