@@ -268,7 +268,7 @@ int run(const BatchOpts& o) {
   const bool tty = stderr_is_tty();
   const int total = int(todo.size());
   int n_done = 0, n_ok = 0, n_failed = 0;
-  long gen_tokens = 0, prompt_tokens = 0, drafted = 0, drafts_kept = 0;
+  long gen_tokens = 0, prompt_tokens = 0, prompt_evaluated = 0, drafted = 0, drafts_kept = 0;
   auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto progress = [&] {
@@ -329,6 +329,7 @@ int run(const BatchOpts& o) {
     n_ok++;
     gen_tokens += r.completion_tokens();
     prompt_tokens += r.prompt_tokens;
+    prompt_evaluated += r.prompt_evaluated;
     drafted += r.drafted;
     drafts_kept += r.draft_accepted;
     progress();
@@ -338,9 +339,12 @@ int run(const BatchOpts& o) {
   if (tty) std::fprintf(stderr, "\r\033[K");
   double s = elapsed();
   const std::string lookup = drafted > 0 ? fmt::format(" | lookup {}/{} drafts kept", drafts_kept, drafted) : "";
-  std::fprintf(stderr, "%d ok, %d failed%s | %ld prompt + %ld generated tokens | %.1f s | %.1f generated tok/s%s\n", n_ok,
-               n_failed, interrupted() ? fmt::format(", {} not done (interrupted)", total - n_done).c_str() : "",
-               prompt_tokens, gen_tokens, s, s > 0 ? gen_tokens / s : 0.0, lookup.c_str());
+  // Prompt tokens a slot had cached, or copied from another slot's shared start, were not evaluated.
+  const std::string reused =
+      prompt_evaluated < prompt_tokens ? fmt::format(" ({} evaluated)", prompt_evaluated) : "";
+  std::fprintf(stderr, "%d ok, %d failed%s | %ld prompt%s + %ld generated tokens | %.1f s | %.1f generated tok/s%s\n",
+               n_ok, n_failed, interrupted() ? fmt::format(", {} not done (interrupted)", total - n_done).c_str() : "",
+               prompt_tokens, reused.c_str(), gen_tokens, s, s > 0 ? gen_tokens / s : 0.0, lookup.c_str());
   return interrupted() ? 130 : 0;
 }
 

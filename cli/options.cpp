@@ -346,6 +346,8 @@ void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
 EngineOptions engine_options(const SamplingFlags& f) {
   EngineOptions o;
   o.lookup = f.lookup;
+  const char* share = std::getenv("BATON_SHARE_PREFIXES");  // 0: every slot evaluates its whole prompt
+  o.share_prefixes = !(share && std::string_view(share) == "0");
   return o;
 }
 

@@ -56,17 +56,26 @@ inline size_t output_words(uint8_t mode, size_t n_vocab, size_t n_embd) {
   }
 }
 
+// Before a batch's tokens: sequence `dst` becomes the first n positions of sequence `src` (their
+// KV cache rows copied, whatever dst held dropped), so a prompt that starts as another slot's does
+// not evaluate that start again (Engine). src's n positions must have been submitted in earlier
+// batches; every stage makes the copy when the batch reaches it, so it sees them written.
+struct SeqCopy {
+  int32_t src = 0, dst = 0, n = 0;
+};
+
 struct Batch {
   std::vector<int32_t> token;   // token id
   std::vector<int32_t> pos;     // position of the token in its sequence (0-based)
   std::vector<int32_t> seq;     // sequence slot (0 .. n_seq-1), selects the KV cache rows
   std::vector<uint8_t> logits;  // LogitsMode: which tokens produce an output row, and what it holds
+  std::vector<SeqCopy> copies;  // done first, in order (Pipeline::copy_limit)
 
   void add(int32_t t, int32_t p, int32_t s, uint8_t mode) {
     token.push_back(t); pos.push_back(p); seq.push_back(s); logits.push_back(mode);
   }
   void add(int32_t t, int32_t p, int32_t s, bool want_logits) { add(t, p, s, uint8_t(want_logits ? kLogitsRow : kNoLogits)); }
-  void clear() { token.clear(); pos.clear(); seq.clear(); logits.clear(); }
+  void clear() { token.clear(); pos.clear(); seq.clear(); logits.clear(); copies.clear(); }
   int size() const { return int(token.size()); }
   // Output rows (tokens with any LogitsMode but kNoLogits), in batch order.
   int n_logits() const { int n = 0; for (auto l : logits) n += l != kNoLogits; return n; }

@@ -55,6 +55,7 @@ struct Engine::Active {
   int slot = -1;
   std::vector<int32_t> history;  // prompt + generated: what the repetition penalty looks at
   size_t next_prompt = 0;        // first prompt token not yet evaluated
+  bool looked_for_prefix = false;  // share_prefix has been tried (before its first prompt chunk)
   int32_t pending = -1;          // sampled, to be evaluated in the next step
   std::vector<int32_t> draft;    // prompt lookup: drafted behind `pending` in the step in flight
   size_t step_row = 0;           // its rows of that step looked at so far
@@ -301,6 +302,49 @@ void Engine::end_step(Active& a) {
   if (pipe_.seq_len(a.slot) > keep) pipe_.truncate_seq(a.slot, keep);
 }
 
+// Before a request's first prompt chunk: if another slot holds (from earlier steps) a longer start
+// of its prompt than its own slot kept, that start is copied into its slot (Batch::copies) instead
+// of evaluated again — batch requests sharing a system prompt or few-shot examples evaluate them
+// once. While a request admitted before it is still evaluating a longer shared start, it waits
+// (returns false) so that the start is evaluated once, not side by side.
+bool Engine::share_prefix(const std::deque<std::unique_ptr<Active>>& active,
+                          std::deque<std::unique_ptr<Active>>::const_iterator self, Batch& batch) {
+  Active& a = **self;
+  const auto& prompt = a.req.prompt;
+  const size_t limit = prompt.size() - 1;  // the last prompt token is evaluated for its logits
+  auto common = [&](const std::vector<int32_t>& v, size_t n) {
+    n = std::min(n, limit);
+    size_t c = 0;
+    while (c < n && v[c] == prompt[c]) c++;
+    return c;
+  };
+  const size_t copy_limit = size_t(std::max(0, pipe_.copy_limit()));
+  size_t best = a.next_prompt;
+  int from = -1;
+  if (opt_.share_prefixes && copy_limit > 0) {
+    for (size_t s = 0; s < cached_.size(); s++) {
+      // (The pipeline's length counts drafts in flight too: a ring must still hold position 0.)
+      if (int(s) == a.slot || size_t(pipe_.seq_len(int(s))) > copy_limit) continue;
+      const size_t c = common(cached_[s], submitted_[s]);
+      if (c > best) best = c, from = int(s);
+    }
+    for (auto it = active.begin(); it != self; ++it) {
+      const Active& b = **it;
+      const size_t c = common(b.req.prompt, b.req.prompt.size());
+      if (c >= best + kSharedWait && submitted_[size_t(b.slot)] < c && b.req.prompt.size() < copy_limit) return false;
+    }
+  }
+  a.looked_for_prefix = true;
+  if (from < 0) return true;
+  batch.copies.push_back({from, a.slot, int32_t(best)});
+  auto& mine = cached_[size_t(a.slot)];
+  mine.assign(cached_[size_t(from)].begin(), cached_[size_t(from)].begin() + std::ptrdiff_t(best));
+  submitted_[size_t(a.slot)] = best;
+  a.next_prompt = best;
+  a.res.prompt_evaluated = int(prompt.size() - best);
+  return true;
+}
+
 // One batch in the pipeline: what was submitted and whose logits rows come back.
 struct Engine::Step {
   uint64_t ticket = 0;
@@ -321,6 +365,9 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   st.chunks.clear();
   size_t decoders = 0;
   int budget = opt_.prefill_chunk;
+  // What each slot held before this step: a copy may only take positions earlier steps submitted.
+  submitted_.resize(cached_.size());
+  for (size_t s = 0; s < cached_.size(); s++) submitted_[s] = cached_[s].size();
   for (auto& a : active) {
     if (a->pending < 0 || a->waiting || decoders == cap) continue;
     const uint8_t mode = a->out_mode(n_vocab_);
@@ -345,8 +392,10 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     a->waiting = true;
     decoders++;
   }
-  for (auto& a : active) {
+  for (auto it = active.begin(); it != active.end(); ++it) {
+    auto& a = *it;
     if (!a->prefilling() || budget <= 0) continue;
+    if (!a->looked_for_prefix && !share_prefix(active, it, st.batch)) continue;  // waits for a shared start
     size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
     size_t pos = cached_[a->slot].size();
     for (size_t i = 0; i < take; i++) {

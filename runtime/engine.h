@@ -20,6 +20,7 @@
 
 namespace baton {
 
+struct Batch;
 class Grammar;
 class Pipeline;
 class TokenTrie;
@@ -102,6 +103,10 @@ struct EngineOptions {
   // of one. 0: off.
   int lookup = 0;
   int lookup_ngram_min = 2, lookup_ngram_max = 4;
+  // A request whose prompt starts as what another slot holds copies that start into its own slot
+  // instead of evaluating it (Batch::copies; the pipeline must make copies, Pipeline::copy_limit).
+  // The KV rows are copied bit for bit, so replies do not change.
+  bool share_prefixes = true;
 };
 
 // Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens of
@@ -142,6 +147,11 @@ class Engine {
   void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel);
   bool admit(Active& a);
   size_t draft_room(const Active& a, size_t budget) const;
+  // A request waits for an earlier one evaluating a start they share when it is this much longer
+  // than what it can copy now.
+  static constexpr size_t kSharedWait = 16;
+  bool share_prefix(const std::deque<std::unique_ptr<Active>>& active,
+                    std::deque<std::unique_ptr<Active>>::const_iterator self, Batch& batch);
   void end_step(Active& a);
   void finish(Active& a, FinishReason why);
   void accept(Active& a, int32_t token);
@@ -155,6 +165,7 @@ class Engine {
   int n_ctx_ = 0;
   int n_vocab_ = 0;
   std::vector<std::vector<int32_t>> cached_;  // per slot: tokens in its KV cache, in order
+  std::vector<size_t> submitted_;             // per slot: cached_'s length before the step being built
   std::unique_ptr<TokenTrie> trie_, trie_first_;
   std::vector<int32_t> eog_ids_;              // with trie_: the end-of-generation tokens
 };

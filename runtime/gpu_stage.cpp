@@ -779,6 +779,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   ks.n_ctx = opt.n_ctx;
   ks.type = opt.kv_type;
   max_rewind_ = KvCache::max_rewind(cfg, ks);
+  copy_limit_ = KvCache::copy_limit(cfg, ks);
   for (int l = g.begin; l < g.end; ++l) {
     cuda::KvLayer L;
     L.type = opt.kv_type;
@@ -925,6 +926,15 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   // Staging rows are the batch rows: the attention and commit kernels read a sequence's staged
   // keys from row0 on, so each sequence's tokens must be contiguous in the batch (as the engine
   // and the pipeline build them).
+  // Sequence copies first, on the stream (so after every earlier batch's writes, and outside any
+  // graph a step captures): positions 0..n-1 are cells 0..n-1 of each layer, one run of rows.
+  for (const SeqCopy& cp : batch.copies)
+    for (const cuda::KvLayer& L : g.kv) {
+      BATON_CHECK(cp.n <= L.n_cells);
+      const size_t from = size_t(cp.src) * size_t(L.n_cells), to = size_t(cp.dst) * size_t(L.n_cells);
+      cuda::copy_on_device(g.ctx, L.k + to * L.k_row, L.k + from * L.k_row, size_t(cp.n) * L.k_row);
+      cuda::copy_on_device(g.ctx, L.v + to * L.v_row, L.v + from * L.v_row, size_t(cp.n) * L.v_row);
+    }
   stage_rows(batch, g.n_seq, g.h_first.data(), g.h_row0.data(), g.h_row.data());
   int max_len = 1;
   for (int t = 0; t < n; ++t) {

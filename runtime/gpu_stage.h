@@ -46,6 +46,7 @@ class GpuStage : public ModelStage {
   const Stage& plan() const override { return plan_; }
   int n_threads() const override { return 1; }
   int max_rewind() const override { return max_rewind_; }
+  int copy_limit() const override { return copy_limit_; }
   uint64_t measured_bytes() const override;
   // The GEMV forms measured at load (BATON_GEMV_TUNE; docs/GPU.md), one line per op and width.
   std::vector<std::string> notes() const override;
@@ -55,6 +56,7 @@ class GpuStage : public ModelStage {
  private:
   Stage plan_;
   int max_rewind_ = 0;
+  int copy_limit_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

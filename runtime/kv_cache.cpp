@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include "gguf/error.h"
 #include "runtime/buffers.h"
@@ -60,6 +61,26 @@ KvCache::KvCache(const ModelConfig& c, const KvCacheShape& s) : shape_(s) {
 cpu::KvLayerView KvCache::layer(int layer) const {
   BATON_CHECK(layer >= shape_.layer_begin && layer < shape_.layer_end);
   return layers_[size_t(layer - shape_.layer_begin)].view;
+}
+
+int KvCache::copy_limit(const ModelConfig& c, const KvCacheShape& s) {
+  int limit = INT_MAX;
+  for (int l = s.layer_begin; l < s.layer_end; ++l)
+    if (cells(c, s, l) < s.n_ctx) limit = std::min(limit, cells(c, s, l));
+  return limit;
+}
+
+void KvCache::copy_prefix(int src, int dst, int n) {
+  BATON_CHECK(src >= 0 && src < shape_.n_seq && dst >= 0 && dst < shape_.n_seq && src != dst);
+  BATON_CHECK(n >= 0 && n <= shape_.n_ctx);
+  for (const Layer& L : layers_) {
+    const cpu::KvLayerView& v = L.view;
+    BATON_CHECK(n <= v.n_cells);  // positions 0..n-1 in cells 0..n-1, one run per head
+    for (int g = 0; g < v.n_head_kv; ++g) {
+      std::memcpy(v.k_at(dst, g, 0), v.k_at(src, g, 0), size_t(n) * v.k_head_bytes());
+      std::memcpy(v.v_at(dst, g, 0), v.v_at(src, g, 0), size_t(n) * v.v_head_bytes());
+    }
+  }
 }
 
 int KvCache::max_rewind(const ModelConfig& c, const KvCacheShape& s) {

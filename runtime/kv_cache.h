@@ -41,6 +41,11 @@ class KvCache {
   // otherwise.
   int max_rewind() const { return max_rewind_; }
   static int max_rewind(const ModelConfig& c, const KvCacheShape& shape);  // the same, from the shape
+  // The longest sequence whose first positions copy_prefix can copy: the fewest cells a layer
+  // keeps (a ring's; INT_MAX when every layer keeps n_ctx).
+  static int copy_limit(const ModelConfig& c, const KvCacheShape& shape);
+  // Sequence dst's first n positions become src's (n <= copy_limit; src holds at most that many).
+  void copy_prefix(int src, int dst, int n);
 
  private:
   struct Layer {

@@ -74,6 +74,11 @@ class CpuPipeline final : public ModelPipeline {
     return rewind;
   }
   int seq_len(int seq) const override { check_seq(seq); return len_[size_t(seq)]; }
+  int copy_limit() const override {
+    int limit = std::numeric_limits<int>::max();
+    for (const auto& s : stages_) limit = std::min(limit, s->copy_limit());
+    return limit;
+  }
   std::vector<StageInfo> stages() const override {
     std::vector<StageInfo> out;
     for (const auto& s : stages_) {
@@ -329,6 +334,7 @@ std::vector<std::unique_ptr<Piece>> CpuPipeline::prepare(const Batch& b, float* 
     const int i1 = std::min(n, i0 + n_batch_);
     for (int i = i0; i < i1; ++i)
       piece->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
+    if (i0 == 0) piece->batch.copies = b.copies;  // before any token, at every stage
     piece->logits = logits + out_rows * size_t(cfg_.n_vocab);
     out_rows += size_t(piece->batch.n_logits());
     piece->x.resize(size_t(i1 - i0) * size_t(cfg_.n_embd));
@@ -422,6 +428,7 @@ void CpuPipeline::decode(const Batch& b, float* logits) {
   for (size_t g = 0; g < order.size(); ++g) group_of[size_t(order[g])] = int(g / per_group);
   const size_t V = size_t(cfg_.n_vocab);
   std::vector<Batch> groups(n_groups);
+  groups[0].copies = b.copies;  // submitted first: every stage copies before any group's tokens
   std::vector<std::vector<size_t>> rows_of(n_groups);  // each group's logits rows in batch order
   size_t row = 0;
   for (int i = 0; i < b.size(); ++i) {

@@ -89,7 +89,9 @@ class Pipeline {
   // batches in submission order, so a batch may continue a sequence that a batch still in flight
   // extends (the next prompt chunk); positions are checked against what has been submitted.
   // Tickets may be waited in any order; each exactly once. truncate_seq must not be called on a
-  // sequence with work in flight. A pipeline is driven from one thread at a time.
+  // sequence with work in flight that extends it; batches submitted before a truncation that only
+  // read the sequence (Batch::copies from it) still see it as it was. A pipeline is driven from one
+  // thread at a time.
   // The default is synchronous (submit evaluates with decode, wait returns at once), so a
   // pipeline only has to implement decode(); pipelines that overlap work override all three.
   virtual uint64_t submit(const Batch& batch, float* logits) {
@@ -107,6 +109,10 @@ class Pipeline {
   // the last position; unlimited (INT_MAX) otherwise.
   virtual int max_rewind() const { return std::numeric_limits<int>::max(); }
   virtual int seq_len(int seq) const = 0;
+  // Batch::copies: the longest sequence a copy may take its first positions from (sliding-window
+  // rings keep only their last cells, so a sequence that has outgrown its ring cannot be copied
+  // from); INT_MAX without rings; 0: this pipeline makes no copies (a batch with any is refused).
+  virtual int copy_limit() const { return 0; }
   // The stages in pipeline order (empty for pipelines that have no stages to show).
   virtual std::vector<StageInfo> stages() const { return {}; }
 

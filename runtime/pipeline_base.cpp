@@ -62,6 +62,18 @@ std::vector<int> ModelPipeline::check_batch(const Batch& b) const {
   if (b.pos.size() != size_t(n) || b.seq.size() != size_t(n) || b.logits.size() != size_t(n))
     fail(ErrorKind::Usage, "batch arrays differ in length");
   std::vector<int> next(len_);
+  if (!b.copies.empty() && copy_limit() == 0) fail(ErrorKind::Usage, "this pipeline does not copy sequences");
+  for (const SeqCopy& c : b.copies) {
+    check_seq(c.src);
+    check_seq(c.dst);
+    if (c.src == c.dst || c.n < 0 || c.n > next[size_t(c.src)])
+      fail(ErrorKind::Usage, "copy of {} positions from sequence {} (holding {}) to sequence {} is not possible", c.n,
+           c.src, next[size_t(c.src)], c.dst);
+    if (next[size_t(c.src)] > copy_limit())
+      fail(ErrorKind::Usage, "sequence {} holds {} positions, more than its sliding-window rings keep ({}): its start "
+           "cannot be copied", c.src, next[size_t(c.src)], copy_limit());
+    next[size_t(c.dst)] = c.n;
+  }
   bool hidden = false, other = false;  // kHidden rows and rows of other output modes
   for (uint8_t mode : b.logits) hidden |= mode == kHidden, other |= mode != kHidden && mode != kNoLogits;
   if (hidden && other) fail(ErrorKind::Usage, "a batch's output rows are all hidden states (kHidden) or none of them");

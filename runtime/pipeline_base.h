@@ -35,9 +35,10 @@ class ModelPipeline : public Pipeline {
   PlanOptions plan_options(const LoadOptions& opt) const;
   // Error(Usage) unless seq names one of the n_seq sequences.
   void check_seq(int seq) const;
-  // Checks a whole batch before any state is touched: equal array lengths, token ids inside the
-  // vocabulary, existing sequences, positions that continue each sequence's cache (as submitted
-  // so far) and stay inside the context. Returns the sequence lengths after the batch; the
+  // Checks a whole batch before any state is touched: its copies (existing, distinct sequences,
+  // no more positions than the source holds, a source within copy_limit()), then equal array
+  // lengths, token ids inside the vocabulary, existing sequences, positions that continue each
+  // sequence's cache (as submitted so far and copied) and stay inside the context. Returns the sequence lengths after the batch; the
   // caller stores them in len_ once it accepts the batch. Error(Usage) names the first problem.
   std::vector<int> check_batch(const Batch& b) const;
 

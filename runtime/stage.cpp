@@ -41,6 +41,7 @@ void CpuStage::borrow_pool(cpu::ThreadPool* p) {
 void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   BATON_CHECK(batch.size() > 0 && batch.size() <= n_batch_);
   cpu::ThreadPool& pool = borrowed_ ? *borrowed_ : *pool_;
+  for (const SeqCopy& c : batch.copies) kv_->copy_prefix(c.src, c.dst, c.n);
   if (plan_.has_embedding) embed(cfg_, weights_, batch, x);
   forward_layers(cfg_, weights_, *kv_, batch, begin_, end_, x, *scratch_, pool);
   if (!plan_.has_output) return;

@@ -69,6 +69,9 @@ class ModelStage {
   virtual cpu::ThreadPool* pool() { return nullptr; }
   virtual void borrow_pool(cpu::ThreadPool*) {}
   virtual int max_rewind() const = 0;
+  // Batch::copies: the longest sequence its KV cache can copy the start of (KvCache::copy_limit).
+  // forward() makes a batch's copies before its tokens.
+  virtual int copy_limit() const = 0;
   // Weights + KV cache + scratch + buffers as allocated: what the planner sized.
   virtual uint64_t measured_bytes() const = 0;
   // What the stage measured at load and chose by it, one line each (--verbose prints them).
@@ -89,6 +92,7 @@ class CpuStage : public ModelStage {
   cpu::ThreadPool* pool() override { return pool_.get(); }
   void borrow_pool(cpu::ThreadPool* p) override;
   int max_rewind() const override { return kv_->max_rewind(); }
+  int copy_limit() const override { return KvCache::copy_limit(cfg_, kv_->shape()); }
   // Weights bound + KV cache + scratch + the head's logits buffer: what the planner sized.
   uint64_t measured_bytes() const override;
 

@@ -81,6 +81,43 @@ inline std::string greedy(Pipeline& p, const std::vector<int32_t>& ids, int max_
   return tok.decode(out);
 }
 
+// Batch::copies through a real pipeline (n_seq >= 3): a prompt evaluated in sequence 0, its first
+// `shared` positions in one batch (next to two tokens of sequence 1) and the rest in another;
+// sequence 1 then gets those positions copied from 0 (replacing what it held) and evaluates the
+// rest in a batch of the same shape, and sequence 2 the same from 1. Returns the largest
+// difference of their logits rows from sequence 0's: the same arithmetic on the same bits, so 0.
+inline float seq_copy_max_diff(Pipeline& p, int len, int shared) {
+  REQUIRE(p.copy_limit() >= len);
+  REQUIRE((0 < shared && shared < len));
+  const size_t V = size_t(p.n_vocab());
+  std::vector<int32_t> ids;
+  for (int i = 0; i < len; ++i) ids.push_back(int32_t(3 + (i * 37) % (p.n_vocab() - 3)));
+  Batch a;
+  for (int i = 0; i < shared; ++i) a.add(ids[size_t(i)], i, 0, false);
+  a.add(7, 0, 1, false);  // something for the copy to replace
+  a.add(8, 1, 1, false);
+  p.decode(a, nullptr);
+  auto rest = [&](int seq, const std::vector<SeqCopy>& copies) {
+    Batch b;
+    b.copies = copies;
+    for (int i = shared; i < len; ++i) b.add(ids[size_t(i)], i, seq, true);
+    std::vector<float> rows(size_t(len - shared) * V);
+    p.decode(b, rows.data());
+    REQUIRE(p.seq_len(seq) == len);
+    return rows;
+  };
+  const std::vector<float> ref = rest(0, {});
+  auto diff = [&](const std::vector<float>& got) {
+    float d = 0;
+    for (size_t k = 0; k < got.size(); ++k) d = std::max(d, std::fabs(got[k] - ref[k]));
+    return d;
+  };
+  const float d1 = diff(rest(1, {{0, 1, shared}}));
+  p.truncate_seq(1, shared);  // sequence 1 keeps just the shared start (its later cells stay written)
+  const float d2 = diff(rest(2, {{1, 2, shared}}));
+  return std::max(d1, d2);
+}
+
 // Two runs of a mixture of experts: where their activations differ by rounding (the CPU's and the
 // GPU's 8-bit codes, the GPU's FP16 GEMM), a token whose router has two experts within that
 // rounding takes a different one in each, and its row differs as two models' would. So: the mean

@@ -383,3 +383,23 @@ TEST_CASE("embeddings from a GPU stage are the CPU stage's") {
                                    test::embed_all(*load(path, "cuda:0"), inputs, pool), inputs.size(),
                                    path + ", pooling " + to_string(pool));
 }
+
+TEST_CASE("GPU stages copy a sequence's start (Batch::copies): the logits after are the evaluated ones") {
+  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    std::vector<std::string> lists = {"cuda:0", "cuda:0,cpu"};
+    if (kGpus >= 2) lists.push_back("cuda:0,cuda:1");
+    for (const std::string& devices : lists) {
+      INFO(path << " on " << devices);
+      LoadOptions o;
+      o.n_ctx = 64;
+      o.n_seq = 3;
+      o.n_batch = 64;
+      o.n_threads = 2;
+      o.devices = devices;
+      auto p = Pipeline::load(path, o);
+      const float d = test::seq_copy_max_diff(*p, 28, 19);
+      std::printf("%s on %s: rows after a copy vs evaluated max|d| %.3g\n", path.c_str(), devices.c_str(), d);
+      CHECK(d == 0.0f);  // the same kernels on the same bits
+    }
+  }
+}

@@ -60,6 +60,12 @@ class ToyPipeline : public Pipeline {
 
   void decode(const Batch& b, float* logits) override {
     steps++;
+    for (const SeqCopy& c : b.copies) {
+      REQUIRE(c.n <= int(cache_.at(c.src).size()));
+      REQUIRE(int(cache_.at(c.src).size()) <= copy_limit_);
+      cache_.at(c.dst).assign(cache_[c.src].begin(), cache_[c.src].begin() + c.n);
+      copied += c.n;
+    }
     int decoders = 0, prompt_tokens = 0;
     std::map<int, int> per_seq;
     for (int i = 0; i < b.size(); i++) per_seq[b.seq[i]]++;
@@ -89,9 +95,12 @@ class ToyPipeline : public Pipeline {
   }
   int max_rewind() const override { return max_rewind_; }
   int seq_len(int seq) const override { return int(cache_.at(seq).size()); }
+  int copy_limit() const override { return copy_limit_; }
 
   int steps = 0, max_seqs = 0, max_tokens = 0, mixed_steps = 0, argmax_rows = 0, top_k_rows = 0;
   float copy_bias = 0;
+  int copy_limit_ = std::numeric_limits<int>::max();  // 0: no copies (Pipeline::copy_limit)
+  int copied = 0;                                      // positions copied between sequences
 
  private:
   int n_ctx_;
@@ -587,22 +596,32 @@ namespace {
 
 // The toy model behind an asynchronous interface: submit() only queues a batch, wait(t) evaluates
 // the queue up to t in submission order, as a pipeline's stages would. It counts how many batches
-// were in flight at once and refuses a batch that would need the result of one still queued.
+// were in flight at once and refuses a batch that would need the result of one still queued. A
+// truncation waits in the queue too: batches submitted before it (a copy from the sequence) still
+// see the sequence as it was, as in the real pipelines, where truncate_seq only moves the length
+// later batches continue from.
 class AsyncToyPipeline : public ToyPipeline {
  public:
   AsyncToyPipeline(int n_ctx, int n_seq, int in_flight) : ToyPipeline(n_ctx, n_seq), in_flight_(in_flight) {}
   uint64_t submit(const Batch& b, float* logits) override {
-    queue_.push_back({++last_, b, logits});
-    max_queued = std::max(max_queued, int(queue_.size()));
-    REQUIRE(int(queue_.size()) <= in_flight_);
+    queue_.push_back({++last_, b, logits, false});
+    max_queued = std::max(max_queued, int(std::count_if(queue_.begin(), queue_.end(), [](const Queued& q) { return !q.truncate; })));
+    REQUIRE(max_queued <= in_flight_);
     return last_;
   }
   void wait(uint64_t ticket) override {
     while (!queue_.empty() && queue_.front().ticket <= ticket) {
       Queued q = std::move(queue_.front());
       queue_.pop_front();
-      decode(q.batch, q.logits);
+      if (q.truncate) ToyPipeline::truncate_seq(q.batch.seq[0], q.batch.pos[0]);
+      else decode(q.batch, q.logits);
     }
+  }
+  void truncate_seq(int seq, int from) override {
+    if (queue_.empty()) return ToyPipeline::truncate_seq(seq, from);
+    Queued q{last_, {}, nullptr, true};
+    q.batch.add(0, from, seq, false);
+    queue_.push_back(std::move(q));
   }
   int max_in_flight() const override { return in_flight_; }
   int max_queued = 0;
@@ -612,6 +631,7 @@ class AsyncToyPipeline : public ToyPipeline {
     uint64_t ticket;
     Batch batch;
     float* logits;
+    bool truncate;  // not a batch: the truncation of batch.seq[0] at batch.pos[0]
   };
   int in_flight_;
   uint64_t last_ = 0;
@@ -847,5 +867,128 @@ TEST_CASE("prompt lookup: in-flight batches, the context's end, short rewinds, a
       kept += res.draft_accepted;
     }
     CHECK(kept > 0);
+  }
+}
+
+// ---- shared prompt starts (Batch::copies) ----
+
+namespace {
+
+// Requests that share a long start (a system prompt, few-shot examples) and differ after it.
+std::vector<Request> shared_start_requests(int n, int shared, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> start;
+  for (int k = 0; k < shared; k++) start.push_back(1 + int32_t(g() % (kVocab - 1)));
+  std::vector<Request> out;
+  for (int i = 0; i < n; i++) {
+    Request r;
+    r.prompt = start;
+    r.prompt.push_back(1 + i % (kVocab - 1));  // where the prompts part
+    for (int k = 0, tail = int(g() % 12); k < tail; k++) r.prompt.push_back(1 + int32_t(g() % (kVocab - 1)));
+    r.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    r.sampling.seed = 5 + uint64_t(i);
+    r.max_tokens = 4 + int(g() % 20);
+    r.tag = uint64_t(i);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+int evaluated(const std::map<uint64_t, Result>& res) {
+  int n = 0;
+  for (const auto& [tag, r] : res) n += r.prompt_evaluated;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a shared prompt start is evaluated once and copied to the other slots; replies unchanged") {
+  ToyVocab vocab;
+  const int shared = 100;
+  const auto reqs = shared_start_requests(12, shared, 21);
+  int tails = 0;
+  for (const auto& r : reqs) tails += int(r.prompt.size()) - shared;
+  EngineOptions off;
+  off.share_prefixes = false;
+  EngineOptions on;
+  on.prefill_chunk = 50;  // the start in two chunks: the others wait for both
+  off.prefill_chunk = 50;
+  for (int parallel : {1, 4}) {
+    INFO("parallel " << parallel);
+    ToyPipeline p0(512, 4), p(512, 4);
+    Engine e0(p0, vocab, off), e(p, vocab, on);
+    const auto ref = run_all(e0, reqs, parallel);
+    const auto got = run_all(e, reqs, parallel);
+    check_same_results(ref, got);
+    // Without copies each slot evaluates the start once; with them it is evaluated once in all,
+    // the slots admitted with the first one waiting for it rather than evaluating it side by side.
+    CHECK(evaluated(ref) == tails + parallel * shared);
+    CHECK(evaluated(got) == tails + shared);
+    CHECK(p.copied == (parallel - 1) * shared);
+    for (int s = 0; s < parallel; s++) CHECK(p.seq_len(s) == int(e.cached(s).size()));
+  }
+  {
+    INFO("several batches in flight; lookup drafts too");
+    on.lookup = 4;
+    ToyPipeline p0(512, 6);
+    AsyncToyPipeline p(512, 6, 3);
+    p0.copy_bias = p.copy_bias = 3.0f;
+    Engine e0(p0, vocab, off), e(p, vocab, on);
+    const auto got = run_all(e, reqs, 6);
+    check_same_results(run_all(e0, reqs, 6), got);
+    CHECK(evaluated(got) == tails + shared);
+  }
+}
+
+TEST_CASE("shared starts: a ring's limit is kept, a pipeline without copies never gets one, a copy beats no reuse") {
+  ToyVocab vocab;
+  const auto reqs = shared_start_requests(8, 40, 4);
+  int tails = 0;
+  for (const auto& r : reqs) tails += int(r.prompt.size()) - 40;
+  {
+    INFO("no copies: each slot evaluates the start");
+    ToyPipeline p(256, 4);
+    p.copy_limit_ = 0;
+    Engine e(p, vocab);
+    CHECK(evaluated(run_all(e, reqs, 4)) == tails + 4 * 40);
+    CHECK(p.copied == 0);
+  }
+  {
+    INFO("sources longer than the ring are never copied from (the toy refuses them)");
+    ToyPipeline p0(256, 4), p(256, 4);
+    p.copy_limit_ = 60;  // prompts of 41-52 tokens, replies of up to 23
+    EngineOptions off;
+    off.share_prefixes = false;
+    Engine e0(p0, vocab, off), e(p, vocab);
+    const auto got = run_all(e, reqs, 4);
+    check_same_results(run_all(e0, reqs, 4), got);
+    CHECK(p.copied > 0);
+    CHECK(evaluated(got) < tails + 4 * 40);
+  }
+  {
+    INFO("a slot that cannot rewind starts over, and copies the start from another slot");
+    ToyPipeline p(256, 2, -2.0f, /*max_rewind=*/1);
+    Engine e(p, vocab);
+    Request a = reqs[0], b = reqs[1], c = reqs[2];
+    a.tag = 0, b.tag = 1, c.tag = 2;
+    const auto first = run_all(e, {a, b}, 2);  // slot 0 keeps a's, slot 1 b's
+    CHECK(evaluated(first) == int(a.prompt.size() + b.prompt.size()) - 40);
+    const Result r = e.generate(c, nullptr, 0);  // slot 0 cannot rewind to the start: it copies
+    CHECK(r.prompt_evaluated == int(c.prompt.size()) - 40);
+    ToyPipeline fresh_p(256, 1);
+    Engine fresh(fresh_p, vocab);
+    CHECK(fresh.generate(c).tokens == r.tokens);
+
+    // The same where slot 1 has outgrown its ring: nothing to copy from, c evaluated in full.
+    ToyPipeline q(256, 2, -2.0f, 1);
+    q.copy_limit_ = int(b.prompt.size());
+    Engine eq(q, vocab);
+    run_all(eq, {a, b}, 2);
+    REQUIRE(q.seq_len(1) > q.copy_limit_);
+    const int copied = q.copied;  // (b copied the start from a's slot)
+    const Result rq = eq.generate(c, nullptr, 0);
+    CHECK(rq.prompt_evaluated == int(c.prompt.size()));
+    CHECK(rq.tokens == r.tokens);
+    CHECK(q.copied == copied);
   }
 }

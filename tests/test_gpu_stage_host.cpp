@@ -722,6 +722,18 @@ TEST_CASE("the emulated attention with sinks and clamped SwiGLU gate give the CP
   CHECK(y_emu == y_cpu);
 }
 
+TEST_CASE("GPU stages copy a sequence's start (Batch::copies) as the CPU does: the same logits after") {
+  for (const std::string& model : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    for (const char* devices : {"cuda:0", "cuda:0,cpu", "cuda:0,cuda:0"}) {
+      INFO(model << " on " << devices);
+      auto p = Pipeline::load(model, gpu_options(devices));
+      const float d = test::seq_copy_max_diff(*p, 28, 19);
+      INFO("max |d| " << d);
+      CHECK(d == 0.0f);  // the same kernels on the same bits
+    }
+  }
+}
+
 #else  // a build with the real CUDA backend: no emulation to run on
 
 TEST_CASE("GPU stage on the host emulation: skipped") {

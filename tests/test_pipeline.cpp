@@ -534,3 +534,67 @@ TEST_CASE("prompt lookup on real stages: the same tokens as without drafts, ring
     }
   }
 }
+
+TEST_CASE("a sequence copied from another gives the same logits bit for bit, rings included", "[pipeline]") {
+  for (const std::string& model : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    for (const char* devices : {"cpu", "cpu,cpu"}) {
+      INFO(model << " on " << devices);
+      auto p = load(model, devices, 3);
+      CHECK(test::seq_copy_max_diff(*p, 28, 19) == 0.0f);
+      // A source longer than a ring holds is refused, naming it.
+      if (p->copy_limit() < p->n_ctx()) {
+        Batch b;
+        for (int i = 0; i <= p->copy_limit(); ++i) b.add(5, i, 0, false);
+        p->truncate_seq(0, 0);
+        p->decode(b, nullptr);
+        Batch c;
+        c.copies.push_back({0, 1, 4});
+        c.add(5, 4, 1, true);
+        std::vector<float> row(size_t(p->n_vocab()));
+        CHECK_THROWS_WITH(p->decode(c, row.data()), Catch::Contains("more than its sliding-window rings keep"));
+      }
+    }
+  }
+}
+
+TEST_CASE("requests sharing a prompt start through real stages: evaluated once, the same replies", "[pipeline]") {
+  for (const std::string& model : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model()}) {
+    for (const char* devices : {"cpu", "cpu,cpu"}) {
+      INFO(model << " on " << devices);
+      auto p = load(model, devices, 3);
+      auto vocab = tokenizer_vocab(p->tokenizer());
+      std::vector<Request> reqs;
+      for (int i = 0; i < 6; ++i) {
+        Request r;
+        for (int k = 0; k < 20; ++k) r.prompt.push_back(int32_t(30 + 11 * k));  // the shared start
+        r.prompt.push_back(int32_t(500 + i));
+        r.max_tokens = 8;
+        r.sampling.temperature = i % 2 ? 0.9f : 0.0f;
+        r.sampling.seed = uint64_t(i);
+        r.tag = uint64_t(i);
+        reqs.push_back(r);
+      }
+      auto run = [&](bool share) {
+        EngineOptions opt;
+        opt.share_prefixes = share;
+        Engine e(*p, *vocab, opt);
+        std::map<uint64_t, Result> out;
+        size_t next = 0;
+        e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
+              [&](Result&& r) { out[r.tag] = std::move(r); }, 3);
+        for (int s = 0; s < 3; ++s) e.forget(s);
+        return out;
+      };
+      const auto ref = run(false), got = run(true);
+      int evaluated = 0, evaluated_ref = 0;
+      for (const auto& [tag, r] : ref) {
+        INFO("request " << tag);
+        CHECK(got.at(tag).tokens == r.tokens);
+        evaluated_ref += r.prompt_evaluated;
+        evaluated += got.at(tag).prompt_evaluated;
+      }
+      CHECK(evaluated_ref == 6 + 3 * 20);  // each slot once
+      CHECK(evaluated == 6 + 20);          // once in all
+    }
+  }
+}
