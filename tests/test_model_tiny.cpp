@@ -719,6 +719,10 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       const bool mx_moe = t == GgmlType::MXFP4 && (arch == "mixtral" || arch == "qwen3moe" || arch == "gpt-oss");
       if (t == GgmlType::MXFP4 && !mx_moe) continue;
       if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && !mx_moe) continue;
+      // Families whose difference is the layer's structure, not a tensor shape the types treat
+      // differently, take two types too (the kernels are the llama's, gemma3's and qwen3's above).
+      const bool structure_only = arch == "smollm3" || arch == "olmo3";
+      if (structure_only && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
       auto p = load(m, 64);

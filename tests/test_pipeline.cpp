@@ -55,6 +55,22 @@ std::vector<float> run_prompt(Pipeline& p, const std::vector<int32_t>& ids) {
   return out;
 }
 
+// The requests through an engine with these options on `parallel` slots, each slot's cache then
+// checked against what the engine counts and emptied for the next run.
+std::map<uint64_t, Result> run_requests(Pipeline& p, const Vocab& vocab, const std::vector<Request>& reqs,
+                                        const EngineOptions& opt, int parallel) {
+  Engine e(p, vocab, opt);
+  std::map<uint64_t, Result> out;
+  size_t next = 0;
+  e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
+        [&](Result&& r) { out[r.tag] = std::move(r); }, parallel);
+  for (int s = 0; s < parallel; ++s) {
+    CHECK(p.seq_len(s) == int(e.cached(s).size()));
+    e.forget(s);
+  }
+  return out;
+}
+
 void check_memory(const Pipeline& p, size_t n_stages) {
   const auto st = p.stages();
   REQUIRE(st.size() == n_stages);
@@ -509,19 +525,9 @@ TEST_CASE("prompt lookup on real stages: the same tokens as without drafts, ring
         r.tag = uint64_t(i);
         reqs.push_back(r);
       }
-      auto run = [&](int lookup) {
-        EngineOptions opt;
-        opt.lookup = lookup;
-        Engine e(*p, *vocab, opt);
-        std::map<uint64_t, Result> out;
-        size_t next = 0;
-        e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
-              [&](Result&& r) { out[r.tag] = std::move(r); }, 2);
-        for (int s = 0; s < 2; ++s) CHECK(p->seq_len(s) == int(e.cached(s).size()));
-        for (int s = 0; s < 2; ++s) e.forget(s);
-        return out;
-      };
-      const auto ref = run(0), got = run(6);
+      EngineOptions drafts;
+      drafts.lookup = 6;
+      const auto ref = run_requests(*p, *vocab, reqs, {}, 2), got = run_requests(*p, *vocab, reqs, drafts, 2);
       int drafted = 0, kept = 0;
       for (const auto& [tag, r] : ref) {
         INFO("request " << tag);
@@ -574,18 +580,9 @@ TEST_CASE("requests sharing a prompt start through real stages: evaluated once, 
         r.tag = uint64_t(i);
         reqs.push_back(r);
       }
-      auto run = [&](bool share) {
-        EngineOptions opt;
-        opt.share_prefixes = share;
-        Engine e(*p, *vocab, opt);
-        std::map<uint64_t, Result> out;
-        size_t next = 0;
-        e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
-              [&](Result&& r) { out[r.tag] = std::move(r); }, 3);
-        for (int s = 0; s < 3; ++s) e.forget(s);
-        return out;
-      };
-      const auto ref = run(false), got = run(true);
+      EngineOptions no_copies;
+      no_copies.share_prefixes = false;
+      const auto ref = run_requests(*p, *vocab, reqs, no_copies, 3), got = run_requests(*p, *vocab, reqs, {}, 3);
       int evaluated = 0, evaluated_ref = 0;
       for (const auto& [tag, r] : ref) {
         INFO("request " << tag);
