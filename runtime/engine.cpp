@@ -365,6 +365,9 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   st.chunks.clear();
   size_t decoders = 0;
   int budget = opt_.prefill_chunk;
+  // Drafts take at most half of it, so that a newcomer's prompt keeps moving next to decoders
+  // drafting at full length.
+  int draft_budget = opt_.prefill_chunk / 2;
   // What each slot held before this step: a copy may only take positions earlier steps submitted.
   submitted_.resize(cached_.size());
   for (size_t s = 0; s < cached_.size(); s++) submitted_[s] = cached_[s].size();
@@ -378,7 +381,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     // Drafts ride behind it, each with its own output row; they join `cached` only once the
     // model has confirmed them (end_step).
     a->draft.clear();
-    if (const size_t room = draft_room(*a, size_t(std::max(budget, 0))); room > 0) {
+    if (const size_t room = draft_room(*a, size_t(std::max(draft_budget, 0))); room > 0) {
       lookup_draft(a->history, opt_.lookup_ngram_min, opt_.lookup_ngram_max, room, a->draft);
       for (size_t i = 0; i < a->draft.size(); i++) {
         st.batch.add(a->draft[i], int32_t(cached.size() + i), a->slot, mode);
@@ -386,6 +389,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
       }
       a->res.drafted += int(a->draft.size());
       budget -= int(a->draft.size());
+      draft_budget -= int(a->draft.size());
     }
     a->step_row = 0;
     a->pending = -1;

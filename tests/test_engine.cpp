@@ -84,6 +84,7 @@ class ToyPipeline : public Pipeline {
       reduce_output_row(b.logits[i], row, kVocab);  // the pipeline contract (runtime/batch.h)
     }
     max_seqs = std::max(max_seqs, int(per_seq.size()));
+    tokens_per_step.push_back(per_seq);
     max_tokens = std::max(max_tokens, b.size());
     if (prompt_tokens > 0 && decoders > 0) mixed_steps++;
   }
@@ -101,6 +102,7 @@ class ToyPipeline : public Pipeline {
   float copy_bias = 0;
   int copy_limit_ = std::numeric_limits<int>::max();  // 0: no copies (Pipeline::copy_limit)
   int copied = 0;                                      // positions copied between sequences
+  std::vector<std::map<int, int>> tokens_per_step;     // each step: tokens per sequence
 
  private:
   int n_ctx_;
@@ -991,4 +993,40 @@ TEST_CASE("shared starts: a ring's limit is kept, a pipeline without copies neve
     CHECK(rq.tokens == r.tokens);
     CHECK(q.copied == copied);
   }
+}
+
+TEST_CASE("prompt lookup: drafts take at most half of a step's budget, a newcomer's prompt keeps moving") {
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 16;
+  opt.lookup = 64;
+  ToyPipeline p(1024, 4, -100.0f);
+  p.copy_bias = 50.0f;  // the toy repeats itself: every draft is kept and drafts grow to the limit
+  Engine e(p, vocab, opt);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; i++) {
+    Request r;
+    for (int k = 0; k < (i == 3 ? 120 : 8); k++) r.prompt.push_back(1 + (k * 7 + i) % 30);
+    r.sampling.temperature = 0;
+    r.max_tokens = i == 3 ? 4 : 200;
+    r.tag = uint64_t(i);
+    reqs.push_back(r);
+  }
+  const auto res = run_all(e, reqs, 4);
+  REQUIRE(res.size() == 4);
+  // Slot 3 holds the 120-token prompt: in every step that carries part of it, before the last
+  // chunk, it gets at least half of the 16 tokens whatever the three drafting decoders ask.
+  int chunks = 0, prompt = 0;
+  for (const auto& step : p.tokens_per_step) {
+    if (!step.count(3) || prompt == 120) continue;  // (after it: request 3's decode steps)
+    chunks++;
+    prompt += step.at(3);
+    INFO("chunk " << chunks << ": " << step.at(3) << " tokens");
+    if (prompt < 120) CHECK(step.at(3) >= 8);  // (the last chunk: what was left)
+  }
+  CHECK(prompt == 120);
+  CHECK(chunks <= 15);
+  int drafted = 0;
+  for (const auto& [tag, r] : res) drafted += r.drafted;
+  CHECK(drafted > 100);
 }
