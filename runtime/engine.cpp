@@ -322,9 +322,12 @@ bool Engine::share_prefix(const std::deque<std::unique_ptr<Active>>& active,
   size_t best = a.next_prompt;
   int from = -1;
   if (opt_.share_prefixes && copy_limit > 0) {
+    // How long a slot may be when the copy reaches the stages: what the pipeline has been given,
+    // or what this round's steps give it, drafts included (a ring must still hold position 0).
+    const size_t drafts = opt_.lookup > 0 ? size_t(std::min(opt_.lookup, std::max(0, pipe_.max_rewind()))) : 0;
     for (size_t s = 0; s < cached_.size(); s++) {
-      // (The pipeline's length counts drafts in flight too: a ring must still hold position 0.)
-      if (int(s) == a.slot || size_t(pipe_.seq_len(int(s))) > copy_limit) continue;
+      const size_t longest = std::max(size_t(pipe_.seq_len(int(s))), cached_[s].size() + drafts);
+      if (int(s) == a.slot || longest > copy_limit) continue;
       const size_t c = common(cached_[s], submitted_[s]);
       if (c > best) best = c, from = int(s);
     }

@@ -606,6 +606,14 @@ class AsyncToyPipeline : public ToyPipeline {
  public:
   AsyncToyPipeline(int n_ctx, int n_seq, int in_flight) : ToyPipeline(n_ctx, n_seq), in_flight_(in_flight) {}
   uint64_t submit(const Batch& b, float* logits) override {
+    // What the real pipelines check at submission: a copy's source, as submitted so far, within
+    // copy_limit (ModelPipeline::check_batch).
+    sub_len_.resize(size_t(n_seq()), 0);
+    for (const SeqCopy& c : b.copies) {
+      REQUIRE(sub_len_[size_t(c.src)] <= copy_limit_);
+      sub_len_[size_t(c.dst)] = c.n;
+    }
+    for (int i = 0; i < b.size(); i++) sub_len_[size_t(b.seq[i])] = b.pos[i] + 1;
     queue_.push_back({++last_, b, logits, false});
     max_queued = std::max(max_queued, int(std::count_if(queue_.begin(), queue_.end(), [](const Queued& q) { return !q.truncate; })));
     REQUIRE(max_queued <= in_flight_);
@@ -620,6 +628,8 @@ class AsyncToyPipeline : public ToyPipeline {
     }
   }
   void truncate_seq(int seq, int from) override {
+    sub_len_.resize(size_t(n_seq()), 0);
+    sub_len_[size_t(seq)] = std::min(sub_len_[size_t(seq)], from);
     if (queue_.empty()) return ToyPipeline::truncate_seq(seq, from);
     Queued q{last_, {}, nullptr, true};
     q.batch.add(0, from, seq, false);
@@ -636,6 +646,7 @@ class AsyncToyPipeline : public ToyPipeline {
     bool truncate;  // not a batch: the truncation of batch.seq[0] at batch.pos[0]
   };
   int in_flight_;
+  std::vector<int> sub_len_;  // per sequence: its length as submitted
   uint64_t last_ = 0;
   std::deque<Queued> queue_;
 };
@@ -966,6 +977,18 @@ TEST_CASE("shared starts: a ring's limit is kept, a pipeline without copies neve
     check_same_results(run_all(e0, reqs, 4), got);
     CHECK(p.copied > 0);
     CHECK(evaluated(got) < tails + 4 * 40);
+    // The same with batches in flight and drafts: a source grows in steps built before the copy's
+    // is submitted (the toy checks each copy's source as submitted, as the pipelines do).
+    EngineOptions drafts;
+    drafts.lookup = 8;
+    AsyncToyPipeline q(256, 4, 3);
+    q.copy_limit_ = 60;
+    q.copy_bias = 4.0f;
+    ToyPipeline q0(256, 4);
+    q0.copy_bias = 4.0f;
+    Engine eq(q, vocab, drafts), eq0(q0, vocab, off);
+    check_same_results(run_all(eq0, reqs, 4), run_all(eq, reqs, 4));
+    CHECK(q.copied > 0);
   }
   {
     INFO("a slot that cannot rewind starts over, and copies the start from another slot");
