@@ -1053,3 +1053,55 @@ TEST_CASE("prompt lookup: drafts take at most half of a step's budget, a newcome
   for (const auto& [tag, r] : res) drafted += r.drafted;
   CHECK(drafted > 100);
 }
+
+TEST_CASE("random workloads: drafts and copied starts never change a reply") {
+  // Requests built from a few shared starts and random tails, random settings, on pipelines with
+  // random limits (rings, rewinds, batches in flight): each reply equals the plain engine's.
+  ToyVocab vocab;
+  for (uint64_t seed = 1; seed <= 60; seed++) {
+    INFO("seed " << seed);
+    std::mt19937_64 g(seed);
+    auto pick = [&](int lo, int hi) { return lo + int(g() % uint64_t(hi - lo + 1)); };
+    std::vector<std::vector<int32_t>> starts(size_t(pick(1, 3)));
+    for (auto& s : starts)
+      for (int k = 0, n = pick(0, 50); k < n; k++) s.push_back(1 + int32_t(g() % (kVocab - 1)));
+    std::vector<Request> reqs;
+    for (int i = 0, n = pick(3, 10); i < n; i++) {
+      Request r;
+      r.prompt = starts[g() % starts.size()];
+      for (int k = 0, tail = pick(1, 20); k < tail; k++) r.prompt.push_back(1 + int32_t(g() % (kVocab - 1)));
+      r.sampling.temperature = g() % 3 ? 0.9f : 0.0f;
+      r.sampling.top_k = pick(0, 1) ? 10 : 0;
+      r.sampling.repeat_penalty = pick(0, 3) == 0 ? 1.2f : 1.0f;
+      r.sampling.seed = g();
+      r.max_tokens = pick(0, 40);
+      if (pick(0, 4) == 0) r.stop = {std::string(1, kChars[pick(1, 26)])};
+      r.tag = uint64_t(i);
+      reqs.push_back(std::move(r));
+    }
+    const int parallel = pick(1, 4), in_flight = pick(1, 3);
+    const int copy_limit = pick(0, 1) ? std::numeric_limits<int>::max() : pick(40, 120);
+    const int max_rewind = copy_limit == std::numeric_limits<int>::max() ? std::numeric_limits<int>::max() : pick(1, 16);
+    const float copy_bias = float(pick(0, 6));
+    EngineOptions plain;
+    plain.share_prefixes = false;
+    ToyPipeline p0(160, 4);
+    p0.copy_bias = copy_bias;
+    Engine e0(p0, vocab, plain);
+    const auto ref = run_all(e0, reqs, parallel);
+
+    EngineOptions opt;
+    opt.lookup = pick(0, 10);
+    opt.prefill_chunk = pick(8, 64);
+    std::unique_ptr<ToyPipeline> p;
+    if (in_flight > 1) p = std::make_unique<AsyncToyPipeline>(160, 4, in_flight);
+    else p = std::make_unique<ToyPipeline>(160, 4, -2.0f, max_rewind);
+    p->copy_bias = copy_bias;
+    p->copy_limit_ = copy_limit;
+    Engine e(*p, vocab, opt);
+    INFO("parallel " << parallel << ", in flight " << in_flight << ", lookup " << opt.lookup << ", copy limit "
+                     << copy_limit << ", max rewind " << max_rewind);
+    check_same_results(ref, run_all(e, reqs, parallel));
+    for (int s = 0; s < parallel; s++) CHECK(p->seq_len(s) == int(e.cached(s).size()));
+  }
+}
