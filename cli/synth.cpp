@@ -17,7 +17,7 @@ struct SynthArgs {
   uint64_t seed = 0;
   std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
   std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp, sliding_window;
-  bool tied = false;
+  bool tied = false, attn_bias = false;
 };
 
 std::string preset_names() {
@@ -28,7 +28,7 @@ std::string preset_names() {
 
 int run_synth(const SynthArgs& a) {
   const bool custom = a.n_embd || a.n_layer || a.n_head || a.n_head_kv || a.head_dim || a.n_ff || a.n_vocab || a.ctx ||
-                      !a.arch.empty() || a.tied || a.sliding_window || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
+                      !a.arch.empty() || a.tied || a.attn_bias || a.sliding_window || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
   ShapePreset p{};
   if (!a.shape.empty()) {
     p = find_preset(a.shape);
@@ -51,13 +51,15 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "smollm3") p.architecture = "smollm3", p.qkv_bias = false;  // (every 4th layer NoPE)
       else if (a.arch == "olmo2") p.architecture = "olmo2", p.qkv_bias = false, p.swa_period = 4;  // (--sliding-window: OLMo 3)
       else if (a.arch == "olmoe") p.architecture = "olmoe", p.qkv_bias = false;
+      else if (a.arch == "ernie4_5") p.architecture = "ernie4_5", p.qkv_bias = false;  // (--attn-bias: use_bias)
+      else if (a.arch == "exaone4") p.architecture = "exaone4", p.qkv_bias = false, p.swa_period = 4;  // (--sliding-window: 32B's layout)
       else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
         p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
         if (!p.sliding_window) p.sliding_window = 128;
       } else
         fail(ErrorKind::Usage,
              "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
-             "smollm3, olmo2 or olmoe (gemma through --shape)",
+             "smollm3, olmo2, olmoe, ernie4_5 or exaone4 (gemma through --shape)",
              a.arch);
     }
     if (a.sliding_window) p.sliding_window = *a.sliding_window;
@@ -76,6 +78,7 @@ int run_synth(const SynthArgs& a) {
     if (a.n_vocab) p.n_vocab = *a.n_vocab;
     if (a.ctx) p.n_ctx_train = *a.ctx;
     if (a.tied) p.tied = true;
+    if (a.attn_bias) p.qkv_bias = p.out_bias = true;
     if (a.head_dim) p.head_dim = *a.head_dim;
     else if (a.n_embd || a.n_head || a.shape.empty()) p.head_dim = p.n_head ? p.n_embd / p.n_head : 0;
   }
@@ -113,9 +116,11 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "Custom shapes: llama (default), qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite "
                                "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8), "
                                "granitemoe, smollm3 (every 4th layer without RoPE), olmo2 (OLMo 2; with "
-                               "--sliding-window OLMo 3: 3 of 4 layers sliding, YaRN on the others) or olmoe");
+                               "--sliding-window OLMo 3: 3 of 4 layers sliding, YaRN on the others), olmoe, ernie4_5 (ERNIE 4.5 "
+                               "dense) or exaone4 (with --sliding-window the 32B's layout: 3 of 4 layers sliding, "
+                               "the others without RoPE)");
                 app.add_option("--sliding-window", a->sliding_window,
-                               "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2)");
+                               "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2, exaone4)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
                 app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
                 app.add_option("--n-head", a->n_head, "Custom shape: query heads");
@@ -125,6 +130,8 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--n-vocab", a->n_vocab, "Custom shape: vocabulary size (>= 259)");
                 app.add_option("--ctx", a->ctx, "Custom shape: trained context length (default 4096)");
                 app.add_flag("--tied", a->tied, "Custom shape: no output.weight (the head uses token_embd)");
+                app.add_flag("--attn-bias", a->attn_bias,
+                             "Custom shape: q/k/v and attn_output biases in every layer (ernie4_5's use_bias)");
                 app.add_option("--n-expert", a->n_expert, "Custom shape: experts per layer (a mixture of experts)");
                 app.add_option("--n-expert-used", a->n_expert_used, "Custom shape: experts per token");
                 app.add_option("--n-ff-exp", a->n_ff_exp, "Custom shape: an expert's FFN width (default n_ff)");

@@ -70,6 +70,14 @@ struct Family {
   bool pre_norms = true;
   bool qk_norm_full = false;
   bool local_rope_plain = false;
+  // The q/k/v and output projections may carry biases (ERNIE's use_bias): each kind used when layer
+  // 0 has it in the file, then required in every layer (ernie4_5).
+  bool biases_optional = false;
+  // EXAONE 4's hybrid attention: when the file has a window, its global layers use no rotary
+  // embedding (NoPE) and its sliding ones rotate with the global frequencies, the file's Llama 3
+  // factors (rope_freqs.weight) included.
+  bool nope_global = false;
+  bool local_rope_global = false;
 };
 // gemma3: the stored RMSNorm weights already include Gemma's +1 (norm_add_one stays false). Checked
 // on gemma-3-270m Q4_K_M with a double-precision reference: as stored, "The capital of France is"
@@ -114,6 +122,18 @@ constexpr Family kFamilies[] = {
   // chosen weights as the softmax over all gives them (not renormalized; llama.cpp ignores the key).
   {"olmoe", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0, false, 10000.f, 0, 2, false, false, false, false, 0,
    true, true},
+  // Baidu ERNIE 4.5 dense (0.3B): llama's layer with adjacent-pair RoPE (llama.cpp's rope type for
+  // ernie4_5 is NORM; checked against it on synthetic files), optional q/k/v and output biases.
+  // The mixture (ernie4_5-moe) is another architecture, not supported.
+  {.arch = "ernie4_5", .rope = RopeStyle::Adjacent, .act = Activation::SiLU, .biases_optional = true},
+  // LG EXAONE 4.0 (1.2B, 32B): OLMo 2's placement (no pre-norms; post_attention_norm and post_ffw_norm
+  // on each block's output) with q/k norms per head, NeoX RoPE. With attention.sliding_window (32B:
+  // 4096, one flag per layer, else 3 of every 4 sliding) the global layers are NoPE and the sliding
+  // ones rotate (Llama 3 scaling from rope_freqs.weight); without one every layer is global and
+  // rotates (1.2B). (llama.cpp decides the hybrid layout by n_layer == 64 instead of by the key.)
+  {.arch = "exaone4", .rope = RopeStyle::NeoX, .act = Activation::SiLU, .post_norms = true, .qk_norm = true,
+   .swa_pattern = 4, .local_rope_base = 0.f, .default_window = -1, .pre_norms = false, .nope_global = true,
+   .local_rope_global = true},
 };
 
 }  // namespace
@@ -304,6 +324,12 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
   c.fused_gate_up = fam->fused_gate_up;
   c.attn_out_bias = c.attn_sinks = c.moe_bias = c.ffn_norm_as_post_attention = fam->oai;
+  if (fam->biases_optional) {
+    c.attn_bias = f.tensor("blk.0.attn_q.bias") != nullptr;
+    c.attn_out_bias = f.tensor("blk.0.attn_output.bias") != nullptr;
+  }
+  if (c.arch == "ernie4_5" && f.has(f.arch_key("rope.dimension_sections")))
+    problems.push_back(fmt::format("{}: sectioned (multimodal) RoPE is not supported", f.arch_key("rope.dimension_sections")));
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
   if (c.moe_bias && f.tensor("blk.0.ffn_gate_up_exps.weight"))
     problems.push_back("expert biases with a fused ffn_gate_up_exps are not supported");
@@ -354,6 +380,12 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   }
   c.layer_nope.assign(size_t(std::max(c.n_layer, 0)), false);
   for (int l = 0; fam->nope_period > 0 && l < c.n_layer; ++l) c.layer_nope[size_t(l)] = (l + 1) % fam->nope_period == 0;
+  for (int l = 0; fam->nope_global && c.sliding_window > 0 && l < c.n_layer; ++l)
+    c.layer_nope[size_t(l)] = c.layer_window[size_t(l)] == 0;
+  if (fam->local_rope_global && f.has(f.arch_key("rope.freq_base_swa")) &&
+      float(get_float("rope.freq_base_swa", 0.0)) != c.rope_base)
+    problems.push_back(fmt::format("{}: a RoPE base of the sliding layers' own is not supported for {}",
+                                   f.arch_key("rope.freq_base_swa"), c.arch));
 
   // RoPE frequencies, with scaling for global layers only (local layers use the plain local base).
   RopeScaling rs;
@@ -412,6 +444,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     divided("rope_factors_short.weight", unfactored, c.rope_freqs);
     if (divided("rope_factors_long.weight", unfactored, c.rope_freqs_long))
       c.rope_long_ctx = int(get_int("rope.scaling.original_context_length", false, c.n_ctx_train));
+    if (fam->local_rope_global) c.rope_freqs_local = c.rope_freqs;  // (exaone4: its factors included)
   }
   c.rope_attn_factor = float(get_float("rope.scaling.attn_factor", 1.0));
   if (!(c.rope_attn_factor > 0 && c.rope_attn_factor < 100))

@@ -59,7 +59,7 @@ uint64_t weight_used_bytes(GgmlType type, int64_t ne0, int64_t rows, uint64_t nb
 uint32_t default_swa_period(const std::string& arch) {
   if (arch == "gemma3") return 6;
   if (arch == "gemma2" || arch == "gpt-oss") return 2;
-  if (arch == "cohere2" || arch == "olmo2") return 4;  // (olmo2: OLMo 3's files, the only ones with a window)
+  if (arch == "cohere2" || arch == "olmo2" || arch == "exaone4") return 4;  // (olmo2: OLMo 3's files, the only ones with a window)
   return 1;
 }
 
@@ -238,6 +238,14 @@ const std::vector<ShapePreset>& shape_presets() {
     {"olmo3-7b", "olmo2", "OLMo 3 7B (3 of 4 layers window 4096; YaRN x8 on the others)", 32, 4096, 32, 32, 128, 11008, 100352, 65536, false, 4096, 4, 500000.f, 1e-6f, false},
     {"olmo3-32b", "olmo2", "OLMo 3 32B (8 KV heads; 3 of 4 layers window 4096; YaRN x8 on the others)", 64, 5120, 40, 8, 128, 27648, 100352, 65536, false, 4096, 4, 500000.f, 1e-6f, false},
     {"olmoe-1b-7b", "olmoe", "OLMoE 1B-7B (top 8 of 64 experts, 1.3B active; whole-row q/k norms)", 16, 2048, 16, 16, 128, 1024, 50304, 4096, false, 0, 0, 10000.f, 1e-5f, false, 0, 0, 64, 8, 1024},
+    // Baidu ERNIE-4.5-0.3B (its config.json: no biases, tied head; the context as recalled, 128k).
+    {"ernie4.5-0.3b", "ernie4_5", "ERNIE 4.5 0.3B (tied head, GQA 8:1)", 18, 1024, 16, 2, 128, 3072, 103424, 131072, true, 0, 0, 500000.f, 1e-5f, false},
+    // LG EXAONE 4.0 (EXAONE-4.0-1.2B: tied head, no window, every layer rotating; EXAONE-4.0-32B: 3 of
+    // every 4 layers a 4096-token window, the global ones NoPE; shapes as their config.json files were
+    // recalled, not checked against a file here. The Llama 3 RoPE scaling, x16 from 8192, is not
+    // written by synth).
+    {"exaone4-1.2b", "exaone4", "EXAONE 4.0 1.2B (tied head, GQA 4:1; no pre-norms, per-head q/k norms)", 30, 2048, 32, 8, 64, 4096, 102400, 65536, true, 0, 0, 1000000.f, 1e-5f, false},
+    {"exaone4-32b", "exaone4", "EXAONE 4.0 32B (3 of 4 layers window 4096, the others without RoPE)", 64, 5120, 40, 8, 128, 27392, 102400, 131072, false, 4096, 4, 1000000.f, 1e-5f, false},
     {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;
@@ -298,8 +306,8 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   const std::string_view arch = p.architecture;
   const bool gemma = arch == "gemma3" || arch == "gemma2";
   const bool olmo = arch == "olmo2" || arch == "olmoe";  // q/k norms over the whole q and k rows
-  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || olmo;
-  const bool pre_norms = arch != "olmo2";  // olmo2: post-norms only
+  const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || olmo || arch == "exaone4";
+  const bool pre_norms = arch != "olmo2" && arch != "exaone4";  // olmo2, exaone4: post-norms only
   const bool phi3 = arch == "phi3";  // fused q/k/v, fused gate/up
   const bool oai = arch == "gpt-oss";  // output bias, sinks, router and expert biases
 
@@ -329,8 +337,8 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
       vec(b + "attn_k_norm.weight", olmo ? kv : p.head_dim);
     }
     mat(b + "attn_output.weight", q, E);
+    if (oai || p.out_bias) vec(b + "attn_output.bias", E);
     if (oai) {
-      vec(b + "attn_output.bias", E);
       vec(b + "attn_sinks.weight", p.n_head);
     }
     if (gemma || oai || !pre_norms) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm

@@ -90,6 +90,7 @@ struct ShapePreset {
   // granite, granitemoe: the multipliers the file states (0: synth writes Granite 3's own:
   // embedding 12, residual 0.22, attention 1/head_dim, logits 8)
   float embedding_scale = 0.f, residual_scale = 0.f, attention_scale = 0.f, logit_scale = 0.f;
+  bool out_bias = false;  // attn_output.bias (ernie4_5's use_bias, with qkv_bias; optional in its files)
 };
 const std::vector<ShapePreset>& shape_presets();
 const ShapePreset& find_preset(std::string_view name);  // Error(Usage) listing the known names

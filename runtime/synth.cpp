@@ -148,9 +148,10 @@ void check_shape(const ShapePreset& p) {
   const std::string_view a = p.architecture;
   need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
            a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe" || a == "smollm3" ||
-           a == "olmo2" || a == "olmoe",
+           a == "olmo2" || a == "olmoe" || a == "ernie4_5" || a == "exaone4",
        "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
-       "smollm3, olmo2 or olmoe");
+       "smollm3, olmo2, olmoe, ernie4_5 or exaone4");
+  need(!p.out_bias || a == "ernie4_5", "an optional output bias is for ernie4_5 (--attn-bias)");
   const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe" || a == "olmoe";
   need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe, gpt-oss, granitemoe and olmoe need experts (--n-expert)");
   need(p.n_expert == 0 || a == "llama" || moe_arch,
@@ -167,8 +168,8 @@ void check_shape(const ShapePreset& p) {
   need((p.n_ff_shexp > 0) == (a == "qwen2moe"), "a shared expert (--n-ff-shexp) is what qwen2moe has, and only it");
   need(p.rope_long_ctx == 0 || (a == "phi3" && p.rope_long_ctx < p.n_ctx_train),
        "LongRoPE factors are for phi3, from a context shorter than the trained one");
-  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2" || a == "gpt-oss" || a == "olmo2",
-       "a sliding window is only supported for gemma3, gemma2, gpt-oss and olmo2 (OLMo 3)");
+  need(p.sliding_window == 0 || a == "gemma3" || a == "gemma2" || a == "gpt-oss" || a == "olmo2" || a == "exaone4",
+       "a sliding window is only supported for gemma3, gemma2, gpt-oss, olmo2 (OLMo 3) and exaone4");
 }
 
 gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
@@ -240,7 +241,7 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   }
   if (p.sliding_window) {
     w.set(key("attention.sliding_window"), gguf::Value::of_u32(p.sliding_window));
-    if (a == "olmo2") {  // OLMo 3's converter writes one flag per layer (true: sliding)
+    if (a == "olmo2" || a == "exaone4") {  // OLMo 3's and EXAONE 4's converters write one flag per layer (true: sliding)
       std::vector<gguf::Value> sliding;
       for (uint32_t l = 0; l < p.n_layer; l++) sliding.push_back(gguf::Value::of_bool(!layer_is_global(l, p.swa_period)));
       w.set(key("attention.sliding_window_pattern"), gguf::Value::of_array(gguf::ValueType::BOOL, std::move(sliding)));

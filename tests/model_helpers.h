@@ -292,6 +292,25 @@ inline std::string tiny_smollm3_model() {
   return path;
 }
 
+// A generated ERNIE 4.5-shaped model (tied head, adjacent-pair RoPE) with use_bias's optional
+// q/k/v and output biases.
+inline std::string tiny_ernie4_5_model() {
+  static const std::string path = [] {
+    ShapePreset p{"tiny-ernie4_5", "ernie4_5", "test", 3, 128, 4, 1, 32, 256, 1000, 2048, true, 0, 0, 5e5f, 1e-5f, true};
+    p.out_bias = true;
+    return synth_q8_model(p, 18);
+  }();
+  return path;
+}
+
+// A generated EXAONE 4.0 32B-shaped model: no pre-norms, per-head q/k norms, post-norms; layers 0-2
+// and 4 sliding (window 8) and rotating, layer 3 global without RoPE.
+inline std::string tiny_exaone4_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-exaone4", "exaone4", "test", 5, 128, 4, 2, 32, 256, 1000, 2048, false, 8, 4, 1e4f, 1e-5f, false}, 19);
+  return path;
+}
+
 // A copy of a mixture-of-experts file with each layer's gate and up experts in one
 // ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
 // store them: the same model in the other layout.

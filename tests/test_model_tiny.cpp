@@ -22,7 +22,12 @@
 // rows (not per head), the attention and MLP outputs RMS-normed before each residual add; Olmo3's
 // sliding layers rotate with the plain frequencies, its full ones with YaRN's (and its magnitude).
 // And an olmoe-shaped one, per Olmoe's: llama's pre-norm layer with the whole-row q/k norms and a
-// mixture whose top-k softmax weights are not renormalized.
+// mixture whose top-k softmax weights are not renormalized. And an ernie4_5-shaped one, per
+// Ernie4_5's modeling code: llama's layer rotating interleaved pairs (x[2i], x[2i+1]) with a tied
+// head, and use_bias's q/k/v and o_proj biases (optional in the files). And an exaone4-shaped one,
+// per Exaone4's modeling code: Olmo2's norm placement (no input norms, post_attention_layernorm and
+// post_feedforward_layernorm on each block's output) with q_norm/k_norm per head; with a sliding
+// window ("global NoPE") only the sliding layers rotate, with the Llama 3-scaled frequencies.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +71,11 @@ struct Spec {
   float yarn_factor = 0.f;
   int yarn_ctx = 0;
   bool olmo_per_head_norm = false, olmo_pre_norm = false, olmo_yarn_everywhere = false;
+  // ernie4_5's use_bias: q/k/v and attn_output biases in the file, added by the reference but for
+  // the kind ref_drop_bias names ("qkv" or "output": do they matter?).
+  bool use_bias = false;
+  std::string ref_drop_bias;
+  bool ref_no_rope_freqs = false;  // exaone4: the reference rotates without rope_freqs.weight (does it matter?)
   uint32_t seed = 7;
 };
 
@@ -106,7 +116,7 @@ Model make_model(const Spec& s) {
   wr.set(a + ".attention.value_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
   // (smollm3: 1e4, not its 5e6, so that the rotation its NoPE layer leaves out turns far in a short prompt)
-  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" || a == "smollm3" ? 10000.f : 1e6f));
+  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" || a == "smollm3" || a == "exaone4" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
   if (s.attn_softcap > 0) wr.set(a + ".attn_logit_softcapping", gguf::Value::of_f32(s.attn_softcap));
   if (s.final_softcap > 0) wr.set(a + ".final_logit_softcapping", gguf::Value::of_f32(s.final_softcap));
@@ -124,7 +134,7 @@ Model make_model(const Spec& s) {
   }
   if (s.window > 0) {
     wr.set(a + ".attention.sliding_window", gguf::Value::of_u32(uint32_t(s.window)));
-    if (a == "olmo2") {  // OLMo 3's converter: one flag per layer, true = sliding
+    if (a == "olmo2" || a == "exaone4") {  // OLMo 3's and EXAONE 4's converters: one flag per layer, true = sliding
       std::vector<gguf::Value> flags;
       for (int l = 0; l < s.n_layer; ++l) flags.push_back(gguf::Value::of_bool((l + 1) % s.swa_pattern != 0));
       wr.set(a + ".attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::BOOL, std::move(flags)));
@@ -183,13 +193,14 @@ Model make_model(const Spec& s) {
   // Granite's embeddings likewise small against its multiplier, and its tied head's logits large
   // enough before the division by logit_scale; SmolLM3's small too, so that its layers (the NoPE
   // one among them), not the token's own row, dominate the residual stream.
-  const bool gemma = a == "gemma3" || a == "gemma2", small_embd = granite || a == "smollm3";
+  const bool gemma = a == "gemma3" || a == "gemma2", small_embd = granite || a == "smollm3" || a == "ernie4_5";
   add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : small_embd ? 0.1f : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
   add("output_norm.weight", 1, E, gemma || small_embd ? 2.f : 0.2f, gemma ? 12.f : small_embd ? 4.f * s.logit_div : 1.f, false);
   const bool phi3 = a == "phi3";
-  const bool olmo = a == "olmo2" || a == "olmoe", post_only = a == "olmo2";
-  if (a == "llama" || phi3 || olmo) add("output.weight", s.n_vocab, E, we, 0.f, true);
+  const bool olmo = a == "olmo2" || a == "olmoe", post_only = a == "olmo2" || a == "exaone4";
+  if (a == "llama" || phi3 || olmo || a == "exaone4") add("output.weight", s.n_vocab, E, we, 0.f, true);
+  if (a == "exaone4") add("rope_freqs.weight", 1, D / 2, 4.f, 5.f, false);  // Llama 3's per-pair divisors
   if (s.rope_long_ctx > 0) {
     const int R = s.rope_dim > 0 ? s.rope_dim : D;
     add("rope_factors_long.weight", 1, R / 2, 4.f, 5.f, false);
@@ -207,10 +218,9 @@ Model make_model(const Spec& s) {
       add(b + "attn_v.weight", s.n_head_kv * D, E, we, 0.f, true);
     }
     add(b + "attn_output.weight", E, s.n_head * D, we, 0.f, true);
-    if (oai) {  // the output bias; sinks around the scores' size, so some heads give them most weight
-      add(b + "attn_output.bias", 1, E, 0.3f, 0.f, false);
-      add(b + "attn_sinks.weight", 1, s.n_head, 2.f, 0.5f, false);
-    }
+    // the output bias (gpt-oss, ernie4_5); sinks around the scores' size, so some heads give them most weight
+    if (oai || s.use_bias) add(b + "attn_output.bias", 1, E, 0.3f, 0.f, false);
+    if (oai) add(b + "attn_sinks.weight", 1, s.n_head, 2.f, 0.5f, false);
     if (!post_only) add(b + (oai ? "post_attention_norm.weight" : "ffn_norm.weight"), 1, E, 0.2f, 1.f, false);
     if (s.n_expert > 0) {  // the router in F32 (as converters leave it), a spread that routes decisively
       // gpt-oss: large gate and up biases, so its clamps at ±7 bite, and a smaller down projection.
@@ -245,13 +255,15 @@ Model make_model(const Spec& s) {
       add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
     }
     if (s.n_expert == 0) add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a == "qwen2moe" || oai) {
+    if (a == "qwen2moe" || oai || s.use_bias) {
       add(b + "attn_q.bias", 1, s.n_head * D, 0.3f, 0.f, false);
       add(b + "attn_k.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
       add(b + "attn_v.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
     }
-    if (a == "gemma3" || a == "qwen3" || a == "qwen3moe") {
-      add(b + "attn_q_norm.weight", 1, D, 0.2f, 1.f, false);
+    if (a == "gemma3" || a == "qwen3" || a == "qwen3moe" || a == "exaone4") {
+      // (exaone4: q_amp scales the q norm's weights, the per-head norm undoing it in the projection)
+      const float qn = a == "exaone4" ? s.q_amp : 1.f;
+      add(b + "attn_q_norm.weight", 1, D, 0.2f * qn, qn, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
     if (gemma || post_only) {
@@ -336,11 +348,14 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   const bool granite = s.arch == "granite" || s.arch == "granitemoe";
   const bool smollm3 = s.arch == "smollm3";
   const bool olmo = s.arch == "olmo2" || s.arch == "olmoe", olmoe = s.arch == "olmoe";
-  const bool post_only = s.arch == "olmo2" && !s.olmo_pre_norm;  // (olmo_pre_norm: the norms before the blocks)
+  const bool exaone4 = s.arch == "exaone4";
+  const bool post_only = (s.arch == "olmo2" && !s.olmo_pre_norm) || exaone4;  // (olmo_pre_norm: the norms before the blocks)
   const bool olmo_pre = s.arch == "olmo2" && s.olmo_pre_norm;
-  const bool neox = s.arch != "llama" && !granite && !smollm3;  // (the llama, granite, smollm3 converters permute q/k)
+  // (the llama, granite, smollm3 converters permute q/k; ERNIE 4.5 rotates adjacent pairs itself)
+  const bool neox = s.arch != "llama" && !granite && !smollm3 && s.arch != "ernie4_5";
   const double res = granite ? s.residual_mult : 1.0;
-  const float* rope_div = s.rope_long_ctx == 0 ? nullptr
+  const float* rope_div = exaone4 ? (s.ref_no_rope_freqs ? nullptr : m.w.at("rope_freqs.weight").data())
+                          : s.rope_long_ctx == 0 ? nullptr
                           : m.w.at(n_ctx > s.rope_long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight").data();
   const int E = s.n_embd, D = s.head_dim, T = int(ids.size()), rep = s.n_head / s.n_head_kv;
   const double eps = 1e-6;
@@ -355,7 +370,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" || smollm3 ? 10000.0 : 1e6;  // as make_model writes
+    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" || smollm3 || exaone4 ? 10000.0 : 1e6;  // as make_model writes
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
       const Vec h = post_only ? x[size_t(t)]
@@ -372,14 +387,14 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
         v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
       }
-      if (qwen2moe || oai)
+      if (qwen2moe || oai || (s.use_bias && s.ref_drop_bias != "qkv"))
         for (auto [y, name] : {std::pair{&q[size_t(t)], "attn_q.bias"}, {&k[size_t(t)], "attn_k.bias"},
                                {&v[size_t(t)], "attn_v.bias"}})
           for (size_t i = 0; i < y->size(); ++i) (*y)[i] += double(W(b + name)[i]);
       if (olmo && !s.olmo_per_head_norm) {  // over the whole rows
         q[size_t(t)] = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data(), 0, size_t(s.n_head * D), eps);
         k[size_t(t)] = rmsnorm(k[size_t(t)], W(b + "attn_k_norm.weight").data(), 0, size_t(s.n_head_kv * D), eps);
-      } else if (gemma3 || qwen3 || olmo) {  // q/k norms per head (olmo: head h's slice of the weights), then the rotation
+      } else if (gemma3 || qwen3 || olmo || exaone4) {  // q/k norms per head (olmo: head h's slice of the weights), then the rotation
         const size_t wq = olmo ? size_t(D) : 0;
         for (int hh = 0; hh < s.n_head; ++hh) {
           const Vec n = rmsnorm(q[size_t(t)], W(b + "attn_q_norm.weight").data() + hh * wq, size_t(hh * D), size_t(D), eps);
@@ -395,6 +410,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       const bool olmo_yarn = s.yarn_factor > 0 && (!local || s.olmo_yarn_everywhere);
       const Yarn yarn = oai ? Yarn(32, 4096, base, R) : olmo_yarn ? Yarn(s.yarn_factor, s.yarn_ctx, base, R, true) : Yarn();
       if (smollm3 && (l + 1) % 4 == 0 && !s.rope_every_layer) continue;  // a NoPE layer
+      if (exaone4 && s.window > 0 && !local && !s.rope_every_layer) continue;  // exaone4's global NoPE
       rope_ref(q[size_t(t)], s.n_head, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
       rope_ref(k[size_t(t)], s.n_head_kv, D, R, t, base, neox, rope_div, s.rope_attn_factor * yarn.mscale(), yarn);
     }
@@ -420,7 +436,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
           for (int i = 0; i < D; ++i) o[size_t(hh * D + i)] += sc[size_t(j - lo)] / sum * v[size_t(j)][size_t(g * D + i)];
       }
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
-      if (oai) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
+      if (oai || (s.use_bias && s.ref_drop_bias != "output")) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
       if (gemma || post_only) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * att[size_t(i)];
     }
@@ -660,6 +676,12 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.swa_pattern = 4;
     s.yarn_factor = 8.f;
     s.yarn_ctx = 64;
+  } else if (arch == "ernie4_5") {  // llama's layer with use_bias (q/k/v and o_proj biases), a tied head
+    s.use_bias = true;
+  } else if (arch == "exaone4") {  // post-norms only, q/k norms per head; layers 0-2 sliding (window 5) and
+    s.n_layer = 4;                   // rotating (Llama 3 factors), layer 3 global without RoPE
+    s.window = 5;
+    s.swa_pattern = 4;
   } else if (arch == "olmoe") {  // whole-row q/k norms; top 2 of 6 experts n_ff wide, not renormalized
     s.n_ff = 256;
     s.n_expert = 6;
@@ -711,7 +733,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     if (kSanitized && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && t != GgmlType::MXFP4) continue;
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
-                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe"}) {
+                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe", "ernie4_5", "exaone4"}) {
       // (olmo3: OLMo 2's layer with OLMo 3's windows and YaRN; plain OLMo 2 in the olmo2 test below)
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two, and MXFP4 (an
@@ -721,7 +743,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && !mx_moe) continue;
       // Families whose difference is the layer's structure, not a tensor shape the types treat
       // differently, take two types too (the kernels are the llama's, gemma3's and qwen3's above).
-      const bool structure_only = arch == "smollm3" || arch == "olmo3";
+      const bool structure_only = arch == "smollm3" || arch == "olmo3" || arch == "ernie4_5" || arch == "exaone4";
       if (structure_only && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -802,6 +824,48 @@ TEST_CASE("tiny generated models: olmo2's whole-row q/k norms, post-norm placeme
       CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
       CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
     }
+  }
+}
+
+// The ernie4_5 test above checks use_bias: a reference without the q/k/v biases, or without o_proj's,
+// leaves the tolerance far behind.
+TEST_CASE("tiny generated models: ernie4_5's q/k/v and output biases matter") {
+  const Spec s = spec_of("ernie4_5", GgmlType::Q8_0);
+  const auto ids = prompt(s, 12, 11);
+  const Model m = make_model(s);
+  const auto got = run_prompt(*load(m, 64), ids);
+  compare(m, ids, got, "with its biases");
+  for (const char* drop : {"qkv", "output"}) {
+    Model r = m;
+    r.spec.ref_drop_bias = drop;  // (the same file and weights; only the reference changes)
+    const auto d = deviation(r, ids, got);
+    std::printf("%-10s against a reference without the %-6s bias: max|d| %.4f mean|d| %.4f (logit sd %.2f)\n",
+                "ernie4_5", drop, d.max_d, d.mean_d, d.sd);
+    INFO("without the " << drop << " bias");
+    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+  }
+}
+
+// The exaone4 test above checks its hybrid layout: a reference that rotates the global layer too, or
+// rotates the sliding layers without the Llama 3 factors, leaves the tolerance far behind.
+TEST_CASE("tiny generated models: exaone4's global layer without RoPE and its sliding layers' RoPE factors matter") {
+  Spec s = spec_of("exaone4", GgmlType::Q8_0);
+  s.q_amp = 3.f;  // (a sharper attention, as for smollm3's NoPE test: where keys sit then matters)
+  const auto ids = prompt(s, 12, 11);
+  const Model m = make_model(s);
+  const auto got = run_prompt(*load(m, 64), ids);
+  compare(m, ids, got, "layer 3 global without RoPE");
+  for (const char* wrong : {"the global layer rotated", "no RoPE factors"}) {
+    Model r = m;
+    r.spec.rope_every_layer = wrong[0] == 't';
+    r.spec.ref_no_rope_freqs = wrong[0] == 'n';  // (the same file and weights; only the reference changes)
+    const auto d = deviation(r, ids, got);
+    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "exaone4", wrong,
+                d.max_d, d.mean_d, d.sd);
+    INFO(wrong);
+    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
   }
 }
 
@@ -1100,6 +1164,62 @@ TEST_CASE("config: olmo2 (no pre-norms, whole-row q/k norms; OLMo 3's per-layer 
   CHECK((c.pre_norms && c.qk_norm_full && c.n_expert == 4 && c.n_ff_exp == 64 && !c.expert_weights_norm));
   const ShapePreset& o7 = find_preset("olmo3-7b");
   CHECK((o7.n_layer == 32 && o7.n_embd == 4096 && o7.n_ff == 11008 && o7.sliding_window == 4096 && o7.swa_period == 4));
+}
+
+TEST_CASE("config: ernie4_5 (adjacent pairs, biases when the file has them, no sectioned RoPE); its preset") {
+  ShapePreset p{"t", "ernie4_5", "test", 2, 64, 2, 1, 32, 64, 300, 128, true, 0, 0, 5e5f, 1e-5f, false};
+  auto config = [](gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  gguf::Writer w = synth_writer(p, {});
+  ModelConfig c = config(w);
+  CHECK((c.rope_style == RopeStyle::Adjacent && c.pre_norms && !c.post_norms && !c.qk_norm && !c.attn_bias));
+  CHECK((c.tied_output && !c.attn_out_bias && !c.has(LayerTensor::Bo) && !c.has(LayerTensor::Bq)));
+  p.out_bias = true;  // the output bias alone, then with q/k/v biases
+  w = synth_writer(p, {});
+  c = config(w);
+  CHECK((c.attn_out_bias && c.has(LayerTensor::Bo) && !c.attn_bias && !c.attn_sinks));
+  p.qkv_bias = true;
+  w = synth_writer(p, {});
+  c = config(w);
+  CHECK((c.attn_out_bias && c.attn_bias && c.has(LayerTensor::Bq) && c.has(LayerTensor::Bv)));
+  w.set("ernie4_5.rope.dimension_sections", gguf::Value::of_array(gguf::ValueType::INT32,
+        {gguf::Value::of_i32(8), gguf::Value::of_i32(4), gguf::Value::of_i32(4), gguf::Value::of_i32(0)}));
+  CHECK_THROWS_WITH(config(w), Catch::Contains("sectioned"));
+  const ShapePreset& e = find_preset("ernie4.5-0.3b");  // baidu/ERNIE-4.5-0.3B-PT's config.json
+  CHECK((e.n_layer == 18 && e.n_embd == 1024 && e.n_head == 16 && e.n_head_kv == 2 && e.head_dim == 128 &&
+         e.n_ff == 3072 && e.n_vocab == 103424 && e.tied && e.rope_base == 5e5f && e.rms_eps == 1e-5f && !e.out_bias));
+}
+
+TEST_CASE("config: exaone4 (post-norms only, per-head q/k norms; with a window the global layers NoPE, the sliding ones with the RoPE factors)") {
+  ShapePreset p{"t", "exaone4", "test", 4, 64, 2, 1, 32, 64, 300, 128, true, 0, 4, 1e6f, 1e-5f, false};
+  auto config = [](gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  gguf::Writer w = synth_writer(p, {});  // the 1.2B's layout: no window, every layer global and rotating
+  ModelConfig c = config(w);
+  CHECK((c.rope_style == RopeStyle::NeoX && !c.pre_norms && c.post_norms && c.qk_norm && !c.qk_norm_full));
+  CHECK((c.q_norm_width() == 32 && c.k_norm_width() == 32));
+  CHECK(c.layer_window == std::vector<int>{0, 0, 0, 0});
+  for (int l = 0; l < 4; ++l) CHECK_FALSE(c.is_nope(l));
+  p.sliding_window = 8;  // the 32B's: layers 0-2 sliding and rotating, layer 3 global without RoPE
+  w = synth_writer(p, {});
+  const std::vector<float> div(16, 4.f);  // Llama 3's factors: every layer that rotates uses them
+  w.add_tensor("rope_freqs.weight", GgmlType::F32, {16}, div.data(), div.size() * sizeof(float));
+  c = config(w);
+  CHECK(c.layer_window == std::vector<int>{8, 8, 8, 0});
+  for (int l = 0; l < 4; ++l) CHECK(c.rope_dims(l) == (l == 3 ? 0 : 32));
+  CHECK(c.freqs(0).back() == Approx(std::pow(1e6, -30.0 / 32) / 4));
+  CHECK(c.freqs(0) == c.freqs(3));
+  CHECK_THAT(c.summary(), Catch::Contains("1 layers without RoPE"));
+  w.set("exaone4.rope.freq_base_swa", gguf::Value::of_f32(1e4f));
+  CHECK_THROWS_WITH(config(w), Catch::Contains("freq_base_swa"));
+  const ShapePreset& e1 = find_preset("exaone4-1.2b");
+  CHECK((e1.n_layer == 30 && e1.n_embd == 2048 && e1.head_dim == 64 && e1.tied && e1.sliding_window == 0));
+  const ShapePreset& e32 = find_preset("exaone4-32b");
+  CHECK((e32.n_layer == 64 && e32.sliding_window == 4096 && e32.swa_period == 4 && !e32.tied));
 }
 
 TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long ones") {

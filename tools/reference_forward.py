@@ -2,7 +2,7 @@
 """A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
-Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3), not from Baton's.
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3, Ernie4_5, Exaone4), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
@@ -14,8 +14,10 @@ embedding_multiplier, each block's output times residual_multiplier before its r
 times attention_multiplier, logits divided by logits_scaling; the MoE's softmax over the top k router
 logits), olmo2 (OLMo 2 and 3: no input norms, whole-row q/k norms, post-norms; OLMo 3's sliding
 layers with plain RoPE, its full ones with YaRN), olmoe (whole-row q/k norms, top-k weights not
-renormalized) and smollm3 (llama's layer; the layers l with (l + 1) % 4 == 0, no_rope_layer_interval,
-without RoPE); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+renormalized), smollm3 (llama's layer; the layers l with (l + 1) % 4 == 0, no_rope_layer_interval,
+without RoPE), ernie4_5 (llama's layer, interleaved-pair RoPE, use_bias's optional q/k/v and output
+biases) and exaone4 (OLMo 2's norm placement with q/k norms per head; with a window, 3 of 4 layers
+sliding and rotating, the global ones without RoPE); Llama 3 factors (rope_freqs.weight); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
 """
@@ -52,8 +54,9 @@ def main():
     eps, base = g("attention.layer_norm_rms_epsilon"), g("rope.freq_base", 10000.0)
     renorm = arch not in ("qwen2moe", "olmoe")  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
     granite = arch in ("granite", "granitemoe")
-    # the llama, granite and smollm3 converters permute q/k for adjacent pairs
-    neox = arch not in ("llama", "smollm3") and not granite
+    # the llama, granite and smollm3 converters permute q/k for adjacent pairs; ERNIE 4.5 rotates
+    # interleaved (adjacent) pairs itself
+    neox = arch not in ("llama", "smollm3", "ernie4_5") and not granite
     # SmolLM3: every 4th layer uses no rotary embedding (its files carry no key for the interval)
     nope = [arch == "smollm3" and (l + 1) % 4 == 0 for l in range(L)]
     # Granite's multipliers (GGUF: embedding_scale, residual_scale, attention.scale, logit_scale;
@@ -68,17 +71,21 @@ def main():
     # rows; olmo2 has no input norms, its attention and MLP outputs normed before each residual add.
     # OLMo 3's files carry a window and a flag per layer (true: sliding); its sliding layers rotate
     # with the plain frequencies, its full ones with the YaRN ones.
-    olmo, post_only = arch in ("olmo2", "olmoe"), arch == "olmo2"
+    # EXAONE 4 (Exaone4ForCausalLM): OLMo 2's placement with per-head q/k norms; with a window (its
+    # layer_types from the file's flags) only the sliding layers rotate ("global NoPE").
+    olmo, post_only = arch in ("olmo2", "olmoe"), arch in ("olmo2", "exaone4")
     sliding = [False] * L
     if oai:
         sliding = [l % 2 == 0 for l in range(L)]
-    elif arch == "olmo2" and g("attention.sliding_window", 0) > 0:
+    elif arch in ("olmo2", "exaone4") and g("attention.sliding_window", 0) > 0:
         window = g("attention.sliding_window")
         f = fields.get(f"{arch}.attention.sliding_window_pattern")
         if f is not None and len(f.data) == L:
             sliding = [bool(f.parts[i][0]) for i in f.data]
         else:
             sliding = [(l + 1) % 4 != 0 for l in range(L)]
+        if arch == "exaone4":
+            nope = [not s for s in sliding]
 
     # RoPE frequencies; gpt-oss's YaRN as its config.json has it (beta_fast 32, beta_slow 1,
     # "truncate": false: the ramp's ends are not rounded to whole pairs).
@@ -94,6 +101,8 @@ def main():
         interp = np.clip((np.arange(half) - lo) / max(hi - lo, 0.001), 0, 1)
         theta = theta / factor * interp + theta * (1 - interp)
         mscale = 0.1 * np.log(factor) + 1
+    if "rope_freqs.weight" in T:  # Llama 3's scaling as per-pair divisors of the frequencies
+        theta, theta_plain = theta / T["rope_freqs.weight"], theta_plain / T["rope_freqs.weight"]
 
     def rms(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
@@ -153,7 +162,7 @@ def main():
             p = np.exp(s - mx)
             o[:, hh] = (p / (p.sum(1, keepdims=True) + np.exp(sink - mx))) @ v[:, kv]
         a = o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
-        if oai:
+        if b + "attn_output.bias" in T:  # (gpt-oss; ernie4_5's optional one)
             a = a + T[b + "attn_output.bias"]
         if post_only:
             a = rms(a, T[b + "post_attention_norm.weight"])
