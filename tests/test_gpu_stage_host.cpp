@@ -454,6 +454,11 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
       // the GPU's FP16 GEMM and the CPU's 8-bit activations each sit on one side of them): F16 only.
       if (kv == GgmlType::Q8_0 && path == test::peer("logits/tiny-q4_0.gguf")) continue;
+      // Families that differ by the layer's structure alone meet the Q8_0 cache's kernels in the
+      // others: F16 only (CI time).
+      const bool structure_only = path == test::tiny_smollm3_model() || path == test::tiny_ernie4_5_model() ||
+                                  path == test::tiny_exaone4_model();
+      if (kv == GgmlType::Q8_0 && structure_only) continue;
       Chain cpu = chain(m, kv, 0, "cpu"), gpu = chain(m, kv, 0, "gpu");
       CHECK(gpu[0]->max_rewind() == cpu[0]->max_rewind());
       const Run ref = run(cpu, m.cfg);
