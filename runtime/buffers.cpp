@@ -12,9 +12,7 @@ bool is_kv_type(GgmlType t) { return t == GgmlType::F16 || t == GgmlType::Q8_0; 
 
 uint64_t kv_cells(const ModelShape& s, uint32_t il, uint32_t n_ctx, uint32_t n_parallel) {
   BATON_CHECK(il < s.layers.size());
-  const uint32_t w = s.layers[il].sliding_window;
-  const uint64_t per_seq = w > 0 ? std::min(w + kRingRewind - 1, n_ctx) : n_ctx;
-  return per_seq * n_parallel;
+  return uint64_t(kv_cells_per_seq(s.layers[il].sliding_window, n_ctx)) * n_parallel;
 }
 
 namespace {

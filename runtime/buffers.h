@@ -25,6 +25,11 @@ bool is_kv_type(GgmlType t);
 // a chat turn re-rendering the previous reply's end): its rings keep kRingRewind - 1 cells beyond
 // the window.
 inline constexpr uint32_t kRingRewind = 16;
+// Cells one sequence keeps for a layer with this window (0: a global layer) — the planner's and
+// the KV cache's count (kv_cells, KvCache::cells).
+inline uint32_t kv_cells_per_seq(uint32_t window, uint32_t n_ctx) {
+  return window > 0 && window + kRingRewind - 1 < n_ctx ? window + kRingRewind - 1 : n_ctx;
+}
 // Cells (token slots) layer `il` keeps for n_parallel sequences of n_ctx tokens each. A global
 // layer keeps n_ctx per sequence. A sliding-window layer keeps a ring of min(W + kRingRewind - 1,
 // n_ctx) per sequence: the forward attends over the ring *plus the current batch's own k/v (held

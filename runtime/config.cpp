@@ -328,7 +328,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     c.attn_bias = f.tensor("blk.0.attn_q.bias") != nullptr;
     c.attn_out_bias = f.tensor("blk.0.attn_output.bias") != nullptr;
   }
-  if (c.arch == "ernie4_5" && f.has(f.arch_key("rope.dimension_sections")))
+  if (f.has(f.arch_key("rope.dimension_sections")))  // (no family here rotates in sections)
     problems.push_back(fmt::format("{}: sectioned (multimodal) RoPE is not supported", f.arch_key("rope.dimension_sections")));
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
   if (c.moe_bias && f.tensor("blk.0.ffn_gate_up_exps.weight"))

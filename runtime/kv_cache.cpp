@@ -19,9 +19,7 @@ void check_kv_type(const ModelConfig& c, GgmlType type) {
 }
 
 int KvCache::cells(const ModelConfig& c, const KvCacheShape& s, int layer) {
-  const int w = c.layer_window[size_t(layer)];
-  if (w <= 0) return s.n_ctx;
-  return std::min(s.n_ctx, w + int(kRingRewind) - 1);
+  return int(kv_cells_per_seq(uint32_t(std::max(0, c.layer_window[size_t(layer)])), uint32_t(s.n_ctx)));
 }
 
 size_t KvCache::bytes(const ModelConfig& c, const KvCacheShape& s) {
