@@ -134,6 +134,23 @@ TEST_CASE("softmax matches a double reference on every ISA, tails included") {
   }
 }
 
+TEST_CASE("log_sum_exp matches a double reference on every ISA, long rows and tails included") {
+  std::mt19937 rng(12);
+  for (int n : {1, 7, 9, 17, 1000, 1024 + 16 * 3 + 5, 262147}) {
+    std::vector<float> x = randoms(size_t(n), -30.f, 30.f, rng);
+    x[size_t(n) / 2] += 200;  // far from zero: the max is subtracted
+    double mx = -1e300, sum = 0;
+    for (float v : x) mx = std::max(mx, double(v));
+    for (float v : x) sum += std::exp(double(v) - mx);
+    const double ref = mx + std::log(sum);
+    for (Isa isa : isas()) {
+      IsaGuard guard(isa);
+      INFO("isa " << isa_name(isa) << " n " << n);
+      CHECK(log_sum_exp(x.data(), n) == Approx(ref).margin(2e-6));
+    }
+  }
+}
+
 TEST_CASE("attention over staged F16 and Q8_0 rows matches a double reference on every ISA") {
   for (GgmlType kvt : {GgmlType::F16, GgmlType::Q8_0})
   for (int dk : {64, 256}) {

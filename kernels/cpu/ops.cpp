@@ -105,6 +105,14 @@ void softmax_scalar(float* x, int n) {
   const float inv = float(1.0 / sum);
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
+// max + log Σ e^(x − max), the sum in double.
+double log_sum_exp_scalar(const float* x, int n) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(double(x[i]) - double(mx));
+  return double(mx) + std::log(sum);
+}
 }  // namespace
 
 // The gates compute silu(g) = g / (1 + e^-g), gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
@@ -320,10 +328,66 @@ BATON_AVX512_FN void softmax_avx512(float* x, int n) {
   for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
   if (i < n) _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
 }
+
+// log_sum_exp with the SIMD exp: the lanes' float sums go into a double every 1024 values (64 per
+// lane, each ≤ 1: float keeps them to ~1e-7 relative).
+BATON_AVX2_FN double log_sum_exp_avx2(const float* x, int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int body = n & ~7;
+  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - body), idx);
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mv = ninf;
+  for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  if (body < n) mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
+  const float m = hmax8(mv);
+  const __m256 mx = _mm256_set1_ps(m);
+  double total = 0;
+  for (int i = 0; i < body;) {
+    __m256 sum = _mm256_setzero_ps();
+    for (const int end = std::min(body, i + 1024); i < end; i += 8)
+      sum = _mm256_add_ps(sum, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx)));
+    total += double(hsum8(sum));
+  }
+  if (body < n)
+    total += double(hsum8(_mm256_and_ps(exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + body, tail), mx)),
+                                        _mm256_castsi256_ps(tail))));
+  return double(m) + std::log(total);
+}
+
+BATON_AVX512_FN double log_sum_exp_avx512(const float* x, int n) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mv = ninf;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+  const int body = i;
+  const __mmask16 tail = __mmask16((1u << (n - body)) - 1);
+  if (body < n) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail, x + body));
+  const float m = _mm512_reduce_max_ps(mv);
+  const __m512 mx = _mm512_set1_ps(m);
+  double total = 0;
+  for (i = 0; i < body;) {
+    __m512 sum = _mm512_setzero_ps();
+    for (const int end = std::min(body, i + 1024); i < end; i += 16)
+      sum = _mm512_add_ps(sum, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx)));
+    total += double(_mm512_reduce_add_ps(sum));
+  }
+  if (body < n)
+    total += double(_mm512_reduce_add_ps(
+        _mm512_maskz_mov_ps(tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + body), mx)))));
+  return double(m) + std::log(total);
+}
 #pragma GCC diagnostic pop
 #endif
 
 }  // namespace
+
+double log_sum_exp(const float* x, int n) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (active_isa() >= Isa::Avx512) return log_sum_exp_avx512(x, n);
+  if (active_isa() >= Isa::Avx2) return log_sum_exp_avx2(x, n);
+#endif
+  return log_sum_exp_scalar(x, n);
+}
 
 void softmax(float* x, int n) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -25,6 +25,9 @@ void rope_angles(int pos, const float* freqs, int half, float* cs, float* sn, fl
 void rope_rotate(float* x, int n_head, int head_dim, int rope_dim, const float* cs, const float* sn, bool neox);
 
 void softmax(float* x, int n);                                    // in place, max-subtracted
+// log Σ e^x[i] over n > 0 finite values (max-subtracted, the sum in double; the SIMD paths' exp is
+// ~1e-7 relative): a row's log-softmax is x[i] − log_sum_exp (perplexity, runtime/perplexity.cpp).
+double log_sum_exp(const float* x, int n);
 void silu_gate(const float* g, const float* u, float* y, int n);  // y = silu(g) * u
 void gelu_tanh_gate(const float* g, const float* u, float* y, int n);  // y = gelu_tanh(g) * u
 // gpt-oss's clamped SwiGLU: y = x·σ(α·x)·(u' + 1), x = min(g, limit), u' = clamp(u, −limit, limit)
