@@ -4,7 +4,7 @@
 // Context's stream, allocates nothing once the Context's scratch is reserved, and never waits for
 // the device, so a decode step made of these calls can be captured in a CUDA graph.
 // Every op has a CPU twin (quant/quant.h, kernels/cpu/matmul.h, kernels/cpu/ops.h) and a test
-// comparing the two (tests/test_cuda_ops.cpp).
+// comparing the two (tests/test_cuda_ops.cpp; rope, KV and attention in tests/cuda_ops_attention.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
