@@ -261,7 +261,7 @@ int run(const BatchOpts& o) {
 
   Loaded m = load_model(o.model, o.parallel);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
-  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling));
+  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   const bool harmony = m.vocab->harmony();  // replies carry reasoning apart from the text
   install_interrupt_handler();
 
@@ -338,7 +338,7 @@ int run(const BatchOpts& o) {
   engine.run(source, sink, o.parallel, &interrupted());
   if (tty) std::fprintf(stderr, "\r\033[K");
   double s = elapsed();
-  const std::string lookup = drafted > 0 ? fmt::format(" | lookup {}/{} drafts kept", drafts_kept, drafted) : "";
+  const std::string lookup = drafted > 0 ? fmt::format(" | {}/{} drafts kept", drafts_kept, drafted) : "";
   // Prompt tokens a slot had cached, or copied from another slot's shared start, were not evaluated.
   const std::string reused =
       prompt_evaluated < prompt_tokens ? fmt::format(" ({} evaluated)", prompt_evaluated) : "";

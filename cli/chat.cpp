@@ -159,7 +159,7 @@ std::string trim(const std::string& s) {
 class Chat {
  public:
   Chat(const ChatOpts& o, Loaded& m, std::shared_ptr<const Grammar> grammar)
-      : o_(o), m_(m), prompter_(*m.pipe, o.sampling.chat_template), engine_(*m.pipe, *m.vocab, engine_options(o.sampling)),
+      : o_(o), m_(m), prompter_(*m.pipe, o.sampling.chat_template), engine_(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe)),
         tty_(stdin_is_tty() && isatty(STDOUT_FILENO)), input_(stdin_is_tty()) {
     system_ = o.sampling.system;
     grammar_ = std::move(grammar);

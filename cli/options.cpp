@@ -20,7 +20,9 @@
 #include "gguf/error.h"
 #include <nlohmann/json.hpp>
 
+#include "gguf/gguf.h"
 #include "runtime/chat_template.h"
+#include "runtime/draft_model.h"
 #include "runtime/json_schema.h"
 #include "runtime/model_files.h"
 #include "runtime/tokenizer.h"
@@ -131,6 +133,12 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
                  "(0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  app.add_option("--draft-model,--model-draft", f.draft_model,
+                 "speculative decoding with a draft model: a smaller model of the same tokenizer guesses the next "
+                 "tokens, the model checks them in one step; the reply does not change, only its speed");
+  app.add_option("--draft-max", f.draft_max, "most tokens the draft model guesses a step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -343,9 +351,31 @@ void ReplyPrinter::answer(std::string_view s) {
 
 void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
 
-EngineOptions engine_options(const SamplingFlags& f) {
+EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const Pipeline& target) {
   EngineOptions o;
   o.lookup = f.lookup;
+  if (!f.draft_model.empty()) {
+    if (f.lookup > 0) fail(ErrorKind::Usage, "give --lookup or --draft-model, not both");
+    ModelFlags df = mf;
+    df.model = f.draft_model;
+    df.ctx = target.n_ctx();
+    df.verbose = false;
+    const std::string path = resolve_model(df.model);
+    {
+      const auto file = gguf::File::open(path);
+      check_draft_vocab(target.tokenizer(), Tokenizer::from_gguf(*file));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<Pipeline> dp = Pipeline::load(path, load_options(df, target.n_seq()));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (mf.verbose) {
+      std::string where;
+      for (const StageInfo& st : dp->stages()) where += (where.empty() ? "" : ", ") + st.device;
+      std::fprintf(stderr, "draft model %s on %s, loaded in %.0f ms\n", path.c_str(), where.c_str(), ms);
+    }
+    o.drafter = std::make_shared<ModelDrafter>(std::move(dp), target.n_vocab());
+    o.lookup = f.draft_max;
+  }
   const char* share = std::getenv("BATON_SHARE_PREFIXES");  // 0: every slot evaluates its whole prompt
   o.share_prefixes = !(share && std::string_view(share) == "0");
   return o;
@@ -359,7 +389,7 @@ std::string speed_stats(const Result& r, const std::string& prompt_note) {
   if (r.completion_tokens() == 0) return prompt + " | generated nothing";
   const std::string speed = r.completion_tokens() > 1 ? fmt::format(", {:.1f} tok/s", r.gen_tps()) : "";
   const std::string drafts =
-      r.drafted > 0 ? fmt::format(" | lookup {}/{} drafts kept", r.draft_accepted, r.drafted) : "";
+      r.drafted > 0 ? fmt::format(" | {}/{} drafts kept", r.draft_accepted, r.drafted) : "";
   return prompt + fmt::format(" | generated {}{}{} | ttft {:.0f} ms", count_of(r.completion_tokens(), "token"), speed,
                               drafts, r.ttft_ms);
 }

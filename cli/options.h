@@ -96,6 +96,8 @@ struct SamplingFlags {
   // file), or --format json (any JSON object).
   std::string grammar, grammar_file, json_schema, json_schema_file, format;
   int lookup = 0;                    // --lookup N: drafts per step by prompt lookup (0: off)
+  std::string draft_model;           // --draft-model PATH|NAME: drafts from this model instead
+  int draft_max = 8;                 // --draft-max N: most tokens it drafts a step
 };
 // with_prompt_flags: --system, --chat-template and --hide-thinking too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
@@ -107,8 +109,9 @@ std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbos
 // ("json", or a JSON Schema as Ollama's format takes it); `what` names the source in errors.
 std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const std::string& text, const std::string& what,
                                                   bool verbose = false);
-// The engine's options the flags ask for (prompt lookup).
-EngineOptions engine_options(const SamplingFlags& f);
+// The engine's options the flags ask for: prompt lookup, or a draft model loaded now (with the
+// target's context, slots and model flags; Error(Usage) if its vocabulary is not the target's).
+EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const Pipeline& target);
 // The seed a request runs with: given, or drawn now.
 uint64_t resolve_seed(const std::optional<uint64_t>& s);
 

@@ -54,7 +54,7 @@ int run(const RunOpts& o) {
   if (!o.json) printer.attach(req);
 
   install_interrupt_handler();
-  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling));
+  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   Result r = engine.generate(std::move(req), &interrupted());
   printer.end();
   if (!r.error.empty()) fail(ErrorKind::Usage, "{}", r.error);
@@ -71,7 +71,8 @@ int run(const RunOpts& o) {
           {"ttft_ms", r.ttft_ms}, {"gen_ms", r.gen_ms}, {"gen_tokens_per_s", r.gen_tps()}, {"total_ms", r.total_ms}}},
     };
     if (m.vocab->harmony() && !o.sampling.hide_thinking) j["reasoning"] = r.reasoning;  // gpt-oss: the analysis
-    if (o.sampling.lookup > 0) j["lookup"] = {{"drafted", r.drafted}, {"accepted", r.draft_accepted}};
+    if (o.sampling.lookup > 0 || !o.sampling.draft_model.empty())
+      j[o.sampling.draft_model.empty() ? "lookup" : "draft"] = {{"drafted", r.drafted}, {"accepted", r.draft_accepted}};
     // A reply cut by -n inside a character ends in part of its UTF-8 bytes: those become U+FFFD
     // rather than an exception that would lose the reply.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

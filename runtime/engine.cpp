@@ -366,7 +366,6 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   st.batch.clear();
   st.rows.clear();
   st.chunks.clear();
-  size_t decoders = 0;
   int budget = opt_.prefill_chunk;
   // Drafts take at most half of it, so that a newcomer's prompt keeps moving next to decoders
   // drafting at full length.
@@ -374,30 +373,49 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   // What each slot held before this step: a copy may only take positions earlier steps submitted.
   submitted_.resize(cached_.size());
   for (size_t s = 0; s < cached_.size(); s++) submitted_[s] = cached_[s].size();
+  // The decoders first: each one's pending token, then what it drafts behind it (each draft with
+  // its own output row; drafts join `cached` only once the model has confirmed them, end_step).
+  // Prompt lookup drafts on the spot; a drafter gets every decoder's room at once, so that a draft
+  // model guesses for all of them in shared forwards, and gives back what it did not use.
+  std::vector<Active*> decoding;
+  std::vector<Drafter::Job> jobs;
   for (auto& a : active) {
-    if (a->pending < 0 || a->waiting || decoders == cap) continue;
-    const uint8_t mode = a->out_mode(n_vocab_);
-    auto& cached = cached_[a->slot];
-    st.batch.add(a->pending, int32_t(cached.size()), a->slot, mode);
-    cached.push_back(a->pending);
-    st.rows.push_back(a.get());
-    // Drafts ride behind it, each with its own output row; they join `cached` only once the
-    // model has confirmed them (end_step).
+    if (a->pending < 0 || a->waiting || decoding.size() == cap) continue;
+    decoding.push_back(a.get());
+    cached_[a->slot].push_back(a->pending);
     a->draft.clear();
-    if (const size_t room = draft_room(*a, size_t(std::max(draft_budget, 0))); room > 0) {
+    const size_t room = draft_room(*a, size_t(std::max(draft_budget, 0)));
+    if (room == 0) continue;
+    if (opt_.drafter) {
+      jobs.push_back({a->slot, &a->history, room, &a->draft});
+      budget -= int(room);
+      draft_budget -= int(room);
+    } else {
       lookup_draft(a->history, opt_.lookup_ngram_min, opt_.lookup_ngram_max, room, a->draft);
-      for (size_t i = 0; i < a->draft.size(); i++) {
-        st.batch.add(a->draft[i], int32_t(cached.size() + i), a->slot, mode);
-        st.rows.push_back(a.get());
-      }
-      a->res.drafted += int(a->draft.size());
       budget -= int(a->draft.size());
       draft_budget -= int(a->draft.size());
     }
+  }
+  if (!jobs.empty()) {
+    opt_.drafter->draft_many(jobs);
+    for (const Drafter::Job& j : jobs) {
+      if (j.out->size() > j.max_len) j.out->resize(j.max_len);
+      budget += int(j.max_len - j.out->size());
+    }
+  }
+  for (Active* a : decoding) {
+    const uint8_t mode = a->out_mode(n_vocab_);
+    const size_t pos = cached_[a->slot].size() - 1;  // the pending token's
+    st.batch.add(a->pending, int32_t(pos), a->slot, mode);
+    st.rows.push_back(a);
+    for (size_t i = 0; i < a->draft.size(); i++) {
+      st.batch.add(a->draft[i], int32_t(pos + 1 + i), a->slot, mode);
+      st.rows.push_back(a);
+    }
+    a->res.drafted += int(a->draft.size());
     a->step_row = 0;
     a->pending = -1;
     a->waiting = true;
-    decoders++;
   }
   for (auto it = active.begin(); it != active.end(); ++it) {
     auto& a = *it;

@@ -90,6 +90,27 @@ struct Result {
   double gen_tps() const { return gen_ms > 0 && tokens.size() > 1 ? (tokens.size() - 1) * 1000.0 / gen_ms : 0; }
 };
 
+// Where a decoder's drafts come from when not from prompt lookup: a draft model
+// (runtime/draft_model.h), or a test's stand-in. Called from the engine's thread.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to max_len (> 0) tokens likely to follow `history` (the prompt and the reply so far, the
+  // token about to be evaluated last) in KV slot `slot`, appended to `out` (empty on entry).
+  virtual void draft(int slot, const std::vector<int32_t>& history, size_t max_len, std::vector<int32_t>& out) = 0;
+  // The decoders of one step together (distinct slots): by default one draft() each; a draft model
+  // guesses for all of them in shared forwards.
+  struct Job {
+    int slot;
+    const std::vector<int32_t>* history;
+    size_t max_len;
+    std::vector<int32_t>* out;
+  };
+  virtual void draft_many(const std::vector<Job>& jobs) {
+    for (const Job& j : jobs) draft(j.slot, *j.history, j.max_len, *j.out);
+  }
+};
+
 struct EngineOptions {
   // Most prompt tokens evaluated in one step. Smaller keeps running decoders moving while a
   // newcomer's prompt is processed; larger evaluates long prompts faster.
@@ -103,6 +124,9 @@ struct EngineOptions {
   // of one. 0: off.
   int lookup = 0;
   int lookup_ngram_min = 2, lookup_ngram_max = 4;
+  // Drafts from this instead of prompt lookup (a draft model: `--draft-model`); `lookup` is then
+  // the most tokens it drafts a step. The same contract: replies do not change.
+  std::shared_ptr<Drafter> drafter;
   // A request whose prompt starts as what another slot holds copies that start into its own slot
   // instead of evaluating it (Batch::copies; the pipeline must make copies, Pipeline::copy_limit).
   // The KV rows are copied bit for bit, so replies do not change.
