@@ -179,6 +179,8 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
   const Tokenizer& tok = p.tokenizer();
   const bool add_bos = tok.add_bos() && tok.bos() >= 0;
   const int slots = std::max(1, std::min(p.n_seq(), p.max_in_flight()));
+  // With chunks in flight the stages keep the cores busy while a chunk is scored: one thread then.
+  const int score_threads = slots > 1 ? 1 : opt.n_threads;
   std::vector<std::vector<float>> logits(static_cast<size_t>(slots), std::vector<float>(row_block));
   std::vector<uint16_t> save_rows(save ? row_block : 0), base_rows(base ? row_block : 0);
   std::vector<RowScore> scores(static_cast<size_t>(n_rows));
@@ -198,7 +200,7 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
     }
     const int32_t* targets = chunk + first + 1;
     score_rows(logits[size_t(f.chunk % slots)].data(), n_rows, V, targets, save ? save_rows.data() : nullptr,
-               base ? base_rows.data() : nullptr, scores.data(), opt.n_threads);
+               base ? base_rows.data() : nullptr, scores.data(), score_threads);
     if (save) {
       write_exact(save.get(), chunk, size_t(n_ctx) * sizeof(int32_t), opt.save_base);
       write_exact(save.get(), save_rows.data(), row_block * sizeof(uint16_t), opt.save_base);

@@ -22,7 +22,7 @@ class Pipeline;
 struct PerplexityOptions {
   int n_ctx = 512;       // tokens per chunk (the pipeline's context must hold them)
   int max_chunks = -1;   // at most this many chunks (-1: all the text has)
-  int n_threads = 1;     // threads that score the logits rows
+  int n_threads = 1;     // threads that score the logits rows (1 while several chunks are in flight)
   std::string save_base; // write the scored rows' log-probabilities (and the tokens) here
   std::string kl_base;   // compare with the rows of this base file
 };
