@@ -251,13 +251,12 @@ Loaded load_model(const ModelFlags& f, int n_seq) {
 struct Prompter::Impl {
   const Tokenizer* tok = nullptr;
   std::optional<ChatTemplate> tmpl;
+  std::string warning;  // about the template: said when it is first used (never for raw prompts)
 };
 
 Prompter::Prompter(const Pipeline& pipe, const std::string& template_name) : impl_(std::make_unique<Impl>()) {
   impl_->tok = &pipe.tokenizer();
-  std::string warning;
-  impl_->tmpl.emplace(ChatTemplate::for_model(pipe.file(), pipe.tokenizer(), template_name, &warning));
-  if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  impl_->tmpl.emplace(ChatTemplate::for_model(pipe.file(), pipe.tokenizer(), template_name, &impl_->warning));
   name_ = impl_->tmpl->name();
 }
 Prompter::~Prompter() = default;
@@ -271,6 +270,10 @@ static std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::strin
 }
 
 std::vector<int32_t> Prompter::chat(const std::vector<Message>& messages) const {
+  if (!impl_->warning.empty()) {
+    std::fprintf(stderr, "warning: %s\n", impl_->warning.c_str());
+    impl_->warning.clear();
+  }
   std::vector<ChatMessage> msgs;
   for (const auto& m : messages) msgs.push_back({m.role, m.content});
   return encode_prompt(*impl_->tok, impl_->tmpl->render(msgs, /*add_generation_prompt=*/true));

@@ -173,6 +173,9 @@ TEST_CASE("baton run --draft-model: the same reply; with --lookup or another tok
   CHECK(jb["tokens"] == 30);
   CHECK(jb["draft"]["drafted"].get<int>() > 0);
   CHECK(jb["draft"]["accepted"].get<int>() > 0);
+  // (The generated model has no chat template: a raw prompt does not need one, so no warning.)
+  CHECK_THAT(a.err, !Catch::Contains("chat template"));
+  CHECK_THAT(run_baton("run -m " + target + " -p hi -n 2 -t 2").err, Catch::Contains("no chat template; using chatml"));
   const test::Out both = run_baton(common + " --draft-model " + twin + " --lookup 4");
   CHECK(both.code == 1);
   CHECK_THAT(both.err, Catch::Contains("--lookup or --draft-model"));
