@@ -13,6 +13,8 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "gguf/error.h"
+#include "gguf/gguf.h"
+#include "runtime/model_files.h"
 #include "runtime/perplexity.h"
 #include "runtime/pipeline.h"
 #include "runtime/tokenizer.h"
@@ -51,11 +53,21 @@ int run(const PplOpts& o) {
   po.save_base = o.save_base;
   po.kl_base = o.kl_base;
 
-  Loaded m = load_model(mf, o.parallel);
-  Pipeline& p = *m.pipe;
-  // As llama-perplexity: the model's BOS when it adds one, special-token text left as text.
-  const std::vector<int32_t> tokens = p.tokenizer().encode(text, /*add_special=*/true, /*parse_special=*/false);
+  // Tokenized before loading (as llama-perplexity: the model's BOS when it adds one, special-token
+  // text left as text), so that a text too short for one chunk is refused before the KV cache
+  // of -c tokens per slot is allocated.
+  std::vector<int32_t> tokens;
+  {
+    const auto file = gguf::File::open(resolve_model(mf.model));
+    tokens = Tokenizer::from_gguf(*file).encode(text, /*add_special=*/true, /*parse_special=*/false);
+  }
+  if (tokens.size() < size_t(po.n_ctx))
+    fail(ErrorKind::Usage, "the text has {} tokens, fewer than one chunk of {} (-c): give a longer text or a smaller -c",
+         tokens.size(), po.n_ctx);
   const int n_chunks = perplexity_chunks(tokens.size(), po);
+  if (n_chunks == 0) fail(ErrorKind::Usage, "--chunks 0: nothing to score");
+  Loaded m = load_model(mf, std::min(o.parallel, n_chunks));
+  Pipeline& p = *m.pipe;
   po.n_threads = std::max(1, o.model.threads > 0 ? o.model.threads : int(std::thread::hardware_concurrency()));
   std::fprintf(stderr, "%zu tokens: %d chunk%s of %d, the last %d tokens of each scored%s\n", tokens.size(), n_chunks,
                n_chunks == 1 ? "" : "s", po.n_ctx, po.n_ctx - 1 - po.n_ctx / 2,
