@@ -278,16 +278,35 @@ BATON_AVX2_FN inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+// The largest of n floats in 8 lanes (tail masked to -inf), reduced.
+BATON_AVX2_FN inline float max_avx2(const float* x, int n) {
+  const int body = n & ~7;
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mv = ninf;
+  for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  if (body < n) {
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - body), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
+  }
+  return hmax8(mv);
+}
+
+// The largest of n floats in 16 lanes (tail masked to -inf), reduced.
+BATON_AVX512_FN inline float max_avx512(const float* x, int n) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mv = ninf;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+  if (i < n) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, __mmask16((1u << (n - i)) - 1), x + i));
+  return _mm512_reduce_max_ps(mv);
+}
+
 // Softmax with the SIMD exp: max, exponentials and their sum in 8 lanes (tail masked), one scale.
 BATON_AVX2_FN void softmax_avx2(float* x, int n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const int body = n & ~7;
   const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - body), idx);
-  const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  __m256 mv = ninf;
-  for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-  if (body < n) mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
-  const __m256 mx = _mm256_set1_ps(hmax8(mv));
+  const __m256 mx = _mm256_set1_ps(max_avx2(x, n));
   __m256 sum = _mm256_setzero_ps();
   for (int i = 0; i < body; i += 8) {
     const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx));
@@ -306,15 +325,11 @@ BATON_AVX2_FN void softmax_avx2(float* x, int n) {
 
 // Softmax with the SIMD exp: max, exponentials and their sum in 16 lanes (tail masked), one scale.
 BATON_AVX512_FN void softmax_avx512(float* x, int n) {
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
-  __m512 mv = ninf;
-  int i = 0;
-  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
-  const __mmask16 tail = __mmask16((1u << (n - i)) - 1);
-  if (i < n) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail, x + i));
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  const __m512 mx = _mm512_set1_ps(max_avx512(x, n));
+  const __mmask16 tail = __mmask16((1u << (n & 15)) - 1);
   __m512 sum = _mm512_setzero_ps();
-  for (i = 0; i + 16 <= n; i += 16) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
     const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
     _mm512_storeu_ps(x + i, e);
     sum = _mm512_add_ps(sum, e);
@@ -335,11 +350,7 @@ BATON_AVX2_FN double log_sum_exp_avx2(const float* x, int n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const int body = n & ~7;
   const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - body), idx);
-  const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  __m256 mv = ninf;
-  for (int i = 0; i < body; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-  if (body < n) mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + body, tail), _mm256_castsi256_ps(tail)));
-  const float m = hmax8(mv);
+  const float m = max_avx2(x, n);
   const __m256 mx = _mm256_set1_ps(m);
   double total = 0;
   for (int i = 0; i < body;) {
@@ -355,17 +366,12 @@ BATON_AVX2_FN double log_sum_exp_avx2(const float* x, int n) {
 }
 
 BATON_AVX512_FN double log_sum_exp_avx512(const float* x, int n) {
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
-  __m512 mv = ninf;
-  int i = 0;
-  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
-  const int body = i;
+  const int body = n & ~15;
   const __mmask16 tail = __mmask16((1u << (n - body)) - 1);
-  if (body < n) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail, x + body));
-  const float m = _mm512_reduce_max_ps(mv);
+  const float m = max_avx512(x, n);
   const __m512 mx = _mm512_set1_ps(m);
   double total = 0;
-  for (i = 0; i < body;) {
+  for (int i = 0; i < body;) {
     __m512 sum = _mm512_setzero_ps();
     for (const int end = std::min(body, i + 1024); i < end; i += 16)
       sum = _mm512_add_ps(sum, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx)));
