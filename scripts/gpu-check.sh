@@ -233,6 +233,37 @@ has_p2p=0
 has_cmd run --p2p && has_p2p=1
 if ((has_p2p)) && [[ -n $tiny_model ]]; then same_tokens same-tokens-tiny "$tiny_model"; fi
 
+# 5b. Session 33 on a GPU stage (peer tiny model): a draft model (the model itself) gives the same
+# greedy text with every guess kept; perplexity on cuda:0 within 1 % of the CPU's.
+session33() {
+  local t0=$SECONDS log="$logs/draft-perplexity.log" note
+  if (($(limit_for 120) == 0)); then skip draft-perplexity "no time left (BATON_GPU_END)"; return; fi
+  local args=(run -m "$tiny_model" --raw -p "Once upon a time" -n 32 --temp 0 --devices cuda:0 --json)
+  local ppl=(perplexity -m "$tiny_model" -f docs/ARCHITECTURE.md -c 128 --chunks 8 --json)
+  {
+    echo "== draft-perplexity"
+    timeout 60 "$bin" "${args[@]}" >"$logs/plain.json"
+    timeout 60 "$bin" "${args[@]}" --draft-model "$tiny_model" >"$logs/draft.json"
+    timeout 60 "$bin" "${ppl[@]}" --devices cpu >"$logs/ppl-cpu.json"
+    timeout 60 "$bin" "${ppl[@]}" --devices cuda:0 >"$logs/ppl-cuda.json"
+  } >>"$log" 2>&1
+  if note=$(python3 - "$logs" <<'PY' 2>>"$log"
+import json, sys
+d = sys.argv[1]
+a, b = (json.load(open(f"{d}/{n}.json")) for n in ("plain", "draft"))
+c, g = (json.load(open(f"{d}/ppl-{n}.json"))["ppl"] for n in ("cpu", "cuda"))
+ok = a["text"] == b["text"] and b["draft"]["accepted"] > 0 and abs(g / c - 1) <= 0.01
+print(f"same text: {a['text'] == b['text']}, {b['draft']['accepted']}/{b['draft']['drafted']} kept; ppl cpu {c:.2f} cuda {g:.2f}")
+sys.exit(0 if ok else 1)
+PY
+  ); then
+    row draft-perplexity ok $((SECONDS - t0)) "$note"
+  else
+    row draft-perplexity FAIL $((SECONDS - t0)) "${note:-a run failed}, see draft-perplexity.log"; failed=1
+  fi
+}
+if has_cmd perplexity && [[ -n $tiny_model ]]; then session33; else skip draft-perplexity "no 'baton perplexity' or no peer tiny model"; fi
+
 # 6. Benchmarks, the most wanted first: per type 1 stage, 2 stages on one GPU (P2P and host-staged);
 # for Q4_0 also the same tokens on the 8B shape, a GPU -> CPU spill and a 16-sequence batch on 2
 # stages; then what the decode graphs save, the CUDA matmuls alone and the other batch variants.
