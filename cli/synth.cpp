@@ -53,13 +53,14 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "olmoe") p.architecture = "olmoe", p.qkv_bias = false;
       else if (a.arch == "ernie4_5") p.architecture = "ernie4_5", p.qkv_bias = false;  // (--attn-bias: use_bias)
       else if (a.arch == "exaone4") p.architecture = "exaone4", p.qkv_bias = false, p.swa_period = 4;  // (--sliding-window: 32B's layout)
+      else if (a.arch == "gemma") p.architecture = "gemma", p.qkv_bias = false, p.tied = true;  // (Gemma 1: its head is tied)
       else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
         p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
         if (!p.sliding_window) p.sliding_window = 128;
       } else
         fail(ErrorKind::Usage,
              "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
-             "smollm3, olmo2, olmoe, ernie4_5 or exaone4 (gemma through --shape)",
+             "smollm3, olmo2, olmoe, ernie4_5, exaone4 or gemma (gemma2 and gemma3 through --shape)",
              a.arch);
     }
     if (a.sliding_window) p.sliding_window = *a.sliding_window;
@@ -117,8 +118,8 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "(Granite 3's multipliers: embeddings x12, branches x0.22, q.k x1/head_dim, logits /8), "
                                "granitemoe, smollm3 (every 4th layer without RoPE), olmo2 (OLMo 2; with "
                                "--sliding-window OLMo 3: 3 of 4 layers sliding, YaRN on the others), olmoe, ernie4_5 (ERNIE 4.5 "
-                               "dense) or exaone4 (with --sliding-window the 32B's layout: 3 of 4 layers sliding, "
-                               "the others without RoPE)");
+                               "dense), exaone4 (with --sliding-window the 32B's layout: 3 of 4 layers sliding, "
+                               "the others without RoPE) or gemma (Gemma 1: tied head; give --head-dim for its 256)");
                 app.add_option("--sliding-window", a->sliding_window,
                                "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2, exaone4)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");

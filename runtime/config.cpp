@@ -90,6 +90,11 @@ constexpr Family kFamilies[] = {
   // Gemma 2: Gemma 3 without q/k norms, every other layer sliding (window 4096 by default) with the
   // global RoPE base, attention scores soft-capped (attn_logit_softcapping) as well as the logits.
   {"gemma2", RopeStyle::NeoX, Activation::GeluTanh, true, true, false, false, 2, false, 0.f, 4096},
+  // Gemma 1 (2B, 7B; CodeGemma, Gemma 1.1): Gemma 3's layer without q/k norms or post-norms, no
+  // sliding windows or soft-caps. As for gemma3, its converter adds Gemma's +1 to every stored
+  // norm weight, so norm_add_one stays false. Heads of attention.key_length (256, wider than
+  // n_embd / n_head at 7B), q·k scaled by 1/sqrt(head_dim); no output.weight (the head is tied).
+  {.arch = "gemma", .rope = RopeStyle::NeoX, .act = Activation::GeluTanh, .embd_scale_sqrt = true},
   {"qwen3", RopeStyle::NeoX, Activation::SiLU, false, false, true, false, 0},  // q/k norms, no biases
   // Phi-3, 3.5 and 4: fused q/k/v and gate/up matrices; the 128k files add long-context RoPE factors.
   {"phi3", RopeStyle::NeoX, Activation::SiLU, false, false, false, false, 0, true},

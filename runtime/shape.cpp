@@ -205,6 +205,10 @@ const std::vector<ShapePreset>& shape_presets() {
     {"gemma2-2b", "gemma2", "Gemma 2 2B (tied head, 256k vocab, every other layer window 4096, soft-capped)", 26, 2304, 8, 4, 256, 9216, 256000, 8192, true, 4096, 2, 10000.f, 1e-6f, false},
     {"gemma2-9b", "gemma2", "Gemma 2 9B (tied head, 256k vocab, every other layer window 4096, soft-capped)", 42, 3584, 16, 8, 256, 14336, 256000, 8192, true, 4096, 2, 10000.f, 1e-6f, false},
     {"gemma3-1b", "gemma3", "Gemma 3 1B (tied head, 262k vocab, window 512)", 26, 1152, 4, 1, 256, 6912, 262144, 32768, true, 512, 6, 1000000.f, 1e-6f, false},
+    // Gemma 1 (google/gemma-2b's and gemma-7b's config.json; CodeGemma's are the same): no windows,
+    // heads of 256 (the 7B's 16 are wider than n_embd / 16), the 2B with one KV head.
+    {"gemma-2b", "gemma", "Gemma 2B (tied head, 256k vocab, one KV head)", 18, 2048, 8, 1, 256, 16384, 256000, 8192, true, 0, 0, 10000.f, 1e-6f, false},
+    {"gemma-7b", "gemma", "Gemma 7B (tied head, 256k vocab, 16 heads of 256 on a 3072-wide residual)", 28, 3072, 16, 16, 256, 24576, 256000, 8192, true, 0, 0, 10000.f, 1e-6f, false},
     {"qwen2-7b", "qwen2", "Qwen2 7B (q/k/v bias)", 28, 3584, 28, 4, 128, 18944, 152064, 32768, false, 0, 0, 1000000.f, 1e-6f, true},
     {"qwen3-0.6b", "qwen3", "Qwen3 0.6B (tied head, q/k norms)", 28, 1024, 16, 8, 128, 3072, 151936, 40960, true, 0, 0, 1000000.f, 1e-6f, false},
     {"qwen3-8b", "qwen3", "Qwen3 8B (q/k norms)", 36, 4096, 32, 8, 128, 12288, 151936, 40960, false, 0, 0, 1000000.f, 1e-6f, false},
@@ -304,7 +308,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   };
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const std::string_view arch = p.architecture;
-  const bool gemma = arch == "gemma3" || arch == "gemma2";
+  const bool gemma = arch == "gemma3" || arch == "gemma2";  // post-norms (Gemma 1, "gemma", has none)
   const bool olmo = arch == "olmo2" || arch == "olmoe";  // q/k norms over the whole q and k rows
   const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || olmo || arch == "exaone4";
   const bool pre_norms = arch != "olmo2" && arch != "exaone4";  // olmo2, exaone4: post-norms only

@@ -146,10 +146,10 @@ void check_shape(const ShapePreset& p) {
   need(p.n_embd % 32 == 0 && p.n_ff % 32 == 0 && (uint64_t(p.n_head) * p.head_dim) % 32 == 0,
        "n_embd, n_ff and n_head × head_dim must be multiples of 32");
   const std::string_view a = p.architecture;
-  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "phi3" ||
+  need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "gemma" || a == "phi3" ||
            a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe" || a == "smollm3" ||
            a == "olmo2" || a == "olmoe" || a == "ernie4_5" || a == "exaone4",
-       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
+       "architecture must be llama, qwen2, qwen3, gemma3, gemma2, gemma, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
        "smollm3, olmo2, olmoe, ernie4_5 or exaone4");
   need(!p.out_bias || a == "ernie4_5", "an optional output bias is for ernie4_5 (--attn-bias)");
   const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe" || a == "olmoe";
@@ -194,7 +194,7 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
   w.set(key("feed_forward_length"), gguf::Value::of_u32(p.n_ff));
   w.set(key("attention.head_count"), gguf::Value::of_u32(p.n_head));
   w.set(key("attention.head_count_kv"), gguf::Value::of_u32(p.n_head_kv));
-  const bool gemma = a == "gemma3" || a == "gemma2";
+  const bool gemma = a == "gemma3" || a == "gemma2" || a == "gemma";  // (as their converters write them)
   if (gemma || p.head_dim * p.n_head != p.n_embd) {
     w.set(key("attention.key_length"), gguf::Value::of_u32(p.head_dim));
     w.set(key("attention.value_length"), gguf::Value::of_u32(p.head_dim));

@@ -250,6 +250,15 @@ inline std::string tiny_qwen2moe_model() {
 // (window 16), YaRN, top 3 of 6 experts with biases and the clamped SwiGLU; as gpt-oss files, the
 // experts MXFP4 and the other matrices Q8_0.
 inline std::string tiny_gpt_oss_model() {
+// A generated Gemma 1-shaped model (gemma: pre-norms only, no q/k norms, GeGLU, embeddings times
+// sqrt(n_embd), tied head): one KV head as the 2B's, heads of 256 (the real ones' size) on a 128-wide
+// residual.
+inline std::string tiny_gemma_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-gemma1", "gemma", "test", 3, 128, 2, 1, 256, 256, 1000, 2048, true, 0, 0, 1e4f, 1e-6f, false}, 20);
+  return path;
+}
+
   static const std::string path = synth_model(
       {"tiny-gpt-oss", "gpt-oss", "test", 4, 128, 4, 2, 64, 256, 1000, 2048, false, 16, 2, 1.5e5f, 1e-5f, true, 0, 0,
        6, 3, 128},

@@ -27,7 +27,13 @@
 // head, and use_bias's q/k/v and o_proj biases (optional in the files). And an exaone4-shaped one,
 // per Exaone4's modeling code: Olmo2's norm placement (no input norms, post_attention_layernorm and
 // post_feedforward_layernorm on each block's output) with q_norm/k_norm per head; with a sliding
-// window ("global NoPE") only the sliding layers rotate, with the Llama 3-scaled frequencies.
+// window ("global NoPE") only the sliding layers rotate, with the Llama 3-scaled frequencies. And a
+// gemma-shaped one (Gemma 1), per Gemma's modeling code: the embeddings times sqrt(hidden_size),
+// input_layernorm before the attention and post_attention_layernorm (the files' ffn_norm) before the
+// MLP, no q/k norms and no norms on the blocks' outputs, GeGLU with the tanh GELU, rotate_half RoPE,
+// one KV head here (the 2B's) with heads wider than n_embd / n_head (the 7B's), q·k times
+// head_dim^-0.5, the head tied. Its norms' (1 + weight) is what the file stores (the converter adds
+// the 1).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -76,6 +82,10 @@ struct Spec {
   bool use_bias = false;
   std::string ref_drop_bias;
   bool ref_no_rope_freqs = false;  // exaone4: the reference rotates without rope_freqs.weight (does it matter?)
+  // gemma (Gemma 1): the reference adds what the family does not have (do they matter?): per-head q/k
+  // RMSNorms and RMSNorms on the blocks' outputs (Gemma 3's, with unit weights), or leaves the
+  // embedding scale out.
+  bool ref_qk_norm = false, ref_post_norms = false, ref_no_embd_scale = false;
   uint32_t seed = 7;
 };
 
@@ -193,7 +203,8 @@ Model make_model(const Spec& s) {
   // Granite's embeddings likewise small against its multiplier, and its tied head's logits large
   // enough before the division by logit_scale; SmolLM3's small too, so that its layers (the NoPE
   // one among them), not the token's own row, dominate the residual stream.
-  const bool gemma = a == "gemma3" || a == "gemma2", small_embd = granite || a == "smollm3" || a == "ernie4_5";
+  const bool gemma = a == "gemma3" || a == "gemma2" || a == "gemma";
+  const bool small_embd = granite || a == "smollm3" || a == "ernie4_5";
   add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : small_embd ? 0.1f : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
   add("output_norm.weight", 1, E, gemma || small_embd ? 2.f : 0.2f, gemma ? 12.f : small_embd ? 4.f * s.logit_div : 1.f, false);
@@ -266,7 +277,7 @@ Model make_model(const Spec& s) {
       add(b + "attn_q_norm.weight", 1, D, 0.2f * qn, qn, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
-    if (gemma || post_only) {
+    if ((gemma && a != "gemma") || post_only) {  // (Gemma 1 has no post-norms)
       add(b + "post_attention_norm.weight", 1, E, 0.2f, 1.f, false);
       add(b + "post_ffw_norm.weight", 1, E, 0.2f, 1.f, false);
     }
@@ -341,7 +352,10 @@ void rope_ref(Vec& v, int n_head, int D, int R, int pos, double base, bool neox,
 // `hidden`, when given, gets each position's final hidden state after the output norm.
 std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int n_ctx, std::vector<Vec>* hidden = nullptr) {
   const Spec& s = m.spec;
-  const bool gemma3 = s.arch == "gemma3", gemma = gemma3 || s.arch == "gemma2";
+  const bool gemma3 = s.arch == "gemma3", gemma1 = s.arch == "gemma", gemma = gemma3 || gemma1 || s.arch == "gemma2";
+  // Norms on the blocks' outputs: Gemma 2's and 3's (not Gemma 1's, unless its reference is wrong on purpose).
+  const bool gemma_post = (gemma && !gemma1) || s.ref_post_norms;
+  const std::vector<float> ones(size_t(std::max(s.n_embd, s.head_dim)), 1.f);  // (the norms a wrong reference adds)
   const bool qwen3 = s.arch == "qwen3" || s.arch == "qwen3moe", qwen2moe = s.arch == "qwen2moe";
   const bool phi3 = s.arch == "phi3";
   const bool oai = s.arch == "gpt-oss";
@@ -364,7 +378,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   for (int t = 0; t < T; ++t) {
     const float* e = W("token_embd.weight").data() + size_t(ids[size_t(t)]) * E;
     x[size_t(t)].assign(e, e + E);
-    if (gemma) for (double& v : x[size_t(t)]) v *= std::sqrt(double(E));
+    if (gemma && !s.ref_no_embd_scale) for (double& v : x[size_t(t)]) v *= std::sqrt(double(E));
     if (granite) for (double& v : x[size_t(t)]) v *= s.embd_mult;
   }
   for (int l = 0; l < s.n_layer; ++l) {
@@ -404,6 +418,12 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
           const Vec n = rmsnorm(k[size_t(t)], W(b + "attn_k_norm.weight").data() + hh * wq, size_t(hh * D), size_t(D), eps);
           std::copy(n.begin(), n.end(), k[size_t(t)].begin() + hh * D);
         }
+      } else if (s.ref_qk_norm) {  // (wrong on purpose: per-head norms Gemma 1 does not have)
+        for (auto [y, n_h] : {std::pair{&q[size_t(t)], s.n_head}, {&k[size_t(t)], s.n_head_kv}})
+          for (int hh = 0; hh < n_h; ++hh) {
+            const Vec n = rmsnorm(*y, ones.data(), size_t(hh * D), size_t(D), eps);
+            std::copy(n.begin(), n.end(), y->begin() + hh * D);
+          }
       }
       const int R = s.rope_dim > 0 ? s.rope_dim : D;
       // gpt-oss: every layer, sliding or not; OLMo 3: the global layers only.
@@ -437,7 +457,8 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       }
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
       if (oai || (s.use_bias && s.ref_drop_bias != "output")) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
-      if (gemma || post_only) att = rmsnorm(att, W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
+      if (gemma_post || post_only)
+        att = rmsnorm(att, gemma1 ? ones.data() : W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * att[size_t(i)];
     }
     auto act = [&](double z) {
@@ -525,7 +546,8 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       Vec a(size_t(s.n_ff));
       for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
       Vec d = matvec(W(b + "ffn_down.weight"), E, s.n_ff, a);
-      if (gemma || post_only) d = rmsnorm(d, W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
+      if (gemma_post || post_only)
+        d = rmsnorm(d, gemma1 ? ones.data() : W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * d[size_t(i)];
     }
   }
@@ -692,6 +714,9 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_head_kv = 1;
     s.window = 5;
     s.swa_pattern = 3;
+  } else if (arch == "gemma") {  // Gemma 1: one KV head (the 2B's), heads of 128 on a 256-wide residual
+    s.n_head_kv = 1;               // (wider than n_embd / n_head, as the 7B's 16 heads of 256 on 3072)
+    s.head_dim = 128;
   } else if (arch == "gemma2") {  // layers 0 and 2 sliding; caps small enough to bite here (Gemma 2's
     s.n_layer = 3;                // own 50 and 30 are above what these tiny scores and logits reach)
     s.window = 5;
@@ -733,7 +758,8 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     if (kSanitized && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && t != GgmlType::MXFP4) continue;
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
-                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe", "ernie4_5", "exaone4"}) {
+                                   "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe", "ernie4_5",
+                                   "exaone4", "gemma"}) {
       // (olmo3: OLMo 2's layer with OLMo 3's windows and YaRN; plain OLMo 2 in the olmo2 test below)
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two, and MXFP4 (an
@@ -743,7 +769,8 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       if (s.n_expert > 0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && !mx_moe) continue;
       // Families whose difference is the layer's structure, not a tensor shape the types treat
       // differently, take two types too (the kernels are the llama's, gemma3's and qwen3's above).
-      const bool structure_only = arch == "smollm3" || arch == "olmo3" || arch == "ernie4_5" || arch == "exaone4";
+      const bool structure_only =
+          arch == "smollm3" || arch == "olmo3" || arch == "ernie4_5" || arch == "exaone4" || arch == "gemma";
       if (structure_only && t != GgmlType::Q8_0 && (t != GgmlType::Q4_K || kSanitized)) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -862,6 +889,34 @@ TEST_CASE("tiny generated models: exaone4's global layer without RoPE and its sl
     r.spec.ref_no_rope_freqs = wrong[0] == 'n';  // (the same file and weights; only the reference changes)
     const auto d = deviation(r, ids, got);
     std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "exaone4", wrong,
+                d.max_d, d.mean_d, d.sd);
+    INFO(wrong);
+    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+  }
+}
+
+// The gemma test above checks Gemma 1's layer: a reference that adds Gemma 3's per-head q/k norms or
+// its norms on the blocks' outputs (unit weights: Gemma 1's files have none), adds Gemma's 1 to the
+// stored norm weights once more, or leaves the embedding scale out, leaves the tolerance far behind.
+TEST_CASE("tiny generated models: gemma (Gemma 1) has no q/k norms or post-norms, its stored norms hold the +1") {
+  Spec s = spec_of("gemma", GgmlType::Q8_0);
+  s.q_amp = 3.f;  // (a sharper attention: the magnitude a q norm would take away then matters)
+  const auto ids = prompt(s, 12, 11);
+  const Model m = make_model(s);
+  const auto got = run_prompt(*load(m, 64), ids);
+  compare(m, ids, got, "Gemma 1");
+  for (const char* wrong : {"q/k norms", "post-norms", "the norms' +1 again", "no embedding scale"}) {
+    Model r = m;  // (the same file and weights; only the reference changes)
+    r.spec.ref_qk_norm = wrong[0] == 'q';
+    r.spec.ref_post_norms = wrong[0] == 'p';
+    r.spec.ref_no_embd_scale = wrong[0] == 'n';
+    if (wrong[0] == 't')
+      for (auto& [name, w] : r.w)
+        if (name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0)
+          for (float& v : w) v += 1.f;
+    const auto d = deviation(r, ids, got);
+    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "gemma", wrong,
                 d.max_d, d.mean_d, d.sd);
     INFO(wrong);
     CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
@@ -1220,6 +1275,33 @@ TEST_CASE("config: exaone4 (post-norms only, per-head q/k norms; with a window t
   CHECK((e1.n_layer == 30 && e1.n_embd == 2048 && e1.head_dim == 64 && e1.tied && e1.sliding_window == 0));
   const ShapePreset& e32 = find_preset("exaone4-32b");
   CHECK((e32.n_layer == 64 && e32.sliding_window == 4096 && e32.swa_period == 4 && !e32.tied));
+}
+
+TEST_CASE("config: gemma (Gemma 1: pre-norms only, no q/k norms, GeGLU, embeddings x sqrt(n_embd), key_length heads, tied); its presets") {
+  // As Gemma's converter writes a file: key_length and value_length, no rope.dimension_count, no
+  // vocab_size, no output.weight; heads of 64 on a 64-wide residual with 2 heads (not 32 wide).
+  const ShapePreset p{"t", "gemma", "test", 2, 64, 2, 1, 64, 128, 300, 128, true, 0, 0, 1e4f, 1e-6f, false};
+  const auto bytes = synth_writer(p, {}).to_bytes();
+  const auto f = gguf::File::parse(bytes.data(), bytes.size());
+  CHECK_FALSE(f->has("gemma.rope.dimension_count"));
+  const ModelConfig c = ModelConfig::from_gguf(*f);
+  CHECK((c.rope_style == RopeStyle::NeoX && c.act == Activation::GeluTanh && c.embd_scale == 8.f));
+  CHECK((c.pre_norms && !c.post_norms && !c.qk_norm && !c.attn_bias && !c.norm_add_one && c.tied_output));
+  CHECK((c.has(LayerTensor::AttnNorm) && c.has(LayerTensor::FfnNorm) && !c.has(LayerTensor::QNorm) &&
+         !c.has(LayerTensor::PostAttnNorm) && !c.has(LayerTensor::PostFfnNorm)));
+  CHECK((c.head_dim_k == 64 && c.rope_dim == 64 && c.n_embd_q() == 128 && c.n_head_kv == 1));
+  CHECK(c.attn_scale == Approx(1 / 8.0));
+  CHECK((c.attn_softcap == 0.f && c.final_softcap == 0.f && c.rope_base == 1e4f));
+  CHECK(c.layer_window == std::vector<int>{0, 0});
+  // google/gemma-2b's and gemma-7b's config.json; q·k scaled by 1/sqrt(head_dim) at both (the 7B's
+  // n_embd / n_head, 192, is not its head size).
+  const ShapePreset& g2 = find_preset("gemma-2b");
+  CHECK((g2.n_layer == 18 && g2.n_embd == 2048 && g2.n_head == 8 && g2.n_head_kv == 1 && g2.head_dim == 256 &&
+         g2.n_ff == 16384 && g2.n_vocab == 256000 && g2.tied && g2.sliding_window == 0));
+  const ShapePreset& g7 = find_preset("gemma-7b");
+  CHECK((g7.n_layer == 28 && g7.n_embd == 3072 && g7.n_head == 16 && g7.n_head_kv == 16 && g7.head_dim == 256 &&
+         g7.n_ff == 24576 && g7.n_vocab == 256000 && g7.tied));
+  CHECK(attention_scale("gemma", 28, 3072, 16, 256) == 1.f / 16);
 }
 
 TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long ones") {

@@ -2,7 +2,8 @@
 """A float64 NumPy forward of a GGUF model, every position's logits: the independent check of
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
-Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3, Ernie4_5, Exaone4), not from Baton's.
+Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3, Ernie4_5,
+Exaone4, Gemma), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
@@ -16,8 +17,11 @@ logits), olmo2 (OLMo 2 and 3: no input norms, whole-row q/k norms, post-norms; O
 layers with plain RoPE, its full ones with YaRN), olmoe (whole-row q/k norms, top-k weights not
 renormalized), smollm3 (llama's layer; the layers l with (l + 1) % 4 == 0, no_rope_layer_interval,
 without RoPE), ernie4_5 (llama's layer, interleaved-pair RoPE, use_bias's optional q/k/v and output
-biases) and exaone4 (OLMo 2's norm placement with q/k norms per head; with a window, 3 of 4 layers
-sliding and rotating, the global ones without RoPE); Llama 3 factors (rope_freqs.weight); no other RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
+biases), exaone4 (OLMo 2's norm placement with q/k norms per head; with a window, 3 of 4 layers
+sliding and rotating, the global ones without RoPE) and gemma (Gemma 1: embeddings times
+sqrt(n_embd), GeGLU with the tanh GELU, heads of attention.key_length, the stored norm weights used
+as they are: the converter added Gemma's 1 to them); Llama 3 factors (rope_freqs.weight); no other
+RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
 """
@@ -121,9 +125,12 @@ def main():
         return o
 
     silu = lambda z: z / (1 + np.exp(-z))
+    # Gemma's gelu_pytorch_tanh: 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))
+    gelu_tanh = lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+    act = gelu_tanh if arch == "gemma" else silu
 
-    def swiglu(h, gate, up, down):
-        return (silu(h @ gate.T) * (h @ up.T)) @ down.T
+    def swiglu(h, gate, up, down):  # (GeGLU for gemma)
+        return (act(h @ gate.T) * (h @ up.T)) @ down.T
 
     def oai_expert(h, b, e):  # gpt-oss: biases, the gate clamped above at 7, the up at ±7, and + 1
         gt = h @ T[b + "ffn_gate_exps.weight"][e].T + T[b + "ffn_gate_exps.bias"][e]
@@ -135,6 +142,8 @@ def main():
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
     x = T["token_embd.weight"][ids] * emb_mult
+    if arch == "gemma":  # GemmaModel scales the embeddings by sqrt(hidden_size)
+        x = x * np.sqrt(E)
     margin = np.inf
     for l in range(L):
         b = f"blk.{l}."
