@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,11 +16,40 @@
 #include "gguf/gguf.h"
 #include "helpers.h"
 #include "runtime/embed.h"
+#include "runtime/engine.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 #include "runtime/tokenizer.h"
 
 namespace baton::test {
+
+// A pipeline of `path` on `devices` with two threads, n_seq slots of n_ctx positions.
+inline std::unique_ptr<Pipeline> load_pipeline(const std::string& path, const std::string& devices, int n_seq, int n_ctx,
+                                               int n_batch = 512) {
+  LoadOptions o;
+  o.n_ctx = n_ctx;
+  o.n_seq = n_seq;
+  o.n_batch = n_batch;
+  o.n_threads = 2;
+  o.devices = devices;
+  return Pipeline::load(path, o);
+}
+
+// The requests through an engine with these options on `parallel` slots, each slot's cache then
+// checked against what the engine counts (no draft left behind) and emptied for the next run.
+inline std::map<uint64_t, Result> run_requests(Pipeline& p, const Vocab& vocab, const std::vector<Request>& reqs,
+                                               const EngineOptions& opt, int parallel) {
+  Engine e(p, vocab, opt);
+  std::map<uint64_t, Result> out;
+  size_t next = 0;
+  e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
+        [&](Result&& r) { out[r.tag] = std::move(r); }, parallel);
+  for (int s = 0; s < parallel; ++s) {
+    CHECK(p.seq_len(s) == int(e.cached(s).size()));
+    e.forget(s);
+  }
+  return out;
+}
 
 // Every input's pooled, normalized embedding (runtime/embed.h) from pipeline p, concatenated, in
 // forwards of 16 tokens (a long input in two or more, the others beside it).
@@ -219,6 +250,15 @@ inline std::string tiny_gemma2_model() {
   return path;
 }
 
+// A generated Gemma 1-shaped model (gemma: pre-norms only, no q/k norms, GeGLU, embeddings times
+// sqrt(n_embd), tied head): one KV head as the 2B's, heads of 256 (the real ones' size) on a 128-wide
+// residual.
+inline std::string tiny_gemma_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-gemma1", "gemma", "test", 3, 128, 2, 1, 256, 256, 1000, 2048, true, 0, 0, 1e4f, 1e-6f, false}, 20);
+  return path;
+}
+
 // A generated Phi-3-shaped model: fused q/k/v and gate/up, LongRoPE factors past a context of 64
 // (with the attention factor that scales the rotated dims), 48 of 64 head dims rotated (Phi-4-mini).
 inline std::string tiny_phi3_model() {
@@ -250,15 +290,6 @@ inline std::string tiny_qwen2moe_model() {
 // (window 16), YaRN, top 3 of 6 experts with biases and the clamped SwiGLU; as gpt-oss files, the
 // experts MXFP4 and the other matrices Q8_0.
 inline std::string tiny_gpt_oss_model() {
-// A generated Gemma 1-shaped model (gemma: pre-norms only, no q/k norms, GeGLU, embeddings times
-// sqrt(n_embd), tied head): one KV head as the 2B's, heads of 256 (the real ones' size) on a 128-wide
-// residual.
-inline std::string tiny_gemma_model() {
-  static const std::string path = synth_q8_model(
-      {"tiny-gemma1", "gemma", "test", 3, 128, 2, 1, 256, 256, 1000, 2048, true, 0, 0, 1e4f, 1e-6f, false}, 20);
-  return path;
-}
-
   static const std::string path = synth_model(
       {"tiny-gpt-oss", "gpt-oss", "test", 4, 128, 4, 2, 64, 256, 1000, 2048, false, 16, 2, 1.5e5f, 1e-5f, true, 0, 0,
        6, 3, 128},

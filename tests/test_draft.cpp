@@ -23,12 +23,7 @@ using namespace baton;
 namespace {
 
 std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, int n_seq, int n_ctx = 256) {
-  LoadOptions o;
-  o.n_ctx = n_ctx;
-  o.n_seq = n_seq;
-  o.n_threads = 2;
-  o.devices = devices;
-  return Pipeline::load(path, o);
+  return test::load_pipeline(path, devices, n_seq, n_ctx);
 }
 
 std::vector<Request> requests() {
@@ -47,17 +42,7 @@ std::vector<Request> requests() {
 
 std::map<uint64_t, Result> run_requests(Pipeline& p, const std::vector<Request>& reqs, const EngineOptions& opt,
                                         int parallel) {
-  auto vocab = tokenizer_vocab(p.tokenizer());
-  Engine e(p, *vocab, opt);
-  std::map<uint64_t, Result> out;
-  size_t next = 0;
-  e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
-        [&](Result&& r) { out[r.tag] = std::move(r); }, parallel);
-  for (int s = 0; s < parallel; ++s) {
-    CHECK(p.seq_len(s) == int(e.cached(s).size()));  // no draft left behind
-    e.forget(s);
-  }
-  return out;
+  return test::run_requests(p, *tokenizer_vocab(p.tokenizer()), reqs, opt, parallel);
 }
 
 EngineOptions with_draft(const std::string& draft_path, const Pipeline& target, int max_len) {

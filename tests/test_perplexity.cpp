@@ -27,12 +27,7 @@ using namespace baton;
 namespace {
 
 std::unique_ptr<Pipeline> load(const std::string& path, int n_ctx, int n_seq, const std::string& devices = "cpu") {
-  LoadOptions o;
-  o.n_ctx = n_ctx;
-  o.n_seq = n_seq;
-  o.n_threads = 2;
-  o.devices = devices;
-  return Pipeline::load(path, o);
+  return test::load_pipeline(path, devices, n_seq, n_ctx);
 }
 
 std::vector<int32_t> random_tokens(int n, int n_vocab, uint32_t seed) {

@@ -36,7 +36,7 @@ LoadOptions options(const std::string& devices, int n_seq = 1) {
 }
 
 std::unique_ptr<Pipeline> load(const std::string& path, const std::string& devices, int n_seq = 1) {
-  return Pipeline::load(path, options(devices, n_seq));
+  return test::load_pipeline(path, devices, n_seq, 128, 64);
 }
 
 // Logits of the prompt in one batch (every row), then of the prompt token by token.
@@ -51,22 +51,6 @@ std::vector<float> run_prompt(Pipeline& p, const std::vector<int32_t>& ids) {
     Batch one;
     one.add(ids[i], int(i), 0, true);
     p.decode(one, out.data() + (ids.size() + i) * V);
-  }
-  return out;
-}
-
-// The requests through an engine with these options on `parallel` slots, each slot's cache then
-// checked against what the engine counts and emptied for the next run.
-std::map<uint64_t, Result> run_requests(Pipeline& p, const Vocab& vocab, const std::vector<Request>& reqs,
-                                        const EngineOptions& opt, int parallel) {
-  Engine e(p, vocab, opt);
-  std::map<uint64_t, Result> out;
-  size_t next = 0;
-  e.run([&]() -> std::optional<Request> { return next < reqs.size() ? std::optional(reqs[next++]) : std::nullopt; },
-        [&](Result&& r) { out[r.tag] = std::move(r); }, parallel);
-  for (int s = 0; s < parallel; ++s) {
-    CHECK(p.seq_len(s) == int(e.cached(s).size()));
-    e.forget(s);
   }
   return out;
 }
@@ -527,7 +511,7 @@ TEST_CASE("prompt lookup on real stages: the same tokens as without drafts, ring
       }
       EngineOptions drafts;
       drafts.lookup = 6;
-      const auto ref = run_requests(*p, *vocab, reqs, {}, 2), got = run_requests(*p, *vocab, reqs, drafts, 2);
+      const auto ref = test::run_requests(*p, *vocab, reqs, {}, 2), got = test::run_requests(*p, *vocab, reqs, drafts, 2);
       int drafted = 0, kept = 0;
       for (const auto& [tag, r] : ref) {
         INFO("request " << tag);
@@ -582,7 +566,7 @@ TEST_CASE("requests sharing a prompt start through real stages: evaluated once, 
       }
       EngineOptions no_copies;
       no_copies.share_prefixes = false;
-      const auto ref = run_requests(*p, *vocab, reqs, no_copies, 3), got = run_requests(*p, *vocab, reqs, {}, 3);
+      const auto ref = test::run_requests(*p, *vocab, reqs, no_copies, 3), got = test::run_requests(*p, *vocab, reqs, {}, 3);
       int evaluated = 0, evaluated_ref = 0;
       for (const auto& [tag, r] : ref) {
         INFO("request " << tag);
