@@ -54,13 +54,14 @@ int run_synth(const SynthArgs& a) {
       else if (a.arch == "ernie4_5") p.architecture = "ernie4_5", p.qkv_bias = false;  // (--attn-bias: use_bias)
       else if (a.arch == "exaone4") p.architecture = "exaone4", p.qkv_bias = false, p.swa_period = 4;  // (--sliding-window: 32B's layout)
       else if (a.arch == "gemma") p.architecture = "gemma", p.qkv_bias = false, p.tied = true;  // (Gemma 1: its head is tied)
+      else if (a.arch == "glm4") p.architecture = "glm4", p.qkv_bias = true;  // (half of each head rotated: below)
       else if (a.arch == "gpt-oss") {  // every other layer sliding, 128 tokens unless --sliding-window says
         p.architecture = "gpt-oss", p.qkv_bias = true, p.swa_period = 2;
         if (!p.sliding_window) p.sliding_window = 128;
       } else
         fail(ErrorKind::Usage,
              "--arch '{}': custom shapes are llama, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
-             "smollm3, olmo2, olmoe, ernie4_5, exaone4 or gemma (gemma2 and gemma3 through --shape)",
+             "smollm3, olmo2, olmoe, ernie4_5, exaone4, gemma or glm4 (gemma2 and gemma3 through --shape)",
              a.arch);
     }
     if (a.sliding_window) p.sliding_window = *a.sliding_window;
@@ -82,6 +83,7 @@ int run_synth(const SynthArgs& a) {
     if (a.attn_bias) p.qkv_bias = p.out_bias = true;
     if (a.head_dim) p.head_dim = *a.head_dim;
     else if (a.n_embd || a.n_head || a.shape.empty()) p.head_dim = p.n_head ? p.n_embd / p.n_head : 0;
+    if (p.architecture == std::string_view("glm4")) p.rope_dim = p.head_dim / 2;  // (partial_rotary_factor 0.5)
   }
   if (a.type.empty()) fail(ErrorKind::Usage, "--type is required (e.g. Q4_K, Q8_0, F16)");
   const TypeTraits* t = type_by_name(a.type);
@@ -119,7 +121,8 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "granitemoe, smollm3 (every 4th layer without RoPE), olmo2 (OLMo 2; with "
                                "--sliding-window OLMo 3: 3 of 4 layers sliding, YaRN on the others), olmoe, ernie4_5 (ERNIE 4.5 "
                                "dense), exaone4 (with --sliding-window the 32B's layout: 3 of 4 layers sliding, "
-                               "the others without RoPE) or gemma (Gemma 1: tied head; give --head-dim for its 256)");
+                               "the others without RoPE), gemma (Gemma 1: tied head; give --head-dim for its 256) or "
+                               "glm4 (GLM-4-0414: post-norms, q/k/v biases, fused gate/up, half of each head rotated)");
                 app.add_option("--sliding-window", a->sliding_window,
                                "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2, exaone4)");
                 app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");

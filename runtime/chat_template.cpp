@@ -22,7 +22,7 @@ const Named kNames[] = {
     {"mistral", ChatFamily::Mistral}, {"gemma", ChatFamily::Gemma}, {"phi3", ChatFamily::Phi3},
     {"zephyr", ChatFamily::Zephyr}, {"phi4", ChatFamily::Phi4}, {"phi4-mini", ChatFamily::Phi4Mini},
     {"gpt-oss", ChatFamily::GptOss}, {"granite", ChatFamily::Granite}, {"smollm3", ChatFamily::SmolLM3},
-    {"olmo2", ChatFamily::Olmo2},
+    {"olmo2", ChatFamily::Olmo2}, {"glm4", ChatFamily::Glm4},
 };
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
@@ -220,6 +220,7 @@ std::optional<ChatFamily> family_from_markers(std::string_view s) {
   if (contains(s, "<|im_start|>")) return ChatFamily::ChatML;
   if (contains(s, "<start_of_turn>")) return ChatFamily::Gemma;
   if (contains(s, "<|start_header_id|>")) return ChatFamily::Llama3;
+  if (contains(s, "[gMASK]<sop>")) return ChatFamily::Glm4;  // (before Zephyr: it has <|user|> and <|assistant|> too)
   const bool user_or_assistant = contains(s, "<|user|>") || contains(s, "<|assistant|>");
   if (user_or_assistant && contains(s, "<|end|>")) return ChatFamily::Phi3;
   // Tülu 3 / OLMo 2 Instruct: Zephyr's markers, but BOS first and turns that end in a newline, not EOS.
@@ -258,6 +259,7 @@ std::optional<ChatFamily> chat_family_from_name(std::string_view name) {
   if (k == "phi") k = "phi3";
   if (k == "harmony") k = "gptoss";
   if (k == "tulu" || k == "tulu3" || k == "olmo") k = "olmo2";
+  if (k == "glm" || k == "glmz1" || k == "chatglm4") k = "glm4";
   for (const Named& n : kNames)
     if (k == key(n.name)) return n.family;
   return std::nullopt;
@@ -282,6 +284,17 @@ void ChatTemplate::take_default_system(std::string_view src) {
     }
     i += 13;
     if (auto fmt = jinja_literal(src, i)) date_format_ = *fmt;
+    return;
+  }
+  if (family_ == ChatFamily::Glm4) {
+    // The generation prompt's text after <|assistant|>: "{% if add_generation_prompt %}<|assistant|>TEXT{% endif %}"
+    // (GLM-Z1: a newline and <think>). A template without that literal keeps the newline.
+    const std::string_view open = "add_generation_prompt %}<|assistant|>";
+    if (const size_t i = src.find(open); i != std::string_view::npos) {
+      const size_t from = i + open.size(), to = src.find("{%", from);
+      if (to != std::string_view::npos) glm_reply_open_ = std::string(src.substr(from, to - from));
+    }
+    glm_visible_ = contains(src, "split('</think>')");
     return;
   }
   if (family_ != ChatFamily::Granite) return;
@@ -322,11 +335,12 @@ ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, 
   if (!src.empty()) return detect(src, bos, eos, warning);
   // No template in the file (the Gemma 3 270M GGUF has none): the vocabulary's markers tell.
   for (const char* marker : {"<|channel|>", "<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|start_of_role|>",
-                             "<|user|>", "[INST]"}) {
+                             "[gMASK]", "<|user|>", "[INST]"}) {
     auto id = tok.find_token(marker);
     if (!id) continue;
     std::string probe = marker;
     if (probe == "<|user|>" && tok.find_token("<|end|>")) probe += "<|end|>";
+    if (probe == "[gMASK]") probe += "<sop>";  // (GLM-4's vocabulary)
     if (auto fam = family_from_markers(probe)) return ChatTemplate(*fam, bos, eos);
   }
   return detect("", bos, eos, warning);
@@ -338,7 +352,7 @@ bool ChatTemplate::starts_with_bos() const {
     case ChatFamily::Phi3: case ChatFamily::Olmo2:
       return !bos_.empty();
     case ChatFamily::ChatML: case ChatFamily::Zephyr: case ChatFamily::Phi4: case ChatFamily::Phi4Mini:
-    case ChatFamily::GptOss: case ChatFamily::Granite: case ChatFamily::SmolLM3:
+    case ChatFamily::GptOss: case ChatFamily::Granite: case ChatFamily::SmolLM3: case ChatFamily::Glm4:
       return false;
   }
   return false;
@@ -463,6 +477,26 @@ std::string ChatTemplate::render_impl(const std::vector<ChatMessage>& msgs, bool
           out += "<|" + m.role + "|>\n" + m.content + eos_ + "\n";
       if (gen && !msgs.empty()) out += "<|assistant|>\n";
       break;
+
+    case ChatFamily::Glm4: {
+      // Every system message first (the template's own loop over them), then the other turns in
+      // order, none closed; observation turns (tool results) as the template writes them, other
+      // roles not at all. Tools (the template's system block listing them) are not supported.
+      out += "[gMASK]<sop>";
+      for (const auto& m : msgs)
+        if (m.role == "system") out += "<|system|>\n" + m.content;
+      for (const auto& m : msgs) {
+        if (m.role != "user" && m.role != "assistant" && m.role != "observation") continue;
+        std::string text = m.content;
+        if (glm_visible_) {  // content.split('</think>')[-1].strip()
+          const size_t end = text.rfind("</think>");
+          text = trim(end == std::string::npos ? text : text.substr(end + 8));
+        }
+        out += "<|" + m.role + "|>\n" + text;
+      }
+      if (gen) out += "<|assistant|>" + glm_reply_open_;
+      break;
+    }
 
     case ChatFamily::Granite: {
       // A conversation's system message, else the template's own (Granite 3.1+: dated; 3.0: none).

@@ -18,8 +18,10 @@ class Tokenizer;
 // ChatML's turns after a system block of its own (metadata, the reasoning mode, the instructions),
 // replies opened with an empty <think> block while reasoning is off. Olmo2: AllenAI's Tülu 3 turns
 // (OLMo 2 Instruct): BOS, then <|system|>/<|user|> turns ending in a newline, replies ending in EOS.
+// Glm4: GLM-4-0414 / GLM-Z1: [gMASK]<sop>, the system messages first, then <|user|>/<|assistant|>
+// turns with no end marker; GLM-Z1's drops a reply's reasoning (up to </think>) and opens <think>.
 enum class ChatFamily { ChatML, Llama2, Llama3, Mistral, Gemma, Phi3, Zephyr, Phi4, Phi4Mini, GptOss, Granite, SmolLM3,
-                        Olmo2 };
+                        Olmo2, Glm4 };
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -84,6 +86,10 @@ class ChatTemplate {
   // SmolLM3: its system block's "Today Date" line, formatted by date_format_ (empty: the template has none).
   size_t date_at_ = std::string::npos;
   std::string date_format_;
+  // Glm4: what the generation prompt writes after <|assistant|> (GLM-Z1's "\n<think>"), and whether
+  // each message's text is its part after the last </think>, stripped (GLM-Z1's `visible`).
+  std::string glm_reply_open_ = "\n";
+  bool glm_visible_ = false;
 };
 
 }  // namespace baton

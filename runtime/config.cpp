@@ -139,6 +139,15 @@ constexpr Family kFamilies[] = {
   {.arch = "exaone4", .rope = RopeStyle::NeoX, .act = Activation::SiLU, .post_norms = true, .qk_norm = true,
    .swa_pattern = 4, .local_rope_base = 0.f, .default_window = -1, .pre_norms = false, .nope_global = true,
    .local_rope_global = true},
+  // Zhipu GLM-4-0414 (9B, 32B) and GLM-Z1 (arch glm4; not the older chatglm files): pre-norms plus
+  // post-norms on the attention and FFN outputs before each residual add (post_self_attn_layernorm
+  // and post_mlp_layernorm: post_attention_norm, post_ffw_norm), q/k/v biases, gate/up fused in
+  // ffn_up (gate rows first), an untied head. RoPE on the first rope.dimension_count dims of each
+  // head (partial_rotary_factor 0.5: half of them) in interleaved pairs (x[2i], x[2i+1]): llama.cpp's
+  // rope type for glm4 is NORM and its converter does not permute Q/K. Sectioned (M-RoPE) files,
+  // GLM-4.1V's text model, are refused below.
+  {.arch = "glm4", .rope = RopeStyle::Adjacent, .act = Activation::SiLU, .post_norms = true, .attn_bias = true,
+   .fused_gate_up = true},
 };
 
 }  // namespace
@@ -335,6 +344,8 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   }
   if (f.has(f.arch_key("rope.dimension_sections")))  // (no family here rotates in sections)
     problems.push_back(fmt::format("{}: sectioned (multimodal) RoPE is not supported", f.arch_key("rope.dimension_sections")));
+  if (get_int("nextn_predict_layers", false, 0) > 0)  // (GLM-OCR's glm4 files: block_count counts an MTP layer)
+    problems.push_back(fmt::format("{}: next-token prediction (MTP) layers are not supported", f.arch_key("nextn_predict_layers")));
   if (c.fused_qkv && c.attn_bias) problems.push_back("a fused attn_qkv with q/k/v biases is not supported");
   if (c.moe_bias && f.tensor("blk.0.ffn_gate_up_exps.weight"))
     problems.push_back("expert biases with a fused ffn_gate_up_exps are not supported");

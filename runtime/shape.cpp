@@ -250,6 +250,9 @@ const std::vector<ShapePreset>& shape_presets() {
     // written by synth).
     {"exaone4-1.2b", "exaone4", "EXAONE 4.0 1.2B (tied head, GQA 4:1; no pre-norms, per-head q/k norms)", 30, 2048, 32, 8, 64, 4096, 102400, 65536, true, 0, 0, 1000000.f, 1e-5f, false},
     {"exaone4-32b", "exaone4", "EXAONE 4.0 32B (3 of 4 layers window 4096, the others without RoPE)", 64, 5120, 40, 8, 128, 27392, 102400, 131072, false, 4096, 4, 1000000.f, 1e-5f, false},
+    // Zhipu GLM-4-9B-0414 (its config.json: head_dim 128, partial_rotary_factor 0.5, q/k/v biases,
+    // untied head, rms_norm_eps 1e-5, rope_theta 1e4, 32k context): 64 of each head's 128 dims rotated.
+    {"glm4-9b", "glm4", "GLM-4-9B-0414 (GQA 16:1, q/k/v biases, post-norms, half of each head rotated)", 40, 4096, 32, 2, 128, 13696, 151552, 32768, false, 0, 0, 10000.f, 1e-5f, true, 0, 64},
     {"qwen1.5-moe-a2.7b", "qwen2moe", "Qwen1.5 MoE A2.7B (top 4 of 60 experts and a shared one)", 24, 2048, 16, 16, 128, 5632, 151936, 8192, false, 0, 0, 1000000.f, 1e-6f, true, 0, 0, 60, 4, 1408, 5632},
   };
   return k;
@@ -309,6 +312,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
   auto vec = [&](std::string name, int64_t n) { out.push_back({std::move(name), GgmlType::F32, {n}}); };
   const std::string_view arch = p.architecture;
   const bool gemma = arch == "gemma3" || arch == "gemma2";  // post-norms (Gemma 1, "gemma", has none)
+  const bool glm4 = arch == "glm4";  // pre-norms and post-norms, fused gate/up
   const bool olmo = arch == "olmo2" || arch == "olmoe";  // q/k norms over the whole q and k rows
   const bool qk_norm = arch == "gemma3" || arch == "qwen3" || arch == "qwen3moe" || olmo || arch == "exaone4";
   const bool pre_norms = arch != "olmo2" && arch != "exaone4";  // olmo2, exaone4: post-norms only
@@ -345,7 +349,7 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
     if (oai) {
       vec(b + "attn_sinks.weight", p.n_head);
     }
-    if (gemma || oai || !pre_norms) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm
+    if (gemma || glm4 || oai || !pre_norms) vec(b + "post_attention_norm.weight", E);  // gpt-oss: the FFN's pre-norm
     if (!oai && pre_norms) vec(b + "ffn_norm.weight", E);
     if (p.n_expert > 0) {  // the router in F32 (as converters and quantizers leave it), the experts stacked
       const int64_t X = p.n_expert, FX = p.n_ff_exp;
@@ -365,14 +369,14 @@ std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type) {
         mat(b + "ffn_up_shexp.weight", E, p.n_ff_shexp);
         mat(b + "ffn_down_shexp.weight", p.n_ff_shexp, E);
       }
-    } else if (phi3) {
+    } else if (phi3 || glm4) {
       ffn(b + "ffn_up.weight", E, 2 * F);
     } else {
       ffn(b + "ffn_gate.weight", E, F);
       ffn(b + "ffn_up.weight", E, F);
     }
     if (p.n_expert == 0) ffn(b + "ffn_down.weight", F, E);
-    if (gemma || !pre_norms) vec(b + "post_ffw_norm.weight", E);
+    if (gemma || glm4 || !pre_norms) vec(b + "post_ffw_norm.weight", E);
   }
   vec("output_norm.weight", E);
   if (!p.tied) mat("output.weight", E, V);

@@ -148,9 +148,9 @@ void check_shape(const ShapePreset& p) {
   const std::string_view a = p.architecture;
   need(a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "gemma2" || a == "gemma" || a == "phi3" ||
            a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granite" || a == "granitemoe" || a == "smollm3" ||
-           a == "olmo2" || a == "olmoe" || a == "ernie4_5" || a == "exaone4",
+           a == "olmo2" || a == "olmoe" || a == "ernie4_5" || a == "exaone4" || a == "glm4",
        "architecture must be llama, qwen2, qwen3, gemma3, gemma2, gemma, phi3, qwen3moe, qwen2moe, gpt-oss, granite, granitemoe, "
-       "smollm3, olmo2, olmoe, ernie4_5 or exaone4");
+       "smollm3, olmo2, olmoe, ernie4_5, exaone4 or glm4");
   need(!p.out_bias || a == "ernie4_5", "an optional output bias is for ernie4_5 (--attn-bias)");
   const bool moe_arch = a == "qwen3moe" || a == "qwen2moe" || a == "gpt-oss" || a == "granitemoe" || a == "olmoe";
   need(p.n_expert > 0 || !moe_arch, "qwen3moe, qwen2moe, gpt-oss, granitemoe and olmoe need experts (--n-expert)");
@@ -160,7 +160,7 @@ void check_shape(const ShapePreset& p) {
        "granitemoe's and olmoe's experts are n_ff wide (their files say no other width)");
   need(p.embedding_scale >= 0 && p.residual_scale >= 0 && p.attention_scale >= 0 && p.logit_scale >= 0,
        "Granite's multipliers must be >= 0");
-  need(a != "gpt-oss" || p.qkv_bias, "gpt-oss has q/k/v biases");
+  need((a != "gpt-oss" && a != "glm4") || p.qkv_bias, "gpt-oss and glm4 have q/k/v biases");
   need(p.n_expert == 0 || (p.n_expert <= 4096 && p.n_expert_used >= 1 && p.n_expert_used <= p.n_expert),
        "experts used per token must be between 1 and the expert count (at most 4096)");
   need(p.n_expert == 0 || (p.n_ff_exp > 0 && p.n_ff_exp % 32 == 0 && p.n_ff_shexp % 32 == 0),

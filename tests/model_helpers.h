@@ -351,6 +351,14 @@ inline std::string tiny_exaone4_model() {
   return path;
 }
 
+// A generated GLM-4-0414-shaped model: pre- and post-norms, q/k/v biases, gate/up fused in ffn_up,
+// the first half of each head (16 of 32 dims) rotated in adjacent pairs, an untied head.
+inline std::string tiny_glm4_model() {
+  static const std::string path = synth_q8_model(
+      {"tiny-glm4", "glm4", "test", 3, 128, 4, 2, 32, 256, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, true, 0, 16}, 22);
+  return path;
+}
+
 // A copy of a mixture-of-experts file with each layer's gate and up experts in one
 // ffn_gate_up_exps tensor (per expert its gate rows, then its up rows), as newer conversions
 // store them: the same model in the other layout.

@@ -110,7 +110,7 @@ TEST_CASE("detection, names and the fallback warning") {
   CHECK_FALSE(chat_family_from_name("vicuna"));
   for (ChatFamily f : {ChatFamily::ChatML, ChatFamily::Llama2, ChatFamily::Llama3, ChatFamily::Mistral,
                        ChatFamily::Gemma, ChatFamily::Phi3, ChatFamily::Zephyr, ChatFamily::Phi4, ChatFamily::Phi4Mini,
-                       ChatFamily::GptOss, ChatFamily::Granite, ChatFamily::SmolLM3, ChatFamily::Olmo2})
+                       ChatFamily::GptOss, ChatFamily::Granite, ChatFamily::SmolLM3, ChatFamily::Olmo2, ChatFamily::Glm4})
     CHECK(chat_family_from_name(chat_family_name(f)) == f);
 
   std::string warning;
@@ -120,6 +120,40 @@ TEST_CASE("detection, names and the fallback warning") {
   warning.clear();
   ChatTemplate::detect("", "", "", &warning);
   CHECK_THAT(warning, Catch::Contains("no chat template"));
+}
+
+// GLM-4-0414 / GLM-Z1 (no fixture: its Jinja source is not in tests/data). The expected strings
+// follow from the template's semantics as transformers renders it (trim_blocks, lstrip_blocks):
+// "[gMASK]<sop>", then "<|system|>\n" + content for every system message, then for each other
+// message "<|user|>\n" or "<|assistant|>\n" + its text (GLM-Z1: content.split('</think>')[-1].strip()),
+// nothing closing a turn, and the generation prompt "<|assistant|>" followed by the literal the
+// template puts there (GLM-Z1: "\n<think>"). Below, fragments with those features, not the template.
+TEST_CASE("GLM-4: [gMASK]<sop>, system messages first, open turns; GLM-Z1's visible text and <think>") {
+  const std::string z1 = "[gMASK]<sop>\n{%- for msg in messages %}...{%- endfor %}\n"
+                         "{%- set visible = content.split('</think>')[-1].strip() %}<|user|>\n{{ visible }}\n"
+                         "{% if add_generation_prompt %}<|assistant|>\n<think>{% endif %}";
+  std::string warning;
+  ChatTemplate t = ChatTemplate::detect(z1, "<|endoftext|>", "<|endoftext|>", &warning);
+  REQUIRE(t.family() == ChatFamily::Glm4);  // (not Zephyr, whose <|user|> and <|assistant|> it shares)
+  CHECK(warning.empty());
+  CHECK_FALSE(t.starts_with_bos());
+  const std::vector<ChatMessage> history = {
+      {"user", "Hi "}, {"system", "Be brief."}, {"assistant", "<think>plan</think>\n\nHello!\n"}};
+  CHECK(t.render(history, false) == "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\nHello!");
+  CHECK(t.render({{"user", "2+2?"}}, true) == "[gMASK]<sop><|user|>\n2+2?<|assistant|>\n<think>");
+  const auto tail = t.render_continuation({{"user", "Hi"}, {"assistant", "Hello!"}}, {{"user", "2+2?"}});
+  REQUIRE(tail);
+  CHECK(*tail == "<|user|>\n2+2?<|assistant|>\n<think>");
+  // GLM-4-0414's own: the text as it is, the generation prompt's literal as the template has it.
+  const std::string plain = "[gMASK]<sop>{%- for msg in messages %}...{%- endfor %}"
+                            "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  t = ChatTemplate::detect(plain, "<|endoftext|>", "<|endoftext|>");
+  REQUIRE(t.family() == ChatFamily::Glm4);
+  CHECK(t.render({{"user", " a "}, {"assistant", "<think>x</think> y"}, {"user", "b"}}, true) ==
+        "[gMASK]<sop><|user|>\n a <|assistant|>\n<think>x</think> y<|user|>\nb<|assistant|>");
+  // By name, without the template: a newline after <|assistant|>, as llama.cpp's chatglm4 writes it.
+  CHECK(chat_family_from_name("GLM-Z1") == ChatFamily::Glm4);
+  CHECK(ChatTemplate(ChatFamily::Glm4, "", "").render({{"user", "q"}}, true) == "[gMASK]<sop><|user|>\nq<|assistant|>\n");
 }
 
 TEST_CASE("Granite: its own system prompt, dated as strftime('%B %d, %Y'), only without a system message") {

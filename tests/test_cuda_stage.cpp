@@ -89,7 +89,7 @@ std::vector<float> run(Pipeline& p) {
 }  // namespace
 
 // (The simulator is slow: families that add no path of their own to the GPU stage — ERNIE 4.5's
-// biases, EXAONE 4's NoPE and post-norms, Gemma 1's layer — run on the host emulation only,
+// biases, EXAONE 4's NoPE and post-norms, Gemma 1's and GLM-4's layers — run on the host emulation only,
 // test_gpu_stage_host.)
 TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Gemma 3, Phi-3, Qwen3-MoE, gpt-oss, Granite, OLMo 3, OLMoE and SmolLM3 shapes, Q3_K and IQ4_XS llamas)") {
   for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model(), test::tiny_phi3_model(),

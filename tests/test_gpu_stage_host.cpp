@@ -442,13 +442,13 @@ TEST_CASE("a GPU stage refuses a head size the CUDA attention does not take") {
   CHECK(kind == int(ErrorKind::Usage));
 }
 
-TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Granite, OLMo 3, OLMoE, SmolLM3, ERNIE 4.5, EXAONE 4, Gemma 1 shapes, IQ4_XS; F16 and Q8_0 KV)") {
+TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 3, Phi-3, Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Granite, OLMo 3, OLMoE, SmolLM3, ERNIE 4.5, EXAONE 4, Gemma 1, GLM-4 shapes, IQ4_XS; F16 and Q8_0 KV)") {
   for (const std::string& path :
        {test::peer("logits/tiny-q4_0.gguf"), tiny_llama(), tiny_qwen2(), tiny_qwen3(), test::tiny_gemma3_model(),
         test::tiny_phi3_model(), test::tiny_gemma2_model(), test::tiny_model_of(GgmlType::IQ4_XS),
         test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model(), test::tiny_granite_model(),
         test::tiny_olmo3_model(), test::tiny_olmoe_model(), test::tiny_smollm3_model(), test::tiny_ernie4_5_model(),
-        test::tiny_exaone4_model(), test::tiny_gemma_model()}) {
+        test::tiny_exaone4_model(), test::tiny_gemma_model(), test::tiny_glm4_model()}) {
     const Model m(path);
     for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
       // The peer model's logits are large (llama.cpp's own bounds are met with an F16 cache, and
@@ -457,7 +457,8 @@ TEST_CASE("a GPU stage gives the CPU stage's logits (llama, Qwen2, Qwen3, Gemma 
       // Families that differ by the layer's structure alone meet the Q8_0 cache's kernels in the
       // others: F16 only (CI time).
       const bool structure_only = path == test::tiny_smollm3_model() || path == test::tiny_ernie4_5_model() ||
-                                  path == test::tiny_exaone4_model() || path == test::tiny_gemma_model();
+                                  path == test::tiny_exaone4_model() || path == test::tiny_gemma_model() ||
+                                  path == test::tiny_glm4_model();
       if (kv == GgmlType::Q8_0 && structure_only) continue;
       Chain cpu = chain(m, kv, 0, "cpu"), gpu = chain(m, kv, 0, "gpu");
       CHECK(gpu[0]->max_rewind() == cpu[0]->max_rewind());

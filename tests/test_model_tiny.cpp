@@ -33,7 +33,12 @@
 // MLP, no q/k norms and no norms on the blocks' outputs, GeGLU with the tanh GELU, rotate_half RoPE,
 // one KV head here (the 2B's) with heads wider than n_embd / n_head (the 7B's), q·k times
 // head_dim^-0.5, the head tied. Its norms' (1 + weight) is what the file stores (the converter adds
-// the 1).
+// the 1). And a glm4-shaped one (GLM-4-0414), per Glm4's modeling code: input_layernorm before the
+// attention and post_attention_layernorm (the files' ffn_norm) before the MLP, plus
+// post_self_attn_layernorm and post_mlp_layernorm (post_attention_norm, post_ffw_norm) on the
+// attention and MLP outputs before each residual add; q/k/v biases; gate_up_proj's output chunked
+// into gate, then up (one ffn_up tensor); the first half of each head rotated in interleaved pairs
+// (x[2i], x[2i+1]), the second half passed through; an untied head.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +91,9 @@ struct Spec {
   // RMSNorms and RMSNorms on the blocks' outputs (Gemma 3's, with unit weights), or leaves the
   // embedding scale out.
   bool ref_qk_norm = false, ref_post_norms = false, ref_no_embd_scale = false;
+  // glm4: the reference without the norms on the blocks' outputs, rotating the whole head instead
+  // of its first half, or rotating NeoX's halves instead of interleaved pairs (do they matter?).
+  bool ref_no_post_norms = false, ref_full_rope = false, ref_neox = false;
   uint32_t seed = 7;
 };
 
@@ -126,7 +134,8 @@ Model make_model(const Spec& s) {
   wr.set(a + ".attention.value_length", gguf::Value::of_u32(uint32_t(s.head_dim)));
   wr.set(a + ".context_length", gguf::Value::of_u32(128));
   // (smollm3: 1e4, not its 5e6, so that the rotation its NoPE layer leaves out turns far in a short prompt)
-  wr.set(a + ".rope.freq_base", gguf::Value::of_f32(a == "llama" || a == "smollm3" || a == "exaone4" ? 10000.f : 1e6f));
+  wr.set(a + ".rope.freq_base",
+         gguf::Value::of_f32(a == "llama" || a == "smollm3" || a == "exaone4" || a == "glm4" ? 10000.f : 1e6f));
   wr.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::of_f32(1e-6f));
   if (s.attn_softcap > 0) wr.set(a + ".attn_logit_softcapping", gguf::Value::of_f32(s.attn_softcap));
   if (s.final_softcap > 0) wr.set(a + ".final_logit_softcapping", gguf::Value::of_f32(s.final_softcap));
@@ -208,9 +217,9 @@ Model make_model(const Spec& s) {
   add("token_embd.weight", s.n_vocab, E, gemma ? 4.f / float(E) : small_embd ? 0.1f : 1.0f, 0.f, true);
   // (and a large final norm, as in real Gemma files, so the tied head's logits are not tiny)
   add("output_norm.weight", 1, E, gemma || small_embd ? 2.f : 0.2f, gemma ? 12.f : small_embd ? 4.f * s.logit_div : 1.f, false);
-  const bool phi3 = a == "phi3";
+  const bool phi3 = a == "phi3", glm4 = a == "glm4";
   const bool olmo = a == "olmo2" || a == "olmoe", post_only = a == "olmo2" || a == "exaone4";
-  if (a == "llama" || phi3 || olmo || a == "exaone4") add("output.weight", s.n_vocab, E, we, 0.f, true);
+  if (a == "llama" || phi3 || olmo || a == "exaone4" || glm4) add("output.weight", s.n_vocab, E, we, 0.f, true);
   if (a == "exaone4") add("rope_freqs.weight", 1, D / 2, 4.f, 5.f, false);  // Llama 3's per-pair divisors
   if (s.rope_long_ctx > 0) {
     const int R = s.rope_dim > 0 ? s.rope_dim : D;
@@ -259,14 +268,14 @@ Model make_model(const Spec& s) {
         add(b + "ffn_up_shexp.weight", s.n_ff_shexp, E, we, 0.f, true);
         add(b + "ffn_down_shexp.weight", E, s.n_ff_shexp, wf, 0.f, true);
       }
-    } else if (phi3) {
+    } else if (phi3 || glm4) {  // gate rows, then up rows
       add(b + "ffn_up.weight", 2 * s.n_ff, E, we, 0.f, true);
     } else {
       add(b + "ffn_gate.weight", s.n_ff, E, we, 0.f, true);
       add(b + "ffn_up.weight", s.n_ff, E, we, 0.f, true);
     }
     if (s.n_expert == 0) add(b + "ffn_down.weight", E, s.n_ff, wf, 0.f, true);
-    if (a == "qwen2moe" || oai || s.use_bias) {
+    if (a == "qwen2moe" || oai || s.use_bias || glm4) {
       add(b + "attn_q.bias", 1, s.n_head * D, 0.3f, 0.f, false);
       add(b + "attn_k.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
       add(b + "attn_v.bias", 1, s.n_head_kv * D, 0.3f, 0.f, false);
@@ -277,7 +286,7 @@ Model make_model(const Spec& s) {
       add(b + "attn_q_norm.weight", 1, D, 0.2f * qn, qn, false);
       add(b + "attn_k_norm.weight", 1, D, 0.2f, 1.f, false);
     }
-    if ((gemma && a != "gemma") || post_only) {  // (Gemma 1 has no post-norms)
+    if ((gemma && a != "gemma") || post_only || glm4) {  // (Gemma 1 has no post-norms)
       add(b + "post_attention_norm.weight", 1, E, 0.2f, 1.f, false);
       add(b + "post_ffw_norm.weight", 1, E, 0.2f, 1.f, false);
     }
@@ -363,10 +372,12 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   const bool smollm3 = s.arch == "smollm3";
   const bool olmo = s.arch == "olmo2" || s.arch == "olmoe", olmoe = s.arch == "olmoe";
   const bool exaone4 = s.arch == "exaone4";
+  const bool glm4 = s.arch == "glm4", glm4_post = glm4 && !s.ref_no_post_norms;
   const bool post_only = (s.arch == "olmo2" && !s.olmo_pre_norm) || exaone4;  // (olmo_pre_norm: the norms before the blocks)
   const bool olmo_pre = s.arch == "olmo2" && s.olmo_pre_norm;
   // (the llama, granite, smollm3 converters permute q/k; ERNIE 4.5 rotates adjacent pairs itself)
-  const bool neox = s.arch != "llama" && !granite && !smollm3 && s.arch != "ernie4_5";
+  // (GLM-4 too: its rotate_half pairs x[0::2] with x[1::2])
+  const bool neox = (s.arch != "llama" && !granite && !smollm3 && s.arch != "ernie4_5" && !glm4) || s.ref_neox;
   const double res = granite ? s.residual_mult : 1.0;
   const float* rope_div = exaone4 ? (s.ref_no_rope_freqs ? nullptr : m.w.at("rope_freqs.weight").data())
                           : s.rope_long_ctx == 0 ? nullptr
@@ -384,7 +395,8 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const bool local = s.window > 0 && (l + 1) % s.swa_pattern != 0;
-    const double base = gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" || smollm3 || exaone4 ? 10000.0 : 1e6;  // as make_model writes
+    const double base =
+        gemma3 ? (local ? 10000.0 : 1e6) : s.arch == "llama" || smollm3 || exaone4 || glm4 ? 10000.0 : 1e6;  // as make_model writes
     std::vector<Vec> q(static_cast<size_t>(T)), k(q), v(q);
     for (int t = 0; t < T; ++t) {
       const Vec h = post_only ? x[size_t(t)]
@@ -401,7 +413,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         k[size_t(t)] = matvec(W(b + "attn_k.weight"), s.n_head_kv * D, E, h);
         v[size_t(t)] = matvec(W(b + "attn_v.weight"), s.n_head_kv * D, E, h);
       }
-      if (qwen2moe || oai || (s.use_bias && s.ref_drop_bias != "qkv"))
+      if (qwen2moe || oai || glm4 || (s.use_bias && s.ref_drop_bias != "qkv"))
         for (auto [y, name] : {std::pair{&q[size_t(t)], "attn_q.bias"}, {&k[size_t(t)], "attn_k.bias"},
                                {&v[size_t(t)], "attn_v.bias"}})
           for (size_t i = 0; i < y->size(); ++i) (*y)[i] += double(W(b + name)[i]);
@@ -425,7 +437,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
             std::copy(n.begin(), n.end(), y->begin() + hh * D);
           }
       }
-      const int R = s.rope_dim > 0 ? s.rope_dim : D;
+      const int R = s.rope_dim > 0 && !s.ref_full_rope ? s.rope_dim : D;
       // gpt-oss: every layer, sliding or not; OLMo 3: the global layers only.
       const bool olmo_yarn = s.yarn_factor > 0 && (!local || s.olmo_yarn_everywhere);
       const Yarn yarn = oai ? Yarn(32, 4096, base, R) : olmo_yarn ? Yarn(s.yarn_factor, s.yarn_ctx, base, R, true) : Yarn();
@@ -457,7 +469,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       }
       Vec att = matvec(W(b + "attn_output.weight"), E, s.n_head * D, o);
       if (oai || (s.use_bias && s.ref_drop_bias != "output")) for (int i = 0; i < E; ++i) att[size_t(i)] += double(W(b + "attn_output.bias")[size_t(i)]);
-      if (gemma_post || post_only)
+      if (gemma_post || post_only || glm4_post)
         att = rmsnorm(att, gemma1 ? ones.data() : W(b + "post_attention_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * att[size_t(i)];
     }
@@ -535,7 +547,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
                     : rmsnorm(x[size_t(t)], W(b + (olmo_pre ? "post_ffw_norm.weight" : "ffn_norm.weight")).data(), 0,
                               size_t(E), eps);
       Vec g, u;
-      if (phi3) {  // gate_up_proj: its output chunks into gate, then up
+      if (phi3 || glm4) {  // gate_up_proj: its output chunks into gate, then up
         const Vec gu = matvec(W(b + "ffn_up.weight"), 2 * s.n_ff, E, h);
         g.assign(gu.begin(), gu.begin() + s.n_ff);
         u.assign(gu.begin() + s.n_ff, gu.end());
@@ -546,7 +558,7 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
       Vec a(size_t(s.n_ff));
       for (size_t i = 0; i < a.size(); ++i) a[i] = act(g[i]) * u[i];
       Vec d = matvec(W(b + "ffn_down.weight"), E, s.n_ff, a);
-      if (gemma_post || post_only)
+      if (gemma_post || post_only || glm4_post)
         d = rmsnorm(d, gemma1 ? ones.data() : W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * d[size_t(i)];
     }
@@ -714,6 +726,8 @@ Spec spec_of(const std::string& arch, GgmlType t) {
     s.n_head_kv = 1;
     s.window = 5;
     s.swa_pattern = 3;
+  } else if (arch == "glm4") {  // GLM-4: 32 of each head's 64 dims rotated (partial_rotary_factor 0.5)
+    s.rope_dim = s.head_dim / 2;
   } else if (arch == "gemma") {  // Gemma 1: one KV head (the 2B's), heads of 128 on a 256-wide residual
     s.n_head_kv = 1;               // (wider than n_embd / n_head, as the 7B's 16 heads of 256 on 3072)
     s.head_dim = 128;
@@ -759,7 +773,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
     if (kSanitized && t != GgmlType::Q8_0 && t != GgmlType::Q4_K && t != GgmlType::MXFP4) continue;
     for (const std::string arch : {"llama", "gemma3", "qwen3", "phi3", "gemma2", "mixtral", "qwen3moe", "qwen2moe",
                                    "qwen3moe-merged", "gpt-oss", "granite", "granitemoe", "smollm3", "olmo3", "olmoe", "ernie4_5",
-                                   "exaone4", "gemma"}) {
+                                   "exaone4", "gemma", "glm4"}) {
       // (olmo3: OLMo 2's layer with OLMo 3's windows and YaRN; plain OLMo 2 in the olmo2 test below)
       Spec s = spec_of(arch, t);
       // The routing does not depend on the weights' type: the mixtures take two, and MXFP4 (an
@@ -770,7 +784,7 @@ TEST_CASE("tiny generated models: fast path matches the float reference for ever
       // Families whose difference is the layer's structure, not a tensor shape the types treat
       // differently, take two types too (the kernels are the llama's, gemma3's and qwen3's above).
       const bool structure_only =
-          arch == "smollm3" || arch == "olmo3" || arch == "ernie4_5" || arch == "exaone4" || arch == "gemma";
+          arch == "smollm3" || arch == "olmo3" || arch == "ernie4_5" || arch == "exaone4" || arch == "gemma" || arch == "glm4";
       if (structure_only && t != GgmlType::Q8_0 && (t != GgmlType::Q4_K || kSanitized)) continue;
       const auto ids = prompt(s, 12, 11);
       const Model m = s.n_expert > 0 ? decisive_model(s, ids) : make_model(s);
@@ -917,6 +931,29 @@ TEST_CASE("tiny generated models: gemma (Gemma 1) has no q/k norms or post-norms
           for (float& v : w) v += 1.f;
     const auto d = deviation(r, ids, got);
     std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "gemma", wrong,
+                d.max_d, d.mean_d, d.sd);
+    INFO(wrong);
+    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
+    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+  }
+}
+
+// The glm4 test above checks GLM-4's layer: a reference without the norms on the attention and MLP
+// outputs, rotating every dim of the head (not its first half), or rotating NeoX's halves (i, i + R/2)
+// instead of interleaved pairs leaves the tolerance far behind.
+TEST_CASE("tiny generated models: glm4's post-norms, its half-head RoPE and its interleaved pairs matter") {
+  const Spec s = spec_of("glm4", GgmlType::Q8_0);
+  const auto ids = prompt(s, 12, 11);
+  const Model m = make_model(s);
+  const auto got = run_prompt(*load(m, 64), ids);
+  compare(m, ids, got, "GLM-4");
+  for (const char* wrong : {"no post-norms", "every dim rotated", "NeoX halves"}) {
+    Model r = m;  // (the same file and weights; only the reference changes)
+    r.spec.ref_no_post_norms = wrong[0] == 'n' && wrong[1] == 'o';
+    r.spec.ref_full_rope = wrong[0] == 'e';
+    r.spec.ref_neox = wrong[0] == 'N';
+    const auto d = deviation(r, ids, got);
+    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "glm4", wrong,
                 d.max_d, d.mean_d, d.sd);
     INFO(wrong);
     CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
@@ -1302,6 +1339,39 @@ TEST_CASE("config: gemma (Gemma 1: pre-norms only, no q/k norms, GeGLU, embeddin
   CHECK((g7.n_layer == 28 && g7.n_embd == 3072 && g7.n_head == 16 && g7.n_head_kv == 16 && g7.head_dim == 256 &&
          g7.n_ff == 24576 && g7.n_vocab == 256000 && g7.tied));
   CHECK(attention_scale("gemma", 28, 3072, 16, 256) == 1.f / 16);
+}
+
+TEST_CASE("config: glm4 (pre- and post-norms, q/k/v biases, fused gate/up, half of each head in adjacent pairs); its preset") {
+  // As `baton synth --arch glm4` writes one (GLM-4's converter: rope.dimension_count half the head).
+  ShapePreset p{"t", "glm4", "test", 2, 64, 2, 1, 64, 128, 300, 128, false, 0, 0, 1e4f, 1e-5f, true, 0, 32};
+  auto config = [](gguf::Writer& w) {
+    const auto bytes = w.to_bytes();
+    return ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+  };
+  gguf::Writer w = synth_writer(p, {});
+  ModelConfig c = config(w);
+  CHECK((c.rope_style == RopeStyle::Adjacent && c.act == Activation::SiLU && c.embd_scale == 1.f));
+  CHECK((c.pre_norms && c.post_norms && !c.qk_norm && c.attn_bias && !c.attn_out_bias && c.fused_gate_up));
+  CHECK((!c.fused_qkv && !c.tied_output && !c.norm_add_one));
+  CHECK((c.has(LayerTensor::AttnNorm) && c.has(LayerTensor::FfnNorm) && c.has(LayerTensor::PostAttnNorm) &&
+         c.has(LayerTensor::PostFfnNorm) && c.has(LayerTensor::Bq) && c.has(LayerTensor::Bv) &&
+         !c.has(LayerTensor::Gate) && c.has(LayerTensor::Up) && !c.has(LayerTensor::Bo)));
+  CHECK((c.head_dim_k == 64 && c.rope_dim == 32 && c.rope_dims(0) == 32 && c.freqs(0).size() == 16));
+  CHECK(c.freqs(0).back() == Approx(std::pow(1e4, -30.0 / 32)));
+  CHECK(c.attn_scale == Approx(1 / 8.0));
+  CHECK(c.layer_window == std::vector<int>{0, 0});
+  p.qkv_bias = false;  // (GLM-4's attention_bias is true: synth refuses a glm4 without the biases)
+  CHECK_THROWS_WITH(synth_writer(p, {}), Catch::Contains("biases"));
+  w.set("glm4.rope.dimension_sections", gguf::Value::of_array(gguf::ValueType::INT32,
+        {gguf::Value::of_i32(8), gguf::Value::of_i32(4), gguf::Value::of_i32(4), gguf::Value::of_i32(0)}));
+  CHECK_THROWS_WITH(config(w), Catch::Contains("sectioned"));  // GLM-4.1V's M-RoPE
+  w = synth_writer((p.qkv_bias = true, p), {});
+  w.set("glm4.nextn_predict_layers", gguf::Value::of_u32(1));  // GLM-OCR's MTP layer
+  CHECK_THROWS_WITH(config(w), Catch::Contains("nextn_predict_layers"));
+  const ShapePreset& g = find_preset("glm4-9b");  // zai-org/GLM-4-9B-0414's config.json
+  CHECK((g.n_layer == 40 && g.n_embd == 4096 && g.n_head == 32 && g.n_head_kv == 2 && g.head_dim == 128 &&
+         g.n_ff == 13696 && g.n_vocab == 151552 && !g.tied && g.qkv_bias && g.rope_dim == 64 && g.rope_base == 1e4f &&
+         g.rms_eps == 1e-5f && g.sliding_window == 0));
 }
 
 TEST_CASE("config: llama3 rope scaling keeps short wavelengths and slows long ones") {

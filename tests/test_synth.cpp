@@ -33,6 +33,8 @@ const ShapePreset kTinyGemma{"tiny-gemma3", "gemma3", "test", 7, 64, 2, 1, 64, 2
 const ShapePreset kTinyGemma2{"tiny-gemma2", "gemma2", "test", 4, 64, 2, 1, 64, 256, 1000, 2048, true, 16, 2, 1e4f, 1e-6f, false};
 // (gemma: Gemma 1, heads wider than n_embd / n_head as the 7B's, one KV head as the 2B's)
 const ShapePreset kTinyGemma1{"tiny-gemma", "gemma", "test", 2, 64, 2, 1, 64, 256, 1000, 2048, true, 0, 0, 1e4f, 1e-6f, false};
+// (glm4: post-norms, q/k/v biases, fused gate/up, half of each head rotated)
+const ShapePreset kTinyGlm4{"tiny-glm4", "glm4", "test", 2, 64, 2, 1, 32, 256, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, true, 0, 16};
 const ShapePreset kTinyPhi3{"tiny-phi3", "phi3", "test", 2, 128, 4, 2, 32, 256, 700, 1024, false, 0, 0, 1e4f, 1e-5f, false, 32, 24};
 // (mixtures of experts: Mixtral-style llama 2 of 4; qwen3moe 3 of 8 narrow ones; qwen2moe 2 of 6
 // and a shared expert)
@@ -40,7 +42,7 @@ const ShapePreset kTinyMixtral{"tiny-mixtral", "llama", "test", 2, 128, 4, 2, 32
 const ShapePreset kTinyQwen3Moe{"tiny-qwen3moe", "qwen3moe", "test", 2, 128, 4, 2, 64, 256, 700, 1024, false, 0, 0, 1e6f, 1e-6f, false, 0, 0, 8, 3, 64};
 const ShapePreset kTinyQwen2Moe{"tiny-qwen2moe", "qwen2moe", "test", 2, 96, 3, 3, 32, 192, 700, 1024, false, 0, 0, 1e6f, 1e-6f, true, 0, 0, 6, 2, 96, 192};
 const ShapePreset* const kTiny[] = {&kTinyLlama, &kTinyQwen, &kTinyQwen3, &kTinyGemma, &kTinyPhi3, &kTinyGemma2,
-                                    &kTinyGemma1, &kTinyMixtral, &kTinyQwen3Moe, &kTinyQwen2Moe};
+                                    &kTinyGemma1, &kTinyGlm4, &kTinyMixtral, &kTinyQwen3Moe, &kTinyQwen2Moe};
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

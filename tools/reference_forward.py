@@ -3,7 +3,7 @@
 Baton's forward where two C++ runtimes disagree (llama.cpp's rounding flips a router's near-tie
 that float64 does not). Written from the families' modeling code (Hugging Face transformers:
 Llama/Mixtral, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, GptOss, Granite/GraniteMoe, Olmo2/Olmo3/Olmoe, SmolLM3, Ernie4_5,
-Exaone4, Gemma), not from Baton's.
+Exaone4, Gemma, Glm4), not from Baton's.
 
     pip install numpy gguf
     python3 tools/reference_forward.py MODEL.gguf OUT.f32 ID ID ...    # OUT: [n_ids x n_vocab] float32
@@ -20,7 +20,10 @@ without RoPE), ernie4_5 (llama's layer, interleaved-pair RoPE, use_bias's option
 biases), exaone4 (OLMo 2's norm placement with q/k norms per head; with a window, 3 of 4 layers
 sliding and rotating, the global ones without RoPE) and gemma (Gemma 1: embeddings times
 sqrt(n_embd), GeGLU with the tanh GELU, heads of attention.key_length, the stored norm weights used
-as they are: the converter added Gemma's 1 to them); Llama 3 factors (rope_freqs.weight); no other
+as they are: the converter added Gemma's 1 to them) and glm4 (GLM-4-0414: input norms and
+norms on the attention and MLP outputs before each residual add, q/k/v biases, gate_up_proj's
+output chunked into gate then up, the first rope.dimension_count dims of each head rotated in
+interleaved pairs); Llama 3 factors (rope_freqs.weight); no other
 RoPE scaling or windows. Weights of any type gguf-py dequantizes. Prints the smallest router margin (the
 logit gap between the last expert chosen and the first left out, over tokens and layers): where it
 is below a runtime's rounding, that runtime may pick another expert.
@@ -59,8 +62,11 @@ def main():
     renorm = arch not in ("qwen2moe", "olmoe")  # Mixtral and Qwen3-MoE renormalize the top-k probabilities
     granite = arch in ("granite", "granitemoe")
     # the llama, granite and smollm3 converters permute q/k for adjacent pairs; ERNIE 4.5 rotates
-    # interleaved (adjacent) pairs itself
-    neox = arch not in ("llama", "smollm3", "ernie4_5") and not granite
+    # interleaved (adjacent) pairs itself, and so does GLM-4 (its rotate_half takes x[0::2], x[1::2])
+    neox = arch not in ("llama", "smollm3", "ernie4_5", "glm4") and not granite
+    # GLM-4 (Glm4ForCausalLM): Llama's pre-norm layer with norms on the attention and MLP outputs too
+    # (post_self_attn_layernorm, post_mlp_layernorm: the files' post_attention_norm, post_ffw_norm).
+    sandwich = arch == "glm4"
     # SmolLM3: every 4th layer uses no rotary embedding (its files carry no key for the interval)
     nope = [arch == "smollm3" and (l + 1) % 4 == 0 for l in range(L)]
     # Granite's multipliers (GGUF: embedding_scale, residual_scale, attention.scale, logit_scale;
@@ -173,7 +179,7 @@ def main():
         a = o.reshape(n, H * D) @ T[b + "attn_output.weight"].T
         if b + "attn_output.bias" in T:  # (gpt-oss; ernie4_5's optional one)
             a = a + T[b + "attn_output.bias"]
-        if post_only:
+        if post_only or sandwich:
             a = rms(a, T[b + "post_attention_norm.weight"])
         x = x + a * res_mult
         if post_only:
@@ -181,6 +187,10 @@ def main():
             x = x + rms(y, T[b + "post_ffw_norm.weight"])
             continue
         h = rms(x, T[b + ("post_attention_norm.weight" if oai else "ffn_norm.weight")])
+        if sandwich:  # gate_up_proj: the first n_ff rows the gate's, the rest the up projection's
+            gate, up = np.split(T[b + "ffn_up.weight"], 2)
+            x = x + rms(swiglu(h, gate, up, T[b + "ffn_down.weight"]), T[b + "post_ffw_norm.weight"])
+            continue
         if X == 0:
             x = x + swiglu(h, T[b + "ffn_gate.weight"], T[b + "ffn_up.weight"], T[b + "ffn_down.weight"]) * res_mult
             continue
