@@ -621,6 +621,15 @@ Deviation deviation(const Model& m, const std::vector<int32_t>& ids, const std::
   return {max_d, sum_d / n, std::sqrt(sum2 / n - (sum / n) * (sum / n)), agree};
 }
 
+// A deliberately wrong reference (or a file missing something) must miss the fast path's logits by
+// far more than compare() allows (0.15 sd max, 0.035 sd mean): twice that. Prints the distance.
+void check_misses(const Deviation& d, const std::string& what) {
+  std::printf("%-58s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", what.c_str(), d.max_d, d.mean_d, d.sd);
+  INFO(what);
+  CHECK(d.max_d > 0.3 * d.sd);
+  CHECK(d.mean_d > 0.07 * d.sd);
+}
+
 // Max |fast - reference| over all logits, relative to the reference's standard deviation.
 void compare(const Model& m, const std::vector<int32_t>& ids, const std::vector<float>& got, const char* what,
              int n_ctx = 64) {
@@ -809,11 +818,7 @@ TEST_CASE("tiny generated models: each of granite's multipliers matters") {
       auto q = load(w, 64);
       const auto d = deviation(m, ids, run_prompt(*q, ids));
       g_min_router_gap = 1e30;
-      std::printf("%-10s without %-16s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", arch.c_str(), key, d.max_d,
-                  d.mean_d, d.sd);
-      INFO(arch << " without " << key);
-      CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-      CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+      check_misses(d, arch + " without " + key);
     }
   }
 }
@@ -834,10 +839,7 @@ TEST_CASE("tiny generated models: smollm3's layer without RoPE matters") {
   Model r = m;
   r.spec = rotated;  // (the same file and weights; only the reference changes)
   const auto d = deviation(r, ids, got);
-  std::printf("%-10s against a reference rotating layer 3: max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "smollm3",
-              d.max_d, d.mean_d, d.sd);
-  CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-  CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+  check_misses(d, "smollm3 against a reference rotating layer 3");
 }
 
 // The olmo2 tests above check OLMo's layer: the reference with q/k norms per head instead of over
@@ -859,11 +861,7 @@ TEST_CASE("tiny generated models: olmo2's whole-row q/k norms, post-norm placeme
       Model r = m;
       r.spec = w;  // (the same file and weights; only the reference changes)
       const auto d = deviation(r, ids, got);
-      std::printf("%-6s against a reference with %-22s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", arch.c_str(), wrong,
-                  d.max_d, d.mean_d, d.sd);
-      INFO(arch << ": " << wrong);
-      CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-      CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+      check_misses(d, arch + " against a reference with " + wrong);
     }
   }
 }
@@ -880,11 +878,7 @@ TEST_CASE("tiny generated models: ernie4_5's q/k/v and output biases matter") {
     Model r = m;
     r.spec.ref_drop_bias = drop;  // (the same file and weights; only the reference changes)
     const auto d = deviation(r, ids, got);
-    std::printf("%-10s against a reference without the %-6s bias: max|d| %.4f mean|d| %.4f (logit sd %.2f)\n",
-                "ernie4_5", drop, d.max_d, d.mean_d, d.sd);
-    INFO("without the " << drop << " bias");
-    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+    check_misses(d, std::string("ernie4_5 against a reference without the ") + drop + " bias");
   }
 }
 
@@ -902,11 +896,7 @@ TEST_CASE("tiny generated models: exaone4's global layer without RoPE and its sl
     r.spec.rope_every_layer = wrong[0] == 't';
     r.spec.ref_no_rope_freqs = wrong[0] == 'n';  // (the same file and weights; only the reference changes)
     const auto d = deviation(r, ids, got);
-    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "exaone4", wrong,
-                d.max_d, d.mean_d, d.sd);
-    INFO(wrong);
-    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+    check_misses(d, std::string("exaone4 against a reference with ") + wrong);
   }
 }
 
@@ -930,11 +920,7 @@ TEST_CASE("tiny generated models: gemma (Gemma 1) has no q/k norms or post-norms
         if (name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0)
           for (float& v : w) v += 1.f;
     const auto d = deviation(r, ids, got);
-    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "gemma", wrong,
-                d.max_d, d.mean_d, d.sd);
-    INFO(wrong);
-    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+    check_misses(d, std::string("gemma against a reference with ") + wrong);
   }
 }
 
@@ -953,11 +939,7 @@ TEST_CASE("tiny generated models: glm4's post-norms, its half-head RoPE and its 
     r.spec.ref_full_rope = wrong[0] == 'e';
     r.spec.ref_neox = wrong[0] == 'N';
     const auto d = deviation(r, ids, got);
-    std::printf("%-10s against a reference with %-24s max|d| %.4f mean|d| %.4f (logit sd %.2f)\n", "glm4", wrong,
-                d.max_d, d.mean_d, d.sd);
-    INFO(wrong);
-    CHECK(d.max_d > 0.3 * d.sd);    // twice what the comparison allows (0.15 sd)
-    CHECK(d.mean_d > 0.07 * d.sd);  // (0.035 sd)
+    check_misses(d, std::string("glm4 against a reference with ") + wrong);
   }
 }
 
