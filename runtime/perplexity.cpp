@@ -23,6 +23,7 @@ namespace {
 // them) of n_vocab fp16 log-probabilities. Little-endian, no padding. n_chunks is written last, so
 // a run stopped early (Ctrl-C) leaves a file of the chunks it finished.
 constexpr char kBaseTag[8] = {'B', 'A', 'T', 'O', 'N', 'K', 'L', '1'};
+constexpr size_t kPieceRows = 128;  // scored rows evaluated (and held as floats) at a time
 
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
@@ -181,31 +182,41 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
   const int slots = std::max(1, std::min(p.n_seq(), p.max_in_flight()));
   // With chunks in flight the stages keep the cores busy while a chunk is scored: one thread then.
   const int score_threads = slots > 1 ? 1 : opt.n_threads;
-  std::vector<std::vector<float>> logits(static_cast<size_t>(slots), std::vector<float>(row_block));
-  std::vector<uint16_t> save_rows(save ? row_block : 0), base_rows(base ? row_block : 0);
-  std::vector<RowScore> scores(static_cast<size_t>(n_rows));
+  // A chunk goes in pieces of at most kPieceRows scored rows (the first piece with the unscored
+  // half before them), so the rows held are bounded whatever -c and the vocabulary; up to `slots`
+  // pieces are in flight, each with its own buffer. A chunk's last token is never evaluated: no
+  // row scores what follows it.
+  const size_t piece_rows = std::min<size_t>(size_t(n_rows), kPieceRows);
+  const size_t piece_block = piece_rows * size_t(V);
+  std::vector<std::vector<float>> logits(static_cast<size_t>(slots), std::vector<float>(piece_block));
+  std::vector<uint16_t> save_rows(save ? piece_block : 0), base_rows(base ? piece_block : 0);
+  std::vector<RowScore> scores(piece_rows);
   struct InFlight {
-    int chunk;
+    int chunk, r0, r1;  // its scored rows [r0, r1) of the chunk's n_rows
+    size_t buf;
     uint64_t ticket;
   };
   std::deque<InFlight> flight;
   PerplexityStats st;
 
-  auto finish = [&](const InFlight& f) {
+  auto finish_front = [&] {
+    const InFlight f = flight.front();
+    flight.pop_front();
     p.wait(f.ticket);
+    const int n = f.r1 - f.r0;
     const int32_t* chunk = tokens.data() + size_t(f.chunk) * size_t(n_ctx);
     if (base) {
-      std::fseek(base.get(), long(size_t(n_ctx) * sizeof(int32_t)), SEEK_CUR);  // its tokens: checked above
-      read_exact(base.get(), base_rows.data(), row_block * sizeof(uint16_t), opt.kl_base);
+      if (f.r0 == 0) std::fseek(base.get(), long(size_t(n_ctx) * sizeof(int32_t)), SEEK_CUR);  // its tokens: checked above
+      read_exact(base.get(), base_rows.data(), size_t(n) * size_t(V) * sizeof(uint16_t), opt.kl_base);
     }
-    const int32_t* targets = chunk + first + 1;
-    score_rows(logits[size_t(f.chunk % slots)].data(), n_rows, V, targets, save ? save_rows.data() : nullptr,
+    score_rows(logits[f.buf].data(), n, V, chunk + first + f.r0 + 1, save ? save_rows.data() : nullptr,
                base ? base_rows.data() : nullptr, scores.data(), score_threads);
     if (save) {
-      write_exact(save.get(), chunk, size_t(n_ctx) * sizeof(int32_t), opt.save_base);
-      write_exact(save.get(), save_rows.data(), row_block * sizeof(uint16_t), opt.save_base);
+      if (f.r0 == 0) write_exact(save.get(), chunk, size_t(n_ctx) * sizeof(int32_t), opt.save_base);
+      write_exact(save.get(), save_rows.data(), size_t(n) * size_t(V) * sizeof(uint16_t), opt.save_base);
     }
-    for (const RowScore& s : scores) {
+    for (int i = 0; i < n; ++i) {
+      const RowScore& s = scores[size_t(i)];
       st.nll += s.nll;
       st.nll2 += s.nll * s.nll;
       if (base) {
@@ -218,27 +229,33 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
         st.kld_values.push_back(float(s.kld));
       }
     }
-    st.count += n_rows;
-    ++st.chunks;
-    if (on_chunk) on_chunk(st);
+    st.count += n;
+    if (f.r1 == n_rows) {
+      ++st.chunks;
+      if (on_chunk) on_chunk(st);
+    }
   };
 
   Batch b;
+  size_t submitted = 0;
   for (int c = 0; c < n_chunks; ++c) {
-    if (int(flight.size()) == slots) {  // the slot this chunk takes is the oldest chunk's
-      finish(flight.front());
-      flight.pop_front();
-    }
+    // The slot this chunk takes was the chunk `slots` before's: that one must be finished.
+    while (!flight.empty() && flight.front().chunk <= c - slots) finish_front();
     if (cancel && cancel->load()) break;
     const int slot = c % slots;
     p.truncate_seq(slot, 0);
-    b.clear();
     const int32_t* t = tokens.data() + size_t(c) * size_t(n_ctx);
-    for (int k = 0; k < n_ctx; ++k)
-      b.add(k == 0 && add_bos ? tok.bos() : t[k], int32_t(k), int32_t(slot), k >= first && k < n_ctx - 1);
-    flight.push_back({c, p.submit(b, logits[size_t(slot)].data())});
+    for (int r0 = 0; r0 < n_rows; r0 += int(piece_rows)) {
+      const int r1 = std::min(n_rows, r0 + int(piece_rows));
+      if (int(flight.size()) == slots) finish_front();
+      b.clear();
+      for (int k = r0 == 0 ? 0 : first + r0; k < first + r1; ++k)
+        b.add(k == 0 && add_bos ? tok.bos() : t[k], int32_t(k), int32_t(slot), k >= first + r0);
+      const size_t buf = submitted++ % size_t(slots);
+      flight.push_back({c, r0, r1, buf, p.submit(b, logits[buf].data())});
+    }
   }
-  for (; !flight.empty(); flight.pop_front()) finish(flight.front());
+  while (!flight.empty()) finish_front();
   if (save) {
     const int32_t done = st.chunks;
     if (std::fseek(save.get(), kHeadBytes - long(sizeof done), SEEK_SET) != 0) fail(ErrorKind::Usage, "writing {} failed", opt.save_base);
