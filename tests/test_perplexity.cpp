@@ -126,6 +126,30 @@ TEST_CASE("perplexity scores each chunk's second half, as whole-chunk logits say
   CHECK(two.nll == Approx(st.nll).epsilon(1e-6));
 }
 
+TEST_CASE("chunks of more than 128 scored rows go in pieces: the same NLLs, one stage or two, a base alike") {
+  const std::string path = test::tiny_model_of(GgmlType::Q8_0);
+  const int n_ctx = 300;  // 149 scored rows: a piece of 128 (with the unscored half), then one of 21
+  auto p = load(path, n_ctx, 1);
+  const auto tokens = random_tokens(n_ctx * 2 + 7, p->n_vocab(), 8);
+  PerplexityOptions o;
+  o.n_ctx = n_ctx;
+  const std::string base = test::temp_dir() + "/pieces.bin";
+  o.save_base = base;
+  std::vector<int> seen;
+  const PerplexityStats st = perplexity(*p, tokens, o, [&](const PerplexityStats& s) { seen.push_back(s.chunks); });
+  CHECK(seen == std::vector<int>{1, 2});  // once per chunk, not per piece
+  CHECK(st.count == 2 * 149);
+  const Direct d = direct(*p, tokens, n_ctx, 2);
+  CHECK(std::log(st.ppl()) == Approx(d.nll / double(d.count)).epsilon(1e-6));
+  auto stages = load(path, n_ctx, 2, "cpu,cpu");  // pieces of two chunks in flight on two slots
+  o.save_base.clear();
+  o.kl_base = base;
+  const PerplexityStats two = perplexity(*stages, tokens, o, nullptr);
+  CHECK(two.nll == Approx(st.nll).epsilon(1e-6));
+  CHECK(two.kld_mean() < 1e-5);
+  CHECK(two.same_top_fraction() == 1.0);
+}
+
 TEST_CASE("perplexity of a sliding-window model over chunks longer than its window") {
   const std::string path = test::tiny_gemma3_model();  // window 16, 6 of 7 layers sliding
   auto p = load(path, 48, 1);
