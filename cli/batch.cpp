@@ -259,7 +259,7 @@ int run(const BatchOpts& o) {
     return 0;
   }
 
-  Loaded m = load_model(o.model, o.parallel);
+  Loaded m = load_model(o.model, o.parallel, generation_outputs(o.sampling, o.parallel));
   Prompter prompter(*m.pipe, o.sampling.chat_template);
   Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   const bool harmony = m.vocab->harmony();  // replies carry reasoning apart from the text

@@ -297,7 +297,7 @@ int run(const BenchOpts& o) {
   ModelFlags mf = o.model;
   mf.batch = std::max({1, o.n_prompt, o.parallel, depth_batch});  // pp is one batch, as in llama-bench's default -b
   if (mf.ctx == 0) mf.ctx = int(std::max<int64_t>(longest, 16));
-  Loaded m = load_model(mf, o.parallel);
+  Loaded m = load_model(mf, o.parallel, o.parallel);
   Pipeline& p = *m.pipe;
   const ModelInfo info = describe(p);
   // Threads as run: the stages' pools together (with several stages, threads per stage × stages).

@@ -432,7 +432,7 @@ class Chat {
 int run(const ChatOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);  // a bad one fails before loading
-  Loaded m = load_model(o.model, 1);
+  Loaded m = load_model(o.model, 1, generation_outputs(o.sampling, 1));
   install_interrupt_handler();
   Chat chat(o, m, std::move(grammar));
   return chat.loop();

@@ -22,6 +22,7 @@ struct Opts {
   cli::ModelFlags f;  // the model and device flags of run/bench (--devices, --tensor-split, --p2p, ...)
   std::string prompt, out, tokens_out, tokens;
   bool batch_given = false;  // --batch-size given: pieces of that size instead of the whole prompt
+  int outputs = 0;           // --outputs: logit rows a forward holds at most (0: all of its tokens)
 };
 
 void write_file(const std::string& path, const void* data, size_t bytes) {
@@ -46,7 +47,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 int run(const Opts& o) {
-  LoadOptions lo = cli::load_options(o.f, 1);
+  LoadOptions lo = cli::load_options(o.f, 1, o.outputs);
   const std::string path = resolve_model(o.f.model);
   std::vector<int32_t> ids;
   if (!o.tokens.empty()) {
@@ -86,6 +87,10 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
     app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
     app.add_option("--out", o->out, "Output file for the logits")->required();
     app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line)");
+    app.add_option("--outputs", o->outputs,
+                   "logit rows one forward computes and holds at most (default: all its tokens'); fewer means "
+                   "smaller output buffers (n_vocab floats a row) and the prompt in more forwards, the same logits")
+        ->check(CLI::Range(1, 1 << 20));
     CLI::Option* prompt = app.get_option("--prompt");
     return [o, batch, prompt] {
       if (o->prompt.empty() && o->tokens.empty())

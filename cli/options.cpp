@@ -206,11 +206,12 @@ uint64_t resolve_seed(const std::optional<uint64_t>& s) { return s ? *s : random
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
 bool stdin_is_tty() { return isatty(STDIN_FILENO) == 1; }
 
-LoadOptions load_options(const ModelFlags& f, int n_seq) {
+LoadOptions load_options(const ModelFlags& f, int n_seq, int n_outputs) {
   LoadOptions lo;
   lo.n_ctx = f.ctx;
   lo.n_seq = n_seq;
   lo.n_batch = f.batch;
+  lo.n_outputs = n_outputs;
   lo.kv_type = f.kv_type == "q8_0" ? GgmlType::Q8_0 : GgmlType::F16;
   lo.n_threads = f.threads;
   lo.devices = f.devices;
@@ -222,10 +223,15 @@ LoadOptions load_options(const ModelFlags& f, int n_seq) {
   return lo;
 }
 
-Loaded load_model(const ModelFlags& f, int n_seq) {
+int generation_outputs(const SamplingFlags& f, int n_seq) {
+  const int drafts = f.draft_model.empty() ? f.lookup : f.draft_max;
+  return n_seq * (1 + std::max(0, drafts));
+}
+
+Loaded load_model(const ModelFlags& f, int n_seq, int n_outputs) {
   Loaded out;
   out.path = resolve_model(f.model);
-  LoadOptions lo = load_options(f, n_seq);
+  LoadOptions lo = load_options(f, n_seq, n_outputs);
   const bool bar = stderr_is_tty();
   if (bar) {
     lo.progress = [](uint64_t done, uint64_t total) {
@@ -369,7 +375,8 @@ EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const
       check_draft_vocab(target.tokenizer(), Tokenizer::from_gguf(*file));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::unique_ptr<Pipeline> dp = Pipeline::load(path, load_options(df, target.n_seq()));
+    // A draft step asks one argmax row of each sequence it guesses for.
+    std::unique_ptr<Pipeline> dp = Pipeline::load(path, load_options(df, target.n_seq(), target.n_seq()));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (mf.verbose) {
       std::string where;

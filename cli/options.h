@@ -121,10 +121,14 @@ struct Loaded {
   std::string path;
   double load_ms = 0;
 };
-// Resolves -m, loads with n_seq slots. A progress bar goes to stderr only when it is a terminal.
-Loaded load_model(const ModelFlags& f, int n_seq);
+// Resolves -m, loads with n_seq slots and output buffers for n_outputs rows a step (0: every token
+// of a batch; LoadOptions::n_outputs). A progress bar goes to stderr only when it is a terminal.
+Loaded load_model(const ModelFlags& f, int n_seq, int n_outputs = 0);
 // The LoadOptions the model flags ask for (no progress bar), for commands that load on their own.
-LoadOptions load_options(const ModelFlags& f, int n_seq);
+LoadOptions load_options(const ModelFlags& f, int n_seq, int n_outputs = 0);
+// The output rows a generation step needs: one per sequence, and one per drafted token
+// (--lookup N, or --draft-max N with --draft-model).
+int generation_outputs(const SamplingFlags& f, int n_seq);
 
 struct Message {
   std::string role, content;

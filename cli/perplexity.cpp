@@ -66,7 +66,7 @@ int run(const PplOpts& o) {
          tokens.size(), po.n_ctx);
   const int n_chunks = perplexity_chunks(tokens.size(), po);
   if (n_chunks == 0) fail(ErrorKind::Usage, "--chunks 0: nothing to score");
-  Loaded m = load_model(mf, std::min(o.parallel, n_chunks));
+  Loaded m = load_model(mf, std::min(o.parallel, n_chunks), kPerplexityPieceRows);
   Pipeline& p = *m.pipe;
   po.n_threads = std::max(1, o.model.threads > 0 ? o.model.threads : int(std::thread::hardware_concurrency()));
   std::fprintf(stderr, "%zu tokens: %d chunk%s of %d, the last %d tokens of each scored%s\n", tokens.size(), n_chunks,

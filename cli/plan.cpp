@@ -42,7 +42,7 @@ int run_plan(const PlanArgs& a) {
   o.n_ctx = a.ctx ? a.ctx : std::min<uint32_t>(4096, shape.n_ctx_train ? shape.n_ctx_train : 4096);
   o.n_parallel = a.parallel;
   o.n_batch = a.batch;
-  o.n_outputs = a.outputs;
+  o.n_outputs = a.outputs ? a.outputs : a.parallel;  // as run, chat and batch: a row per sequence
   o.n_threads = a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());  // as run's default
   if (a.kv_type == "f16" || a.kv_type == "F16") o.kv_type = GgmlType::F16;
   else if (a.kv_type == "q8_0" || a.kv_type == "Q8_0") o.kv_type = GgmlType::Q8_0;
@@ -75,7 +75,9 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("-c,--ctx,--ctx-size", a->ctx, "Context per sequence (default min(4096, trained context))");
                 app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)");
                 app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
-                app.add_option("--outputs", a->outputs, "Logit rows per step (default: every token of a batch)");
+                app.add_option("--outputs", a->outputs,
+                               "Logit rows per step (default: one per sequence, as run, chat and batch ask without "
+                               "drafts; --lookup/--draft-max N ask 1 + N per sequence, logits every token of a batch)");
                 app.add_option("--kv-type", a->kv_type, "KV cache type: f16 or q8_0 (default f16)");
                 app.add_option("-t,--threads", a->threads,
                                "CPU threads a CPU stage runs with (its attention buffers are per thread; default: all cores)");

@@ -34,7 +34,7 @@ int run(const RunOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);  // a bad one fails before loading
 
-  Loaded m = load_model(o.model, 1);
+  Loaded m = load_model(o.model, 1, generation_outputs(o.sampling, 1));
   Prompter prompter(*m.pipe, o.sampling.chat_template);
   Request req;
   if (o.raw) {

@@ -66,7 +66,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   return L;
 }
 
-uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage) {
+uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage, uint32_t n_outputs) {
   const uint64_t B = n_batch, attn_width = uint64_t(s.n_head) * s.head_dim_v;
   const uint64_t cols = std::max<uint64_t>({s.n_embd, attn_width, s.n_ff});  // widest matmul input
   uint64_t rows = std::max<uint64_t>({uint64_t(s.n_head) * s.head_dim_k, s.n_embd, s.n_ff});
@@ -83,7 +83,7 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   // 2048-value slices (one pair each).
   uint64_t sampling = 0;
   if (on_last_stage) {
-    const uint64_t V = s.n_vocab, n = std::min<uint64_t>(B, 64);
+    const uint64_t V = s.n_vocab, n = std::min<uint64_t>(n_outputs == 0 ? B : std::min(n_outputs, n_batch), 64);
     const uint64_t K = uint64_t(std::max(1, top_k_candidates(int(s.n_vocab))));
     const uint64_t split_k = (V + 16383) / 16384, split_a = (V + 2047) / 2048;
     if (split_k > 1 && split_k * K < V) sampling = split_k * n * K * 8;
@@ -97,10 +97,10 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   return (std::max({gemm, gemv, attention, sampling, moe}) + mib - 1) / mib * mib;
 }
 
-uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_batch) {
+uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_outputs) {
   auto buf = [](uint64_t b) { return std::max<uint64_t>(b, 16); };  // GpuStage allocates at least 16
   const uint64_t K = uint64_t(top_k_candidates(int(s.n_vocab)));
-  return buf(uint64_t(n_batch) * sizeof(int32_t)) + (K > 0 ? 2 * buf(uint64_t(n_batch) * K * 4) : 0);
+  return buf(uint64_t(n_outputs) * sizeof(int32_t)) + (K > 0 ? 2 * buf(uint64_t(n_outputs) * K * 4) : 0);
 }
 
 uint64_t gpu_link_bytes(const ModelShape& s, uint32_t n_batch) {

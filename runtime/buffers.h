@@ -85,14 +85,16 @@ inline uint64_t scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_las
 // slab, the GEMV's 8-bit activations, the attention's split partials: one buffer, so the largest),
 // bounded for any step of up to n_batch tokens on a GPU of up to kPlanMaxSms multiprocessors and
 // rounded up to whole MiB as the stage's Context reserves it. The planner charges it to every GPU
-// stage and the GPU stage reserves this much at load.
+// stage and the GPU stage reserves this much at load. n_outputs: logit rows per step (0: n_batch),
+// what the device sampling's candidates are kept for.
 constexpr uint64_t kPlanMaxSms = 256;
-uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage);
+uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_last_stage, uint32_t n_outputs = 0);
 
 // What a CUDA stage holding the output head keeps besides the logits, for sampling on the device
 // (runtime/batch.h): an argmax id per output row, and the top_k_candidates(n_vocab) best ids and
-// logits. The planner charges it to a GPU stage with the head, next to gpu_ops_scratch_bytes.
-uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_batch);
+// logits, for each of n_outputs rows. The planner charges it to a GPU stage with the head, next to
+// gpu_ops_scratch_bytes.
+uint64_t gpu_sampling_bytes(const ModelShape& s, uint32_t n_outputs);
 
 // The slots a peer-to-peer link (runtime/link.h) keeps on the receiving GPU: kGpuLinkSlots pieces of
 // n_batch hidden states. The planner charges them to every GPU stage that does not start at layer 0

@@ -360,7 +360,7 @@ void join_channels(LocalStage& s, const std::function<void()>& poll) {
 }
 
 struct StageSetup {
-  int n_ctx = 0, n_seq = 1, n_batch = 1;
+  int n_ctx = 0, n_seq = 1, n_batch = 1, n_outputs = 1;
   GgmlType kv_type = GgmlType::F16;
   Stage stage;
   bool chan_in = false, chan_out = false;  // device channels from the previous / to the next rank
@@ -403,6 +403,7 @@ std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& c
   so.n_seq = su.n_seq;
   so.n_ctx = su.n_ctx;
   so.n_batch = su.n_batch;
+  so.n_outputs = su.n_outputs;
   so.kv_type = su.kv_type;
   so.n_threads = threads;
   auto s = std::make_unique<LocalStage>();
@@ -431,7 +432,7 @@ int stage_threads(int n_threads, int threads_per_stage) {
 
 void put_stage(Writer& w, const StageSetup& su) {
   const Stage& s = su.stage;
-  w.put(int32_t(su.n_ctx)).put(int32_t(su.n_seq)).put(int32_t(su.n_batch)).put(int32_t(su.kv_type))
+  w.put(int32_t(su.n_ctx)).put(int32_t(su.n_seq)).put(int32_t(su.n_batch)).put(int32_t(su.n_outputs)).put(int32_t(su.kv_type))
       .put(s.layer_begin).put(s.layer_end).put(uint8_t(s.has_embedding)).put(uint8_t(s.has_output))
       .put_str(s.label).put(s.total_bytes() - s.reserve_bytes).put(uint8_t(su.chan_in)).put(uint8_t(su.chan_out));
 }
@@ -441,6 +442,7 @@ StageSetup get_stage(Reader& r, uint64_t* planned) {
   su.n_ctx = r.get<int32_t>();
   su.n_seq = r.get<int32_t>();
   su.n_batch = r.get<int32_t>();
+  su.n_outputs = r.get<int32_t>();
   su.kv_type = GgmlType(r.get<int32_t>());
   su.stage.layer_begin = r.get<uint32_t>();
   su.stage.layer_end = r.get<uint32_t>();
@@ -657,8 +659,8 @@ struct MicroBatch {
 };
 
 // Whole sequences in order of first appearance, cut into up to `groups` micro-batches of at most
-// n_batch tokens (a sequence longer than n_batch is cut into runs).
-std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_seq) {
+// n_batch tokens and n_outputs output rows (a sequence with more is cut into runs).
+std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_outputs, int n_seq) {
   std::vector<int> order;
   std::vector<std::vector<int>> tokens(static_cast<size_t>(n_seq));
   for (int i = 0; i < b.size(); ++i) {
@@ -670,13 +672,16 @@ std::vector<MicroBatch> split(const Batch& b, size_t groups, int n_batch, int n_
   const size_t per_group = (order.size() + n_groups - 1) / n_groups;
   std::vector<MicroBatch> out;
   MicroBatch* cur = nullptr;
-  auto fresh = [&] { out.emplace_back(); return &out.back(); };
+  int rows = 0;  // of the current micro-batch
+  auto fresh = [&] { out.emplace_back(); rows = 0; return &out.back(); };
   for (size_t g = 0; g < order.size(); ++g) {
     if (g % per_group == 0 && (cur == nullptr || cur->batch.size() > 0)) cur = fresh();
     for (int i : tokens[size_t(order[g])]) {
-      if (cur->batch.size() == n_batch) cur = fresh();
-      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
+      const uint8_t mode = b.logits[size_t(i)];
+      if (cur->batch.size() == n_batch || (mode != kNoLogits && rows == n_outputs)) cur = fresh();
+      cur->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], mode);
       cur->index.push_back(i);
+      rows += mode != kNoLogits;
     }
   }
   return out;
@@ -727,7 +732,7 @@ class DistributedPipeline final : public ModelPipeline {
   void take(const Message& m);  // a kLogits (then its kLogitsRows) or kError message
 
   Comm& c_;
-  int n_batch_ = 0, max_rewind_ = 0;
+  int n_batch_ = 0, n_outputs_ = 0, max_rewind_ = 0;
   std::unique_ptr<LocalStage> stage_;
   std::vector<StageInfo> infos_;
   LinkStats links_;
@@ -769,13 +774,14 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
          all.size(), cfg_.n_layer, p.stages.size(), p.stages.size());
   for (size_t k = 0; k < p.stages.size(); ++k) BATON_CHECK(p.stages[k].device == k);
   n_batch_ = int(p.options.n_batch);
+  n_outputs_ = int(p.options.n_outputs);
 
   // A device channel across each boundary between two GPU ranks that can join one (NCCL).
   const size_t R = all.size();
   std::vector<bool> chan(R, false);  // chan[k]: rank k -> k + 1
   for (size_t k = 0; k + 1 < R; ++k) chan[k] = all[k].channel && all[k + 1].channel;
   auto setup_of = [&](size_t r) {
-    return StageSetup{n_ctx_, opt.n_seq, n_batch_, opt.kv_type, p.stages[r], r > 0 && chan[r - 1], chan[r]};
+    return StageSetup{n_ctx_, opt.n_seq, n_batch_, n_outputs_, opt.kv_type, p.stages[r], r > 0 && chan[r - 1], chan[r]};
   };
 
   // Workers load while rank 0 loads its own stage.
@@ -875,7 +881,7 @@ uint64_t DistributedPipeline::start(const Batch& b, float* logits, size_t groups
   for (int i = 0; i < n; ++i)
     if (b.logits[size_t(i)]) job.out_row[size_t(i)] = n_out++;
   job.logits = logits;
-  job.mbs = split(b, groups, n_batch_, int(len_.size()));
+  job.mbs = split(b, groups, n_batch_, n_outputs_, int(len_.size()));
   if (n == 0) job.mbs.clear();
   job.left = job.mbs.size();
   job.sent.resize(job.mbs.size());

@@ -61,7 +61,7 @@ static void launch_gate(cuda::Context& ctx, Activation act, const float* g, cons
 struct GpuStage::Impl {
   const ModelConfig& c;
   cuda::Context ctx;
-  int begin = 0, end = 0, n_batch = 0, n_seq = 0;
+  int begin = 0, end = 0, n_batch = 0, n_outputs = 0, n_seq = 0;
   GgmlType kv_type = GgmlType::F16;
   size_t k_row = 0, v_row = 0;
   std::vector<cuda::DeviceBuffer> owned;
@@ -820,16 +820,18 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   }
   g.k_new = g.alloc_n<uint8_t>(B * g.k_row);
   g.v_new = g.alloc_n<uint8_t>(B * g.v_row);
+  const size_t R = size_t(opt.outputs());  // output rows of a step
+  g.n_outputs = int(R);
   if (plan.has_output) {
-    g.logits = g.alloc_n<float>(B * size_t(cfg.n_vocab));
-    g.ids = g.alloc_n<int32_t>(B);
-    g.h_ids.reserve(B);
+    g.logits = g.alloc_n<float>(R * size_t(cfg.n_vocab));
+    g.ids = g.alloc_n<int32_t>(R);
+    g.h_ids.reserve(R);
     g.top_k = top_k_candidates(cfg.n_vocab);
     if (g.top_k > 0) {
-      g.top_ids = g.alloc_n<int32_t>(B * size_t(g.top_k));
-      g.top_vals = g.alloc_n<float>(B * size_t(g.top_k));
-      g.h_top_ids.reserve(B * size_t(g.top_k));
-      g.h_top_vals.reserve(B * size_t(g.top_k));
+      g.top_ids = g.alloc_n<int32_t>(R * size_t(g.top_k));
+      g.top_vals = g.alloc_n<float>(R * size_t(g.top_k));
+      g.h_top_ids.reserve(R * size_t(g.top_k));
+      g.h_top_vals.reserve(R * size_t(g.top_k));
     }
   }
   g.h_first.resize(B);
@@ -861,10 +863,11 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     for (int n = 1; n <= opt.n_batch; ++n)  // the split count depends on the token count
       scratch = std::max(scratch, cuda::attention_scratch_bytes(g.ctx, n, cfg.n_head, cfg.head_dim_k, opt.n_ctx));
   if (plan.has_output)
-    scratch = std::max(scratch, cuda::sampling_scratch_bytes(int(cfg.n_vocab), int(std::min<size_t>(B, cuda::Context::kCounters)),
+    scratch = std::max(scratch, cuda::sampling_scratch_bytes(int(cfg.n_vocab), int(std::min<size_t>(R, cuda::Context::kCounters)),
                                                              std::max(1, g.top_k)));
   // What the planner charged (a bound for any GPU), unless this GPU needs more.
-  scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output));
+  scratch = std::max<size_t>(scratch, gpu_ops_scratch_bytes(shape_from_gguf(f), uint32_t(opt.n_batch), plan.has_output,
+                                                            uint32_t(R)));
   g.ctx.reserve(scratch);
   if (g.ctx.gemv_tune > 0) g.tune_gemvs(opt.n_seq, g.ctx.gemv_tune == 1);
   g.ctx.synchronize();
@@ -990,6 +993,7 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   }
   g.trace.mark(1);
   const size_t m = size_t(batch.n_logits()), V = size_t(c.n_vocab);
+  BATON_CHECK(m <= size_t(g.n_outputs));  // (the pipeline cuts batches that ask more)
   // kArgmaxOnly rows: the argmax on the device, and only the ids come back (a greedy step does
   // not copy vocabulary rows to the host); kTopK rows: the K best ids and logits; full rows only
   // when some token asks for them.

@@ -19,6 +19,10 @@ namespace baton {
 
 class Pipeline;
 
+// Scored rows evaluated (and held as floats) at a time: a chunk goes through the pipeline in pieces
+// of at most this many output rows, so a pipeline loaded with n_outputs = this needs no more.
+constexpr int kPerplexityPieceRows = 128;
+
 struct PerplexityOptions {
   int n_ctx = 512;       // tokens per chunk (the pipeline's context must hold them)
   int max_chunks = -1;   // at most this many chunks (-1: all the text has)

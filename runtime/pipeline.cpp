@@ -101,7 +101,7 @@ class CpuPipeline final : public ModelPipeline {
   void drop(size_t k, Piece& piece);       // a piece that goes no further gives back its link slot
   std::vector<std::unique_ptr<Piece>> prepare(const Batch& b, float* logits);
 
-  int n_batch_ = 0;
+  int n_batch_ = 0, n_outputs_ = 0;
   std::vector<std::unique_ptr<ModelStage>> stages_;
   std::vector<std::unique_ptr<GpuLink>> links_;  // links_[k]: stage k -> k + 1 (nullptr: host memory)
   std::unique_ptr<std::atomic<uint64_t>[]> busy_ns_;  // per stage: nanoseconds in forward
@@ -147,6 +147,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   BATON_CHECK(!p.stages.empty());
   // The planner may clamp n_batch (to n_ctx × n_seq); buffers follow the plan.
   n_batch_ = int(p.options.n_batch);
+  n_outputs_ = int(p.options.n_outputs);
 
   int n_cpu_stages = 0;  // the CPU threads are shared by the CPU stages; a GPU stage drives its stream
   for (const Stage& st : p.stages) n_cpu_stages += !p.devices[st.device].is_gpu();
@@ -163,6 +164,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_seq = opt.n_seq;
   so.n_ctx = n_ctx_;
   so.n_batch = n_batch_;
+  so.n_outputs = n_outputs_;
   so.kv_type = opt.kv_type;
   so.n_threads = per_stage;
   so.cuda_graphs = opt.cuda_graphs;
@@ -326,20 +328,25 @@ std::vector<std::unique_ptr<Piece>> CpuPipeline::prepare(const Batch& b, float* 
   const int n = b.size();
   len_ = check_batch(b);
 
-  // Pieces of at most n_batch tokens in batch order; each sequence's tokens stay in order.
+  // Pieces of at most n_batch tokens and n_outputs output rows in batch order; each sequence's
+  // tokens stay in order.
   std::vector<std::unique_ptr<Piece>> pieces;
   size_t out_rows = 0;
-  for (int i0 = 0; i0 < n; i0 += n_batch_) {
-    auto piece = std::make_unique<Piece>();
-    const int i1 = std::min(n, i0 + n_batch_);
-    for (int i = i0; i < i1; ++i)
-      piece->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], b.logits[size_t(i)]);
-    if (i0 == 0) piece->batch.copies = b.copies;  // before any token, at every stage
-    piece->logits = logits + out_rows * size_t(cfg_.n_vocab);
-    out_rows += size_t(piece->batch.n_logits());
-    piece->x.resize(size_t(i1 - i0) * size_t(cfg_.n_embd));
-    pieces.push_back(std::move(piece));
+  int rows = 0;  // of the piece being filled
+  for (int i = 0; i < n; ++i) {
+    const uint8_t mode = b.logits[size_t(i)];
+    if (pieces.empty() || pieces.back()->batch.size() == n_batch_ || (mode != kNoLogits && rows == n_outputs_)) {
+      auto piece = std::make_unique<Piece>();
+      if (pieces.empty()) piece->batch.copies = b.copies;  // before any token, at every stage
+      piece->logits = logits + out_rows * size_t(cfg_.n_vocab);
+      pieces.push_back(std::move(piece));
+      rows = 0;
+    }
+    pieces.back()->batch.add(b.token[size_t(i)], b.pos[size_t(i)], b.seq[size_t(i)], mode);
+    rows += mode != kNoLogits;
+    out_rows += mode != kNoLogits;
   }
+  for (auto& piece : pieces) piece->x.resize(size_t(piece->batch.size()) * size_t(cfg_.n_embd));
   return pieces;
 }
 

@@ -21,6 +21,10 @@ struct LoadOptions {
   int n_ctx = 0;            // context per sequence; 0: the model's context length capped at 4096
   int n_seq = 1;            // parallel sequences (KV cache slots)
   int n_batch = 512;        // most tokens evaluated in one forward
+  // Most output rows (logits or hidden states) of one forward, what the last stage's output buffers
+  // are sized for: a batch asking more is evaluated in several forwards. 0: n_batch (every token).
+  // Generation needs a row per sequence and drafted token; prompts only their last token's.
+  int n_outputs = 0;
   GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
   int n_threads = 0;        // CPU threads in total; 0: all cores
   std::string devices = "cpu";       // device list as for --devices

@@ -19,6 +19,7 @@ void ModelPipeline::check_options(const LoadOptions& opt) {
   if (opt.n_ctx < 0) fail(ErrorKind::Usage, "context length {} must be >= 0", opt.n_ctx);
   if (opt.n_seq < 1) fail(ErrorKind::Usage, "number of sequences {} must be >= 1", opt.n_seq);
   if (opt.n_batch < 1) fail(ErrorKind::Usage, "batch size {} must be >= 1", opt.n_batch);
+  if (opt.n_outputs < 0) fail(ErrorKind::Usage, "output rows per step {} must be >= 0", opt.n_outputs);
 }
 
 void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) {
@@ -38,6 +39,7 @@ PlanOptions ModelPipeline::plan_options(const LoadOptions& opt) const {
   po.n_ctx = uint32_t(n_ctx_);
   po.n_parallel = uint32_t(opt.n_seq);
   po.n_batch = uint32_t(opt.n_batch);
+  po.n_outputs = uint32_t(opt.n_outputs);
   po.kv_type = opt.kv_type;
   // A CPU stage has at most all the threads (or --threads-per-stage): its attention buffers are per thread.
   const int total = opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));

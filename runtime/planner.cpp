@@ -54,7 +54,7 @@ struct Pricing {
     scratch_last = scratch_bytes(s, o.n_batch, true, o.kv_type, o.n_outputs, o.n_threads);
     cpu_att = mid.att;
     gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
-    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true) + gpu_sampling_bytes(s, o.n_batch);
+    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true, o.n_outputs) + gpu_sampling_bytes(s, o.n_outputs);
     gpu_link = gpu_link_bytes(s, o.n_batch);
     for (size_t d = 0; d < dev.size(); d++) {
       const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[d];
@@ -162,7 +162,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices_in, co
     if (!(x >= 0) || !std::isfinite(x)) fail(ErrorKind::Usage, "--tensor-split proportions must be numbers >= 0");
   // A step never holds more tokens than the cache has cells.
   o.n_batch = uint32_t(std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel));
-  if (o.n_outputs > o.n_batch) o.n_outputs = o.n_batch;
+  o.n_outputs = o.n_outputs == 0 ? o.n_batch : std::min(o.n_outputs, o.n_batch);  // logit rows per step
 
   // --cpu-moe: every layer's experts in host memory, charged once to the first CPU entry.
   o.cpu_moe = o.cpu_moe && shape.n_expert > 0;
@@ -446,8 +446,9 @@ std::string format_plan(const Plan& p, const ModelShape& s) {
   out += fmt::format("model    {} ({}, {} layers, {} weights, vocab {}{}{})\n", s.name, s.architecture, s.n_layer,
                      format_bytes(s.total_weight_bytes()), s.n_vocab, s.tied_output ? ", tied head" : "",
                      s.n_expert ? fmt::format(", {} of {} experts per token", s.n_expert_used, s.n_expert) : "");
-  out += fmt::format("context  {} tokens x {} sequence{}, batch {} ({} logit rows), KV {} ({} in all)\n", o.n_ctx,
-                     o.n_parallel, o.n_parallel == 1 ? "" : "s", o.n_batch, o.n_outputs ? o.n_outputs : o.n_batch,
+  const uint32_t rows = o.n_outputs ? o.n_outputs : o.n_batch;
+  out += fmt::format("context  {} tokens x {} sequence{}, batch {} ({} logit row{}), KV {} ({} in all)\n", o.n_ctx,
+                     o.n_parallel, o.n_parallel == 1 ? "" : "s", o.n_batch, rows, rows == 1 ? "" : "s",
                      o.kv_type == GgmlType::F16 ? "f16" : "q8_0", format_bytes(p.kv_bytes()));
   out += fmt::format("policy   {}\n\n", p.policy);
   out += fmt::format("{:<6}{:<10}{:<12}{:<6}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "stage", "device", "layers",

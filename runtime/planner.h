@@ -20,7 +20,8 @@ struct PlanOptions {
   uint32_t n_ctx = 4096;      // context per sequence (tokens)
   uint32_t n_parallel = 1;    // sequences held at once; KV cells = n_ctx × n_parallel
   uint32_t n_batch = 512;     // tokens per forward step (clamped to n_ctx × n_parallel)
-  uint32_t n_outputs = 0;     // logit rows per step; 0: n_batch (every token of a step)
+  uint32_t n_outputs = 0;     // logit rows per step (the pipeline cuts a batch asking more); 0: n_batch
+                              // (every token of a step); the plan's options hold the value used
   GgmlType kv_type = GgmlType::F16;  // F16 or Q8_0
   uint32_t n_threads = 0;     // CPU threads of a CPU stage at most (its attention buffers); 0: kPlanThreadsPerStage
   // User margin per device entry, on top of the device's runtime reserve. Empty: none; one value:

@@ -13,7 +13,8 @@
 namespace baton {
 
 CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& plan, const StageOptions& opt)
-    : cfg_(cfg), plan_(plan), begin_(int(plan.layer_begin)), end_(int(plan.layer_end)), n_batch_(opt.n_batch) {
+    : cfg_(cfg), plan_(plan), begin_(int(plan.layer_begin)), end_(int(plan.layer_end)), n_batch_(opt.n_batch),
+      n_outputs_(opt.outputs()) {
   BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
   pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
   weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get());
@@ -28,7 +29,7 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
   scratch_ = std::make_unique<Scratch>(cfg_, n_batch_, opt.kv_type);
   scratch_bytes_ = Scratch::bytes(cfg_, n_batch_, opt.kv_type);
   if (plan_.has_output) {
-    logits_size_ = size_t(n_batch_) * size_t(cfg_.n_vocab);
+    logits_size_ = size_t(n_outputs_) * size_t(cfg_.n_vocab);
     logits_.reset(new float[logits_size_]);
   }
 }
@@ -47,6 +48,7 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   if (!plan_.has_output) return;
   const size_t rows = size_t(batch.n_logits());
   if (rows == 0) return;
+  BATON_CHECK(rows <= size_t(n_outputs_));  // (the pipeline cuts batches that ask more)
   // Straight into the caller's rows (every caller in the project gives an aligned buffer); an
   // unaligned one gets them through our own.
   const bool direct = logits && reinterpret_cast<uintptr_t>(logits) % alignof(float) == 0;

@@ -3,6 +3,7 @@
 // pipeline joins stages with links; another backend (an MPI rank, a GPU) runs the same stage
 // over its own block. forward() is the whole of the stage's work on one batch.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,12 +25,14 @@ namespace gguf { class File; }
 struct StageOptions {
   int n_seq = 1;     // KV cache slots
   int n_ctx = 0;     // context per sequence
-  int n_batch = 0;   // most tokens in one forward (sizes scratch and the logits buffer)
+  int n_batch = 0;   // most tokens in one forward (sizes scratch)
+  int n_outputs = 0; // most output rows in one forward (sizes the last stage's logits buffers; 0: n_batch)
   GgmlType kv_type = GgmlType::F16;
   int n_threads = 1; // worker threads of the stage's pool (the driving thread counts as one)
   bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
   bool cpu_moe = false;     // a mixture's experts stay in host memory (GPU stages run them on n_threads);
                             // the plan charges them apart from every stage, so no stage counts them
+  int outputs() const { return n_outputs > 0 ? std::min(n_outputs, n_batch) : n_batch; }
 };
 
 // Where a piece's hidden state is when it does not travel in host memory: a slot of the device link
@@ -101,7 +104,7 @@ class CpuStage : public ModelStage {
 
   const ModelConfig& cfg_;
   Stage plan_;
-  int begin_ = 0, end_ = 0, n_batch_ = 0;
+  int begin_ = 0, end_ = 0, n_batch_ = 0, n_outputs_ = 0;
   ModelWeights weights_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Scratch> scratch_;

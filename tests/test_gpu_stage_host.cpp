@@ -295,6 +295,23 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
         test::check_peer_close(ref, got, p->n_vocab(), std::string(c.devices) + ": GPU and CPU stages vs one GPU stage");
       }
     }
+    // Output buffers of 3 rows: the batches asking more go in several forwards (the stage checks
+    // each holds at most 3), the same rows; the plan and the stage hold 3 rows' buffers.
+    for (const char* devices : {"cuda:0", "cuda:0,cuda:1"}) {
+      INFO(devices << " --outputs 3");
+      LoadOptions o = gpu_options(devices);
+      o.n_outputs = 3;
+      int most = 0;
+      o.on_stage = [&](int, const Batch& piece) { most = std::max(most, piece.n_logits()); };
+      auto p = Pipeline::load(path, o);
+      const std::vector<float> got = run_links(*p);
+      CHECK(most == 3);
+      REQUIRE(got.size() == ref.size());
+      test::check_peer_close(ref, got, p->n_vocab(), std::string(devices) + " with 3 output rows vs 16");
+      const StageInfo last = p->stages().back(), last_ref = one->stages().back();
+      CHECK(last.planned_bytes >= last.measured_bytes);
+      CHECK(last_ref.measured_bytes - last.measured_bytes >= uint64_t(16 - 3) * uint64_t(p->n_vocab()) * 4);
+    }
   }
 }
 

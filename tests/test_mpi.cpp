@@ -232,6 +232,8 @@ TEST_CASE("2 and 3 ranks give the same logits as one process", "[mpi]") {
       CHECK(many.size() == one.size());
       CHECK(many == one);
     }
+    // Output buffers of 7 rows: the prompt's micro-batches cut at 7 rows, the same logits.
+    CHECK(logits(mpirun(2), model, prompt, "--distributed --outputs 7") == one);
   }
 }
 

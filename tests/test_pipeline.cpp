@@ -199,6 +199,39 @@ TEST_CASE("argmax-only and top-k rows hold what the full rows reduce to, in 1, 2
   }
 }
 
+TEST_CASE("a batch asking more output rows than the pipeline holds goes in several forwards: the same rows", "[pipeline]") {
+  const std::string path = test::tiny_gemma3_model();
+  for (const char* devices : {"cpu", "cpu,cpu"}) {
+    INFO("devices " << devices);
+    auto all = Pipeline::load(path, options(devices, 4));
+    LoadOptions o = options(devices, 4);
+    o.n_outputs = 3;
+    int pieces = 0, most = 0;
+    o.on_stage = [&](int k, const Batch& piece) {
+      pieces += k == 0;
+      most = std::max(most, piece.n_logits());
+    };
+    auto few = Pipeline::load(path, o);
+    // Four prompts of 6 tokens with rows at positions 0, 3 and 5 (every mode): 12 rows.
+    const int V = all->n_vocab();
+    Batch b;
+    const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < 6; ++i)
+        b.add((11 + 29 * s + 7 * i) % V, i, s, uint8_t(i % 3 == 0 || i == 5 ? cycle[(s + i) % 3] : kNoLogits));
+    REQUIRE(b.n_logits() == 12);
+    std::vector<float> want(size_t(12) * size_t(V)), got(want.size());
+    all->decode(b, want.data());
+    few->decode(b, got.data());
+    CHECK(most == 3);
+    CHECK(pieces >= 4);
+    same_bits(want, got);
+    // The last stage holds 3 rows of logits, not 64, and no more than planned.
+    check_memory(*few, std::string(devices) == "cpu" ? 1 : 2);
+    CHECK(all->stages().back().measured_bytes - few->stages().back().measured_bytes == uint64_t(64 - 3) * uint64_t(V) * 4);
+  }
+}
+
 TEST_CASE("a bad batch is refused naming the problem, and leaves the sequences as they were", "[pipeline]") {
   using Catch::Matchers::Equals;
   for (const char* devices : {"cpu", "cpu,cpu"}) {  // two stages: decode() splits by sequence first

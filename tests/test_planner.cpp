@@ -59,11 +59,12 @@ uint64_t stage_cost(const ModelShape& s, const PlanOptions& o, const DeviceSpec&
   if (emb) c += s.embedding_bytes;
   if (head) c += s.output_norm_bytes + ((s.tied_output && emb) ? 0 : s.output_bytes);
   const uint32_t nb = std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel);
-  c += scratch_bytes(s, nb, head, o.kv_type, o.n_outputs, o.n_threads);
-  if (d.is_gpu()) c -= scratch_layout(s, nb, head, o.kv_type, o.n_outputs, o.n_threads).att;  // CPU attention's
+  const uint32_t rows = o.n_outputs == 0 ? nb : std::min(o.n_outputs, nb);  // logit rows a step
+  c += scratch_bytes(s, nb, head, o.kv_type, rows, o.n_threads);
+  if (d.is_gpu()) c -= scratch_layout(s, nb, head, o.kv_type, rows, o.n_threads).att;  // CPU attention's
   if (d.is_gpu() && !emb) c += gpu_link_bytes(s, nb);  // a P2P link's slots may arrive here
-  if (d.is_gpu() && head) c += gpu_sampling_bytes(s, nb);  // argmax ids, top-k candidates
-  return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head) : 0);  // the CUDA ops' shared scratch
+  if (d.is_gpu() && head) c += gpu_sampling_bytes(s, rows);  // argmax ids, top-k candidates
+  return c + (d.is_gpu() ? gpu_ops_scratch_bytes(s, nb, head, rows) : 0);  // the CUDA ops' shared scratch
 }
 
 // Structural checks every plan must pass.
@@ -405,6 +406,19 @@ TEST_CASE("a huge vocabulary: the head is bigger than a layer and is placed like
   CHECK(p.stages[1].scratch_bytes - p.stages[0].scratch_bytes ==
         512ull * 262144 * 4 + gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, false) +
             gpu_sampling_bytes(s, 512) + gpu_link_bytes(s, 512));
+  // One logit row a step (what `baton run` asks): 511 rows of 262144 floats less, and the device
+  // sampling's buffers for one row.
+  PlanOptions one = o;
+  one.n_outputs = 1;
+  const Plan q = plan(s, d, one);
+  check_structure(q, s, one);
+  REQUIRE(q.stages.size() == 2);
+  CHECK(q.options.n_outputs == 1);
+  CHECK(p.options.n_outputs == 512);
+  CHECK(q.stages[0].scratch_bytes == p.stages[0].scratch_bytes);
+  CHECK(p.stages[1].scratch_bytes - q.stages[1].scratch_bytes ==
+        511ull * 262144 * 4 + gpu_sampling_bytes(s, 512) - gpu_sampling_bytes(s, 1) +
+            gpu_ops_scratch_bytes(s, 512, true) - gpu_ops_scratch_bytes(s, 512, true, 1));
 }
 
 TEST_CASE("sliding-window layers keep only the window in the KV cache") {
@@ -535,6 +549,7 @@ TEST_CASE("property: random shapes and budgets give well-formed, honest plans") 
     o.n_ctx = uint32_t(pick(1, 4096));
     o.n_parallel = uint32_t(pick(1, 4));
     o.n_batch = uint32_t(pick(1, 1024));
+    if (pick(0, 1)) o.n_outputs = uint32_t(pick(1, 1100));
     o.kv_type = pick(0, 1) ? GgmlType::F16 : GgmlType::Q8_0;
     const int mode = int(pick(0, 5));
     if (mode == 1) o.spread = true;
