@@ -1,20 +1,24 @@
 // Perplexity and KL divergence (runtime/perplexity.h, `baton perplexity`): the chunks scored as
 // llama-perplexity scores them, checked against the same NLLs computed from whole-chunk logits;
 // the same numbers from one slot, from several and from two stages; base files written, read,
-// refused when they do not match; a stop between chunks. The command end to end on a generated
-// model. (SmolLM2 on a real text against its words shuffled: tests/test_real_cli.cpp.)
+// refused when they do not match; llama-perplexity's base files read as Baton's own; a stop
+// between chunks. The command end to end on a generated model. (SmolLM2 on a real text against
+// its words shuffled: tests/test_real_cli.cpp.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "gguf/error.h"
+#include "quant/types.h"
 #include "runtime/perplexity.h"
 #include "runtime/pipeline.h"
 #include "runtime/tokenizer.h"
@@ -65,6 +69,73 @@ Direct direct(Pipeline& p, const std::vector<int32_t>& tokens, int n_ctx, int n_
   return d;
 }
 
+
+// A Baton base file (runtime/perplexity.cpp has the layout) read back: its header, tokens and
+// each scored row's log-probabilities.
+struct BaseRead {
+  int32_t n_ctx = 0, V = 0, n_chunks = 0;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> rows;
+};
+BaseRead read_baton_base(const std::string& path) {
+  const std::string f = test::slurp(path);
+  BaseRead b;
+  REQUIRE(f.size() >= 20);
+  REQUIRE(f.compare(0, 8, "BATONKL1") == 0);
+  std::memcpy(&b.n_ctx, f.data() + 8, 4);
+  std::memcpy(&b.V, f.data() + 12, 4);
+  std::memcpy(&b.n_chunks, f.data() + 16, 4);
+  const size_t n_rows = size_t(b.n_ctx - 1 - b.n_ctx / 2), V = size_t(b.V);
+  size_t at = 20;
+  for (int c = 0; c < b.n_chunks; ++c) {
+    REQUIRE(f.size() >= at + size_t(b.n_ctx) * 4 + n_rows * V * 2);
+    const size_t t0 = b.tokens.size();
+    b.tokens.resize(t0 + size_t(b.n_ctx));
+    std::memcpy(b.tokens.data() + t0, f.data() + at, size_t(b.n_ctx) * 4);
+    at += size_t(b.n_ctx) * 4;
+    for (size_t r = 0; r < n_rows; ++r, at += V * 2) {
+      std::vector<uint16_t> h(V);
+      std::memcpy(h.data(), f.data() + at, V * 2);
+      std::vector<float>& row = b.rows.emplace_back(V);
+      for (size_t v = 0; v < V; ++v) row[v] = fp16_to_f32(h[v]);
+    }
+  }
+  return b;
+}
+
+// The same rows in llama-perplexity's format, laid out as its --kl-divergence-base writes them
+// (the layout: runtime/perplexity.cpp): "_logits_", n_ctx, n_vocab, n_chunks, all the tokens, then
+// per row a float scale and floor and one uint16 per token (padded to an even count), spanning the
+// row's top 16 nats in 65535 steps, anything below them 0.
+template <class T>
+void put(std::string& s, const T* v, size_t n) {
+  s.append(reinterpret_cast<const char*>(v), n * sizeof(T));
+}
+std::string llama_base(const BaseRead& b) {
+  std::string s = "_logits_";
+  put(s, &b.n_ctx, 1);
+  put(s, &b.V, 1);
+  put(s, &b.n_chunks, 1);
+  put(s, b.tokens.data(), b.tokens.size());
+  for (const std::vector<float>& x : b.rows) {
+    const float top = *std::max_element(x.begin(), x.end());
+    const float low = std::max(*std::min_element(x.begin(), x.end()), top - 16);
+    double z = 0;
+    for (float v : x) z += std::exp(double(v) - double(top));
+    const float scale = (top - low) / 65535, floor = float(double(low - top) - std::log(z));
+    std::vector<uint16_t> q(2 * ((x.size() + 1) / 2));
+    for (size_t v = 0; v < x.size(); ++v)
+      if (x[v] > low) q[v] = uint16_t(std::min<long>(65535, std::lround((x[v] - low) / scale)));
+    put(s, &scale, 1);
+    put(s, &floor, 1);
+    put(s, q.data(), q.size());
+  }
+  return s;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 }  // namespace
 
 TEST_CASE("token_nll is the negative log-softmax of the token, also for logits far from zero") {
@@ -260,6 +331,119 @@ TEST_CASE("perplexity refuses what it cannot score, naming the problem, before a
   std::ofstream(dir + "/cut.bin", std::ios::binary) << whole.substr(0, whole.size() - 100);
   o.kl_base = dir + "/cut.bin";
   refused(o, tokens, "ends early");
+}
+
+TEST_CASE("a llama-perplexity base is read as Baton's own: the same rows, the same statistics, in pieces too") {
+  const std::string a = test::tiny_model_of(GgmlType::Q8_0), b = test::tiny_model_of(GgmlType::Q4_0);
+  const int n_ctx = 300;  // 149 scored rows a chunk: the rows are read in pieces of 128 and 21
+  auto pa = load(a, n_ctx, 1), pb = load(b, n_ctx, 2, "cpu,cpu");
+  const auto tokens = random_tokens(n_ctx * 2, pa->n_vocab(), 10);
+  const std::string dir = test::temp_dir(), ours = dir + "/ours.bin", theirs = dir + "/theirs.kld";
+  PerplexityOptions o;
+  o.n_ctx = n_ctx;
+  o.save_base = ours;
+  const PerplexityStats sa = perplexity(*pa, tokens, o, nullptr);
+  write_file(theirs, llama_base(read_baton_base(ours)));
+  o.save_base.clear();
+
+  o.kl_base = theirs;
+  const PerplexityStats self = perplexity(*pa, tokens, o, nullptr);
+  CHECK(self.count == 2 * 149);
+  CHECK(self.kld_mean() < 1e-5);  // the same rows, rounded twice (fp16, then 65535 steps)
+  CHECK(self.same_top_fraction() == 1.0);
+  CHECK(self.base_ppl() == Approx(sa.ppl()).epsilon(1e-3));
+  CHECK(self.nll_correlation() > 0.9999);
+
+  // Another model against either file: the same numbers up to the rounding.
+  const PerplexityStats vs_theirs = perplexity(*pb, tokens, o, nullptr);
+  o.kl_base = ours;
+  const PerplexityStats vs_ours = perplexity(*pb, tokens, o, nullptr);
+  REQUIRE(vs_ours.kld_mean() > 1e-4);
+  CHECK(vs_theirs.kld_mean() == Approx(vs_ours.kld_mean()).epsilon(1e-3));
+  CHECK(vs_theirs.kld_error() == Approx(vs_ours.kld_error()).epsilon(0.01));
+  CHECK(vs_theirs.base_ppl() == Approx(vs_ours.base_ppl()).epsilon(1e-3));
+  CHECK(vs_theirs.ppl() == vs_ours.ppl());
+  CHECK(vs_theirs.nll_correlation() == Approx(vs_ours.nll_correlation()).epsilon(1e-4));
+  CHECK(std::abs(double(vs_theirs.same_top) - double(vs_ours.same_top)) <= 1);
+  REQUIRE(vs_theirs.kld_values.size() == vs_ours.kld_values.size());
+  for (size_t i = 0; i < vs_ours.kld_values.size(); ++i) {
+    INFO(i);
+    CHECK(vs_theirs.kld_values[i] == Approx(vs_ours.kld_values[i]).epsilon(0.01).margin(1e-5));
+  }
+}
+
+TEST_CASE("a llama-perplexity base of an odd vocabulary: rows padded to an even count") {
+  const std::string m = test::synth_q8_model(
+      {"tiny-odd-vocab", "llama", "test", 1, 64, 2, 1, 32, 128, 1001, 2048, false, 0, 0, 10000.f, 1e-5f, false}, 12);
+  auto p = load(m, 32, 1);
+  REQUIRE(p->n_vocab() == 1001);
+  const auto tokens = random_tokens(32 * 3, p->n_vocab(), 11);
+  const std::string dir = test::temp_dir();
+  PerplexityOptions o;
+  o.n_ctx = 32;
+  o.save_base = dir + "/odd.bin";
+  const PerplexityStats st = perplexity(*p, tokens, o, nullptr);
+  write_file(dir + "/odd.kld", llama_base(read_baton_base(o.save_base)));
+  o.save_base.clear();
+  o.kl_base = dir + "/odd.kld";
+  const PerplexityStats self = perplexity(*p, tokens, o, nullptr);
+  CHECK(self.chunks == 3);
+  CHECK(self.kld_mean() < 1e-5);  // a row read one value off would be another distribution
+  CHECK(self.same_top_fraction() == 1.0);
+  CHECK(self.base_ppl() == Approx(st.ppl()).epsilon(1e-3));
+}
+
+TEST_CASE("a llama-perplexity base that does not match, or is cut short or corrupt, is refused by name") {
+  const std::string path = test::tiny_model_of(GgmlType::Q8_0);
+  auto p = load(path, 64, 1);
+  const auto tokens = random_tokens(64 * 2, p->n_vocab(), 12);
+  const std::string dir = test::temp_dir(), kld = dir + "/bad.kld";
+  PerplexityOptions o;
+  o.n_ctx = 64;
+  o.save_base = dir + "/good.bin";
+  perplexity(*p, tokens, o, nullptr);
+  const std::string good = llama_base(read_baton_base(o.save_base));
+  o.save_base.clear();
+  o.kl_base = kld;
+  auto refused = [&](const std::string& bytes, const PerplexityOptions& opt, const std::vector<int32_t>& t,
+                     const std::string& says) {
+    INFO(says);
+    write_file(kld, bytes);
+    try {
+      perplexity(*p, t, opt, nullptr);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::Usage);
+      CHECK_THAT(e.what(), Catch::Contains(kld));
+      CHECK_THAT(e.what(), Catch::Contains(says));
+    }
+  };
+  auto with_int = [&](size_t at, int32_t v) {
+    std::string s = good;
+    std::memcpy(s.data() + at, &v, 4);
+    return s;
+  };
+  write_file(kld, good);
+  CHECK(perplexity(*p, tokens, o, nullptr).kld_mean() < 1e-5);  // the file as written is fine
+
+  PerplexityOptions c32 = o;
+  c32.n_ctx = 32;
+  refused(good, c32, tokens, "written with -c 64, this run has -c 32");
+  refused(with_int(12, 1499), o, tokens, "has a vocabulary of 1499 tokens, this model 1500");
+  refused(with_int(16, 0), o, tokens, "holds no chunks");
+  auto shifted = tokens;
+  shifted[70] += 1;
+  refused(good, o, shifted, "computed on other tokens (chunk 2 differs)");
+  refused(good.substr(0, good.size() - 100), o, tokens, "ends early");
+  refused(good.substr(0, 20 + 64 * 4 + 10), o, tokens, "ends early");  // inside the tokens
+  refused(good.substr(0, 14), o, tokens, "ends early");                  // inside the header
+  refused(with_int(16, 0x7fffffff), o, tokens, "ends early");          // a count no file could hold
+  // A row's scale not a number: found when its chunk is scored (chunk 2, position 32 + 5).
+  const size_t row_bytes = (4 + 1500) * 2, rows_at = 20 + 2 * 64 * 4;
+  std::string nan_scale = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan_scale.data() + rows_at + (31 + 5) * row_bytes, &nan, 4);
+  refused(nan_scale, o, tokens, "row for position 37 of chunk 2 is no distribution");
 }
 
 TEST_CASE("a stop between chunks returns what was scored, and a base written so far is usable") {
