@@ -101,6 +101,12 @@ class File {
   std::string architecture() const;
   std::string arch_key(std::string_view suffix) const;
 
+  // Gives back this process's mapping of the whole pages inside [data, data + n): bytes that were
+  // copied elsewhere (packed for the CPU kernels, uploaded to a GPU) stop counting in its resident
+  // memory. They stay in the page cache, and a later read maps them again, so this never changes
+  // what a read sees. No-op outside the mapping (a parsed buffer).
+  void release(const void* data, uint64_t n) const;
+
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* tensor(std::string_view name) const;
   const TensorInfo& require_tensor(std::string_view name) const;  // Error if missing

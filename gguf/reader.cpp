@@ -206,6 +206,14 @@ File::~File() {
   if (map_) munmap(map_, size_);
 }
 
+void File::release(const void* data, uint64_t n) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (!map_ || !p || p < base_ || n > size_ || p - base_ > std::ptrdiff_t(size_ - n)) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(p) + page - 1) / page * page, hi = (uintptr_t(p) + n) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // a hint: failure is harmless
+}
+
 std::unique_ptr<File> File::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(ErrorKind::Model, "cannot open model file '{}': {}", path, std::strerror(errno));

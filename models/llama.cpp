@@ -154,13 +154,13 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
         for (cpu::QMatrix* m : {&L.gate_exp[e], &L.up_exp[e], &L.down_exp[e]}) to_pack.push_back(m);
     }
     if (with_head) to_pack.push_back(&w.output);
-    pack_matrices(w, to_pack, *pack_pool);
+    pack_matrices(w, to_pack, *pack_pool, &f);
     if (with_head && c.tied_output) w.tok_embd.packed = w.output.packed;
   }
   return w;
 }
 
-void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool) {
+void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool, const gguf::File* file) {
   // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at a
   // 64-byte boundary.
   std::erase_if(mats, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
@@ -172,7 +172,16 @@ void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::Thread
   size_t at = 0;
   for (cpu::QMatrix* m : mats) {
     const size_t bytes = cpu::packed_bytes(m->type, m->rows, m->cols);
-    cpu::pack_matrix(*m, buf.get() + at, &pool);
+    // In slabs of whole 16-row groups (the packed layout is group after group) of about 32 MiB,
+    // each slab's mapped pages given back once packed: a large head is never resident twice.
+    const int64_t slab = std::max<int64_t>(1, int64_t((size_t(32) << 20) / m->row_bytes / cpu::kPackRows)) * cpu::kPackRows;
+    for (int64_t r0 = 0; r0 < m->rows; r0 += slab) {
+      cpu::QMatrix part = *m;
+      part.data = m->row(r0);
+      part.rows = std::min(slab, m->rows - r0);
+      cpu::pack_matrix(part, buf.get() + at + cpu::packed_bytes(m->type, r0, m->cols), &pool);
+      if (file) file->release(part.data, m->row_bytes * uint64_t(part.rows));
+    }
     m->packed = buf.get() + at;
     w.packed_bytes += bytes;
     at += rounded(bytes);

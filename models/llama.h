@@ -39,8 +39,11 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
                           bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr);
 
 // Packed copies of the matrices this process packs (the others are left as they are), in one
-// buffer that w owns; each matrix's `packed` points into it, valid while w lives.
-void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool);
+// buffer that w owns; each matrix's `packed` points into it, valid while w lives. With a file, the
+// mapped pages of each matrix are given back once it is packed (gguf::File::release): only the
+// packed copy stays resident.
+void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool,
+                   const gguf::File* file = nullptr);
 
 // Activation buffers for up to n_batch tokens, allocated once. bytes() is the sizing function the
 // constructor uses, so an estimate made with it equals the allocation.

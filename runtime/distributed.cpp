@@ -380,7 +380,8 @@ bool stage_holds(const Stage& s, const std::string& name, bool tied_head) {
 }
 
 // Reads one byte per page of the stage's tensors, and only those: the rest of the file is never
-// paged in on this rank.
+// paged in on this rank. Each tensor's mapping is given back once read, as the in-process pipeline
+// does (CpuPipeline::touch_pages): the stage's packed or uploaded copies are what stays resident.
 void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(uint64_t, uint64_t)>& progress) {
   const bool tied = f.tensor("output.weight") == nullptr;
   uint64_t total = 0, done = 0;
@@ -390,6 +391,7 @@ void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(u
   for (const auto& t : f.tensors()) {
     if (!stage_holds(s, t.name, tied) || !t.data) continue;
     for (uint64_t off = 0; off < t.nbytes; off += 4096) sink = sink + t.data[off];
+    f.release(t.data, t.nbytes);
     done += t.nbytes;
     if (progress) progress(done, total);
   }

@@ -206,6 +206,8 @@ struct GpuStage::Impl {
     }
   }
 
+  const gguf::File* file = nullptr;  // the weights' mapping (its pages given back once uploaded)
+
   void* alloc(size_t n) {
     owned.emplace_back(std::max<size_t>(n, 16));
     bytes += owned.back().size();
@@ -226,6 +228,7 @@ struct GpuStage::Impl {
            type_name(m.type), ctx.device());
     cuda::Weight w;
     owned.push_back(up.upload(m.type, m.data, m.rows, m.cols, w));
+    if (file) file->release(m.data, m.row_bytes * uint64_t(m.rows));  // packed into staging: the host copy is spent
     bytes += owned.back().size();
     done += m.row_bytes * uint64_t(m.rows);
     if (progress) progress(done);
@@ -631,6 +634,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     fail(ErrorKind::Usage, "the CUDA attention takes head sizes 32, 64, 96, 128 and 256 (this model: {})", hd);
   impl_ = std::make_unique<Impl>(cfg, device);
   Impl& g = *impl_;
+  g.file = &f;
   g.begin = int(plan.layer_begin);
   g.end = int(plan.layer_end);
   g.n_batch = opt.n_batch;
@@ -674,7 +678,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
       for (size_t e = 0; e < H.gate_exp.size(); ++e)
         for (cpu::QMatrix* m : {&H.gate_exp[e], &H.up_exp[e], &H.down_exp[e]}) experts.push_back(m);
     }
-    pack_matrices(g.host_w, experts, *g.pool);
+    pack_matrices(g.host_w, experts, *g.pool, &f);
     g.notes.push_back(fmt::format("experts of layers [{}, {}) in host memory, run by {} CPU threads (--cpu-moe)",
                                   g.begin, g.end, g.pool->size()));
   }

@@ -227,15 +227,17 @@ CpuPipeline::~CpuPipeline() {
 void CpuPipeline::touch_pages(const LoadOptions& opt, uint64_t bar_total) const {
   const uint64_t begin = file_->data_offset(), total = file_->file_size() - begin;
   const uint8_t* base = file_->base() + begin;
-  const uint64_t step = 4096, report_every = uint64_t(32) << 20;
+  // Read into the page cache in blocks, each given back to the file once read: the stages pack or
+  // upload most tensors (their copies are what stays resident), so mapping the whole file here
+  // would double the load's peak; what a stage reads from the mapping later maps again from the
+  // cache (minor faults, no disk).
+  const uint64_t step = 4096, block = uint64_t(32) << 20;
   volatile uint8_t sink = 0;
-  uint64_t next_report = 0;
-  for (uint64_t off = 0; off < total; off += step) {
-    sink = sink + base[off];
-    if (opt.progress && off >= next_report) {
-      opt.progress(off, bar_total);
-      next_report = off + report_every;
-    }
+  for (uint64_t at = 0; at < total; at += block) {
+    const uint64_t end = std::min(total, at + block);
+    if (opt.progress) opt.progress(at, bar_total);
+    for (uint64_t off = at; off < end; off += step) sink = sink + base[off];
+    file_->release(base + at, end - at);
   }
   if (opt.progress) opt.progress(total, bar_total);
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -23,6 +24,7 @@
 #include "runtime/draft_model.h"
 #include "runtime/engine.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/packed.h"
 #include "runtime/pipeline.h"
 #include "runtime/synth.h"
 #include "runtime/tokenizer.h"
@@ -229,6 +231,50 @@ TEST_CASE("a batch asking more output rows than the pipeline holds goes in sever
     // The last stage holds 3 rows of logits, not 64, and no more than planned.
     check_memory(*few, std::string(devices) == "cpu" ? 1 : 2);
     CHECK(all->stages().back().measured_bytes - few->stages().back().measured_bytes == uint64_t(64 - 3) * uint64_t(V) * 4);
+  }
+}
+
+// Kibibytes of `path`'s mapping resident in this process (/proc/self/smaps); -1 without procfs.
+long mapped_rss_kib(const std::string& path) {
+  std::ifstream in("/proc/self/smaps");
+  if (!in) return -1;
+  const std::string real = std::filesystem::canonical(path).string();
+  long kib = 0;
+  bool ours = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find('-') < line.find(' ') && line.find(':') > line.find(' ')) {  // a mapping's header line
+      ours = line.size() >= real.size() && line.compare(line.size() - real.size(), real.size(), real) == 0;
+    } else if (ours && line.rfind("Rss:", 0) == 0) {
+      kib += std::stol(line.substr(4));
+    }
+  }
+  return kib;
+}
+
+TEST_CASE("the file's pages of packed weights are given back: the packed copies are what stays resident", "[pipeline]") {
+  // Q8_0 matrices of 256 and 1024 (large beside the norms between them, which share their edge pages).
+  const std::string path = test::synth_q8_model(
+      {"rss-llama", "llama", "test", 2, 256, 4, 2, 64, 1024, 1000, 2048, false, 0, 0, 1e4f, 1e-5f, false}, 3);
+  if (!cpu::packing_enabled(GgmlType::Q8_0)) {
+    WARN("this CPU keeps Q8_0 unpacked: nothing to give back");
+    return;
+  }
+  const long file_kib = long(std::filesystem::file_size(path) / 1024);
+  for (const char* devices : {"cpu", "cpu,cpu"}) {
+    INFO("devices " << devices);
+    auto p = load(path, devices);
+    Batch b;
+    for (int i = 0; i < 8; ++i) b.add((3 + 11 * i) % p->n_vocab(), i, 0, i == 7);
+    std::vector<float> out(size_t(p->n_vocab()));
+    p->decode(b, out.data());
+    const long kib = mapped_rss_kib(path);
+    if (kib < 0) {
+      WARN("no /proc/self/smaps");
+      return;
+    }
+    // Loading read every page; what is mapped now is the header, the norms and the tokens' rows.
+    INFO(kib << " KiB of the file's " << file_kib << " KiB resident");
+    CHECK(kib < file_kib / 8);
   }
 }
 
