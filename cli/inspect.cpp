@@ -93,12 +93,12 @@ std::string scalar_text(const Value& v) {
 
 std::string value_text(const Value& v) {
   if (v.type != ValueType::ARRAY) return scalar_text(v);
-  std::string out = fmt::format("[{}; {}]", gguf::value_type_name(v.elem), v.arr.size());
-  if (v.arr.empty()) return out;
+  std::string out = fmt::format("[{}; {}]", gguf::value_type_name(v.elem), v.size());
+  if (v.size() == 0) return out;
   out += " [";
-  const size_t n = std::min(v.arr.size(), kFirstItems);
-  for (size_t i = 0; i < n; i++) out += (i ? ", " : "") + value_text(v.arr[i]);
-  return out + (n < v.arr.size() ? ", ...]" : "]");
+  const size_t n = std::min(v.size(), kFirstItems);
+  for (size_t i = 0; i < n; i++) out += (i ? ", " : "") + value_text(v.item(i));
+  return out + (n < v.size() ? ", ...]" : "]");
 }
 
 Json scalar_json(const Value& v) {
@@ -123,14 +123,15 @@ Json value_json(const Value& v) {
     return j;
   }
   j["element_type"] = gguf::value_type_name(v.elem);
-  j["length"] = v.arr.size();
+  j["length"] = v.size();
   Json items = Json::array();
-  const size_t n = std::min(v.arr.size(), kFirstItems);
+  const size_t n = std::min(v.size(), kFirstItems);
   for (size_t i = 0; i < n; i++) {
-    Json x = value_json(v.arr[i]);
-    items.push_back(v.arr[i].type == ValueType::ARRAY ? x : x["value"]);
+    const gguf::Value item = v.item(i);
+    Json x = value_json(item);
+    items.push_back(item.type == ValueType::ARRAY ? x : x["value"]);
   }
-  j[n < v.arr.size() ? "first" : "value"] = std::move(items);
+  j[n < v.size() ? "first" : "value"] = std::move(items);
   return j;
 }
 
@@ -165,7 +166,7 @@ Facts facts(const gguf::File& f) {
   x.vocab = meta_uint(f, x.arch + ".vocab_size");
   if (!x.vocab) {  // most files give the vocabulary only as the token list
     const Value* t = f.find("tokenizer.ggml.tokens");
-    if (t && t->type == ValueType::ARRAY) x.vocab = t->arr.size();
+    if (t && t->type == ValueType::ARRAY) x.vocab = t->size();
   }
   return x;
 }

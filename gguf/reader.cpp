@@ -141,8 +141,10 @@ Value read_value(Cursor& c, ValueType type, uint32_t depth) {
                                 value_type_name(v.elem), c.left()));
       if (n > c.values_left())  // checked before reserving memory for them
         c.bad(n_at, fmt::format("array of {} elements passes the limit of {} metadata values", n, kMaxValues));
-      v.arr.reserve(n);
-      for (uint64_t k = 0; k < n; k++) v.arr.push_back(read_value(c, v.elem, depth + 1));
+      if (v.elem == ValueType::STRING) v.strs.reserve(n);
+      else if (v.elem == ValueType::ARRAY) v.arr.reserve(n);
+      else v.bits.reserve(n);
+      for (uint64_t k = 0; k < n; k++) v.push(read_value(c, v.elem, depth + 1));
       break;
     }
   }
@@ -170,30 +172,83 @@ bool Value::operator==(const Value& o) const {
   if (type != o.type) return false;
   switch (type) {
     case ValueType::STRING: return str == o.str;
-    case ValueType::ARRAY: return elem == o.elem && arr == o.arr;
+    case ValueType::ARRAY: return elem == o.elem && strs == o.strs && bits == o.bits && arr == o.arr;
     case ValueType::FLOAT32: case ValueType::FLOAT64:
       return std::memcmp(&f, &o.f, sizeof f) == 0;
     default: return u == o.u && i == o.i;
   }
 }
 
-Value Value::of_strs(const std::vector<std::string>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (const auto& s : v) items.push_back(of_str(s));
-  return of_array(ValueType::STRING, std::move(items));
+size_t Value::size() const {
+  if (type != ValueType::ARRAY) return 0;
+  return elem == ValueType::STRING ? strs.size() : elem == ValueType::ARRAY ? arr.size() : bits.size();
+}
+
+namespace {
+
+// Where an array element of a scalar type keeps its value (Value::u, i or f).
+enum class Field { U, I, F };
+Field field_of(ValueType t) {
+  switch (t) {
+    case ValueType::INT8: case ValueType::INT16: case ValueType::INT32: case ValueType::INT64: return Field::I;
+    case ValueType::FLOAT32: case ValueType::FLOAT64: return Field::F;
+    default: return Field::U;
+  }
+}
+
+}  // namespace
+
+Value Value::item(size_t k) const {
+  BATON_CHECK(k < size());
+  if (elem == ValueType::STRING) return of_str(strs[k]);
+  if (elem == ValueType::ARRAY) return arr[k];
+  Value x;
+  x.type = elem;
+  switch (field_of(elem)) {
+    case Field::U: x.u = bits[k]; break;
+    case Field::I: x.i = int64_t(bits[k]); break;
+    case Field::F: std::memcpy(&x.f, &bits[k], sizeof x.f); break;
+  }
+  return x;
+}
+
+void Value::push(Value x) {
+  BATON_CHECK(type == ValueType::ARRAY && x.type == elem);
+  if (elem == ValueType::STRING) return strs.push_back(std::move(x.str));
+  if (elem == ValueType::ARRAY) return arr.push_back(std::move(x));
+  uint64_t b = x.u;
+  if (field_of(elem) == Field::I) b = uint64_t(x.i);
+  if (field_of(elem) == Field::F) std::memcpy(&b, &x.f, sizeof b);
+  bits.push_back(b);
+}
+
+Value Value::of_array(ValueType elem, const std::vector<Value>& items) {
+  Value x;
+  x.type = ValueType::ARRAY;
+  x.elem = elem;
+  for (const Value& v : items) x.push(v);
+  return x;
+}
+Value Value::of_strs(std::vector<std::string> v) {
+  Value x;
+  x.type = ValueType::ARRAY;
+  x.elem = ValueType::STRING;
+  x.strs = std::move(v);
+  return x;
 }
 Value Value::of_f32s(const std::vector<float>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (float x : v) items.push_back(of_f32(x));
-  return of_array(ValueType::FLOAT32, std::move(items));
+  Value x;
+  x.type = ValueType::ARRAY;
+  x.elem = ValueType::FLOAT32;
+  for (float f : v) x.push(of_f32(f));
+  return x;
 }
 Value Value::of_i32s(const std::vector<int32_t>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (int32_t x : v) items.push_back(of_i32(x));
-  return of_array(ValueType::INT32, std::move(items));
+  Value x;
+  x.type = ValueType::ARRAY;
+  x.elem = ValueType::INT32;
+  for (int32_t i : v) x.push(of_i32(i));
+  return x;
 }
 
 std::string TensorInfo::shape_str() const {
@@ -421,10 +476,7 @@ std::vector<std::string> File::get_strings(std::string_view key) const {
   const Value* v = find(key);
   if (!v) fail(ErrorKind::Model, "{}: missing metadata key '{}'", path_, key);
   if (v->type != ValueType::ARRAY || v->elem != ValueType::STRING) wrong_type(path_, key, *v, "an array of strings");
-  std::vector<std::string> out;
-  out.reserve(v->arr.size());
-  for (const auto& x : v->arr) out.push_back(x.str);
-  return out;
+  return v->strs;
 }
 
 std::vector<float> File::get_floats(std::string_view key) const {
@@ -433,8 +485,8 @@ std::vector<float> File::get_floats(std::string_view key) const {
   if (v->type != ValueType::ARRAY || (v->elem != ValueType::FLOAT32 && v->elem != ValueType::FLOAT64))
     wrong_type(path_, key, *v, "an array of floats");
   std::vector<float> out;
-  out.reserve(v->arr.size());
-  for (const auto& x : v->arr) out.push_back(float(x.f));
+  out.reserve(v->size());
+  for (size_t k = 0; k < v->size(); ++k) out.push_back(float(v->item(k).f));
   return out;
 }
 
@@ -443,8 +495,9 @@ std::vector<int64_t> File::get_ints(std::string_view key) const {
   if (!v) fail(ErrorKind::Model, "{}: missing metadata key '{}'", path_, key);
   if (v->type != ValueType::ARRAY) wrong_type(path_, key, *v, "an array of integers");
   std::vector<int64_t> out;
-  out.reserve(v->arr.size());
-  for (const auto& x : v->arr) {
+  out.reserve(v->size());
+  for (size_t k = 0; k < v->size(); ++k) {
+    const Value x = v->item(k);
     if (!x.is_int() && x.type != ValueType::BOOL) wrong_type(path_, key, *v, "an array of integers");
     out.push_back(x.is_int() ? to_int<int64_t>(path_, key, x) : int64_t(x.u));
   }

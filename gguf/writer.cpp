@@ -37,11 +37,8 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
     case ValueType::FLOAT64: put<double>(out, v.f); break;
     case ValueType::ARRAY:
       put<uint32_t>(out, uint32_t(v.elem));
-      put<uint64_t>(out, v.arr.size());
-      for (const auto& x : v.arr) {
-        BATON_CHECK(x.type == v.elem);
-        put_value(out, x);
-      }
+      put<uint64_t>(out, v.size());
+      for (size_t k = 0; k < v.size(); ++k) put_value(out, v.item(k));
       break;
   }
 }

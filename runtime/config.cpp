@@ -299,7 +299,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (f.has(f.arch_key("vocab_size"))) {
     c.n_vocab = positive("vocab_size", get_int("vocab_size", true, 1));
   } else if (const gguf::Value* toks = f.find("tokenizer.ggml.tokens")) {
-    c.n_vocab = int(toks->arr.size());
+    c.n_vocab = int(toks->size());
   } else if (emb) {
     c.n_vocab = int(emb->ne[1]);
   }
@@ -384,10 +384,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
                                                                      fam->default_window));
     const gguf::Value* pv = f.find(f.arch_key("attention.sliding_window_pattern"));
     if (pv && pv->type == gguf::ValueType::ARRAY) {  // per layer: true = sliding (OLMo 3's converter)
-      if (pv->elem != gguf::ValueType::BOOL || pv->arr.size() != size_t(std::max(c.n_layer, 0)))
+      if (pv->elem != gguf::ValueType::BOOL || pv->size() != size_t(std::max(c.n_layer, 0)))
         problems.push_back(fmt::format("{} must be {} booleans", f.arch_key("attention.sliding_window_pattern"), c.n_layer));
       else
-        for (int l = 0; l < c.n_layer; ++l) c.layer_window[size_t(l)] = pv->arr[size_t(l)].u ? c.sliding_window : 0;
+        for (int l = 0; l < c.n_layer; ++l) c.layer_window[size_t(l)] = pv->item(size_t(l)).u ? c.sliding_window : 0;
     } else {
       const int pattern = int(get_int("attention.sliding_window_pattern", false, fam->swa_pattern));
       for (int l = 0; l < c.n_layer; ++l)

@@ -141,9 +141,9 @@ ModelShape shape_from_gguf(const gguf::File& f) {
     const std::string key = f.arch_key("attention.sliding_window_pattern");
     const gguf::Value* pat = f.find(key);
     if (pat && pat->type == gguf::ValueType::ARRAY) {
-      if (pat->arr.size() != s.n_layer)
-        fail(ErrorKind::Model, "{}: '{}' has {} entries for {} layers", f.path(), key, pat->arr.size(), s.n_layer);
-      for (size_t i = 0; i < pat->arr.size(); i++) sliding[i] = pat->arr[i].u != 0 || pat->arr[i].i != 0;
+      if (pat->size() != s.n_layer)
+        fail(ErrorKind::Model, "{}: '{}' has {} entries for {} layers", f.path(), key, pat->size(), s.n_layer);
+      for (size_t i = 0; i < pat->size(); i++) sliding[i] = pat->item(i).u != 0 || pat->item(i).i != 0;
     } else {
       const uint32_t period = pat ? f.get<uint32_t>(key) : default_swa_period(s.architecture);
       for (uint32_t i = 0; i < s.n_layer; i++) sliding[i] = !layer_is_global(i, period);

@@ -104,6 +104,31 @@ std::vector<std::pair<std::string, Value>> all_value_kinds() {
 
 }  // namespace
 
+TEST_CASE("gguf: arrays keep their elements by kind, and item() gives each back as the Value put in", "[gguf]") {
+  for (const auto& [key, v] : all_value_kinds()) {
+    if (v.type != ValueType::ARRAY) {
+      CHECK(v.size() == 0);
+      continue;
+    }
+    INFO(key);
+    // Where the elements live: strings as strings, scalars as 64 bits each, arrays as Values.
+    CHECK(v.strs.size() == (v.elem == ValueType::STRING ? v.size() : 0));
+    CHECK(v.arr.size() == (v.elem == ValueType::ARRAY ? v.size() : 0));
+    CHECK(v.bits.size() == (v.elem != ValueType::STRING && v.elem != ValueType::ARRAY ? v.size() : 0));
+    std::vector<Value> items;
+    for (size_t k = 0; k < v.size(); ++k) {
+      items.push_back(v.item(k));
+      CHECK(items.back().type == v.elem);
+    }
+    CHECK(Value::of_array(v.elem, items) == v);
+  }
+  // The signed, unsigned and float fields each come back whole.
+  const Value a = Value::of_array(ValueType::INT64, {i64(std::numeric_limits<int64_t>::min())});
+  CHECK(a.item(0).i == std::numeric_limits<int64_t>::min());
+  CHECK(Value::of_array(ValueType::UINT64, {Value::of_u64(~0ull)}).item(0).u == ~0ull);
+  CHECK(Value::of_f32s({-1.5e-40f}).item(0).f == double(-1.5e-40f));
+}
+
 TEST_CASE("gguf: every metadata value type round-trips exactly (v2 and v3)", "[gguf]") {
   const auto kv = all_value_kinds();
   std::set<ValueType> kinds;
