@@ -43,6 +43,7 @@ struct Job {
   SamplingParams sampling;
   std::optional<uint64_t> seed;
   int max_tokens = -1;
+  bool ignore_eos = false;
   std::vector<std::string> stop;
   std::shared_ptr<const Grammar> grammar;  // the line's own, or the flags'
   bool duplicate = false;      // an id seen on an earlier line
@@ -106,6 +107,7 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
   j.sampling = defaults.params;
   j.seed = defaults.seed;
   j.max_tokens = defaults.max_tokens;
+  j.ignore_eos = defaults.ignore_eos;
   j.stop = defaults.stop;
   j.grammar = default_grammar;
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -146,6 +148,10 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       !get_number(v, "seed", seed, err))
     return j;
   if (v.contains("seed")) j.seed = seed;
+  if (v.contains("ignore_eos")) {
+    if (!v["ignore_eos"].is_boolean()) { j.error = "field 'ignore_eos' must be true or false"; return j; }
+    j.ignore_eos = v["ignore_eos"].get<bool>();
+  }
   if (v.contains("stop")) {
     const json& s = v["stop"];
     j.stop.clear();
@@ -229,6 +235,7 @@ int run(const BatchOpts& o) {
       j.sampling = o.sampling.params;
       j.seed = o.sampling.seed;
       j.max_tokens = o.sampling.max_tokens;
+      j.ignore_eos = o.sampling.ignore_eos;
       j.stop = o.sampling.stop;
       j.grammar = grammar;
       jobs.push_back(std::move(j));
@@ -309,6 +316,7 @@ int run(const BatchOpts& o) {
       r.sampling = j.sampling;
       r.sampling.seed = resolve_seed(j.seed);
       r.max_tokens = j.max_tokens;
+      r.ignore_eos = j.ignore_eos;
       r.stop = j.stop;
       r.grammar = j.grammar;
       r.tag = tag;

@@ -277,6 +277,7 @@ class Chat {
     r.sampling = params_;
     r.sampling.seed = resolve_seed(seed_);
     r.max_tokens = max_tokens_;
+    r.ignore_eos = o_.sampling.ignore_eos;
     r.stop = o_.sampling.stop;
     r.grammar = grammar_;
     ReplyPrinter printer(!o_.sampling.hide_thinking, isatty(STDOUT_FILENO) == 1);

@@ -116,6 +116,9 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")->capture_default_str();
   app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str();
+  app.add_flag("--ignore-eos", f.ignore_eos,
+               "never sample an end-of-generation token: generate until -n, a stop string or the context's end "
+               "(for measuring speed at a fixed length)");
   app.add_option("-s,--seed", f.seed, "RNG seed (default: random, printed with the stats)");
   app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
       ->expected(1)

@@ -88,6 +88,7 @@ struct SamplingFlags {
   SamplingParams params;
   std::optional<uint64_t> seed;      // unset: a fresh random seed per request
   int max_tokens = -1;               // -n; < 0: until the model stops or the context is full
+  bool ignore_eos = false;           // --ignore-eos: never end at an end-of-generation token
   std::vector<std::string> stop;
   std::string chat_template;         // --chat-template NAME ("" = from the model)
   std::string system;

@@ -48,6 +48,7 @@ int run(const RunOpts& o) {
   req.sampling = o.sampling.params;
   req.sampling.seed = resolve_seed(o.sampling.seed);
   req.max_tokens = o.sampling.max_tokens;
+  req.ignore_eos = o.sampling.ignore_eos;
   req.stop = o.sampling.stop;
   req.grammar = grammar;
   ReplyPrinter printer(!o.sampling.hide_thinking, isatty(STDOUT_FILENO) == 1);

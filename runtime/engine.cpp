@@ -70,7 +70,7 @@ struct Engine::Active {
   // What its output rows hold: a greedy request takes only the argmax from the pipeline, a
   // top-k one only the best candidates (runtime/batch.h), the others the full row.
   uint8_t out_mode(int n_vocab) const {
-    if (grammar) return kLogitsRow;  // the grammar may refuse every one of the best candidates
+    if (grammar || req.ignore_eos) return kLogitsRow;  // the best candidates may all be refused
     if (sampler.argmax_only()) return kArgmaxOnly;
     return sampler.top_k_suffices(top_k_candidates(n_vocab)) ? kTopK : kLogitsRow;
   }
@@ -83,18 +83,20 @@ struct Engine::Active {
   }
   // The next token; -1 (with res.error set) when the grammar allows none.
   int32_t take(const float* row, int n_vocab, Engine& e) {
-    if (grammar) {
+    if (grammar || req.ignore_eos) {
       const Vocab& vocab = e.vocab_;
       try {
         auto allow = [&](int32_t id) {
-          return vocab.is_eog(id) ? grammar->complete() : grammar->allows(grammar_piece(vocab, id));
+          if (vocab.is_eog(id)) return grammar && grammar->complete();  // (only a grammar asked for it)
+          return !grammar || grammar->allows(grammar_piece(vocab, id));
         };
         auto all = [&](std::vector<int32_t>& ids) {
           grammar->allowed(e.trie(res.tokens.empty()), ids);
           if (grammar->complete()) ids.insert(ids.end(), e.eog_ids_.begin(), e.eog_ids_.end());
         };
-        const int32_t t = sampler.sample(row, n_vocab, history, allow, all);
-        if (t < 0) res.error = "grammar: no token of the vocabulary can continue the reply";
+        const int32_t t = sampler.sample(row, n_vocab, history, allow, grammar ? AllowedSet(all) : AllowedSet());
+        if (t < 0) res.error = grammar ? "grammar: no token of the vocabulary can continue the reply"
+                                       : "every token of the vocabulary ends generation (--ignore-eos)";
         return t;
       } catch (const Error& err) {
         res.error = err.what();

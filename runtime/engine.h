@@ -60,6 +60,9 @@ struct Request {
   std::vector<std::string> stop;      // stop strings (not part of the returned text)
   std::shared_ptr<const Grammar> grammar;  // if set, the reply is a prefix of one of its sentences
                                            // and ends when the grammar allows nothing more
+  bool ignore_eos = false;            // never sample an end-of-generation token (the reply runs to
+                                      // max_tokens, a stop string or the context's end; a grammar
+                                      // that is complete may still end it)
   std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
   std::function<void(std::string_view)> on_reasoning;  // harmony replies: the reasoning, streamed
   uint64_t tag = 0;                   // caller's id, returned in the Result

@@ -429,6 +429,37 @@ TEST_CASE("a grammar: the end token only where a sentence is complete; no way on
   CHECK(got.tokens.empty());
 }
 
+TEST_CASE("ignore_eos: the end token is never sampled, the reply runs to max_tokens; a complete grammar still ends it") {
+  ToyPipeline p(512, 2, /*eog_bias=*/100.0f);  // the toy model wants to stop at once
+  ToyVocab vocab;
+  Engine e(p, vocab);
+  for (float temp : {0.0f, 0.8f}) {
+    INFO("temperature " << temp);
+    Request r;
+    r.prompt = {1, 2, 3};
+    r.sampling.temperature = temp;
+    r.sampling.seed = 7;
+    r.max_tokens = 12;
+    CHECK(e.generate(r).tokens.empty());  // it stops at once
+    r.ignore_eos = true;
+    const Result got = e.generate(r);
+    CHECK(got.error.empty());
+    CHECK(got.tokens.size() == 12);
+    CHECK(got.finish == FinishReason::Length);
+    for (int32_t t : got.tokens) CHECK_FALSE(vocab.is_eog(t));
+  }
+  // With a grammar: the end token once its sentence is complete, as without ignore_eos.
+  Request g;
+  g.prompt = {1, 2, 3};
+  g.sampling.temperature = 0;
+  g.ignore_eos = true;
+  g.max_tokens = 12;
+  g.grammar = Grammar::parse("root ::= [a-z] [a-z]");
+  const Result got = e.generate(g);
+  CHECK(got.text.size() == 2);
+  CHECK(got.finish == FinishReason::Stop);
+}
+
 TEST_CASE("context: too long a prompt is rejected, the context end finishes with 'context'") {
   ToyPipeline p(32, 2, -100.0f);
   ToyVocab vocab;

@@ -424,15 +424,27 @@ TEST_CASE("embed: a vector per token without a pooling key, --pooling mean, a br
 TEST_CASE("batch: '-' reads the requests from stdin and writes the records to stdout") {
   std::string m = smollm2();
   if (m.empty()) return;
+  // "Say hi" gets a reply of 24 tokens and its end token; with ignore_eos it runs to max_tokens.
   Out o = run_baton("batch -m " + m + " -i - -o - -t 2 --temp 0",
-                    "{\"id\": \"x\", \"prompt\": \"Hi\", \"max_tokens\": 3}\nnot json\n");
+                    "{\"id\": \"x\", \"prompt\": \"Hi\", \"max_tokens\": 3}\nnot json\n"
+                    "{\"id\": \"e\", \"prompt\": \"Say hi\", \"max_tokens\": 40, \"ignore_eos\": true}\n"
+                    "{\"id\": \"s\", \"prompt\": \"Say hi\", \"max_tokens\": 40}\n"
+                    "{\"id\": \"b\", \"prompt\": \"Say hi\", \"ignore_eos\": 1}\n");
   INFO(o.err);
   REQUIRE(o.code == 0);
-  std::vector<json> recs;
+  std::map<std::string, json> recs;
   std::istringstream lines(o.out);
-  for (std::string l; std::getline(lines, l);) recs.push_back(json::parse(l));  // stdout: records only
-  REQUIRE(recs.size() == 2);
-  CHECK(o.err.find("1 ok, 1 failed") != std::string::npos);
+  for (std::string l; std::getline(lines, l);) {  // stdout: records only
+    const json r = json::parse(l);
+    recs[r.contains("id") ? r["id"].dump() : l] = r;
+  }
+  REQUIRE(recs.size() == 5);
+  CHECK(o.err.find("3 ok, 2 failed") != std::string::npos);
+  CHECK(recs["\"e\""]["completion_tokens"] == 40);
+  CHECK(recs["\"e\""]["finish_reason"] == "length");
+  CHECK(recs["\"s\""]["completion_tokens"] < 40);
+  CHECK(recs["\"s\""]["finish_reason"] == "stop");
+  CHECK(recs["\"b\""]["error"] == "field 'ignore_eos' must be true or false");
   CHECK(run_baton("batch -m " + m + " -i - -o - --resume").err.find("--resume needs an output file") != std::string::npos);
 }
 
