@@ -367,22 +367,11 @@ struct StageSetup {
 };
 
 
-// Whether tensor `name` belongs to the stage (its blocks, the embedding / head it holds, and the
-// few tensors outside any block that every stage keeps).
-bool stage_holds(const Stage& s, const std::string& name, bool tied_head) {
-  if (name.rfind("blk.", 0) == 0) {
-    const int layer = std::atoi(name.c_str() + 4);
-    return layer >= int(s.layer_begin) && layer < int(s.layer_end);
-  }
-  if (name.rfind("token_embd.", 0) == 0) return s.has_embedding || (tied_head && s.has_output);
-  if (name.rfind("output", 0) == 0) return s.has_output;
-  return true;
-}
-
 // Reads one byte per page of the stage's tensors, and only those: the rest of the file is never
-// paged in on this rank. Each tensor's mapping is given back once read, as the in-process pipeline
-// does (CpuPipeline::touch_pages): the stage's packed or uploaded copies are what stays resident.
-void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(uint64_t, uint64_t)>& progress) {
+// paged in on this rank. The mapping of a tensor the stage copies is given back once read, as the
+// in-process pipeline does (CpuPipeline::touch_pages): its packed or uploaded copy is what stays.
+void touch_stage(const gguf::File& f, const Stage& s, bool on_gpu,
+                 const std::function<void(uint64_t, uint64_t)>& progress) {
   const bool tied = f.tensor("output.weight") == nullptr;
   uint64_t total = 0, done = 0;
   for (const auto& t : f.tensors())
@@ -391,7 +380,7 @@ void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(u
   for (const auto& t : f.tensors()) {
     if (!stage_holds(s, t.name, tied) || !t.data) continue;
     for (uint64_t off = 0; off < t.nbytes; off += 4096) sink = sink + t.data[off];
-    f.release(t.data, t.nbytes);
+    if (copied_at_load(t, on_gpu, tied)) f.release(t.data, t.nbytes);
     done += t.nbytes;
     if (progress) progress(done, total);
   }
@@ -400,7 +389,7 @@ void touch_stage(const gguf::File& f, const Stage& s, const std::function<void(u
 std::unique_ptr<LocalStage> load_stage(const gguf::File& f, const ModelConfig& cfg, const StageSetup& su,
                                        const DeviceSpec& device, int threads,
                                        const std::function<void(uint64_t, uint64_t)>& progress) {
-  touch_stage(f, su.stage, progress);
+  touch_stage(f, su.stage, device.is_gpu(), progress);
   StageOptions so;
   so.n_seq = su.n_seq;
   so.n_ctx = su.n_ctx;

@@ -94,7 +94,7 @@ class CpuPipeline final : public ModelPipeline {
   }
 
  private:
-  void touch_pages(const LoadOptions& opt, uint64_t bar_total) const;  // reports bytes read of bar_total
+  void touch_pages(const LoadOptions& opt, const Plan& p, uint64_t bar_total) const;  // reports bytes read of bar_total
   void drive(size_t k);  // stage k's driver thread
   void connect_gpu_stages(const Plan& p, P2pMode mode);
   void run_stage(size_t k, Piece& piece);  // forward, timed
@@ -158,7 +158,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   uint64_t gpu_bytes = 0;
   for (const Stage& st : p.stages) gpu_bytes += p.devices[st.device].is_gpu() ? st.weight_bytes() : 0;
   const uint64_t file_bytes = file_->file_size() - file_->data_offset(), all_bytes = file_bytes + gpu_bytes;
-  touch_pages(opt, all_bytes);
+  touch_pages(opt, p, all_bytes);
   uint64_t uploaded = 0;  // by the GPU stages before this one
   StageOptions so;
   so.n_seq = opt.n_seq;
@@ -224,20 +224,25 @@ CpuPipeline::~CpuPipeline() {
 
 // Reads one byte per page of tensor data so the first forward does not pay the page faults,
 // reporting progress in bytes (of bar_total: the file, plus what GPU stages upload afterwards).
-void CpuPipeline::touch_pages(const LoadOptions& opt, uint64_t bar_total) const {
-  const uint64_t begin = file_->data_offset(), total = file_->file_size() - begin;
-  const uint8_t* base = file_->base() + begin;
-  // Read into the page cache in blocks, each given back to the file once read: the stages pack or
-  // upload most tensors (their copies are what stays resident), so mapping the whole file here
-  // would double the load's peak; what a stage reads from the mapping later maps again from the
-  // cache (minor faults, no disk).
-  const uint64_t step = 4096, block = uint64_t(32) << 20;
+void CpuPipeline::touch_pages(const LoadOptions& opt, const Plan& p, uint64_t bar_total) const {
+  // Read into the page cache tensor by tensor; the mapping of each tensor a stage copies (packed or
+  // uploaded) is given back once read, so the file is not resident beside the copies while the
+  // stages are built. What a stage reads later from the mapping maps again from the cache.
+  const bool tied = file_->tensor("output.weight") == nullptr;
+  const uint64_t total = file_->file_size() - file_->data_offset(), report_every = uint64_t(32) << 20;
   volatile uint8_t sink = 0;
-  for (uint64_t at = 0; at < total; at += block) {
-    const uint64_t end = std::min(total, at + block);
-    if (opt.progress) opt.progress(at, bar_total);
-    for (uint64_t off = at; off < end; off += step) sink = sink + base[off];
-    file_->release(base + at, end - at);
+  uint64_t done = 0, next_report = 0;
+  for (const auto& t : file_->tensors()) {
+    if (!t.data) continue;
+    for (uint64_t off = 0; off < t.nbytes; off += 4096) sink = sink + t.data[off];
+    bool on_gpu = false;
+    for (const Stage& st : p.stages) on_gpu |= p.devices[st.device].is_gpu() && stage_holds(st, t.name, tied);
+    if (copied_at_load(t, on_gpu, tied)) file_->release(t.data, t.nbytes);
+    done += t.nbytes;
+    if (opt.progress && done >= next_report) {
+      opt.progress(std::min(done, total), bar_total);
+      next_report = done + report_every;
+    }
   }
   if (opt.progress) opt.progress(total, bar_total);
 }

@@ -3,12 +3,31 @@
 #include "runtime/pipeline_base.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "gguf/error.h"
+#include "kernels/cpu/packed.h"
 #include "runtime/kv_cache.h"
 
 namespace baton {
+
+bool stage_holds(const Stage& s, const std::string& name, bool tied_head) {
+  if (name.rfind("blk.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 4);
+    return layer >= int(s.layer_begin) && layer < int(s.layer_end);
+  }
+  if (name.rfind("token_embd.", 0) == 0) return s.has_embedding || (tied_head && s.has_output);
+  if (name.rfind("output", 0) == 0) return s.has_output;
+  return true;
+}
+
+bool copied_at_load(const gguf::TensorInfo& t, bool on_gpu, bool tied_head) {
+  if (on_gpu) return true;
+  if (t.n_dims < 2) return false;
+  if (t.name == "token_embd.weight" && !tied_head) return true;
+  return cpu::packing_enabled(t.type);
+}
 
 const Tokenizer& ModelPipeline::tokenizer() const {
   if (!tok_) fail(ErrorKind::Model, "{}: the file has no tokenizer (tokenizer.ggml.* keys)", file_->path());

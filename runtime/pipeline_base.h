@@ -16,6 +16,17 @@
 
 namespace baton {
 
+// Whether tensor `name` belongs to stage s (its blocks, the embedding / head it holds, and the few
+// tensors outside any block that every stage keeps).
+bool stage_holds(const Stage& s, const std::string& name, bool tied_head);
+
+// Whether loading copies tensor t to where it is used (on_gpu: a GPU stage holds it), so that its
+// mapped pages can be given back once read (gguf::File::release): a GPU stage uploads what it
+// holds; a CPU stage packs the matrices of the types this CPU packs and reads only the rows it
+// looks up of an untied embedding. The rest (norms, matrices of unpacked types) is read from the
+// mapping at every step.
+bool copied_at_load(const gguf::TensorInfo& t, bool on_gpu, bool tied_head);
+
 class ModelPipeline : public Pipeline {
  public:
   const gguf::File& file() const override { return *file_; }
