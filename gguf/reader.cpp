@@ -236,20 +236,23 @@ Value Value::of_strs(std::vector<std::string> v) {
   x.strs = std::move(v);
   return x;
 }
-Value Value::of_f32s(const std::vector<float>& v) {
+namespace {
+
+// An array of scalars from plain numbers, each made a Value by `one`, stored compactly by push().
+template <class T>
+Value scalar_array(ValueType elem, const std::vector<T>& v, Value (*one)(T)) {
   Value x;
   x.type = ValueType::ARRAY;
-  x.elem = ValueType::FLOAT32;
-  for (float f : v) x.push(of_f32(f));
+  x.elem = elem;
+  x.bits.reserve(v.size());
+  for (T e : v) x.push(one(e));
   return x;
 }
-Value Value::of_i32s(const std::vector<int32_t>& v) {
-  Value x;
-  x.type = ValueType::ARRAY;
-  x.elem = ValueType::INT32;
-  for (int32_t i : v) x.push(of_i32(i));
-  return x;
-}
+
+}  // namespace
+
+Value Value::of_f32s(const std::vector<float>& v) { return scalar_array(ValueType::FLOAT32, v, &of_f32); }
+Value Value::of_i32s(const std::vector<int32_t>& v) { return scalar_array(ValueType::INT32, v, &of_i32); }
 
 std::string TensorInfo::shape_str() const {
   std::string s = "[";

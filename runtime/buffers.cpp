@@ -58,7 +58,7 @@ ScratchLayout scratch_layout(const ModelShape& s, uint32_t n_batch, bool on_last
   const uint64_t threads = n_threads > 0 ? n_threads : kPlanThreadsPerStage;
   L.att = align_buffer(threads * cpu::attention_thread_bytes(int(n_rep), int(s.head_dim_k), int(s.head_dim_v)));
   L.xq = align_buffer(B * ((widest + 31) / 32) * 40);
-  const uint64_t rows = n_outputs == 0 ? B : n_outputs;
+  const uint64_t rows = output_rows(n_outputs, n_batch);
   L.logits = on_last_stage ? align_buffer(rows * s.n_vocab * f) : 0;
   if (s.n_expert > 0)
     L.moe = align_buffer(B * s.n_expert * f) + 2 * align_buffer(B * s.n_embd * f) +
@@ -83,7 +83,7 @@ uint64_t gpu_ops_scratch_bytes(const ModelShape& s, uint32_t n_batch, bool on_la
   // 2048-value slices (one pair each).
   uint64_t sampling = 0;
   if (on_last_stage) {
-    const uint64_t V = s.n_vocab, n = std::min<uint64_t>(n_outputs == 0 ? B : std::min(n_outputs, n_batch), 64);
+    const uint64_t V = s.n_vocab, n = std::min<uint64_t>(output_rows(n_outputs, n_batch), 64);
     const uint64_t K = uint64_t(std::max(1, top_k_candidates(int(s.n_vocab))));
     const uint64_t split_k = (V + 16383) / 16384, split_a = (V + 2047) / 2048;
     if (split_k > 1 && split_k * K < V) sampling = split_k * n * K * 8;

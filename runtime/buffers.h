@@ -2,6 +2,7 @@
 // both call these functions (the planner to budget, the runtime to allocate), so the estimate
 // cannot drift from the allocation. Changing a buffer in the forward means changing it here.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "quant/types.h"
@@ -69,6 +70,12 @@ struct ScratchLayout {
   uint64_t forward_scratch() const { return xb + xb2 + q + k + v + hb + hb2 + k_new + v_new + moe; }
   uint64_t total() const { return x + forward_scratch() + att + xq + logits; }
 };
+
+// Output rows a step holds for n_outputs asked (0: every token of a step) and steps of n_batch
+// tokens: the one rule the planner, the scratch functions and the stages apply.
+inline uint32_t output_rows(uint32_t n_outputs, uint32_t n_batch) {
+  return n_outputs == 0 ? n_batch : std::min(n_outputs, n_batch);
+}
 
 // n_batch: tokens per forward step; on_last_stage: the stage that holds the output head (and so
 // the logits); kv_type: the KV cache type (the staging rows use it); n_outputs: logit rows per

@@ -162,7 +162,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices_in, co
     if (!(x >= 0) || !std::isfinite(x)) fail(ErrorKind::Usage, "--tensor-split proportions must be numbers >= 0");
   // A step never holds more tokens than the cache has cells.
   o.n_batch = uint32_t(std::min<uint64_t>(o.n_batch, uint64_t(o.n_ctx) * o.n_parallel));
-  o.n_outputs = o.n_outputs == 0 ? o.n_batch : std::min(o.n_outputs, o.n_batch);  // logit rows per step
+  o.n_outputs = output_rows(o.n_outputs, o.n_batch);  // logit rows per step
 
   // --cpu-moe: every layer's experts in host memory, charged once to the first CPU entry.
   o.cpu_moe = o.cpu_moe && shape.n_expert > 0;

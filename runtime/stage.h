@@ -14,6 +14,7 @@
 #include "gguf/error.h"
 #include "kernels/cpu/threadpool.h"
 #include "models/llama.h"
+#include "runtime/buffers.h"
 #include "runtime/config.h"
 #include "runtime/kv_cache.h"
 #include "runtime/planner.h"
@@ -32,7 +33,7 @@ struct StageOptions {
   bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
   bool cpu_moe = false;     // a mixture's experts stay in host memory (GPU stages run them on n_threads);
                             // the plan charges them apart from every stage, so no stage counts them
-  int outputs() const { return n_outputs > 0 ? std::min(n_outputs, n_batch) : n_batch; }
+  int outputs() const { return int(output_rows(uint32_t(std::max(n_outputs, 0)), uint32_t(n_batch))); }
 };
 
 // Where a piece's hidden state is when it does not travel in host memory: a slot of the device link
