@@ -156,11 +156,16 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
     const auto ref = run(*one);
     one.reset();
     // Both link kinds on one GPU (docs/GPU.md, "Links"), 2 and 3 stages; across two GPUs where
-    // there are two (the CUDA simulator has two: BATON_CUDA=SIM).
+    // there are two (the CUDA simulator has two: BATON_CUDA=SIM). Every list and link kind on the
+    // Gemma 3 shape; the peer model (six times slower on the simulator: its 32k vocabulary) takes
+    // one list of each length, one link kind each.
+    const bool every = path != test::peer("logits/tiny-q4_0.gguf");
     std::vector<std::string> lists = {"cuda:0,cuda:0", "cuda:0,cuda:0,cuda:0"};
     if (kGpus >= 2) lists.insert(lists.end(), {"cuda:0,cuda:1", "cuda:1,cuda:0,cuda:1"});
+    if (!every) lists = {lists[lists.size() - 2], lists.back()};
     for (const std::string& devices : lists) {
       for (const char* p2p : {"on", "off"}) {
+        if (!every && (devices == lists[0]) != (std::string(p2p) == "on")) continue;
         INFO(devices << " --p2p " << p2p);
         auto split = load(path, devices, p2p);
         const auto st = split->stages();
@@ -185,7 +190,8 @@ TEST_CASE("two stages on one GPU, and a GPU stage spilling to the CPU, give the 
 }
 
 TEST_CASE("decode steps replayed from CUDA graphs give the logits of steps launched op by op") {
-  for (const std::string& path : {test::peer("logits/tiny-q4_0.gguf"), test::tiny_gemma3_model(), test::tiny_granite_model()}) {
+  // (A llama with Granite's scales stands for the peer llama: the same ops, a fifth of the vocabulary.)
+  for (const std::string& path : {test::tiny_gemma3_model(), test::tiny_granite_model()}) {
     const auto plain = run(*load(path, "cuda:0,cuda:0", "on", /*graphs=*/false));
     const auto graphed = run(*load(path, "cuda:0,cuda:0", "on", /*graphs=*/true));
     REQUIRE(plain.size() == graphed.size());
