@@ -100,7 +100,7 @@ class File {
   template <class T> T get_or(std::string_view key, T fallback) const {
     return has(key) ? get<T>(key) : fallback;
   }
-  std::vector<std::string> get_strings(std::string_view key) const;
+  const std::vector<std::string>& get_strings(std::string_view key) const;
   std::vector<float> get_floats(std::string_view key) const;
   std::vector<int64_t> get_ints(std::string_view key) const;
 

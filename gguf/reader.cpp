@@ -475,7 +475,7 @@ template int32_t File::get<int32_t>(std::string_view) const;
 template uint64_t File::get<uint64_t>(std::string_view) const;
 template int64_t File::get<int64_t>(std::string_view) const;
 
-std::vector<std::string> File::get_strings(std::string_view key) const {
+const std::vector<std::string>& File::get_strings(std::string_view key) const {
   const Value* v = find(key);
   if (!v) fail(ErrorKind::Model, "{}: missing metadata key '{}'", path_, key);
   if (v->type != ValueType::ARRAY || v->elem != ValueType::STRING) wrong_type(path_, key, *v, "an array of strings");

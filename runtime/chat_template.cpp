@@ -322,8 +322,8 @@ ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text, 
 
 ChatTemplate ChatTemplate::for_model(const gguf::File& f, const Tokenizer& tok, const std::string& override_name,
                                      std::string* warning) {
-  std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
-  std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+  const std::string bos(tok.bos() >= 0 ? tok.token_text(tok.bos()) : "");
+  const std::string eos(tok.eos() >= 0 ? tok.token_text(tok.eos()) : "");
   const std::string src = f.get_or<std::string>("tokenizer.chat_template", "");
   if (!override_name.empty()) {
     auto fam = chat_family_from_name(override_name);

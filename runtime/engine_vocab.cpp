@@ -21,7 +21,7 @@ class DetokStream final : public TokenStream {
   }
   std::string push(int32_t id) override {
     // A harmony marker is written out for the engine's channel parser (after any bytes held back).
-    if (std::find(markers_.begin(), markers_.end(), id) != markers_.end()) return d_.flush() + t_.token_text(id);
+    if (std::find(markers_.begin(), markers_.end(), id) != markers_.end()) return d_.flush().append(t_.token_text(id));
     return d_.push(id);
   }
   std::string flush() override { return d_.flush(); }

@@ -28,7 +28,7 @@ std::string escape_spaces(std::string_view s) {
   return out;
 }
 
-std::string unescape_spaces(const std::string& s) {
+std::string unescape_spaces(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -43,7 +43,7 @@ std::string unescape_spaces(const std::string& s) {
 }
 
 // "<0x41>" -> 0x41; -1 if the text is not a byte token.
-int parse_byte_token(const std::string& t) {
+int parse_byte_token(std::string_view t) {
   if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
   auto hex = [](char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -76,7 +76,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   } else {
     fail(ErrorKind::Model, "{}: tokenizer.ggml.model '{}' is not supported (supported: llama, gpt2)", f.path(), model);
   }
-  t.text_ = f.get_strings("tokenizer.ggml.tokens");
+  t.text_ = StringTable(f.get_strings("tokenizer.ggml.tokens"));
   const auto n = int32_t(t.text_.size());
   if (n == 0) fail(ErrorKind::Model, "{}: tokenizer.ggml.tokens is empty", f.path());
 
@@ -102,14 +102,13 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     }
   }
   if (t.kind_ == VocabKind::Bpe) {
-    auto merges = f.get_strings("tokenizer.ggml.merges");
-    t.merge_rank_.reserve(merges.size());
+    const auto merges = f.get_strings("tokenizer.ggml.merges");
     for (size_t i = 0; i < merges.size(); ++i) {
       // A merge is "left right"; search from 1 so that a left part that is itself a space survives.
       if (merges[i].find(' ', 1) == std::string::npos)
         fail(ErrorKind::Model, "{}: tokenizer.ggml.merges[{}] = '{}' is not two symbols", f.path(), i, merges[i]);
-      t.merge_rank_.emplace(merges[i], int(i));  // the first occurrence wins
     }
+    t.merges_ = StringTable(merges);  // a repeated merge ranks at its first place
     t.pre_ = pretokenizer_from_name(f.get_or<std::string>("tokenizer.ggml.pre", "default"));
     t.ignore_merges_ = t.pre_ == PreTokenizer::Llama3;
   }
@@ -146,8 +145,6 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
 
 void Tokenizer::finish_setup() {
   const auto n = int32_t(text_.size());
-  id_of_.reserve(text_.size());
-  for (int32_t i = 0; i < n; ++i) id_of_.emplace(text_[size_t(i)], i);  // duplicates: the lowest id wins
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
   for (int32_t i = 0; i < n; ++i) {
     if (type_[size_t(i)] == TokenType::Byte) {
@@ -169,8 +166,8 @@ void Tokenizer::finish_setup() {
   static const char* const kEndTexts[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>",   "<end_of_turn>", "<|endoftext|>",
                                           "<|eom_id|>",    "<EOT>",      "<|end_of_text|>", "<｜end▁of▁sentence｜>"};
   for (const char* s : kEndTexts) {
-    auto it = id_of_.find(s);
-    if (it != id_of_.end() && type_[size_t(it->second)] == TokenType::Control) eog_.push_back(it->second);
+    const auto id = text_.find(s);
+    if (id && type_[size_t(*id)] == TokenType::Control) eog_.push_back(*id);
   }
   // OpenAI's harmony vocabulary (o200k_harmony, gpt-oss): a reply ends at <|return|> (answered) or
   // <|call|> (a tool call), while <|end|> only closes one message of the reply — the reasoning
@@ -185,10 +182,11 @@ void Tokenizer::finish_setup() {
   eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 }
 
-std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
-  auto it = id_of_.find(std::string(text));
-  if (it == id_of_.end()) return std::nullopt;
-  return it->second;
+std::optional<int32_t> Tokenizer::find_token(std::string_view text) const { return text_.find(text); }
+
+size_t Tokenizer::checked(int32_t id) const {
+  if (id < 0 || id >= n_vocab()) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", id, n_vocab() - 1);
+  return size_t(id);
 }
 
 bool Tokenizer::is_eog(int32_t id) const { return std::binary_search(eog_.begin(), eog_.end(), id); }
@@ -201,7 +199,8 @@ int32_t Tokenizer::byte_token(uint8_t b) const {
   if (byte_id_[b] >= 0) return byte_id_[b];
   // Vocabularies without <0xNN> tokens may still hold the byte as a one-character token.
   if (b < 0x80) {
-    if (auto id = find_token(std::string(1, char(b)))) return *id;
+    const char c = char(b);
+    if (auto id = find_token(std::string_view(&c, 1))) return *id;
   }
   return unk_;
 }
@@ -217,7 +216,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
   for (int32_t sid : specials_) {
     const TokenType ty = type_[size_t(sid)];
     if (!parse_special && ty != TokenType::UserDefined) continue;
-    const std::string& s = text_[size_t(sid)];
+    const std::string_view s = text_[size_t(sid)];
     if (text.find(s) == std::string_view::npos) continue;
     std::vector<Frag> next;
     next.reserve(frags.size() + 2);
@@ -282,17 +281,15 @@ void Tokenizer::encode_spm(std::string_view s, std::vector<int32_t>& out) const 
     sym.push_back({start, pos - start});
   }
 
-  std::string key;
   merge_symbols(sym, [&](const SymbolSpan& l, const SymbolSpan& r) -> std::optional<double> {
-    key.assign(s.substr(l.off, l.len + r.len));
-    auto it = id_of_.find(key);
-    if (it == id_of_.end()) return std::nullopt;
-    return double(score_[size_t(it->second)]);
+    const auto id = text_.find(s.substr(l.off, l.len + r.len));
+    if (!id) return std::nullopt;
+    return double(score_[size_t(*id)]);
   });
   for (const SymbolSpan& piece : sym) {
-    key.assign(s.substr(piece.off, piece.len));
-    if (auto it = id_of_.find(key); it != id_of_.end()) {
-      out.push_back(it->second);
+    const std::string_view key = s.substr(piece.off, piece.len);
+    if (auto id = text_.find(key)) {
+      out.push_back(*id);
       continue;
     }
     for (char c : key) {
@@ -303,22 +300,21 @@ void Tokenizer::encode_spm(std::string_view s, std::vector<int32_t>& out) const 
 }
 
 std::string Tokenizer::decode_piece(int32_t id, bool show_special) const {
-  if (id < 0 || id >= n_vocab()) fail(ErrorKind::Usage, "token id {} is outside the vocabulary (0..{})", id, n_vocab() - 1);
-  const std::string& t = text_[size_t(id)];
+  const std::string_view t = text_[checked(id)];
   switch (type_[size_t(id)]) {
     case TokenType::Control:
     case TokenType::Unused:
-      return show_special ? t : std::string();
+      return show_special ? std::string(t) : std::string();
     case TokenType::Unknown:
-      return show_special ? t : std::string("\xEF\xBF\xBD");  // U+FFFD
+      return show_special ? std::string(t) : std::string("\xEF\xBF\xBD");  // U+FFFD
     case TokenType::Byte: {
       int b = parse_byte_token(t);
       if (b >= 0) return std::string(1, char(b));
-      return t;
+      return std::string(t);
     }
     case TokenType::UserDefined:
       // Converters store user-defined tokens as plain text already.
-      return kind_ == VocabKind::Spm ? unescape_spaces(t) : t;
+      return kind_ == VocabKind::Spm ? unescape_spaces(t) : std::string(t);
     case TokenType::Normal:
     case TokenType::Undefined:
       break;

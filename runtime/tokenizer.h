@@ -8,10 +8,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/pretokenizer.h"
+#include "runtime/string_table.h"
 
 namespace baton {
 namespace gguf { class File; }
@@ -37,7 +37,8 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool show_special = false) const;
 
   int32_t n_vocab() const { return int32_t(text_.size()); }
-  const std::string& token_text(int32_t id) const { return text_.at(size_t(id)); }
+  // Throws Error(Usage) for an id outside the vocabulary.
+  std::string_view token_text(int32_t id) const { return text_[checked(id)]; }
   TokenType token_type(int32_t id) const { return type_.at(size_t(id)); }
   float token_score(int32_t id) const { return score_.empty() ? 0.0f : score_.at(size_t(id)); }
   std::optional<int32_t> find_token(std::string_view text) const;
@@ -68,14 +69,14 @@ class Tokenizer {
   void encode_spm(std::string_view text, std::vector<int32_t>& out) const;
   void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
   int32_t byte_token(uint8_t b) const;
+  size_t checked(int32_t id) const;  // id as an index; Error(Usage) outside the vocabulary
 
   VocabKind kind_ = VocabKind::Spm;
   PreTokenizer pre_ = PreTokenizer::Default;
-  std::vector<std::string> text_;
+  StringTable text_;    // the tokens' texts, found by text (the lowest id of a repeated one)
   std::vector<float> score_;
   std::vector<TokenType> type_;
-  std::unordered_map<std::string, int32_t> id_of_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
+  StringTable merges_;  // BPE: "left right", the position is the rank
   std::vector<int32_t> specials_;                        // control/user-defined/unknown, longest text first
   // Specials that swallow the whitespace after them when parsed from text (Phi-3's added tokens
   // are rstrip; GGUF files do not store it, so the model's name decides, as llama.cpp does).

@@ -62,8 +62,8 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
   for (std::string_view piece : pretokenize(pre_, text)) {
     const std::string word = byte_level_encode(piece);
     if (ignore_merges_) {
-      if (auto it = id_of_.find(word); it != id_of_.end()) {
-        out.push_back(it->second);
+      if (auto id = text_.find(word)) {
+        out.push_back(*id);
         continue;
       }
     }
@@ -79,22 +79,21 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
       key.assign(word, l.off, l.len);
       key += ' ';
       key.append(word, r.off, r.len);
-      auto it = merge_rank_.find(key);
-      if (it == merge_rank_.end()) return std::nullopt;
-      return -double(it->second);
+      const auto rank = merges_.find(key);
+      if (!rank) return std::nullopt;
+      return -double(*rank);
     });
     for (const SymbolSpan& sp : sym) {
-      std::string s = word.substr(sp.off, sp.len);
-      if (auto it = id_of_.find(s); it != id_of_.end()) {
-        out.push_back(it->second);
+      const std::string_view s = std::string_view(word).substr(sp.off, sp.len);
+      if (auto id = text_.find(s)) {
+        out.push_back(*id);
         continue;
       }
       // Not in the vocabulary (a damaged vocab): fall back to single characters, then <unk>.
       for (size_t pos = 0; pos < s.size();) {
         size_t n = std::min(unicode::utf8_len(uint8_t(s[pos])), s.size() - pos);
-        auto it2 = id_of_.find(s.substr(pos, n));
-        if (it2 != id_of_.end())
-          out.push_back(it2->second);
+        if (auto id = text_.find(s.substr(pos, n)))
+          out.push_back(*id);
         else if (unk_ >= 0)
           out.push_back(unk_);
         pos += n;

@@ -1,6 +1,8 @@
 // The tokenizers against llama.cpp's own test vectors (four vocabularies, every line), plus
 // round trips, streaming detokenization and the pre-tokenizer splitters on their own.
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "gguf/gguf.h"
@@ -8,6 +10,7 @@
 
 #include "helpers.h"
 #include "runtime/pretokenizer.h"
+#include "runtime/string_table.h"
 #include "runtime/tokenizer.h"
 #include "runtime/unicode.h"
 
@@ -134,6 +137,50 @@ TEST_CASE("unicode classes") {
   CHECK(incomplete_utf8_tail("ab\xE2\x82\xAC") == 0);
   CHECK(incomplete_utf8_tail("\xF0\x9F\xA6") == 3);
   CHECK(incomplete_utf8_tail("abc") == 0);
+}
+
+TEST_CASE("a string table finds each text at its first place, empty and repeated texts too") {
+  const std::vector<std::string> items = {"b", "", "a", "\xE2\x96\x81the", "b", std::string("x\0y", 3), "", "ab"};
+  const StringTable t(items);
+  REQUIRE(t.size() == items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    CHECK(t[i] == items[i]);
+    const size_t first = size_t(std::find(items.begin(), items.end(), items[i]) - items.begin());
+    CHECK(t.find(items[i]) == int32_t(first));
+  }
+  CHECK_FALSE(t.find("c"));
+  CHECK_FALSE(t.find("a "));
+  CHECK_FALSE(t.find(std::string_view("x", 1)));
+  CHECK_FALSE(StringTable().find(""));
+  CHECK(StringTable().empty());
+  // Many strings: every one found, none that is not there.
+  std::vector<std::string> many;
+  for (int i = 0; i < 70000; ++i) many.push_back(std::to_string(i * 7919));
+  const StringTable m(many);
+  for (size_t i = 0; i < many.size(); ++i) REQUIRE(m.find(many[i]) == int32_t(i));
+  CHECK_FALSE(m.find("1"));
+  CHECK_FALSE(m.find("-7919"));
+}
+
+TEST_CASE("every token's text finds its lowest id (four vocabularies)") {
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-falcon.gguf",
+                           "ggml-vocab-starcoder.gguf"}) {
+    auto file = gguf::File::open(test::peer(std::string("tokenizer/") + name));
+    const Tokenizer tok = Tokenizer::from_gguf(*file);
+    const auto texts = file->get_strings("tokenizer.ggml.tokens");
+    REQUIRE(tok.n_vocab() == int32_t(texts.size()));
+    std::map<std::string, int32_t> first;
+    for (size_t i = 0; i < texts.size(); ++i) first.emplace(texts[i], int32_t(i));
+    int mismatches = 0;
+    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
+      mismatches += tok.token_text(id) != texts[size_t(id)];
+      mismatches += tok.find_token(texts[size_t(id)]) != first.at(texts[size_t(id)]);
+    }
+    INFO(name);
+    CHECK(mismatches == 0);
+    CHECK_THROWS_WITH(tok.token_text(tok.n_vocab()), Catch::Contains("outside the vocabulary"));
+    CHECK_THROWS_WITH(tok.token_text(-1), Catch::Contains("outside the vocabulary"));
+  }
 }
 
 TEST_CASE("special tokens, BOS/EOS and streaming detokenization (llama-spm vocab)") {

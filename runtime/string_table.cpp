@@ -1,0 +1,51 @@
+#include "runtime/string_table.h"
+
+#include <functional>
+#include <limits>
+#include <stdexcept>
+
+namespace baton {
+
+namespace {
+size_t hash_of(std::string_view s) { return std::hash<std::string_view>{}(s); }
+}  // namespace
+
+StringTable::StringTable(const std::vector<std::string>& items) {
+  if (items.size() >= size_t(std::numeric_limits<int32_t>::max()))
+    throw std::length_error("StringTable: more than 2^31 strings");
+  size_t bytes = 0;
+  for (const auto& s : items) bytes += s.size();
+  if (bytes > std::numeric_limits<uint32_t>::max()) throw std::length_error("StringTable: more than 4 GiB of text");
+  blob_.reserve(bytes);
+  offsets_.reserve(items.size() + 1);
+  offsets_.push_back(0);
+  for (const auto& s : items) {
+    blob_ += s;
+    offsets_.push_back(uint32_t(blob_.size()));
+  }
+  // At most half full: probes stay short whatever the hash spreads.
+  size_t cap = 16;
+  while (cap < 2 * items.size()) cap *= 2;
+  slots_.assign(cap, -1);
+  const size_t mask = cap - 1;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string_view s = (*this)[i];
+    for (size_t k = hash_of(s) & mask;; k = (k + 1) & mask) {
+      if (slots_[k] < 0) {
+        slots_[k] = int32_t(i);
+        break;
+      }
+      if ((*this)[size_t(slots_[k])] == s) break;  // a repeat: the first place keeps the slot
+    }
+  }
+}
+
+std::optional<int32_t> StringTable::find(std::string_view s) const {
+  if (slots_.empty()) return std::nullopt;
+  const size_t mask = slots_.size() - 1;
+  for (size_t k = hash_of(s) & mask; slots_[k] >= 0; k = (k + 1) & mask)
+    if ((*this)[size_t(slots_[k])] == s) return slots_[k];
+  return std::nullopt;
+}
+
+}  // namespace baton
