@@ -142,6 +142,9 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--draft-max", f.draft_max, "most tokens the draft model guesses a step")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  app.add_option("--draft-devices,--device-draft", f.draft_devices,
+                 "where the draft model runs, as --devices (default: --devices, placed after the model); "
+                 "e.g. the model on cuda:0 and its draft on cuda:1 or the cpu");
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -366,10 +369,17 @@ void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
 EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const Pipeline& target) {
   EngineOptions o;
   o.lookup = f.lookup;
+  if (!f.draft_devices.empty() && f.draft_model.empty())
+    fail(ErrorKind::Usage, "--draft-devices {} needs --draft-model", f.draft_devices);
   if (!f.draft_model.empty()) {
     if (f.lookup > 0) fail(ErrorKind::Usage, "give --lookup or --draft-model, not both");
     ModelFlags df = mf;
     df.model = f.draft_model;
+    if (!f.draft_devices.empty()) {
+      // Other devices: the model's placement flags (a --tensor-split per device, say) are not the draft's.
+      df.devices = f.draft_devices;
+      df.placement = PlacementFlags{};
+    }
     df.ctx = target.n_ctx();
     df.verbose = false;
     const std::string path = resolve_model(df.model);
@@ -379,7 +389,13 @@ EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const
     }
     const auto t0 = std::chrono::steady_clock::now();
     // A draft step asks one argmax row of each sequence it guesses for.
-    std::unique_ptr<Pipeline> dp = Pipeline::load(path, load_options(df, target.n_seq(), target.n_seq()));
+    std::unique_ptr<Pipeline> dp;
+    try {
+      dp = Pipeline::load(path, load_options(df, target.n_seq(), target.n_seq()));
+    } catch (const Error& e) {
+      if (f.draft_devices.empty()) throw;
+      fail(e.kind(), "--draft-devices {}: {}", f.draft_devices, e.what());
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (mf.verbose) {
       std::string where;

@@ -99,6 +99,7 @@ struct SamplingFlags {
   int lookup = 0;                    // --lookup N: drafts per step by prompt lookup (0: off)
   std::string draft_model;           // --draft-model PATH|NAME: drafts from this model instead
   int draft_max = 8;                 // --draft-max N: most tokens it drafts a step
+  std::string draft_devices;         // --draft-devices LIST: where the draft model runs (empty: --devices)
 };
 // with_prompt_flags: --system, --chat-template and --hide-thinking too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);

@@ -824,4 +824,26 @@ TEST_CASE("baton run --draft-model: the same reply; with --lookup or another tok
   const test::Out other = run_baton(common + " --draft-model " + test::tiny_gemma3_model());
   CHECK(other.code == 1);
   CHECK_THAT(other.err, Catch::Contains("must share the model's tokenizer"));
+
+  // --draft-devices: the draft on its own devices, the reply unchanged; without a draft model, or
+  // on a device that is not there, a usage error naming it.
+  const test::Out cpu = run_baton(common + " --draft-model " + twin + " --draft-max 4 --draft-devices cpu --verbose --json");
+  CHECK(cpu.code == 0);
+  CHECK_THAT(cpu.err, Catch::Contains("draft model " + twin + " on cpu"));
+  if (cpu.code == 0) CHECK(nlohmann::json::parse(cpu.out)["text"] == ja["text"]);
+  const test::Out alone = run_baton(common + " --draft-devices cpu");
+  CHECK(alone.code == 1);
+  CHECK_THAT(alone.err, Catch::Contains("--draft-devices cpu needs --draft-model"));
+  const test::Out missing = run_baton(common + " --draft-model " + twin + " --draft-devices cuda:9");
+  CHECK(missing.code == 1);
+  CHECK_THAT(missing.err, Catch::Contains("--draft-devices cuda:9: ") && Catch::Contains("'cuda:9'"));
+  // With the host emulation's GPU (a CPU build; BATON_CUDA_EMULATE): the model on the CPU, its draft on cuda:0.
+#if BATON_CUDA_HOST_EMULATION
+  setenv("BATON_CUDA_EMULATE", "1", 1);
+  const test::Out gpu = run_baton(common + " --devices cpu --draft-model " + twin + " --draft-max 4 --draft-devices cuda:0 --verbose --json");
+  unsetenv("BATON_CUDA_EMULATE");
+  CHECK(gpu.code == 0);
+  CHECK_THAT(gpu.err, Catch::Contains("draft model " + twin + " on cuda:0"));
+  if (gpu.code == 0) CHECK(nlohmann::json::parse(gpu.out)["text"] == ja["text"]);
+#endif
 }
