@@ -68,11 +68,16 @@ struct Engine::Active {
       : req(std::move(r)), sampler(req.sampling), stop(req.stop), text(std::move(ts)) {}
   bool prefilling() const { return next_prompt < req.prompt.size(); }
   // What its output rows hold: a greedy request takes only the argmax from the pipeline, a
-  // top-k one only the best candidates (runtime/batch.h), the others the full row.
-  uint8_t out_mode(int n_vocab) const {
-    if (grammar || req.ignore_eos) return kLogitsRow;  // the best candidates may all be refused
+  // top-k one only the best candidates (runtime/batch.h), the others the full row. With
+  // ignore_eos the candidates less the n_eog end tokens must still decide the draw; a grammar
+  // may refuse any number of them, so it takes the full row.
+  uint8_t out_mode(int n_vocab, int n_eog) const {
+    if (grammar) return kLogitsRow;
+    const int K = top_k_candidates(n_vocab);
+    if (req.ignore_eos)
+      return (sampler.argmax_only() && K > n_eog) || sampler.top_k_suffices(K - n_eog) ? kTopK : kLogitsRow;
     if (sampler.argmax_only()) return kArgmaxOnly;
-    return sampler.top_k_suffices(top_k_candidates(n_vocab)) ? kTopK : kLogitsRow;
+    return sampler.top_k_suffices(K) ? kTopK : kLogitsRow;
   }
   // A token's bytes as the grammar sees them: the reply's text, so without the space a
   // SentencePiece reply's first token loses.
@@ -83,7 +88,13 @@ struct Engine::Active {
   }
   // The next token; -1 (with res.error set) when the grammar allows none.
   int32_t take(const float* row, int n_vocab, Engine& e) {
-    if (grammar || req.ignore_eos) {
+    const uint8_t mode = out_mode(n_vocab, e.n_eog_);
+    if (req.ignore_eos && mode == kTopK) {
+      const int32_t t = sampler.sample_top_k(row, top_k_candidates(n_vocab), [&](int32_t id) { return !e.vocab_.is_eog(id); });
+      if (t < 0) res.error = "every token of the vocabulary ends generation (--ignore-eos)";
+      return t;
+    }
+    if (mode == kLogitsRow && (grammar || req.ignore_eos)) {
       const Vocab& vocab = e.vocab_;
       try {
         auto allow = [&](int32_t id) {
@@ -103,7 +114,7 @@ struct Engine::Active {
         return -1;
       }
     }
-    switch (out_mode(n_vocab)) {
+    switch (mode) {
       case kArgmaxOnly: return argmax_token(row);
       case kTopK: return sampler.sample_top_k(row, top_k_candidates(n_vocab));
       default: return sampler.sample(row, n_vocab, history);
@@ -138,6 +149,7 @@ Engine::Engine(Pipeline& pipe, const Vocab& vocab, EngineOptions opt)
   if (opt_.prefill_chunk < 1) opt_.prefill_chunk = 1;
   cached_.resize(pipe.n_seq());
   for (int s = 0; s < pipe.n_seq(); s++) cached_[s].reserve(64);
+  for (int32_t i = 0; i < n_vocab_; i++) n_eog_ += vocab_.is_eog(i);
 }
 
 Engine::~Engine() = default;
@@ -406,7 +418,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     }
   }
   for (Active* a : decoding) {
-    const uint8_t mode = a->out_mode(n_vocab_);
+    const uint8_t mode = a->out_mode(n_vocab_, n_eog_);
     const size_t pos = cached_[a->slot].size() - 1;  // the pending token's
     st.batch.add(a->pending, int32_t(pos), a->slot, mode);
     st.rows.push_back(a);
@@ -428,7 +440,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
     for (size_t i = 0; i < take; i++) {
       size_t k = a->next_prompt + i;
       bool last = k + 1 == a->req.prompt.size();
-      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last ? a->out_mode(n_vocab_) : uint8_t(kNoLogits));
+      st.batch.add(a->req.prompt[k], int32_t(pos + i), a->slot, last ? a->out_mode(n_vocab_, n_eog_) : uint8_t(kNoLogits));
       cached_[a->slot].push_back(a->req.prompt[k]);
       if (last) {
         st.rows.push_back(a.get());

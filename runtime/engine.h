@@ -191,6 +191,7 @@ class Engine {
   EngineOptions opt_;
   int n_ctx_ = 0;
   int n_vocab_ = 0;
+  int n_eog_ = 0;  // end-of-generation tokens in the vocabulary (what ignore_eos refuses)
   std::vector<std::vector<int32_t>> cached_;  // per slot: tokens in its KV cache, in order
   std::vector<size_t> submitted_;             // per slot: cached_'s length before the step being built
   std::unique_ptr<TokenTrie> trie_, trie_first_;

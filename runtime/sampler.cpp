@@ -200,19 +200,21 @@ int32_t Sampler::sample_row(const float* src, int n_vocab) {
   }
 }
 
-int32_t Sampler::sample_top_k(const float* row, int K) {
-  BATON_CHECK(top_k_suffices(K));
-  // The row's first top_k candidates are what cpu::top_k(logits, n_vocab, top_k) finds: the same
-  // total order, so the same prefix. NaN values end the real candidates.
-  size_t k = 0;
-  cand_.resize(size_t(p_.top_k));
-  for (int i = 0; i < p_.top_k; ++i) {
+int32_t Sampler::sample_top_k(const float* row, int K, const TokenFilter& allow) {
+  BATON_CHECK(argmax_only() || top_k_suffices(K));
+  // The row's first candidates are what cpu::top_k(logits, n_vocab, m) finds: the same total
+  // order, so the same prefix; the allowed ones among them are what allowed_best() finds. NaN
+  // values end the real candidates.
+  const size_t want = p_.greedy() ? 1 : size_t(p_.top_k);
+  cand_.clear();
+  for (int i = 0; i < K && cand_.size() < want; ++i) {
     const float v = top_k_row_value(row, K, i);
     if (std::isnan(v)) break;
-    cand_[k++] = {v, top_k_row_id(row, i)};
+    const int32_t id = top_k_row_id(row, i);
+    if (!allow || allow(id)) cand_.push_back({v, id});
   }
-  if (k == 0) return 0;  // every logit NaN: what argmax of the row gives
-  return draw(k);
+  if (cand_.empty()) return allow ? -1 : 0;  // every logit NaN: what argmax of the row gives
+  return p_.greedy() ? cand_[0].second : draw(cand_.size());
 }
 
 int32_t Sampler::draw(size_t k) {

@@ -57,9 +57,11 @@ class Sampler {
   // allows none.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history, const TokenFilter& allow,
                  const AllowedSet& all_allowed = {});
-  // The same draw from a kTopK row (runtime/batch.h) of K candidates, when top_k_suffices(K):
-  // given the candidates of the same logits, it returns what sample() returns from the full row.
-  int32_t sample_top_k(const float* row, int K);
+  // The same draw from a kTopK row (runtime/batch.h) of K candidates, when top_k_suffices(K) or
+  // argmax_only(): given the candidates of the same logits, it returns what sample() returns from
+  // the full row. With `allow`, what sample(..., allow) returns, provided the candidates hold
+  // enough allowed ones (top_k of them; one when greedy): -1 when none of the K is allowed.
+  int32_t sample_top_k(const float* row, int K, const TokenFilter& allow = {});
   const SamplingParams& params() const { return p_; }
   // sample() is the argmax of the raw logits (greedy, no repetition penalty): the pipeline may
   // hand back just the argmax of the row (kArgmaxOnly in runtime/batch.h).

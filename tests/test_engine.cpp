@@ -433,20 +433,35 @@ TEST_CASE("ignore_eos: the end token is never sampled, the reply runs to max_tok
   ToyPipeline p(512, 2, /*eog_bias=*/100.0f);  // the toy model wants to stop at once
   ToyVocab vocab;
   Engine e(p, vocab);
-  for (float temp : {0.0f, 0.8f}) {
-    INFO("temperature " << temp);
+  // Greedy and top-k 8 draw from the pipeline's 16 candidates less the end token (kTopK rows);
+  // top-k 16 and top-k off need the full row. Each reply is what a sampler with the end token
+  // refused draws from the full rows.
+  const int K = top_k_candidates(kVocab);
+  for (const auto& [temp, top_k] : std::vector<std::pair<float, int>>{{0.0f, 40}, {0.8f, 8}, {0.8f, K}, {0.8f, 0}}) {
+    INFO("temperature " << temp << ", top-k " << top_k);
     Request r;
     r.prompt = {1, 2, 3};
     r.sampling.temperature = temp;
+    r.sampling.top_k = top_k;
     r.sampling.seed = 7;
     r.max_tokens = 12;
     CHECK(e.generate(r).tokens.empty());  // it stops at once
     r.ignore_eos = true;
+    const int top_k_rows = p.top_k_rows;
     const Result got = e.generate(r);
     CHECK(got.error.empty());
     CHECK(got.tokens.size() == 12);
     CHECK(got.finish == FinishReason::Length);
-    for (int32_t t : got.tokens) CHECK_FALSE(vocab.is_eog(t));
+    CHECK(p.top_k_rows - top_k_rows == (temp == 0.0f || top_k == 8 ? 12 : 0));
+    Sampler ref(r.sampling);
+    std::vector<int32_t> seq = r.prompt, want;
+    std::vector<float> row(kVocab);
+    for (int i = 0; i < 12; i++) {
+      toy_logits(seq, 100.0f, row.data());
+      want.push_back(ref.sample(row.data(), kVocab, seq, [&](int32_t id) { return !vocab.is_eog(id); }));
+      seq.push_back(want.back());
+    }
+    CHECK(got.tokens == want);
   }
   // With a grammar: the end token once its sentence is complete, as without ignore_eos.
   Request g;

@@ -109,6 +109,47 @@ TEST_CASE("a kTopK row of candidates draws what the full row draws, for any sett
   CHECK(drawn_below_top > 200);  // the comparison covers real draws, not just argmaxes
 }
 
+TEST_CASE("a kTopK row with tokens refused (ignore_eos) draws what the full row draws with them refused") {
+  // Up to 5 refused ids, among them the row's best; greedy and top-k <= K - refused, one seed each.
+  std::mt19937 g(17);
+  int compared = 0, refused_best = 0;
+  for (int n : {16, 600, 4096}) {
+    const int K = top_k_candidates(n);
+    for (int trial = 0; trial < 12; trial++) {
+      std::vector<float> row(static_cast<size_t>(n), 0.0f);
+      for (auto& x : row) x = float(int(g() % 40)) / 8.0f - 2.0f;
+      if (trial % 3 == 1) row[g() % size_t(n)] = NAN;
+      std::vector<int32_t> refused = {cpu::argmax(row.data(), n)};
+      for (int k = 0; k < trial % 5; k++) refused.push_back(int32_t(g() % uint32_t(n)));
+      auto allow = [&](int32_t id) { return std::find(refused.begin(), refused.end(), id) == refused.end(); };
+      std::vector<float> reduced = row;
+      reduce_output_row(kTopK, reduced.data(), n);
+      SamplingParams p;
+      p.temperature = trial % 4 == 0 ? 0.0f : 0.3f + 0.4f * float(trial % 4);
+      p.top_k = 1 + int(g() % uint32_t(K - int(refused.size())));
+      p.top_p = trial % 2 ? 0.8f : 1.0f;
+      p.seed = 99 + uint64_t(trial);
+      Sampler full(p), cand(p);
+      REQUIRE((cand.argmax_only() || cand.top_k_suffices(K - int(refused.size()))));
+      for (int d = 0; d < 20; d++) {
+        const int32_t a = full.sample(row.data(), n, {}, allow), b = cand.sample_top_k(reduced.data(), K, allow);
+        REQUIRE(a == b);
+        CHECK(allow(b));
+        compared++;
+        refused_best += a != cpu::argmax(row.data(), n);
+      }
+    }
+  }
+  CHECK(compared == 3 * 12 * 20);
+  CHECK(refused_best == compared);  // never the refused best
+  // Nothing allowed among the candidates: -1, as sample() gives when it allows none.
+  std::vector<float> row = {1.0f, 3.0f, 2.0f, 0.5f};
+  reduce_output_row(kTopK, row.data(), 4);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  CHECK(Sampler(greedy).sample_top_k(row.data(), top_k_candidates(4), [](int32_t) { return false; }) == -1);
+}
+
 TEST_CASE("top-k off: top-p and min-p over the whole row draw what sorting the row gives") {
   // The reference sorts the whole row by logit (value, then id), keeps the top-p prefix, cuts it
   // at min-p, and draws with the same RNG stream; the sampler finds that prefix from the best few
