@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -52,6 +53,35 @@ inline void check_output_row(uint8_t mode, const float* full, const float* got, 
   const size_t words = output_words(mode, size_t(n_vocab), 0);  // (not for kHidden rows)
   INFO("output mode " << int(mode) << ", " << words << " words");
   CHECK(std::memcmp(want.data(), got, words * sizeof(float)) == 0);
+}
+
+// Two batches of the same 12 tokens for the output-mode tests: sequence 0 with every third token
+// an output row (full rows), sequence 1 with those rows asking in turn for the argmax, the top-k
+// candidates and the full row.
+inline std::pair<Batch, Batch> output_mode_batches(int n_vocab) {
+  Batch full, mixed;
+  for (int i = 0; i < 12; ++i) {
+    const bool out = i % 3 == 2;
+    full.add((5 + 9 * i) % n_vocab, i, 0, out);
+    const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
+    mixed.add((5 + 9 * i) % n_vocab, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
+  }
+  return {full, mixed};
+}
+
+// Every output row of `mixed` (rows `got`) against the full rows of the same logits (`full`):
+// check_output_row for each; two argmax rows, one top-k and one full row.
+inline void check_output_rows(const Batch& mixed, const float* full, const float* got, int n_vocab) {
+  int n_mode[4] = {};
+  for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
+    if (mixed.logits[t] == kNoLogits) continue;
+    check_output_row(mixed.logits[t], full + r * size_t(n_vocab), got + r * size_t(n_vocab), n_vocab);
+    n_mode[mixed.logits[t]]++;
+    ++r;
+  }
+  CHECK(n_mode[kArgmaxOnly] == 2);
+  CHECK(n_mode[kTopK] == 1);
+  CHECK(n_mode[kLogitsRow] == 1);
 }
 
 inline std::string peer(const std::string& rel) { return std::string(BATON_PEER_DIR) + "/" + rel; }

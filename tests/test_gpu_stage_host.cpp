@@ -637,25 +637,10 @@ TEST_CASE("a GPU stage answers argmax-only and top-k rows with what its full row
   const Model m(tiny_llama());
   const int V = m.cfg.n_vocab;
   Chain one = chain(m, GgmlType::F16, 0, "gpu");
-  Batch full, mixed;
-  for (int i = 0; i < 12; ++i) {
-    const bool out = i % 3 == 2;
-    full.add((5 + 9 * i) % V, i, 0, out);
-    const LogitsMode cycle[3] = {kArgmaxOnly, kTopK, kLogitsRow};
-    mixed.add((5 + 9 * i) % V, i, 1, uint8_t(!out ? kNoLogits : cycle[(i / 3) % 3]));
-  }
+  const auto [full, mixed] = test::output_mode_batches(V);
   REQUIRE(top_k_candidates(V) > 1);
   const std::vector<float> a = forward(one, m.cfg, full), b = forward(one, m.cfg, mixed);
-  int n_mode[4] = {};
-  for (size_t t = 0, r = 0; t < size_t(mixed.size()); ++t) {
-    if (mixed.logits[t] == kNoLogits) continue;
-    test::check_output_row(mixed.logits[t], a.data() + r * size_t(V), b.data() + r * size_t(V), V);
-    n_mode[mixed.logits[t]]++;
-    ++r;
-  }
-  CHECK(n_mode[kArgmaxOnly] == 2);
-  CHECK(n_mode[kTopK] == 1);
-  CHECK(n_mode[kLogitsRow] == 1);
+  test::check_output_rows(mixed, a.data(), b.data(), V);
 }
 
 // Embeddings (runtime/embed.h): kHidden rows from a GPU stage's head (the normed rows packed on
