@@ -102,7 +102,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     }
   }
   if (t.kind_ == VocabKind::Bpe) {
-    const auto merges = f.get_strings("tokenizer.ggml.merges");
+    const auto& merges = f.get_strings("tokenizer.ggml.merges");  // (a reference: no copy of the list)
     for (size_t i = 0; i < merges.size(); ++i) {
       // A merge is "left right"; search from 1 so that a left part that is itself a space survives.
       if (merges[i].find(' ', 1) == std::string::npos)

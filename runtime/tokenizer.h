@@ -77,7 +77,7 @@ class Tokenizer {
   std::vector<float> score_;
   std::vector<TokenType> type_;
   StringTable merges_;  // BPE: "left right", the position is the rank
-  std::vector<int32_t> specials_;                        // control/user-defined/unknown, longest text first
+  std::vector<int32_t> specials_;  // control/user-defined/unknown, longest text first
   // Specials that swallow the whitespace after them when parsed from text (Phi-3's added tokens
   // are rstrip; GGUF files do not store it, so the model's name decides, as llama.cpp does).
   std::vector<bool> rstrip_;

@@ -167,7 +167,7 @@ TEST_CASE("every token's text finds its lowest id (four vocabularies)") {
                            "ggml-vocab-starcoder.gguf"}) {
     auto file = gguf::File::open(test::peer(std::string("tokenizer/") + name));
     const Tokenizer tok = Tokenizer::from_gguf(*file);
-    const auto texts = file->get_strings("tokenizer.ggml.tokens");
+    const auto& texts = file->get_strings("tokenizer.ggml.tokens");
     REQUIRE(tok.n_vocab() == int32_t(texts.size()));
     std::map<std::string, int32_t> first;
     for (size_t i = 0; i < texts.size(); ++i) first.emplace(texts[i], int32_t(i));
