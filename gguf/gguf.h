@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gguf/error.h"
+#include "gguf/string_list.h"
 #include "quant/types.h"
 
 namespace baton::gguf {
@@ -22,11 +23,13 @@ enum class ValueType : uint32_t {
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
 const char* value_type_name(ValueType t);
+size_t scalar_width(ValueType t);  // bytes of one stored scalar (1, 2, 4 or 8); 0 for STRING, ARRAY
 
 // A metadata value. Scalars keep their exact stored value in the field matching their type class.
 // An array keeps its elements compactly by kind (as Values they took ~100 bytes each: a
-// 262,144-token vocabulary's tokens, scores and types were 75 MB): strings in `strs`, scalars in
-// `bits` (the u, i or f of each, as 64 bits), arrays in `arr`. size() and item() read any of them.
+// 262,144-token vocabulary's tokens, scores and types were 75 MB): strings in `strs` (one block
+// of text), scalars in `raw` (as the file stores them: little-endian, each at its own width),
+// arrays in `arr`. size() and item() read any of them.
 struct Value {
   ValueType type = ValueType::UINT32;
   uint64_t u = 0;           // UINT8/16/32/64 and BOOL
@@ -34,8 +37,8 @@ struct Value {
   double f = 0;             // FLOAT32/64 (FLOAT32 values are exact in a double)
   std::string str;          // STRING
   ValueType elem = ValueType::UINT8;  // ARRAY: element type
-  std::vector<std::string> strs;      // ARRAY of STRING
-  std::vector<uint64_t> bits;         // ARRAY of a scalar type
+  StringList strs;                    // ARRAY of STRING
+  std::vector<uint8_t> raw;           // ARRAY of a scalar type
   std::vector<Value> arr;             // ARRAY of ARRAY
 
   static Value of_u32(uint32_t v) { Value x; x.type = ValueType::UINT32; x.u = v; return x; }
@@ -45,7 +48,7 @@ struct Value {
   static Value of_bool(bool v) { Value x; x.type = ValueType::BOOL; x.u = v; return x; }
   static Value of_str(std::string v) { Value x; x.type = ValueType::STRING; x.str = std::move(v); return x; }
   static Value of_array(ValueType elem, const std::vector<Value>& items);  // every item of type elem
-  static Value of_strs(std::vector<std::string> v);
+  static Value of_strs(StringList v);
   static Value of_f32s(const std::vector<float>& v);
   static Value of_i32s(const std::vector<int32_t>& v);
 
@@ -100,7 +103,7 @@ class File {
   template <class T> T get_or(std::string_view key, T fallback) const {
     return has(key) ? get<T>(key) : fallback;
   }
-  const std::vector<std::string>& get_strings(std::string_view key) const;
+  const StringList& get_strings(std::string_view key) const;
   std::vector<float> get_floats(std::string_view key) const;
   std::vector<int64_t> get_ints(std::string_view key) const;
 

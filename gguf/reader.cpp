@@ -26,8 +26,9 @@ namespace {
 
 constexpr uint32_t kMaxArrayDepth = 4;
 constexpr uint64_t kMaxStringLen = 1ull << 30;
-// Each parsed value costs ~100 bytes of memory, so a hostile file of byte arrays could ask for
-// ~100x its size. Real models need ~1M values (262k-token vocabularies, merges); cap well above.
+// An array element that is itself an array costs a Value (~150 bytes), so a hostile file of nested
+// byte arrays could ask for ~100x its size (strings and scalars cost their bytes and at most 4
+// more). Real models need ~1M values (262k-token vocabularies, merges); cap well above.
 constexpr uint64_t kMaxValues = 1ull << 24;
 constexpr int64_t kMaxElements = int64_t(1) << 50;  // per tensor; keeps byte sizes far from overflow
 
@@ -65,20 +66,30 @@ class Cursor {
     pos_ += sizeof(T);
     return v;
   }
-  std::string read_string(const char* field) {
+  // A view into the buffer: valid while it is.
+  std::string_view read_string_view(const char* field) {
     const uint64_t at = pos_;
     uint64_t len = read<uint64_t>(field);
     if (len > kMaxStringLen) bad(at, fmt::format("{} has length {} (limit {})", field, len, kMaxStringLen));
     if (len > left())
       bad(at, fmt::format("{} of length {} runs past the end of the file ({} bytes left)", field, len, left()));
-    std::string s(reinterpret_cast<const char*>(p_ + pos_), len);
+    std::string_view s(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
     return s;
   }
+  std::string read_string(const char* field) { return std::string(read_string_view(field)); }
+  const uint8_t* read_bytes(uint64_t n, const char* field) {
+    need(pos_, n, field);
+    const uint8_t* p = p_ + pos_;
+    pos_ += n;
+    return p;
+  }
   // Counts metadata values against kMaxValues.
   uint64_t values_left() const { return kMaxValues - values_; }
-  void count_value() {
-    if (++values_ > kMaxValues) bad(pos_, fmt::format("more than {} metadata values in the file", kMaxValues));
+  void count_value() { count_values(1); }
+  void count_values(uint64_t n) {
+    if (n > values_left()) bad(pos_, fmt::format("more than {} metadata values in the file", kMaxValues));
+    values_ += n;
   }
 
  private:
@@ -141,10 +152,30 @@ Value read_value(Cursor& c, ValueType type, uint32_t depth) {
                                 value_type_name(v.elem), c.left()));
       if (n > c.values_left())  // checked before reserving memory for them
         c.bad(n_at, fmt::format("array of {} elements passes the limit of {} metadata values", n, kMaxValues));
-      if (v.elem == ValueType::STRING) v.strs.reserve(n);
-      else if (v.elem == ValueType::ARRAY) v.arr.reserve(n);
-      else v.bits.reserve(n);
-      for (uint64_t k = 0; k < n; k++) v.push(read_value(c, v.elem, depth + 1));
+      if (v.elem == ValueType::STRING) {  // straight into the list: no Value or std::string each
+        v.strs.reserve(n);
+        for (uint64_t k = 0; k < n; k++) {
+          c.count_value();
+          const uint64_t s_at = c.pos();
+          const std::string_view s = c.read_string_view("string value");
+          if (s.size() > StringList::kMaxBytes - v.strs.bytes())
+            c.bad(s_at, fmt::format("the array's strings pass {} bytes together", StringList::kMaxBytes));
+          v.strs.push_back(s);
+        }
+        v.strs.shrink_to_fit();  // the text grew by doubling
+      } else if (v.elem == ValueType::ARRAY) {
+        v.arr.reserve(n);
+        for (uint64_t k = 0; k < n; k++) v.push(read_value(c, v.elem, depth + 1));
+      } else {  // the stored bytes as they are (n fits: checked against the bytes left above)
+        c.count_values(n);
+        const size_t w = scalar_width(v.elem);
+        const uint64_t at_bytes = c.pos();
+        const uint8_t* p = c.read_bytes(n * w, "array elements");
+        if (v.elem == ValueType::BOOL)
+          for (uint64_t k = 0; k < n; k++)
+            if (p[k] > 1) c.bad(at_bytes + k, fmt::format("bool value is {}, not 0 or 1", p[k]));
+        v.raw.assign(p, p + n * w);
+      }
       break;
     }
   }
@@ -172,7 +203,7 @@ bool Value::operator==(const Value& o) const {
   if (type != o.type) return false;
   switch (type) {
     case ValueType::STRING: return str == o.str;
-    case ValueType::ARRAY: return elem == o.elem && strs == o.strs && bits == o.bits && arr == o.arr;
+    case ValueType::ARRAY: return elem == o.elem && strs == o.strs && raw == o.raw && arr == o.arr;
     case ValueType::FLOAT32: case ValueType::FLOAT64:
       return std::memcmp(&f, &o.f, sizeof f) == 0;
     default: return u == o.u && i == o.i;
@@ -181,45 +212,77 @@ bool Value::operator==(const Value& o) const {
 
 size_t Value::size() const {
   if (type != ValueType::ARRAY) return 0;
-  return elem == ValueType::STRING ? strs.size() : elem == ValueType::ARRAY ? arr.size() : bits.size();
+  if (elem == ValueType::STRING) return strs.size();
+  if (elem == ValueType::ARRAY) return arr.size();
+  return raw.size() / scalar_width(elem);
+}
+
+size_t scalar_width(ValueType t) {
+  switch (t) {
+    case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
+    case ValueType::UINT16: case ValueType::INT16: return 2;
+    case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
+    case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
+    case ValueType::STRING: case ValueType::ARRAY: return 0;
+  }
+  return 0;
 }
 
 namespace {
 
-// Where an array element of a scalar type keeps its value (Value::u, i or f).
-enum class Field { U, I, F };
-Field field_of(ValueType t) {
-  switch (t) {
-    case ValueType::INT8: case ValueType::INT16: case ValueType::INT32: case ValueType::INT64: return Field::I;
-    case ValueType::FLOAT32: case ValueType::FLOAT64: return Field::F;
-    default: return Field::U;
-  }
+template <class T> T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T> void store(std::vector<uint8_t>& out, T v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
 }
 
 }  // namespace
 
 Value Value::item(size_t k) const {
   BATON_CHECK(k < size());
-  if (elem == ValueType::STRING) return of_str(strs[k]);
+  if (elem == ValueType::STRING) return of_str(std::string(strs[k]));
   if (elem == ValueType::ARRAY) return arr[k];
   Value x;
   x.type = elem;
-  switch (field_of(elem)) {
-    case Field::U: x.u = bits[k]; break;
-    case Field::I: x.i = int64_t(bits[k]); break;
-    case Field::F: std::memcpy(&x.f, &bits[k], sizeof x.f); break;
+  const uint8_t* p = raw.data() + k * scalar_width(elem);
+  switch (elem) {
+    case ValueType::UINT8: case ValueType::BOOL: x.u = *p; break;
+    case ValueType::INT8: x.i = int8_t(*p); break;
+    case ValueType::UINT16: x.u = load<uint16_t>(p); break;
+    case ValueType::INT16: x.i = load<int16_t>(p); break;
+    case ValueType::UINT32: x.u = load<uint32_t>(p); break;
+    case ValueType::INT32: x.i = load<int32_t>(p); break;
+    case ValueType::FLOAT32: x.f = load<float>(p); break;
+    case ValueType::UINT64: x.u = load<uint64_t>(p); break;
+    case ValueType::INT64: x.i = load<int64_t>(p); break;
+    case ValueType::FLOAT64: x.f = load<double>(p); break;
+    case ValueType::STRING: case ValueType::ARRAY: break;
   }
   return x;
 }
 
+// Stores x as the file would (a narrower width keeps the low bits, as the writer does).
 void Value::push(Value x) {
   BATON_CHECK(type == ValueType::ARRAY && x.type == elem);
-  if (elem == ValueType::STRING) return strs.push_back(std::move(x.str));
-  if (elem == ValueType::ARRAY) return arr.push_back(std::move(x));
-  uint64_t b = x.u;
-  if (field_of(elem) == Field::I) b = uint64_t(x.i);
-  if (field_of(elem) == Field::F) std::memcpy(&b, &x.f, sizeof b);
-  bits.push_back(b);
+  switch (elem) {
+    case ValueType::STRING: return strs.push_back(x.str);
+    case ValueType::ARRAY: return arr.push_back(std::move(x));
+    case ValueType::UINT8: return store<uint8_t>(raw, uint8_t(x.u));
+    case ValueType::BOOL: return store<uint8_t>(raw, x.u ? 1 : 0);
+    case ValueType::INT8: return store<int8_t>(raw, int8_t(x.i));
+    case ValueType::UINT16: return store<uint16_t>(raw, uint16_t(x.u));
+    case ValueType::INT16: return store<int16_t>(raw, int16_t(x.i));
+    case ValueType::UINT32: return store<uint32_t>(raw, uint32_t(x.u));
+    case ValueType::INT32: return store<int32_t>(raw, int32_t(x.i));
+    case ValueType::FLOAT32: return store<float>(raw, float(x.f));
+    case ValueType::UINT64: return store<uint64_t>(raw, x.u);
+    case ValueType::INT64: return store<int64_t>(raw, x.i);
+    case ValueType::FLOAT64: return store<double>(raw, x.f);
+  }
 }
 
 Value Value::of_array(ValueType elem, const std::vector<Value>& items) {
@@ -229,7 +292,7 @@ Value Value::of_array(ValueType elem, const std::vector<Value>& items) {
   for (const Value& v : items) x.push(v);
   return x;
 }
-Value Value::of_strs(std::vector<std::string> v) {
+Value Value::of_strs(StringList v) {
   Value x;
   x.type = ValueType::ARRAY;
   x.elem = ValueType::STRING;
@@ -244,7 +307,7 @@ Value scalar_array(ValueType elem, const std::vector<T>& v, Value (*one)(T)) {
   Value x;
   x.type = ValueType::ARRAY;
   x.elem = elem;
-  x.bits.reserve(v.size());
+  x.raw.reserve(v.size() * sizeof(T));
   for (T e : v) x.push(one(e));
   return x;
 }
@@ -475,7 +538,7 @@ template int32_t File::get<int32_t>(std::string_view) const;
 template uint64_t File::get<uint64_t>(std::string_view) const;
 template int64_t File::get<int64_t>(std::string_view) const;
 
-const std::vector<std::string>& File::get_strings(std::string_view key) const {
+const StringList& File::get_strings(std::string_view key) const {
   const Value* v = find(key);
   if (!v) fail(ErrorKind::Model, "{}: missing metadata key '{}'", path_, key);
   if (v->type != ValueType::ARRAY || v->elem != ValueType::STRING) wrong_type(path_, key, *v, "an array of strings");

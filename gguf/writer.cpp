@@ -16,7 +16,7 @@ void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   std::memcpy(out.data() + at, p, n);
 }
 template <class T> void put(std::vector<uint8_t>& out, T v) { put_bytes(out, &v, sizeof v); }
-void put_string(std::vector<uint8_t>& out, const std::string& s) {
+void put_string(std::vector<uint8_t>& out, std::string_view s) {
   put<uint64_t>(out, s.size());
   put_bytes(out, s.data(), s.size());
 }
@@ -38,7 +38,13 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
     case ValueType::ARRAY:
       put<uint32_t>(out, uint32_t(v.elem));
       put<uint64_t>(out, v.size());
-      for (size_t k = 0; k < v.size(); ++k) put_value(out, v.item(k));
+      if (v.elem == ValueType::STRING) {
+        for (std::string_view s : v.strs) put_string(out, s);
+      } else if (v.elem == ValueType::ARRAY) {
+        for (const Value& x : v.arr) put_value(out, x);
+      } else {
+        put_bytes(out, v.raw.data(), v.raw.size());  // already as the file stores them
+      }
       break;
   }
 }

@@ -10,26 +10,16 @@ namespace {
 size_t hash_of(std::string_view s) { return std::hash<std::string_view>{}(s); }
 }  // namespace
 
-StringTable::StringTable(const std::vector<std::string>& items) {
-  if (items.size() >= size_t(std::numeric_limits<int32_t>::max()))
+StringTable::StringTable(gguf::StringList items) : items_(std::move(items)) {
+  if (items_.size() >= size_t(std::numeric_limits<int32_t>::max()))
     throw std::length_error("StringTable: more than 2^31 strings");
-  size_t bytes = 0;
-  for (const auto& s : items) bytes += s.size();
-  if (bytes > std::numeric_limits<uint32_t>::max()) throw std::length_error("StringTable: more than 4 GiB of text");
-  blob_.reserve(bytes);
-  offsets_.reserve(items.size() + 1);
-  offsets_.push_back(0);
-  for (const auto& s : items) {
-    blob_ += s;
-    offsets_.push_back(uint32_t(blob_.size()));
-  }
   // At most half full: probes stay short whatever the hash spreads.
   size_t cap = 16;
-  while (cap < 2 * items.size()) cap *= 2;
+  while (cap < 2 * items_.size()) cap *= 2;
   slots_.assign(cap, -1);
   const size_t mask = cap - 1;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::string_view s = (*this)[i];
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const std::string_view s = items_[i];
     for (size_t k = hash_of(s) & mask;; k = (k + 1) & mask) {
       if (slots_[k] < 0) {
         slots_[k] = int32_t(i);

@@ -7,29 +7,27 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <string_view>
 #include <vector>
+
+#include "gguf/string_list.h"
 
 namespace baton {
 
 class StringTable {
  public:
   StringTable() = default;
-  explicit StringTable(const std::vector<std::string>& items);
+  explicit StringTable(gguf::StringList items);  // throws std::length_error past 2^31 strings
 
-  size_t size() const { return offsets_.empty() ? 0 : offsets_.size() - 1; }
-  bool empty() const { return size() == 0; }
-  std::string_view operator[](size_t i) const {
-    return std::string_view(blob_).substr(offsets_[i], offsets_[i + 1] - offsets_[i]);
-  }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  std::string_view operator[](size_t i) const { return items_[i]; }
   // The lowest position holding `s` (a text that occurs twice is found at its first place).
   std::optional<int32_t> find(std::string_view s) const;
 
  private:
-  std::string blob_;
-  std::vector<uint32_t> offsets_;  // size() + 1: item i is blob_[offsets_[i], offsets_[i + 1])
-  std::vector<int32_t> slots_;     // open addressing (linear probing), a power of two; -1 free
+  gguf::StringList items_;
+  std::vector<int32_t> slots_;  // open addressing (linear probing), a power of two; -1 free
 };
 
 }  // namespace baton

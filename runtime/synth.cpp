@@ -110,7 +110,7 @@ void synthetic_vocab(gguf::Writer& w, uint32_t n_vocab) {
   for (uint32_t i = 259; i < n_vocab; i++) scores[i] = -float(i - 259);
   w.set("tokenizer.ggml.model", gguf::Value::of_str("llama"));
   w.set("tokenizer.ggml.pre", gguf::Value::of_str("default"));
-  w.set("tokenizer.ggml.tokens", gguf::Value::of_strs(tokens));
+  w.set("tokenizer.ggml.tokens", gguf::Value::of_strs(gguf::StringList(tokens)));
   w.set("tokenizer.ggml.scores", gguf::Value::of_f32s(scores));
   w.set("tokenizer.ggml.token_type", gguf::Value::of_i32s(types));
   w.set("tokenizer.ggml.unknown_token_id", gguf::Value::of_u32(0));

@@ -111,10 +111,11 @@ TEST_CASE("gguf: arrays keep their elements by kind, and item() gives each back 
       continue;
     }
     INFO(key);
-    // Where the elements live: strings as strings, scalars as 64 bits each, arrays as Values.
+    // Where the elements live: strings in one block of text, scalars at their stored width,
+    // arrays as Values.
     CHECK(v.strs.size() == (v.elem == ValueType::STRING ? v.size() : 0));
     CHECK(v.arr.size() == (v.elem == ValueType::ARRAY ? v.size() : 0));
-    CHECK(v.bits.size() == (v.elem != ValueType::STRING && v.elem != ValueType::ARRAY ? v.size() : 0));
+    CHECK(v.raw.size() == v.size() * scalar_width(v.elem));
     std::vector<Value> items;
     for (size_t k = 0; k < v.size(); ++k) {
       items.push_back(v.item(k));
@@ -298,7 +299,7 @@ TEST_CASE("gguf: typed getters convert when exact and name the key otherwise", "
   CHECK(f->get<float>("u8") == 200.0f);
   CHECK(f->get<std::string>("s") == "text");
   CHECK(f->get<bool>("b"));
-  CHECK(f->get_strings("arr.s") == std::vector<std::string>{"a", "b"});
+  CHECK(f->get_strings("arr.s").to_vector() == std::vector<std::string>{"a", "b"});
   CHECK(f->get_floats("arr.f") == std::vector<float>{1.5f, -2});
   CHECK(f->get_ints("arr.i") == std::vector<int64_t>{-7, 9});
   CHECK(f->get_ints("arr.b") == std::vector<int64_t>{1, 0});
@@ -350,7 +351,7 @@ TEST_CASE("gguf: the peer vocab files parse with the token counts their metadata
     CHECK(f->architecture() == v.arch);
     CHECK(f->get<std::string>("tokenizer.ggml.model") == v.model);
     CHECK(f->get<std::string>("tokenizer.ggml.pre") == v.pre);
-    const auto tokens = f->get_strings("tokenizer.ggml.tokens");
+    const auto& tokens = f->get_strings("tokenizer.ggml.tokens");
     CHECK(tokens.size() == v.n_tokens);
     // Every per-token array the file has agrees with the token list, and so does vocab_size.
     CHECK(f->get_ints("tokenizer.ggml.token_type").size() == tokens.size());
@@ -462,6 +463,34 @@ TEST_CASE("gguf: hostile fields are rejected naming the field and the byte offse
     const std::string msg = error_of([&] { parse(b); });
     CHECK_THAT(msg, Contains(c.says) && Contains(fmt::format("byte offset {})", at)) && Contains("test.gguf"));
   }
+}
+
+TEST_CASE("gguf: a bool array element other than 0 or 1 is rejected at its byte", "[gguf]") {
+  Writer w;
+  w.set("flags", Value::of_array(ValueType::BOOL, {Value::of_bool(false), Value::of_bool(true), Value::of_bool(true)}));
+  auto b = w.to_bytes();
+  REQUIRE_NOTHROW(parse(b));
+  const size_t third = string_at(b, "flags") + 8 + 5 + 4 + 4 + 8 + 2;  // key, types, count, 2 elements
+  REQUIRE(b[third] == 1);
+  b[third] = 7;
+  CHECK_THAT(error_of([&] { parse(b); }),
+             Contains("metadata 'flags': bool value is 7") && Contains(fmt::format("byte offset {})", third)));
+}
+
+TEST_CASE("gguf: a string list keeps empty, repeated and NUL-holding texts in order", "[gguf]") {
+  const std::vector<std::string> texts = {"", "a", std::string("x\0y", 3), "a", "", std::string(300, 'z')};
+  const StringList l(texts);
+  REQUIRE(l.size() == texts.size());
+  CHECK(l.bytes() == 1 + 3 + 1 + 300);
+  for (size_t i = 0; i < texts.size(); ++i) CHECK(l[i] == texts[i]);
+  CHECK(l.to_vector() == texts);
+  StringList m;
+  CHECK(m.empty());
+  for (std::string_view s : l) m.push_back(s);
+  CHECK(m == l);
+  m.push_back("");
+  CHECK_FALSE(m == l);  // one more (empty) text is a different list
+  CHECK(StringList{"ab", "c"} != StringList{"a", "bc"});  // same bytes, other ends
 }
 
 TEST_CASE("gguf: arrays nested deeper than four levels are rejected", "[gguf]") {

@@ -131,7 +131,7 @@ Tokenizer tiny_vocab(const std::vector<std::string>& specials, const std::map<st
   w.set("general.architecture", gguf::Value::of_str("gpt-oss"));
   w.set("tokenizer.ggml.model", gguf::Value::of_str("gpt2"));
   w.set("tokenizer.ggml.pre", gguf::Value::of_str("gpt-4o"));
-  w.set("tokenizer.ggml.tokens", gguf::Value::of_strs(tokens));
+  w.set("tokenizer.ggml.tokens", gguf::Value::of_strs(gguf::StringList(tokens)));
   w.set("tokenizer.ggml.token_type", gguf::Value::of_i32s(types));
   w.set("tokenizer.ggml.merges", gguf::Value::of_strs({}));
   for (const auto& [key, text] : ids) {
