@@ -188,7 +188,8 @@ std::set<std::string> done_keys(const std::string& path) {
     size_t nl = all.find('\n', at);
     json v = json::parse(all.substr(at, nl - at), nullptr, false);
     at = nl + 1;
-    if (!v.is_object()) continue;
+    // Only records count: a request line (in OUT by mistake) has neither a text nor an error.
+    if (!v.is_object() || !(v.contains("text") || v.contains("error"))) continue;
     if (v.contains("line") && v["line"].is_number_integer()) keys.insert(key_of(json(), v["line"].get<int>()));
     else if (v.contains("id")) keys.insert(key_of(v["id"], 0));
   }
@@ -217,6 +218,9 @@ void draw_progress(int done, int total, double tps, double eta_s) {
 int run(const BatchOpts& o) {
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
   if (o.resume && o.out == "-") fail(ErrorKind::Usage, "--resume needs an output file, not stdout (-o -)");
+  // OUT is truncated (or appended to) before IN is read to its end: the same file would lose its requests.
+  if ((o.in == o.out && o.in != "-") || same_file(o.in, o.out))
+    fail(ErrorKind::Usage, "-i {} and -o {} are the same file: the records would overwrite the requests", o.in, o.out);
   const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);
   const auto [lines, jsonl] = read_input_lines(o.in);  // JSONL, or one plain prompt per line
 
@@ -362,7 +366,7 @@ Register reg{{"batch", "Generate for many prompts (JSONL or text, one per line) 
   add_sampling_flags(app, o->sampling);
   app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line ('-': stdin)")->required();
   app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes ('-': stdout)")->required();
-  app.add_option("--parallel", o->parallel, "requests decoding together")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--parallel", o->parallel, "requests decoding together")->check(in_range(1, 256))->capture_default_str();
   app.add_flag("--resume", o->resume, "keep OUT and skip the ids already in it (otherwise OUT is overwritten)");
   app.add_flag("--raw", o->raw, "send prompts as is, without the chat template");
   return [o] { return run(*o); };

@@ -18,6 +18,7 @@
 
 #include "cli/bench_kernels.h"
 #include "cli/command.h"
+#include "cli/options.h"
 #include "gguf/error.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed.h"
@@ -167,7 +168,7 @@ void print_row(const Row& r, bool json) {
     std::printf("%-5s %-5s %7d %5d %10.5f %8.2f %9.2f %7s\n", r.op.c_str(), r.type.c_str(), r.threads, r.cols, r.seconds,
                 r.gbps, r.gflops, pct.c_str());
   }
-  std::fflush(stdout);
+  flush_stdout();
 }
 
 int run_bench(const Options& o) {
@@ -265,9 +266,9 @@ Register reg{{"bench-kernels", "Measure read bandwidth and matmul kernel through
                 app.add_flag("--json", o->json, "One JSON object per measurement");
                 app.add_option("-t,--threads", o->threads, "Thread counts to measure (default: 1 2)");
                 app.add_option("--types", o->types, "Weight types (default: all 16)");
-                app.add_option("--read-mib", o->read_mib, "Read-bandwidth buffer size in MiB")->check(CLI::Range(64, 65536));
-                app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(CLI::Range(1, 65536));
-                app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(CLI::Range(16, 1 << 20));
+                app.add_option("--read-mib", o->read_mib, "Read-bandwidth buffer size in MiB")->check(in_range(64, 65536));
+                app.add_option("--gemv-mib", o->gemv_mib, "GEMV matrix size in MiB")->check(in_range(1, 65536));
+                app.add_option("--gemm-rows", o->gemm_rows, "GEMM matrix rows")->check(in_range(16, 1 << 20));
                 app.add_option("--cols", o->cols, "Matrix columns (row length), a multiple of 256");
                 app.add_flag("--no-pack", o->no_pack, "Keep the GGUF row layout (by default packable types are packed, as a model load does)");
                 app.add_flag("--cpu-time", o->cpu_time, "Time by process CPU time / threads (busy shared machines)");
@@ -276,9 +277,9 @@ Register reg{{"bench-kernels", "Measure read bandwidth and matmul kernel through
                                "cpu (default) or cuda:N: the CUDA GEMV per column count and its cut-over to the GEMM");
                 app.add_option("--rows", o->rows, "CUDA: matrix rows (default 14336; --cols 4096: a Llama 3 8B FFN "
                                                   "projection); --gemv-mib: the copies' total")
-                    ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
+                    ->check(in_range(16, int64_t(1) << 24));
                 app.add_option("--reps", o->reps, "CUDA: sweeps over the copies per timed round (default 20)")
-                    ->check(CLI::Range(1, 100000));
+                    ->check(in_range(1, 100000));
                 return [o] { return run_bench(*o); };
               }}};
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include <editline/readline.h>
@@ -179,7 +180,7 @@ class Chat {
       if (!msg) {
         if (interrupted()) {  // Ctrl-C at the prompt
           std::printf("\n(to leave, type /exit or press Ctrl-D)\n");
-          std::fflush(stdout);
+          flush_stdout();
           clear_interrupt();
           continue;
         }
@@ -211,7 +212,14 @@ class Chat {
         msg = rest;
         for (bool first_line = rest.empty();;) {
           std::optional<std::string> l = input_.line(tty_ ? "... " : "");
-          if (!l) return std::nullopt;
+          if (!l) {
+            if (interrupted()) return std::nullopt;  // Ctrl-C cancels the block being typed
+            // The input ended inside the block: what was typed is the last message, sent as it is
+            // (a script that forgot the closing quotes still gets its answer), with a note.
+            if (trim(msg).empty()) return std::nullopt;
+            std::fprintf(stderr, "[the input ended inside a \"\"\" block: sending what it holds]\n");
+            break;
+          }
           std::string t = trim(*l);
           if (t.size() >= 3 && t.compare(t.size() - 3, 3, "\"\"\"") == 0) {
             std::string before = l->substr(0, l->rfind("\"\"\""));
@@ -284,6 +292,7 @@ class Chat {
     printer.attach(r);
     Result res = engine_.generate(std::move(r), &interrupted());
     printer.end();
+    check_stdout();  // a reply stopped because stdout failed ends the chat with that error
     if (!res.error.empty()) {
       turns_.pop_back();
       std::fprintf(stderr, "error: %s\n", res.error.c_str());
@@ -292,14 +301,14 @@ class Chat {
     if (res.finish == FinishReason::Cancelled && res.text.empty()) {
       turns_.pop_back();  // stopped before a word of the reply: as if the message was not sent
       std::printf("\n");
-      std::fflush(stdout);
+      flush_stdout();
       std::fprintf(stderr, "[interrupted]\n");
       clear_interrupt();
       return;
     }
     turns_.push_back({"assistant", res.text});  // the answer only: gpt-oss's template drops past reasoning
     std::printf("\n");
-    std::fflush(stdout);
+    flush_stdout();
     if (res.finish == FinishReason::Cancelled) {
       std::fprintf(stderr, "[interrupted]\n");
       clear_interrupt();
@@ -312,7 +321,7 @@ class Chat {
                    speed_stats(res, fmt::format(" ({} new)", res.prompt_evaluated)).c_str(),
                    res.ctx_used, res.n_ctx, static_cast<unsigned long long>(res.seed));
     if (!tty_) std::printf("\n");  // scripts split answers on the blank line
-    std::fflush(stdout);
+    flush_stdout();
   }
 
   // Command feedback: on the terminal with the conversation; piped, on stderr so stdout is answers only.
@@ -366,22 +375,32 @@ class Chat {
       grammar_ = compile_constraint("format", "json", "/set format");
       return say("(replies are JSON objects)");
     }
+    const char* usage = "usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE, /set format json, /set noformat";
+    if (name.empty()) return say(usage);
+    static const std::set<std::string> kNames = {"temp", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens"};
+    if (!kNames.count(name))
+      return say(fmt::format("/set: '{}' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens, format)", name));
     SamplingParams p = params_;
+    std::optional<uint64_t> seed = seed_;
+    int max_tokens = max_tokens_;
     try {
       size_t used = 0;
       if (name == "temp" || name == "temperature") p.temperature = std::stof(value, &used);
       else if (name == "top_p") p.top_p = std::stof(value, &used);
       else if (name == "top_k") p.top_k = std::stoi(value, &used);
       else if (name == "min_p") p.min_p = std::stof(value, &used);
-      else if (name == "seed") { seed_ = std::stoull(value, &used); }
-      else if (name == "max_tokens") { max_tokens_ = std::stoi(value, &used); }
-      else return say("usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE, /set format json, /set noformat");
+      else if (name == "seed") seed = std::stoull(value, &used);
+      else max_tokens = std::stoi(value, &used);
       if (used != value.size()) throw std::invalid_argument("trailing characters");
+    } catch (const std::out_of_range&) {
+      return say(fmt::format("/set {}: {} is out of range", name, value));
     } catch (const std::exception&) {
       return say(fmt::format("/set {}: '{}' is not a number", name, value));
     }
     if (std::string e = p.validate(); !e.empty()) return say("/set: " + e);
     params_ = p;
+    seed_ = seed;
+    max_tokens_ = max_tokens;
     say(fmt::format("({} = {})", name, value));
   }
 

@@ -107,6 +107,9 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
   if (sources == 0) fail(ErrorKind::Usage, "give the input with -p TEXT (repeatable; -p - for stdin), -f FILE or -i FILE");
   if (sources > 1) fail(ErrorKind::Usage, "give the input with one of -p, -f and -i");
   if (o.json && o.plain) fail(ErrorKind::Usage, "give --json or --plain, not both");
+  for (const std::string& in : {o.in, o.file})  // OUT is truncated: it must not be the input
+    if (!in.empty() && ((in == o.out && in != "-") || same_file(in, o.out)))
+      fail(ErrorKind::Usage, "the input {} and -o {} are the same file: the records would overwrite the input", in, o.out);
   std::optional<Pooling> pooling;
   if (!o.pooling.empty()) pooling = parse_pooling(o.pooling);
   check_normalize(o.normalize);
@@ -269,7 +272,7 @@ Register reg{{"embed", "Text embeddings: each input's pooled, normalized final h
                    "-1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, p > 2 p-norm")
         ->capture_default_str();
     app.add_option("--parallel", o->parallel, "inputs evaluated together (sequence slots)")
-        ->check(CLI::Range(1, 256))
+        ->check(in_range(1, 256))
         ->capture_default_str();
     app.add_flag("--json", o->json, "one JSON object per input (the default)");
     app.add_flag("--plain", o->plain, "numbers only: one line per vector, separated by spaces");

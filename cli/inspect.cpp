@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "gguf/error.h"
 #include "gguf/gguf.h"
 #include "runtime/model_files.h"
@@ -288,7 +289,7 @@ int print_text(const gguf::File& f, const Opts& o) {
   }
   if (full_template) fmt::print("\nchat template\n{}{}", *full_template,
                                 full_template->empty() || full_template->back() == '\n' ? "" : "\n");
-  std::fflush(stdout);
+  cli::flush_stdout();
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // `baton logits`: evaluate a prompt in one batch and write every position's logits as float32
 // [n_tokens × n_vocab], row-major, no header (the format of llama.cpp's reference dumps).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <sstream>
 
@@ -25,11 +27,18 @@ struct Opts {
   int outputs = 0;           // --outputs: logit rows a forward holds at most (0: all of its tokens)
 };
 
+// "-" is stdout, the same bytes as a file (to pipe them into another program).
 void write_file(const std::string& path, const void* data, size_t bytes) {
+  if (path == "-") {
+    std::fwrite(data, 1, bytes, stdout);
+    cli::check_stdout();
+    return;
+  }
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail(ErrorKind::Usage, "cannot open {} for writing", path);
+  if (!f) fail(ErrorKind::Model, "cannot open '{}' for writing: {}", path, std::strerror(errno));
   const size_t put = std::fwrite(data, 1, bytes, f);
-  if (std::fclose(f) != 0 || put != bytes) fail(ErrorKind::Usage, "writing {} failed", path);
+  const int e = errno;
+  if (std::fclose(f) != 0 || put != bytes) fail(ErrorKind::Model, "writing '{}' failed: {}", path, std::strerror(e ? e : errno));
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -73,7 +82,8 @@ int run(const Opts& o) {
     line += "\n";
     write_file(o.tokens_out, line.data(), line.size());
   }
-  std::fprintf(stderr, "%zu tokens x %d logits -> %s\n", ids.size(), p->n_vocab(), o.out.c_str());
+  std::fprintf(stderr, "%zu tokens x %d logits -> %s\n", ids.size(), p->n_vocab(),
+               o.out == "-" ? "standard output" : o.out.c_str());
   return 0;
 }
 
@@ -83,18 +93,23 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
     cli::add_model_flags(app, o->f);
     CLI::Option* batch = app.get_option("--batch-size");
     batch->description("tokens per forward (default: the whole prompt in one)");
-    app.add_option("-p,--prompt", o->prompt, "Prompt text (BOS added as the model says)");
-    app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
-    app.add_option("--out", o->out, "Output file for the logits")->required();
-    app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line)");
+    CLI::Option* text = app.add_option("-p,--prompt", o->prompt, "Prompt text (BOS added as the model says)");
+    CLI::Option* tokens = app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
+    text->excludes(tokens);
+    tokens->excludes(text);
+    app.add_option("--out", o->out, "Output file for the logits ('-': stdout, binary)")->required();
+    app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line; '-': stdout)");
     app.add_option("--outputs", o->outputs,
                    "logit rows one forward computes and holds at most (default: all its tokens'); fewer means "
                    "smaller output buffers (n_vocab floats a row) and the prompt in more forwards, the same logits")
-        ->check(CLI::Range(1, 1 << 20));
+        ->check(cli::in_range(1, 1 << 20));
     CLI::Option* prompt = app.get_option("--prompt");
     return [o, batch, prompt] {
       if (o->prompt.empty() && o->tokens.empty())
         fail(ErrorKind::Usage, "{}", prompt->count() > 0 ? "the prompt is empty" : "give -p PROMPT or --tokens IDS");
+      // The second file written would replace the first.
+      if (!o->tokens_out.empty() && (o->out == o->tokens_out || cli::same_file(o->out, o->tokens_out)))
+        fail(ErrorKind::Usage, "--out {} and --tokens-out {} are the same file", o->out, o->tokens_out);
       o->batch_given = batch->count() > 0;
       return run(*o);
     };

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -30,16 +33,15 @@
 namespace baton::cli {
 
 InputLines read_input_lines(const std::string& path) {
-  std::ifstream file;
-  if (path != "-") {
-    file.open(path, std::ios::binary);
-    if (!file) fail(ErrorKind::Usage, "cannot read input file {}", path);
-  }
-  std::istream& in = path == "-" ? std::cin : file;
+  const std::string text = read_text(path);
   InputLines r;
-  for (std::string s; std::getline(in, s);) {
+  for (size_t at = 0; at < text.size();) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    std::string s = text.substr(at, nl - at);
     if (!s.empty() && s.back() == '\r') s.pop_back();
     r.lines.push_back(std::move(s));
+    at = nl + 1;
   }
   for (const auto& l : r.lines) {
     const size_t p = l.find_first_not_of(" \t");
@@ -50,10 +52,70 @@ InputLines read_input_lines(const std::string& path) {
   return r;
 }
 
-RecordFile::RecordFile(const std::string& path, bool append) {
+bool same_file(const std::string& a, const std::string& b) {
+  if (a == "-" || b == "-") return false;
+  struct stat x{}, y{};
+  if (::stat(a.c_str(), &x) != 0 || ::stat(b.c_str(), &y) != 0) return false;
+  return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+// ---- standard output ----
+
+static int g_stdout_errno = 0;  // why a write to stdout failed, once one has
+
+bool flush_stdout() {
+  // stdout first: std::cout writes through it, and its flush would flush stdout and lose errno.
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (!flushed && g_stdout_errno == 0) g_stdout_errno = errno;
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout.good() && g_stdout_errno == 0) g_stdout_errno = errno;
+  const bool ok = flushed && !std::ferror(stdout) && std::cout.good();
+  // An earlier write failed inside printf, which keeps no reason; a closed stdout still tells.
+  const int mode = ::fcntl(STDOUT_FILENO, F_GETFL);
+  if (!ok && g_stdout_errno == 0 && (mode < 0 || (mode & O_ACCMODE) == O_RDONLY)) g_stdout_errno = EBADF;
+  return ok;
+}
+
+std::string stdout_failure() {
+  if (g_stdout_errno == 0) return "writing to standard output failed";
+  return fmt::format("writing to standard output failed: {}", std::strerror(g_stdout_errno));
+}
+
+void check_stdout() {
+  if (!flush_stdout()) fail(ErrorKind::Model, "{}", stdout_failure());
+}
+
+// ---- option checks ----
+
+// The integer s holds, or a message saying why it is not one in [min, max].
+static std::string check_integer(const std::string& s, long long min, long long max, bool say_range) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a whole number", s);
+  const std::string rule = say_range ? fmt::format("must be {} to {}", min, max) : fmt::format("must be at least {}", min);
+  if (errno == ERANGE || v > max)
+    return say_range ? fmt::format("{} is not allowed ({})", s, rule) : fmt::format("{} is too large (at most {})", s, max);
+  if (v < min) return fmt::format("{} is not allowed ({})", s, rule);
+  return "";
+}
+
+CLI::Validator at_least(long long min) {
+  const long long max = INT_MAX;  // the options are ints: CLI11 would refuse more with a vaguer message
+  return CLI::Validator([=](std::string& s) { return check_integer(s, min, max, false); }, fmt::format(">= {}", min));
+}
+
+CLI::Validator in_range(long long min, long long max) {
+  return CLI::Validator([=](std::string& s) { return check_integer(s, min, max, true); },
+                        fmt::format("{} to {}", min, max));
+}
+
+RecordFile::RecordFile(const std::string& path, bool append) : path_(path) {
   fd_ = path == "-" ? ::dup(STDOUT_FILENO)
-                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
-  if (fd_ < 0) fail(ErrorKind::Usage, "cannot open {} for writing", path);
+                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+  if (fd_ < 0) fail(ErrorKind::Model, "cannot open '{}' for writing: {}", path, std::strerror(errno));
 }
 RecordFile::~RecordFile() { ::close(fd_); }
 void RecordFile::write(const std::string& record) {
@@ -62,7 +124,11 @@ void RecordFile::write(const std::string& record) {
   while (left > 0) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(ErrorKind::Usage, "writing the output failed");
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "nothing was written";
+      if (path_ == "-") fail(ErrorKind::Model, "writing to standard output failed: {}", why);
+      fail(ErrorKind::Model, "writing to '{}' failed: {}", path_, why);
+    }
     p += n;
     left -= size_t(n);
   }
@@ -70,15 +136,15 @@ void RecordFile::write(const std::string& record) {
 
 void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-m,--model", f.model, "model: a GGUF path or a known name (e.g. smollm2-135m)")->required();
-  app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--ctx,--ctx-size", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(CLI::NonNegativeNumber);
-  app.add_option("-b,--batch-size", f.batch, "most tokens evaluated in one forward")->check(CLI::PositiveNumber);
+  app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(at_least(0));
+  app.add_option("-c,--ctx,--ctx-size", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(at_least(0));
+  app.add_option("-b,--batch-size", f.batch, "most tokens evaluated in one forward")->check(at_least(1));
   app.add_option("--devices", f.devices,
                  "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
                  "cuda:0,cpu, cuda:0=20GiB,cpu")
       ->capture_default_str();
   app.add_option("--threads-per-stage", f.threads_per_stage,
-                 "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(CLI::NonNegativeNumber);
+                 "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(at_least(0));
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
   app.add_option("--p2p", f.p2p,
                  "GPU stage to GPU stage: auto (peer-to-peer where possible), on (peer-to-peer or an error), "
@@ -135,13 +201,13 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
                  "tokens occurred before in the prompt or reply; the reply does not change, only its speed "
                  "(0: off)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
+      ->check(in_range(0, 64));
   app.add_option("--draft-model,--model-draft", f.draft_model,
                  "speculative decoding with a draft model: a smaller model of the same tokenizer guesses the next "
                  "tokens, the model checks them in one step; the reply does not change, only its speed");
   app.add_option("--draft-max", f.draft_max, "most tokens the draft model guesses a step")
       ->capture_default_str()
-      ->check(CLI::Range(1, 64));
+      ->check(in_range(1, 64));
   app.add_option("--draft-devices,--device-draft", f.draft_devices,
                  "where the draft model runs, as --devices (default: --devices, placed after the model); "
                  "e.g. the model on cuda:0 and its draft on cuda:1 or the cpu");
@@ -187,7 +253,9 @@ std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const
       gbnf = json_schema_to_gbnf(schema);
     }
     if (verbose && kind != "grammar") std::fprintf(stderr, "%s as GBNF:\n%s", what.c_str(), gbnf.c_str());
-    return Grammar::parse(gbnf);
+    auto grammar = Grammar::parse(gbnf);
+    GrammarState start(grammar);  // its first expansion: a grammar too ambiguous to begin fails now, before the load
+    return grammar;
   } catch (const Error& e) {
     fail(ErrorKind::Usage, "{}: {}", what, e.what());
   }
@@ -198,11 +266,21 @@ std::shared_ptr<const Grammar> reply_grammar(const SamplingFlags& f, bool verbos
                     !f.format.empty();
   if (given > 1)
     fail(ErrorKind::Usage, "give at most one of --grammar, --grammar-file, --json-schema, --json-schema-file, --format");
+  // A file that cannot be read keeps its kind of error (a file problem), named by its flag.
+  auto read_flag_file = [](const char* flag, const std::string& path) {
+    try {
+      return read_text(path);
+    } catch (const Error& e) {
+      fail(e.kind(), "{}: {}", flag, e.what());
+    }
+  };
   if (!f.grammar.empty()) return compile_constraint("grammar", f.grammar, "--grammar");
-  if (!f.grammar_file.empty()) return compile_constraint("grammar", read_text(f.grammar_file), "--grammar-file " + f.grammar_file);
+  if (!f.grammar_file.empty())
+    return compile_constraint("grammar", read_flag_file("--grammar-file", f.grammar_file), "--grammar-file " + f.grammar_file);
   if (!f.json_schema.empty()) return compile_constraint("json_schema", f.json_schema, "--json-schema", verbose);
   if (!f.json_schema_file.empty())
-    return compile_constraint("json_schema", read_text(f.json_schema_file), "--json-schema-file " + f.json_schema_file, verbose);
+    return compile_constraint("json_schema", read_flag_file("--json-schema-file", f.json_schema_file),
+                              "--json-schema-file " + f.json_schema_file, verbose);
   if (!f.format.empty()) return compile_constraint("format", f.format, "--format", verbose);
   return nullptr;
 }
@@ -361,7 +439,9 @@ void ReplyPrinter::answer(std::string_view s) {
   if (s.empty()) return;
   close_reasoning(/*done=*/true);
   std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
+  // Nobody can read the rest of a reply whose output failed: stop generating it, as Ctrl-C does
+  // (the command then reports the failure, check_stdout()).
+  if (!flush_stdout()) interrupted().store(true);
 }
 
 void ReplyPrinter::end() { close_reasoning(/*done=*/false); }
@@ -424,15 +504,36 @@ std::string speed_stats(const Result& r, const std::string& prompt_note) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ostringstream s;
-  if (path == "-") {
-    s << std::cin.rdbuf();
-    return s.str();
+  const bool std_in = path == "-";
+  const std::string name = std_in ? "standard input" : "'" + path + "'";
+  const int fd = std_in ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorKind::Model, "cannot read {}: {}", name, std::strerror(errno));
+  auto done = [&] {
+    if (!std_in) ::close(fd);
+  };
+  // A directory opens like a file and reads as an error (or, through some calls, as nothing).
+  struct stat st{};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    done();
+    fail(ErrorKind::Model, "{} is a directory", name);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::Usage, "cannot read {}", path);
-  s << in.rdbuf();
-  return s.str();
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      text.append(buf, size_t(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      const int e = errno;
+      done();
+      fail(ErrorKind::Model, "cannot read {}: {}", name, std::strerror(e));
+    }
+  }
+  done();
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  return text;
 }
 
 }  // namespace baton::cli

@@ -30,16 +30,38 @@ class RecordFile {
   void write(const std::string& record);
 
  private:
+  std::string path_;
   int fd_ = -1;
 };
 
 // An input file of records (batch, embed; "-": stdin) as its lines, a trailing '\r' dropped, and
-// whether it is JSONL (its first non-blank line starts with '{') or one plain input per line.
+// whether it is JSONL (its first non-blank line starts with '{') or one plain input per line. Read
+// as read_text does (a leading byte-order mark skipped, Error(Model) when it cannot be read).
 struct InputLines {
   std::vector<std::string> lines;
   bool jsonl = false;
 };
 InputLines read_input_lines(const std::string& path);
+
+// Whether two paths name one file (the same device and inode: through a symlink or a hard link
+// too). "-" (stdin, stdout) and paths that do not exist name no file another path could share.
+bool same_file(const std::string& a, const std::string& b);
+
+// Standard output's state. A write that failed (a full disk, a closed stdout) must not end in exit 0:
+// main() checks after every command, and streaming commands check between tokens, so that a reply
+// does not go on for minutes into an output nobody reads. A broken pipe is not seen here: SIGPIPE
+// ends the process first, as `baton run ... | head` expects.
+// Flushes std::cout and stdout; false when a write failed, now or earlier (the reason is kept).
+bool flush_stdout();
+// "writing to standard output failed: <reason>".
+std::string stdout_failure();
+// Error(Model) with stdout_failure() when flush_stdout() fails.
+void check_stdout();
+
+// CLI11 checks of integer options whose message states the rule, e.g. "--batch-size: 0 is not
+// allowed (must be at least 1)" (CLI11's own number checks print a range up to DBL_MAX).
+CLI::Validator at_least(long long min);
+CLI::Validator in_range(long long min, long long max);
 
 // Where the layers go beyond --devices: the planner's overrides, the same flags for `baton plan`
 // and for the commands that load a model, so a plan printed is the plan run.
@@ -165,13 +187,17 @@ void clear_interrupt();
 
 bool stderr_is_tty();
 bool stdin_is_tty();
-// Whole file (or stdin for "-") as text; Error(Usage) when it cannot be read.
+// Whole file (or stdin for "-") as text, without a leading UTF-8 byte-order mark (Notepad's files
+// start with one; it is an encoding mark, not text). Pipes and process substitution read like files.
+// Error(Model) naming the path when it does not exist, is a directory or cannot be read.
 std::string read_text(const std::string& path);
 
 // A reply as it streams. A thinking model's reasoning (gpt-oss: the harmony analysis channel, the
 // engine's on_reasoning) comes first, between "Thinking..." and "...done thinking.": dim on stdout
 // when stdout is a terminal, on stderr otherwise (stdout stays the answer alone, for scripts), and
 // not at all when hidden. The answer goes to stdout. Models without reasoning print as before.
+// When stdout cannot be written, the printer raises interrupted() so that the engine stops; the
+// caller then checks stdout (check_stdout()) before treating the reply as interrupted.
 class ReplyPrinter {
  public:
   ReplyPrinter(bool show_reasoning, bool stdout_tty) : show_(show_reasoning), tty_(stdout_tty) {}

@@ -41,7 +41,7 @@ double quantile(const std::vector<float>& sorted, double q) {
 }
 
 int run(const PplOpts& o) {
-  if (!o.save_base.empty() && o.save_base == o.kl_base)
+  if (!o.save_base.empty() && (o.save_base == o.kl_base || same_file(o.save_base, o.kl_base)))
     fail(ErrorKind::Usage, "--save-base and --kl-base name the same file");
   const std::string text = read_text(o.file);
   if (text.empty()) fail(ErrorKind::Usage, "{} is empty", o.file == "-" ? std::string("stdin") : o.file);
@@ -77,11 +77,12 @@ int run(const PplOpts& o) {
   const PerplexityStats st = perplexity(p, tokens, po, [&](const PerplexityStats& s) {
     if (o.json) return;
     std::printf("[%d]%.4f,", s.chunks, s.ppl());
-    std::fflush(stdout);
+    if (!flush_stdout()) interrupted().store(true);  // nobody reads the rest: stop, and say why below
   }, &interrupted());
+  check_stdout();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!o.json) std::printf("\n");
-  std::fflush(stdout);
+  flush_stdout();
   if (st.chunks == 0) {
     std::fprintf(stderr, "interrupted before the first chunk finished\n");
     return 130;
@@ -109,7 +110,7 @@ int run(const PplOpts& o) {
       std::printf("Same top token  %.3f %%\n", 100 * st.same_top_fraction());
     }
   }
-  std::fflush(stdout);
+  flush_stdout();
   std::fprintf(stderr, "%d chunks, %lld tokens scored | %.2f s | %.1f tok/s evaluated%s\n", st.chunks,
                (long long)st.count, secs, secs > 0 ? double(st.chunks) * po.n_ctx / secs : 0.0,
                o.save_base.empty() ? "" : fmt::format(" | base written to {}", o.save_base).c_str());
@@ -123,9 +124,9 @@ Register reg{{"perplexity", "Perplexity of a text file (as llama-perplexity), an
     app.get_option("--ctx")->description("tokens per chunk (default 512); each chunk's second half is scored");
     app.add_option("-f,--file", o->file, "the text ('-': stdin)")->required();
     app.add_option("--chunks", o->chunks, "score at most this many chunks (default: all the text makes)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(at_least(0));
     app.add_option("--parallel", o->parallel, "chunks in flight at once (sequence slots; stages overlap on them)")
-        ->check(CLI::Range(1, 64))
+        ->check(in_range(1, 64))
         ->capture_default_str();
     app.add_option("--save-base", o->save_base,
                    "write each scored token's log-probabilities (fp16, vocabulary × 2 bytes per token) for --kl-base");

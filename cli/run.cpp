@@ -58,6 +58,7 @@ int run(const RunOpts& o) {
   Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   Result r = engine.generate(std::move(req), &interrupted());
   printer.end();
+  check_stdout();  // a reply stopped because stdout failed is that failure, not a Ctrl-C
   if (!r.error.empty()) fail(ErrorKind::Usage, "{}", r.error);
 
   if (o.json) {
@@ -80,7 +81,7 @@ int run(const RunOpts& o) {
   } else {
     std::printf("\n");
   }
-  std::fflush(stdout);
+  check_stdout();
   if (r.finish == FinishReason::Context)
     std::fprintf(stderr, "[stopped: the context is full (%d tokens); use a larger --ctx]\n", r.n_ctx);
   std::fprintf(stderr, "load %.0f ms | %s | seed %llu\n", m.load_ms, speed_stats(r).c_str(),

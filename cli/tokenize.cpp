@@ -1,14 +1,12 @@
 // `baton tokenize`: the ids (and with --pieces, the text of each token) a model's tokenizer gives a
 // prompt. Only the tokenizer metadata is read; no weights are loaded.
 #include <cstdio>
-#include <fstream>
-#include <iostream>
 #include <memory>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "gguf/error.h"
 #include "gguf/gguf.h"
 #include "runtime/model_files.h"
@@ -54,23 +52,10 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-std::string read_file(const std::string& path) {
-  if (path == "-") {
-    std::ostringstream s;
-    s << std::cin.rdbuf();
-    return s.str();
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::Usage, "cannot read {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 int run(const Opts& o) {
   auto file = gguf::File::open(resolve_model(o.model));
   const Tokenizer tok = Tokenizer::from_gguf(*file);
-  const std::string text = o.file.empty() ? o.prompt : read_file(o.file);
+  const std::string text = o.file.empty() ? o.prompt : cli::read_text(o.file);
   const auto ids = tok.encode(text, /*add_special=*/!o.no_bos, /*parse_special=*/o.special);
   if (o.pieces) {
     for (int32_t id : ids) fmt::print("{:>7} '{}'\n", id, printable(tok.decode_piece(id, /*show_special=*/true)));
@@ -79,7 +64,7 @@ int run(const Opts& o) {
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
     fmt::print("{}\n", line);
   }
-  std::fflush(stdout);
+  cli::flush_stdout();
   return 0;
 }
 

@@ -22,6 +22,10 @@ enum class ValueType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
+// What the reader accepts (a hostile file asks for more; the writer refuses to write more).
+constexpr int64_t kMaxTensorElements = int64_t(1) << 50;  // per tensor: byte sizes stay far from overflow
+constexpr uint64_t kMaxMetadataValues = uint64_t(1) << 24;  // all metadata values, array elements included
+
 const char* value_type_name(ValueType t);
 size_t scalar_width(ValueType t);  // bytes of one stored scalar (1, 2, 4 or 8); 0 for STRING, ARRAY
 
@@ -150,6 +154,9 @@ class Writer {
   using Fill = std::function<void(uint8_t* dst, size_t nbytes)>;
   void add_tensor_lazy(const std::string& name, GgmlType type, std::vector<int64_t> dims, Fill fill);
   std::vector<uint8_t> to_bytes() const;
+  uint64_t file_size() const;  // what write() writes
+  // Writes to a temporary file beside `path` and renames it: a failed write leaves nothing behind
+  // (a device or FIFO path is written in place).
   void write(const std::string& path) const;
 
  private:

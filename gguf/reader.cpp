@@ -29,8 +29,8 @@ constexpr uint64_t kMaxStringLen = 1ull << 30;
 // An array element that is itself an array costs a Value (~150 bytes), so a hostile file of nested
 // byte arrays could ask for ~100x its size (strings and scalars cost their bytes and at most 4
 // more). Real models need ~1M values (262k-token vocabularies, merges); cap well above.
-constexpr uint64_t kMaxValues = 1ull << 24;
-constexpr int64_t kMaxElements = int64_t(1) << 50;  // per tensor; keeps byte sizes far from overflow
+constexpr uint64_t kMaxValues = kMaxMetadataValues;
+constexpr int64_t kMaxElements = kMaxTensorElements;
 
 // Keys and names in messages: hostile files can make them very long.
 std::string shown(const std::string& s) {

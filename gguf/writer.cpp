@@ -3,6 +3,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gguf/gguf.h"
 
@@ -59,10 +63,25 @@ void Writer::set(const std::string& key, Value v) {
   kv_.emplace_back(key, std::move(v));
 }
 
+namespace {
+
+// Elements of a tensor of these dims; a shape no reader accepts is the caller's input (a
+// synthetic shape), so it is a usage error naming the tensor.
+int64_t element_count(const std::string& name, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    BATON_CHECK(d > 0);
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxTensorElements)
+      fail(ErrorKind::Usage, "tensor '{}' would have more than 2^50 elements, which no GGUF reader accepts", name);
+  }
+  return n;
+}
+
+}  // namespace
+
 void Writer::add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> dims,
                         const void* data, size_t nbytes) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
+  const int64_t n = element_count(name, dims);
   const TypeTraits& tt = traits(type);
   // Writing a tensor whose bytes do not match its shape is a bug in the caller, not bad input.
   BATON_CHECK(!dims.empty() && dims.size() <= 4 && dims[0] % tt.block_elems == 0);
@@ -73,8 +92,7 @@ void Writer::add_tensor(const std::string& name, GgmlType type, std::vector<int6
 }
 
 void Writer::add_tensor_lazy(const std::string& name, GgmlType type, std::vector<int64_t> dims, Fill fill) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
+  const int64_t n = element_count(name, dims);
   const TypeTraits& tt = traits(type);
   BATON_CHECK(!dims.empty() && dims.size() <= 4 && dims[0] % tt.block_elems == 0);
   Tensor t{name, type, std::move(dims), {}, std::move(fill), uint64_t(n / tt.block_elems) * tt.block_bytes};
@@ -133,33 +151,65 @@ std::vector<uint8_t> Writer::to_bytes() const {
   return out;
 }
 
+uint64_t Writer::file_size() const {
+  std::vector<uint64_t> offsets;
+  const uint64_t header = header_bytes(offsets).size();
+  return tensors_.empty() ? header : header + offsets.back() + tensors_.back().nbytes;
+}
+
 void Writer::write(const std::string& path) const {
   std::vector<uint64_t> offsets;
   const std::vector<uint8_t> header = header_bytes(offsets);
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail(ErrorKind::Model, "cannot create '{}': {}", path, std::strerror(errno));
+  // A regular file (or a new one) is written beside, then renamed over: an error, an interrupt or
+  // a full disk leaves the old file or none, never a truncated model that looks like one.
+  struct stat st {};
+  const bool in_place = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  const std::string tmp = in_place ? path : fmt::format("{}.partial.{}", path, ::getpid());
+  struct Cleanup {  // removes the temporary file unless the rename happened
+    const std::string* tmp = nullptr;
+    ~Cleanup() { if (tmp) ::unlink(tmp->c_str()); }
+  } cleanup;
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail(ErrorKind::Model, "cannot create '{}': {}", tmp, std::strerror(errno));
+  if (!in_place) cleanup.tmp = &tmp;
   bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
   uint64_t pos = 0;
   std::vector<uint8_t> buf;
-  for (size_t k = 0; k < tensors_.size() && ok; k++) {
-    const Tensor& t = tensors_[k];
-    static const uint8_t zeros[4096] = {};
-    while (pos < offsets[k] && ok) {
-      size_t n = size_t(std::min<uint64_t>(sizeof zeros, offsets[k] - pos));
-      ok = std::fwrite(zeros, 1, n, f) == n;
-      pos += n;
+  try {
+    for (size_t k = 0; k < tensors_.size() && ok; k++) {
+      const Tensor& t = tensors_[k];
+      static const uint8_t zeros[4096] = {};
+      while (pos < offsets[k] && ok) {
+        size_t n = size_t(std::min<uint64_t>(sizeof zeros, offsets[k] - pos));
+        ok = std::fwrite(zeros, 1, n, f) == n;
+        pos += n;
+      }
+      const uint8_t* src = t.bytes.data();
+      if (t.fill) {
+        try {
+          buf.resize(t.nbytes);
+        } catch (const std::bad_alloc&) {
+          fail(ErrorKind::OutOfMemory, "writing '{}': tensor '{}' needs {} bytes of memory at once", path, t.name,
+               t.nbytes);
+        }
+        t.fill(buf.data(), t.nbytes);
+        src = buf.data();
+      }
+      ok = ok && std::fwrite(src, 1, t.nbytes, f) == t.nbytes;
+      pos += t.nbytes;
     }
-    const uint8_t* src = t.bytes.data();
-    if (t.fill) {
-      buf.resize(t.nbytes);
-      t.fill(buf.data(), t.nbytes);
-      src = buf.data();
-    }
-    ok = ok && std::fwrite(src, 1, t.nbytes, f) == t.nbytes;
-    pos += t.nbytes;
+  } catch (...) {
+    std::fclose(f);
+    throw;
   }
+  const int write_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
-  if (!ok) fail(ErrorKind::Model, "failed writing '{}': {}", path, std::strerror(errno));
+  if (!ok) fail(ErrorKind::Model, "failed writing '{}': {}", path, std::strerror(errno ? errno : write_errno));
+  if (!in_place) {
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(ErrorKind::Model, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+    cleanup.tmp = nullptr;
+  }
 }
 
 }  // namespace baton::gguf

@@ -268,9 +268,12 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     try { return f.get<double>(key); } catch (const Error& e) { problems.push_back(e.what()); }
     return dflt;
   };
+  // An out-of-range value is reported, and 1 stands in for it until all problems are listed:
+  // the checks below divide by these counts.
   auto positive = [&](const char* what, int64_t v) {
-    if (v <= 0 || v > (int64_t(1) << 24)) problems.push_back(fmt::format("{} = {} is out of range", what, v));
-    return int(v);
+    if (v > 0 && v <= (int64_t(1) << 24)) return int(v);
+    problems.push_back(fmt::format("{} = {} is out of range", what, v));
+    return 1;
   };
 
   c.n_layer = positive("block_count", get_int("block_count", true, 1));
@@ -422,10 +425,12 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     rs.beta_slow = float(get_float("rope.scaling.yarn_beta_slow", 1.0));
     rs.ext_factor = float(get_float("rope.scaling.yarn_ext_factor", 1.0));
     rs.yarn_truncate = !fam->oai;
-    if (!(rs.beta_fast > 0 && rs.beta_slow > 0 && rs.original_ctx > 0 && rs.ext_factor >= 0 && rs.ext_factor <= 1))
-      problems.push_back(fmt::format("yarn: beta_fast {} and beta_slow {} must be > 0, original context {} > 0, "
-                                     "ext_factor {} in [0, 1]", rs.beta_fast, rs.beta_slow, rs.original_ctx,
-                                     rs.ext_factor));
+    if (!(rs.beta_fast > 0)) problems.push_back(fmt::format("yarn: rope.scaling.yarn_beta_fast {} must be > 0", rs.beta_fast));
+    if (!(rs.beta_slow > 0)) problems.push_back(fmt::format("yarn: rope.scaling.yarn_beta_slow {} must be > 0", rs.beta_slow));
+    if (!(rs.original_ctx > 0))
+      problems.push_back(fmt::format("yarn: rope.scaling.original_context_length {} must be > 0", rs.original_ctx));
+    if (!(rs.ext_factor >= 0 && rs.ext_factor <= 1))
+      problems.push_back(fmt::format("yarn: rope.scaling.yarn_ext_factor {} must be in [0, 1]", rs.ext_factor));
   } else if (rs.type != "none" && rs.type != "linear") {
     problems.push_back(fmt::format("rope.scaling.type '{}' is not supported (none, linear, llama3, yarn)", rs.type));
   }

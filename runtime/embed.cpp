@@ -62,8 +62,14 @@ void normalize_embedding(float* v, int n, int norm) {
     for (int i = 0; i < n; ++i) size += double(v[i]) * double(v[i]);
     size = std::sqrt(size);
   } else {
-    for (int i = 0; i < n; ++i) size += std::pow(std::fabs(double(v[i])), double(norm));
-    size = std::pow(size, 1.0 / double(norm));
+    // ||v||_p = m · ||v / m||_p with m = max |v_i|: the powers stay in [0, 1] and cannot
+    // overflow (|v_i|^500 of a component of 27 is past any double).
+    double m = 0;
+    for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(double(v[i])));
+    if (m > 0) {
+      for (int i = 0; i < n; ++i) size += std::pow(std::fabs(double(v[i])) / m, double(norm));
+      size = m * std::pow(size, 1.0 / double(norm));
+    }
   }
   const double scale = size > 0 ? 1.0 / size : 0.0;
   for (int i = 0; i < n; ++i) v[i] = float(double(v[i]) * scale);

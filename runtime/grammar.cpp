@@ -114,6 +114,7 @@ class GrammarParser {
     defined_.push_back(false);
     used_at_.push_back(0);
     generated_.push_back(0);
+    parent_.push_back(-1);
     return id;
   }
   uint32_t rule_id(const std::string& name, size_t at) {
@@ -131,6 +132,7 @@ class GrammarParser {
     const uint32_t id = add_rule(std::move(name));
     bodies_[id] = std::move(body);
     defined_[id] = true;
+    parent_[id] = int32_t(p);
     return id;
   }
   static Elem ref(uint32_t rule) { return Elem{Elem::Ref, false, rule, 0}; }
@@ -339,6 +341,11 @@ class GrammarParser {
           continue;
         }
         const uint32_t t = first[r][next++];
+        if (color[t] == 1 && parent_[t] >= 0)  // a rule the parser made for a group or a repetition
+          fail(ErrorKind::Usage, "grammar: in rule '{}', a group or repetition can call itself before reading a "
+                                 "character (left recursion; a repeated part that can match nothing, as ([a-z]*)*, "
+                                 "does this): make each repeated part read at least one character",
+               g_.rules_[size_t(parent_[t])].name);
         if (color[t] == 1)
           fail(ErrorKind::Usage, "grammar: rule '{}' can call itself before reading a character (left recursion); "
                                  "rewrite it to repeat on the right, e.g. list ::= item (\",\" item)*",
@@ -359,6 +366,7 @@ class GrammarParser {
   std::vector<bool> defined_;
   std::vector<size_t> used_at_;    // where a rule was first named (for "never defined")
   std::vector<int> generated_;     // generated rules per parent so far (their names' suffix)
+  std::vector<int32_t> parent_;    // the rule a generated rule was made in (-1: the user's own)
   int depth_ = 0;                  // parentheses open
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -140,6 +141,9 @@ void check_shape(const ShapePreset& p) {
        "n_layer, n_embd, n_head, n_head_kv, head_dim and n_ff must all be positive");
   need(p.n_head % p.n_head_kv == 0, "n_head must be a multiple of n_head_kv");
   need(p.n_vocab >= 259, "n_vocab must be at least 259 (3 specials and 256 byte tokens)");
+  // Three metadata values a token (text, score, type) under the reader's limit, with room for the rest.
+  need(p.n_vocab <= (gguf::kMaxMetadataValues - 4096) / 3,
+       "n_vocab must be at most 5,591,040 (a GGUF reader holds 2^24 metadata values, three a token)");
   need(p.n_ctx_train > 0, "the context length must be positive");
   need(p.head_dim % 2 == 0, "head_dim must be even (rotary pairs)");
   need(p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim, "the rotated dims must be even and at most head_dim");
@@ -267,7 +271,16 @@ gguf::Writer synth_writer(const ShapePreset& p, const SynthOptions& opt) {
 }
 
 void synth_write(const ShapePreset& p, const SynthOptions& opt, const std::string& path) {
-  synth_writer(p, opt).write(path);
+  const gguf::Writer w = synth_writer(p, opt);
+  // Refused before a byte is written: a file that cannot fit the disk would fail hours later.
+  const uint64_t bytes = w.file_size();
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  std::error_code ec;
+  const auto space = std::filesystem::space(dir, ec);
+  if (!ec && bytes > space.available)
+    fail(ErrorKind::Model, "writing '{}' needs {:.1f} GiB, and {} has {:.1f} GiB free", path, double(bytes) / (1 << 30),
+         dir.string(), double(space.available) / (1 << 30));
+  w.write(path);
 }
 
 }  // namespace baton

@@ -57,6 +57,11 @@ std::string byte_level_decode(std::string_view text) {
 }
 
 void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) const {
+  // Bytes that are not UTF-8 become U+FFFD first (llama.cpp's reading): a vocabulary learned
+  // from text may lack the byte tokens of 0xF8..0xFF, and the fallback below would drop them or
+  // put <unk> (often the end-of-text token) into a prompt.
+  std::string valid;
+  text = unicode::with_invalid_replaced(text, valid);
   std::vector<SymbolSpan> sym;
   std::string key;
   for (std::string_view piece : pretokenize(pre_, text)) {

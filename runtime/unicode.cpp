@@ -80,6 +80,37 @@ uint32_t decode_one(std::string_view s, size_t& pos) {
   return cp;
 }
 
+namespace {
+// Length of the complete sequence at s[pos], 0 when none starts there.
+size_t sequence_len(std::string_view s, size_t pos) {
+  const auto b0 = uint8_t(s[pos]);
+  if (b0 < 0x80) return 1;
+  const size_t n = (b0 & 0xE0) == 0xC0 ? 2 : (b0 & 0xF0) == 0xE0 ? 3 : (b0 & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || n > s.size() - pos) return 0;
+  for (size_t i = 1; i < n; ++i)
+    if ((uint8_t(s[pos + i]) & 0xC0) != 0x80) return 0;
+  return n;
+}
+}  // namespace
+
+std::string_view with_invalid_replaced(std::string_view s, std::string& storage) {
+  size_t pos = 0;
+  for (size_t n; pos < s.size() && (n = sequence_len(s, pos)) != 0;) pos += n;
+  if (pos == s.size()) return s;
+  storage.assign(s.substr(0, pos));
+  while (pos < s.size()) {
+    const size_t n = sequence_len(s, pos);
+    if (n == 0) {
+      storage += "\xEF\xBF\xBD";  // U+FFFD for this one byte
+      ++pos;
+    } else {
+      storage.append(s.substr(pos, n));
+      pos += n;
+    }
+  }
+  return storage;
+}
+
 std::vector<uint32_t> decode(std::string_view s) {
   std::vector<uint32_t> out;
   out.reserve(s.size());

@@ -35,6 +35,11 @@ inline size_t utf8_len(uint8_t b) {
 // single byte's value (as Latin-1) and advance by one, so every input byte is accounted for.
 uint32_t decode_one(std::string_view s, size_t& pos);
 std::vector<uint32_t> decode(std::string_view s);
+
+// The text with each byte that does not start a complete UTF-8 sequence (a stray continuation
+// byte, 0xF8..0xFF, a sequence cut short or broken) replaced by U+FFFD, one per byte, as
+// llama.cpp reads text for its BPE tokenizers. `s` itself when it is valid (nothing copied).
+std::string_view with_invalid_replaced(std::string_view s, std::string& storage);
 void append_utf8(std::string& out, uint32_t cp);
 std::string encode(const std::vector<uint32_t>& cps);
 

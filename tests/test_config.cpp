@@ -212,3 +212,44 @@ TEST_CASE("mixtures of experts: counts, widths and stacked experts read from the
   }
   CHECK_THAT(error_of(old), Catch::Contains("an old Mixtral conversion"));
 }
+
+TEST_CASE("a count of 0, below 0 or past 2^24 is named, never divided by (head_count 0 was a SIGFPE)") {
+  const ShapePreset tiny{"tiny-llama", "llama", "test", 2, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 1e6f, 1e-5f, false};
+  const auto good = synth_writer(tiny, {}).to_bytes();
+  const auto file = gguf::File::parse(good.data(), good.size());
+  for (const char* key : {"block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                          "feed_forward_length", "context_length", "rope.dimension_count"}) {
+    for (const gguf::Value& bad : {gguf::Value::of_u32(0), gguf::Value::of_i32(-1), gguf::Value::of_u64(1ull << 32)}) {
+      // The file's keys without the head widths, so that the widths come from embedding / heads.
+      gguf::Writer w;
+      for (const auto& [k, v] : file->metadata())
+        if (k != "llama.attention.key_length" && k != "llama.attention.value_length") w.set(k, v);
+      w.set(std::string("llama.") + key, bad);
+      const auto bytes = w.to_bytes();
+      const std::string shown = bad.type == gguf::ValueType::INT32 ? std::to_string(bad.i) : std::to_string(bad.u);
+      INFO(key << " = " << shown);
+      try {
+        ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+        FAIL("no error");
+      } catch (const Error& e) {
+        CHECK_THAT(e.what(), Catch::Contains(std::string(key) + " = " + shown + " is out of range"));
+      }
+    }
+  }
+}
+
+TEST_CASE("yarn: only the settings that are wrong are named") {
+  const ShapePreset tiny{"tiny-llama", "llama", "test", 2, 128, 4, 2, 32, 256, 600, 512, false, 0, 0, 1e6f, 1e-5f, false};
+  gguf::Writer w = synth_writer(tiny, {});
+  w.set("llama.rope.scaling.type", gguf::Value::of_str("yarn"));
+  w.set("llama.rope.scaling.factor", gguf::Value::of_f32(4.f));
+  w.set("llama.rope.scaling.original_context_length", gguf::Value::of_u32(0));
+  const auto bytes = w.to_bytes();
+  try {
+    ModelConfig::from_gguf(*gguf::File::parse(bytes.data(), bytes.size()));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("original_context_length 0 must be > 0"));
+    CHECK_THAT(e.what(), !Catch::Contains("beta_fast") && !Catch::Contains("ext_factor"));
+  }
+}

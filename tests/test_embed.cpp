@@ -90,8 +90,15 @@ TEST_CASE("embedding normalization: none, max-abs int16, taxicab, Euclidean, p-n
   CHECK(l2[1] == Approx(-4.0 / std::sqrt(26.0)));
   const auto l3 = norm(3);
   CHECK(l3[1] == Approx(-4.0 / std::cbrt(27.0 + 64.0 + 1.0)));
+  // A large p on large components: the p-norm tends to the largest magnitude, never overflows.
+  std::vector<float> big = {27.3f, -3.f, 20.f, 0.5f};
+  normalize_embedding(big.data(), 4, 500);
+  CHECK(big[0] == Approx(1.0).epsilon(1e-3));
+  CHECK(big[2] == Approx(20.0 / 27.3).epsilon(1e-3));
   std::vector<float> zero(4, 0.f);
   normalize_embedding(zero.data(), 4, 2);  // stays zero, no NaN
+  CHECK(zero == std::vector<float>(4, 0.f));
+  normalize_embedding(zero.data(), 4, 7);
   CHECK(zero == std::vector<float>(4, 0.f));
   CHECK(test::usage_error([] { check_normalize(-2); }).find("-2") != std::string::npos);
 }
@@ -135,7 +142,7 @@ TEST_CASE("synth --pooling writes pooling_type, and add_eos_token for last") {
   CHECK(rank.err.find("not supported") != std::string::npos);
 }
 
-TEST_CASE("embed: bad flags, empty and too long inputs are usage errors (exit 1); a missing model is 2") {
+TEST_CASE("embed: bad flags, empty and too long inputs are usage errors (exit 1); a missing model or input is 2") {
   const std::string m = "embed -t 2 -m " + model(3);
   struct Case {
     std::string args, message;
@@ -149,7 +156,6 @@ TEST_CASE("embed: bad flags, empty and too long inputs are usage errors (exit 1)
            {"-p a --json --plain", "--json or --plain"},
            {"-p ''", "the input is empty"},
            {"-p a -p ''", "input 1 is empty"},
-           {"-i /nonexistent/in.jsonl", "cannot read input file"},
            {"--ctx 8 -p 'a rather long input that cannot fit in eight tokens'", "but the context is 8"},
        }) {
     Out o = run_baton(m + " " + c.args);
@@ -160,6 +166,9 @@ TEST_CASE("embed: bad flags, empty and too long inputs are usage errors (exit 1)
   }
   Out missing = run_baton("embed -m /nonexistent/model.gguf -p hi");
   CHECK(missing.code == 2);
+  Out no_input = run_baton(m + " -i /nonexistent/in.jsonl");  // a file problem, as a missing model
+  CHECK(no_input.code == 2);
+  CHECK_THAT(no_input.err, Catch::Contains("cannot read '/nonexistent/in.jsonl'"));
 }
 
 TEST_CASE("embed: JSONL input, error records in line order, the same vector from -p, -f and JSONL") {
@@ -212,6 +221,16 @@ TEST_CASE("embed: JSONL input, error records in line order, the same vector from
   Out s = run_baton(m + " -p -", "hello world\n");
   REQUIRE(s.code == 0);
   CHECK(max_diff(lines_of(s.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
+  // A UTF-8 byte-order mark (Notepad's files) is not text: JSONL stays JSONL, -f reads the text.
+  std::ofstream(dir + "/bom.jsonl", std::ios::binary) << "\xEF\xBB\xBF" << R"({"id": "bom", "input": "hello world"})" "\n";
+  Out bom = run_baton(m + " -i " + dir + "/bom.jsonl");
+  REQUIRE(bom.code == 0);
+  CHECK(lines_of(bom.out).at(0)["id"] == "bom");
+  CHECK(max_diff(lines_of(bom.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
+  std::ofstream(dir + "/bom.txt", std::ios::binary) << "\xEF\xBB\xBF" << "hello world\n";
+  Out bomf = run_baton(m + " -f " + dir + "/bom.txt");
+  REQUIRE(bomf.code == 0);
+  CHECK(lines_of(bomf.out).at(0)["n_tokens"] == pr[1]["n_tokens"]);
 
   // Plain text input: one input per non-blank line, ids are line numbers.
   std::ofstream(dir + "/in.txt") << "the cat sat on the mat\n\nhello world\n";

@@ -629,3 +629,31 @@ TEST_CASE("gguf: the fuzz seed corpus is what the writer produces, and it parses
     CHECK(disk == bytes);
   }
 }
+
+TEST_CASE("gguf: a failed write leaves the old file or none, never a partial one", "[gguf]") {
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir(), path = dir + "/m.gguf";
+  Writer good;
+  good.set("k", Value::of_u32(7));
+  std::vector<float> w(64, 0.5f);
+  good.add_tensor("w", GgmlType::F32, {64}, w.data(), w.size() * 4);
+  good.write(path);
+  CHECK(fs::file_size(path) == good.file_size());
+  // A writer whose second tensor fails half way (a fill that throws, as an interrupt or a full
+  // disk ends it): the file already there stays as it was, and no temporary file is left.
+  Writer bad;
+  bad.set("k", Value::of_u32(8));
+  bad.add_tensor_lazy("a", GgmlType::F32, {1024}, [](uint8_t* p, size_t n) { std::memset(p, 1, n); });
+  bad.add_tensor_lazy("b", GgmlType::F32, {1024}, [](uint8_t*, size_t) { throw std::runtime_error("disk full"); });
+  CHECK_THROWS_WITH(bad.write(path), "disk full");
+  CHECK(File::open(path)->get<uint32_t>("k") == 7);
+  CHECK_THROWS(bad.write(dir + "/new.gguf"));
+  CHECK_FALSE(fs::exists(dir + "/new.gguf"));
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 1);
+  // A shape no reader accepts is refused when the tensor is added, naming it.
+  Writer huge;
+  CHECK_THAT(test::usage_error([&] { huge.add_tensor_lazy("too.big", GgmlType::F32, {int64_t(1) << 30, int64_t(1) << 21}, {}); }),
+             Contains("'too.big'") && Contains("2^50"));
+}

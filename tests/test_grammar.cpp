@@ -120,6 +120,10 @@ TEST_CASE("grammar errors name the line and the problem") {
   CHECK_THAT(parse_error("root ::= expr\nexpr ::= expr \"+\" term | term\nterm ::= [0-9]\n"),
              Catch::Contains("'expr'") && Catch::Contains("left recursion"));
   CHECK_THAT(parse_error("root ::= a\na ::= b? a \"x\"\nb ::= \"y\"\n"), Catch::Contains("left recursion"));
+  // The parser's own rules for groups and repetitions are not named; the user's rule is.
+  const std::string nothing_repeated = parse_error("root ::= \"<\" ([a-z]* [a-z]*)* \">\"");
+  CHECK_THAT(nothing_repeated, Catch::Contains("in rule 'root'") && Catch::Contains("left recursion"));
+  CHECK_THAT(nothing_repeated, !Catch::Contains("root_"));
   CHECK_THAT(parse_error("root ::= \"abc\n"), Catch::Contains("unterminated string"));
   CHECK_THAT(parse_error("root ::= [abc\n"), Catch::Contains("unterminated character class"));
   CHECK_THAT(parse_error("root ::= \"\\q\""), Catch::Contains("unknown escape"));

@@ -509,7 +509,6 @@ TEST_CASE("baton perplexity: the running estimates, the final line, --json, a ba
   for (const Bad& b : {Bad{"perplexity -m " + m, "--file is required"},
                        Bad{"perplexity -m " + m + " -f " + dir + "/empty.txt", "is empty"},
                        Bad{"perplexity -m " + m + " -f " + dir + "/short.txt -c 64", "fewer than one chunk of 64"},
-                       Bad{"perplexity -m " + m + " -f " + dir + "/nope.txt", "nope.txt"},
                        Bad{"perplexity" + common + " --save-base " + base + " --kl-base " + base, "the same file"},
                        Bad{"perplexity -m " + m + " -f " + text + " -c 32 --kl-base " + base, "written with -c 64"}}) {
     INFO(b.args);
@@ -517,4 +516,7 @@ TEST_CASE("baton perplexity: the running estimates, the final line, --json, a ba
     CHECK(e.code == 1);
     CHECK_THAT(e.err, Catch::Contains(b.says));
   }
+  const test::Out missing = run_baton("perplexity -m " + m + " -f " + dir + "/nope.txt");  // a file problem
+  CHECK(missing.code == 2);
+  CHECK_THAT(missing.err, Catch::Contains("nope.txt"));
 }

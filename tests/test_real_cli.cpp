@@ -236,6 +236,10 @@ TEST_CASE("structured output: --format json, --json-schema, --grammar; bad ones 
   CHECK(bad.code == 1);
   CHECK(bad.err.find("--grammar: grammar line 1: rule 'item' is used but never defined") != std::string::npos);
   CHECK(bad.err.find("load") == std::string::npos);
+  Out ambiguous = run_baton("run -m " + m + " -p hi --grammar 'root ::= (\"a\"?){10000}'");
+  CHECK(ambiguous.code == 1);
+  CHECK(ambiguous.err.find("--grammar: grammar: more than 4096 ways to continue") != std::string::npos);
+  CHECK(ambiguous.err.find("load") == std::string::npos);
   Out pattern = run_baton("run -m " + m + " -p hi --json-schema '{\"type\": \"string\", \"pattern\": \"(?=a)\"}'");
   CHECK(pattern.code == 1);
   CHECK(pattern.err.find("pattern /(?=a)/: '(?' (lookaround, named groups) is not supported") != std::string::npos);

@@ -205,6 +205,11 @@ TEST_CASE("synth options: copied vocabulary and shape errors") {
   bad.n_vocab = 100;
   CHECK_THROWS_AS(check_shape(bad), Error);
   bad = kTinyLlama;
+  bad.n_vocab = 6000000;  // more tokens than a reader holds metadata values for (2^24, three a token)
+  CHECK_THAT(test::usage_error([&] { check_shape(bad); }), Catch::Contains("n_vocab must be at most 5,591,040"));
+  bad.n_vocab = 5591040;
+  CHECK_NOTHROW(check_shape(bad));
+  bad = kTinyLlama;
   bad.sliding_window = 8;  // only gemma3 runs sliding windows
   CHECK_THROWS_AS(check_shape(bad), Error);
   bad = kTinyQwen3Moe;

@@ -279,10 +279,11 @@ TEST_CASE("byte-level BPE details (gpt-2 vocab)") {
   REQUIRE(ids.size() == 1);
   CHECK(tok.token_text(ids[0]) == "\xC4\xA0Hello");  // "ĠHello"
   CHECK(tok.decode_piece(ids[0]) == " Hello");
-  // Every single byte round-trips, including ones that are not valid UTF-8 on their own.
+  // Every ASCII byte round-trips; one that is not UTF-8 on its own is read as U+FFFD (llama.cpp's
+  // reading), and so is its token.
   for (int b = 0; b < 256; ++b) {
     std::string s(1, char(b));
-    CHECK(tok.decode(tok.encode(s, false, false)) == s);
+    CHECK(tok.decode(tok.encode(s, false, false)) == (b < 0x80 ? s : std::string("\xEF\xBF\xBD")));
   }
   auto eot = tok.encode("x<|endoftext|>", false, true);
   CHECK(eot.back() == 50256);
@@ -314,9 +315,9 @@ TEST_CASE("baton tokenize prints the ids and pieces") {
   CHECK(pieces == "  15043 ' Hello'\n   3186 ' world'\n");
 }
 
-// Text survives encode -> decode, malformed UTF-8 included: byte-level BPE by construction,
-// SentencePiece through its <0xNN> byte fallback. (Bytes that never occur in UTF-8, such as 0xFF,
-// have no token in the falcon and starcoder vocabularies, so the alphabet leaves them out.)
+// Text survives encode -> decode: SentencePiece exactly, malformed UTF-8 included, through its
+// <0xNN> byte fallback; byte-level BPE with each byte that is not UTF-8 read as U+FFFD first, as
+// llama.cpp reads it (the test above).
 TEST_CASE("random text round-trips through every vocabulary") {
   const std::vector<std::string> alphabet = {"a", "Z", " ", "  ", "\n", "\t", "7", "'s", "é", "日本", "🦙", "\xCC\x81",
                                              "\xC3", "\x80", "\xE2\x82", "<", "|", "$", "..."};
@@ -335,7 +336,32 @@ TEST_CASE("random text round-trips through every vocabulary") {
       for (uint32_t i = 0; i < len; ++i) s += alphabet[next() % alphabet.size()];
       auto ids = tok.encode(s, false, false);
       INFO(name << ": '" << s << "'");
-      CHECK(tok.decode(ids) == s);
+      std::string valid;
+      CHECK(tok.decode(ids) == (tok.kind() == VocabKind::Spm ? s : std::string(unicode::with_invalid_replaced(s, valid))));
+    }
+  }
+}
+
+TEST_CASE("BPE: bytes that are not UTF-8 are read as U+FFFD, one per byte, never dropped or <unk>") {
+  const std::string fffd = "\xEF\xBF\xBD";
+  // Each bad input and the same text as llama.cpp reads it.
+  const std::pair<std::string, std::string> cases[] = {
+      {"x \xFF y", "x " + fffd + " y"},
+      {"\xFF\xFE", fffd + fffd},
+      {"a\x80" "b", "a" + fffd + "b"},                 // a stray continuation byte
+      {"\xC3" "A", fffd + "A"},                        // a 2-byte lead without its continuation
+      {"end \xE2\x82", "end " + fffd + fffd},          // cut short at the end: each byte
+      {"\xF0\x9F\x98" "x\xF0\x9F\x98\x80", fffd + fffd + fffd + "x\xF0\x9F\x98\x80"},
+      {"caf\xC3\xA9 \xE2\x82\xAC", "caf\xC3\xA9 \xE2\x82\xAC"},  // valid: unchanged
+  };
+  for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-falcon.gguf", "ggml-vocab-starcoder.gguf"}) {
+    auto file = gguf::File::open(test::peer(std::string("tokenizer/") + name));
+    const Tokenizer tok = Tokenizer::from_gguf(*file);
+    for (const auto& [bad, read_as] : cases) {
+      INFO(name << ": " << read_as);
+      const auto ids = tok.encode(bad, false, false);
+      CHECK(ids == tok.encode(read_as, false, false));
+      CHECK(tok.decode(ids) == read_as);  // every byte accounted for
     }
   }
 }

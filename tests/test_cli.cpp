@@ -1,0 +1,256 @@
+// The command line's contract where it meets the system, through the built binary on a generated
+// model (no fetched model needed): parse errors as one `error:` line, output that cannot be
+// written, input files that are directories or start with a byte-order mark, an output that names
+// an input, batch --resume's idea of a finished record, and chat's piped input (docs/CLI.md).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli_helpers.h"
+#include "tests/helpers.h"
+#include "tests/model_helpers.h"
+
+using namespace baton;
+using namespace baton::test;
+using nlohmann::json;
+
+namespace {
+
+// The generated llama of tests/model_helpers.h: it has a tokenizer, and generates in milliseconds.
+const std::string& tiny() {
+  static const std::string path = tiny_model_of(GgmlType::Q8_0);
+  return path;
+}
+
+// Runs `baton ARGS` with stdout sent where `redirect` says (">/dev/full", ">&-", ...); its exit
+// code and stderr.
+Out run_redirected(const std::string& args, const std::string& redirect, const std::string& stdin_text = "") {
+  static const std::string dir = temp_dir();
+  std::ofstream(dir + "/stdin") << stdin_text;
+  const std::string cmd =
+      std::string(BATON_BINARY) + " " + args + " <" + dir + "/stdin " + redirect + " 2>" + dir + "/stderr";
+  const int st = std::system(cmd.c_str());
+  Out o;
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  o.err = slurp(dir + "/stderr");
+  return o;
+}
+
+int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+  return n;
+}
+
+std::vector<json> jsonl(const std::string& s) {
+  std::vector<json> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) v.push_back(json::parse(l));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule") {
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"run -m x -p hi --bogus", "error: The following argument was not expected: --bogus (see baton run --help)"},
+           {"frobnicate", "error: unknown command 'frobnicate' (see baton --help)"},
+           {"run -m x -p hi -b 0", "error: --batch-size: 0 is not allowed (must be at least 1)"},
+           {"run -m x -p hi -c -5", "error: --ctx: -5 is not allowed (must be at least 0)"},
+           {"run -m x -p hi -c abc", "error: --ctx: 'abc' is not a whole number"},
+           {"run -m x -p hi -t 99999999999", "error: --threads: 99999999999 is too large"},
+           {"run -m x -p hi --lookup 65", "error: --lookup: 65 is not allowed (must be 0 to 64)"},
+           {"batch -m x -i a -o b --parallel 0", "error: --parallel: 0 is not allowed (must be 1 to 256)"},
+           {"embed -m x -p a --parallel 300", "error: --parallel: 300 is not allowed (must be 1 to 256)"},
+           {"perplexity -m x -f y --chunks -1", "error: --chunks: -1 is not allowed (must be at least 0)"},
+           {"logits -m x -p a --out f --outputs 0", "error: --outputs: 0 is not allowed"},
+           {"bench-kernels --reps 0", "error: --reps: 0 is not allowed (must be 1 to 100000)"},
+           {"logits -m x -p a --tokens 1 --out f", "error: --prompt excludes --tokens"},
+           {"run -p hi", "error: --model is required (see baton run --help)"},
+       }) {
+    const Out o = run_baton(c.args);
+    INFO(c.args << "\n" << o.err);
+    CHECK(o.code == 1);
+    CHECK(o.err.rfind(c.says, 0) == 0);
+    CHECK(count_lines(o.err) == 1);
+    CHECK(o.err.find("1797693") == std::string::npos);  // no DBL_MAX range
+  }
+  CHECK(run_baton("run --help").code == 0);
+}
+
+TEST_CASE("output that cannot be written fails the command: exit 2 and one error line") {
+  const std::string m = tiny();
+  for (const std::string& args : std::vector<std::string>{
+           "tokenize -m " + m + " -p hello", "plan -m " + m, "inspect " + m, "devices --no-links",
+        "run -m " + m + " -p hi -n 4 --temp 0 -t 2", "run -m " + m + " -p hi -n 4 --temp 0 -t 2 --json",
+        "run -m " + m + " -p hi -n 2000 --ignore-eos -t 2"}) {
+    for (const char* redirect : {">/dev/full", ">&-"}) {
+      const Out o = run_redirected(args, redirect);
+      INFO(args << " " << redirect << "\n" << o.err);
+      CHECK(o.code == 2);
+      CHECK_THAT(o.err, Catch::Contains("error: writing to standard output failed: "));
+      CHECK(count_of(o.err, "error:") == 1);
+      CHECK(o.err.find("load ") == std::string::npos);  // no stats line as after a success
+    }
+  }
+  // chat: the reply stops at the first failed write and the chat ends.
+  const Out chat = run_redirected("chat -m " + m + " -n 2000 --ignore-eos -t 2", ">/dev/full", "Hi\nHi again\n");
+  INFO(chat.err);
+  CHECK(chat.code == 2);
+  CHECK_THAT(chat.err, Catch::Contains("error: writing to standard output failed: No space left on device"));
+  // A reader that stops early still ends Baton by SIGPIPE (141 in the shell), not with an error.
+  const std::string pipe = "bash -c '" + std::string(BATON_BINARY) + " run -m " + m +
+                           " -p hi -n 3000 --ignore-eos -t 2 2>/dev/null | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}'";
+  const int st = std::system(pipe.c_str());
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 141));
+}
+
+TEST_CASE("an input file that is a directory or missing is a file problem (exit 2) naming it; stdin and pipes read") {
+  const std::string m = tiny();
+  const std::string dir = temp_dir();
+  for (const std::string& args : std::vector<std::string>{
+           "batch -m " + m + " -i " + dir + " -o " + dir + "/out.jsonl", "embed -m " + m + " -i " + dir,
+        "tokenize -m " + m + " -f " + dir, "run -m " + m + " -f " + dir, "perplexity -m " + m + " -f " + dir,
+        "run -m " + m + " -p hi --grammar-file " + dir, "run -m " + m + " -p hi --json-schema-file " + dir}) {
+    const Out o = run_baton(args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 2);
+    CHECK_THAT(o.err, Catch::Contains("'" + dir + "' is a directory"));
+    CHECK(count_lines(o.err) == 1);
+  }
+  CHECK(!std::filesystem::exists(dir + "/out.jsonl"));  // refused before the output was opened
+  for (const std::string& args : std::vector<std::string>{"batch -m " + m + " -i " + dir + "/none.jsonl -o -", "tokenize -m " + m + " -f " + dir + "/none",
+                                  "run -m " + m + " -p hi --grammar-file " + dir + "/none.gbnf"}) {
+    const Out o = run_baton(args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 2);
+    CHECK_THAT(o.err, Catch::Contains("/none") && Catch::Contains("No such file or directory"));
+  }
+  const Out direct = run_baton("tokenize -m " + m + " -p 'hello world'");
+  REQUIRE(direct.code == 0);
+  CHECK(run_baton("tokenize -m " + m + " -f -", "hello world").out == direct.out);
+  const std::string piped = "printf 'hello world' | " + std::string(BATON_BINARY) + " tokenize -m " + m +
+                            " -f /dev/stdin > " + dir + "/piped.txt";
+  REQUIRE(std::system(piped.c_str()) == 0);
+  CHECK(slurp(dir + "/piped.txt") == direct.out);
+}
+
+TEST_CASE("a UTF-8 byte-order mark at the start of an input file is skipped") {
+  const std::string m = tiny();
+  const std::string dir = temp_dir();
+  const std::string bom = "\xEF\xBB\xBF";
+  std::ofstream(dir + "/text.txt", std::ios::binary) << bom << "hello world";
+  const Out direct = run_baton("tokenize -m " + m + " -p 'hello world'");
+  CHECK(run_baton("tokenize -m " + m + " -f " + dir + "/text.txt").out == direct.out);
+  // batch: still JSONL, the line's own id and max_tokens.
+  std::ofstream(dir + "/in.jsonl", std::ios::binary) << bom << R"({"id":"bom","prompt":"hi","max_tokens":2,"temperature":0})"
+                                                     << "\n";
+  const Out b = run_baton("batch -m " + m + " -t 2 --ignore-eos -i " + dir + "/in.jsonl -o -");
+  INFO(b.err);
+  REQUIRE(b.code == 0);
+  const auto recs = jsonl(b.out);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0]["id"] == "bom");
+  CHECK(recs[0]["completion_tokens"] == 2);
+}
+
+TEST_CASE("batch: -o naming the input (also through a link) is refused before the model loads") {
+  const std::string dir = temp_dir();
+  const std::string in = dir + "/in.jsonl", request = R"({"id":"a","prompt":"Hi"})" "\n";
+  std::ofstream(in) << request;
+  std::filesystem::create_symlink(in, dir + "/sym.jsonl");
+  std::filesystem::create_hard_link(in, dir + "/hard.jsonl");
+  for (const std::string& out : std::vector<std::string>{in, dir + "/sym.jsonl", dir + "/hard.jsonl"}) {
+    for (const char* resume : {"", " --resume"}) {
+      // The model does not exist: the refusal comes before it would be loaded.
+      const Out o = run_baton("batch -m /nonexistent.gguf -i " + in + " -o " + out + resume);
+      INFO(out << resume << "\n" << o.err);
+      CHECK(o.code == 1);
+      CHECK_THAT(o.err, Catch::Contains("are the same file"));
+      CHECK(slurp(in) == request);
+    }
+  }
+  // embed likewise.
+  const Out e = run_baton("embed -m /nonexistent.gguf -i " + in + " -o " + dir + "/sym.jsonl");
+  CHECK(e.code == 1);
+  CHECK_THAT(e.err, Catch::Contains("are the same file"));
+  CHECK(slurp(in) == request);
+}
+
+TEST_CASE("batch --resume counts only records (a text or an error) as done, not request lines") {
+  const std::string m = tiny(), dir = temp_dir();
+  std::ofstream(dir + "/in.jsonl") << R"({"id":"a","prompt":"Hi"})" "\n" R"({"id":"b","prompt":"Hello"})" "\n";
+  // OUT holds a's request line (copied there by mistake) and b's finished record.
+  std::ofstream(dir + "/out.jsonl") << R"({"id":"a","prompt":"Hi"})" "\n"
+                                    << R"({"id":"b","text":"done","finish_reason":"length"})" "\n";
+  const Out o = run_baton("batch -m " + m + " -t 2 -n 2 --resume -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  const auto recs = jsonl(slurp(dir + "/out.jsonl"));
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[2]["id"] == "a");
+  CHECK(recs[2].contains("text"));
+}
+
+TEST_CASE("logits: --out and --tokens-out the same file refused; -p excludes --tokens; --out - is stdout") {
+  const std::string m = tiny(), dir = temp_dir();
+  const std::string f = dir + "/l.bin";
+  std::filesystem::create_symlink(f, dir + "/link.bin");
+  std::ofstream(f) << "keep";
+  for (const std::string& other : std::vector<std::string>{f, dir + "/link.bin"}) {
+    const Out o = run_baton("logits -m /nonexistent.gguf -p hi --out " + f + " --tokens-out " + other);
+    INFO(o.err);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.err, Catch::Contains("are the same file"));
+    CHECK(slurp(f) == "keep");
+  }
+  const Out both = run_baton("logits -m " + m + " -p hi --tokens 1 --out " + f);
+  CHECK(both.code == 1);
+  CHECK_THAT(both.err, Catch::Contains("--prompt excludes --tokens"));
+
+  const Out file = run_baton("logits -m " + m + " --tokens '1 2 3' -t 2 --out " + f);
+  REQUIRE(file.code == 0);
+  const std::string cwd = std::filesystem::current_path().string();
+  const Out out = run_baton("logits -m " + m + " --tokens '1 2 3' -t 2 --out -");
+  INFO(out.err);
+  REQUIRE(out.code == 0);
+  CHECK(out.out == slurp(f));
+  CHECK_THAT(out.err, Catch::Contains("-> standard output"));
+  CHECK(!std::filesystem::exists(cwd + "/-"));
+}
+
+TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note; /set names bad settings and values") {
+  const std::string m = tiny();
+  const Out o = run_baton("chat -m " + m + " -n 2 --temp 0 -t 2",
+                          "/stats\nHi\n\"\"\"\nunterminated block\nmore");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  CHECK(count_of(o.err, "[prompt ") == 2);  // a stats line per reply: both messages were answered
+  CHECK_THAT(o.err, Catch::Contains("the input ended inside a \"\"\" block"));
+
+  const Out s = run_baton("chat -m " + m + " -n 2 -t 2",
+                          "/set bogus 3\n/set seed 99999999999999999999999\n/set seed x\n/set top_k 5\n");
+  INFO(s.err);
+  CHECK(s.code == 0);
+  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens"));
+  CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is out of range"));
+  CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a number"));
+  CHECK_THAT(s.err, Catch::Contains("(top_k = 5)"));
+}
