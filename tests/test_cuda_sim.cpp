@@ -142,6 +142,7 @@ TEST_CASE("a correctly synchronized kernel gives the same answer under every sch
   }
 }
 
+#if !defined(__SANITIZE_THREAD__)  // there the race check reports it under any order (below), exit code 66
 TEST_CASE("a missing barrier that a fixed order hides shows under the random schedule") {
   // In rounds, in order, every warp reads the counts before any warp passes the exchange, so
   // the race gives the right answer: the reason the random schedule exists.
@@ -159,6 +160,7 @@ TEST_CASE("a missing barrier that a fixed order hides shows under the random sch
   }
   CHECK(seeds_that_see_it >= 3);
 }
+#endif
 
 TEST_CASE("threads at different __syncthreads abort with both places named") {
   const Child c = run_child("forward", [] {
@@ -197,3 +199,76 @@ TEST_CASE("a bad schedule name is an error naming the knob") {
   CHECK_FALSE(exited_ok(c));
   CHECK(c.stderr_text.find("BATON_CUDASIM_THREADS=backwards") != std::string::npos);
 }
+
+#if defined(__SANITIZE_THREAD__)
+// The race check of a ThreadSanitizer build (cmake -DBATON_TSAN=ON -DBATON_CUDA=SIM; fibers.cpp):
+// what it must report, and what it must not.
+namespace {
+
+// Lane 0 of each warp hands a value to lane 1 through shared memory with only a shuffle between
+// them: a shuffle orders no memory, so this is a race on a GPU.
+__global__ void handoff_by_shuffle(int* out) {
+  __shared__ int box[kWarps]; ::cudasim::shared_declared(box, sizeof(box));
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (lane == 0) box[warp] = warp + 7;
+  const int token = __shfl_sync(0xffffffffu, lane, 0);
+  if (lane == 1) out[warp] = box[warp] + token;
+}
+
+// Correct: atomics on one shared counter, threads that exit before the barrier after writing
+// (an exited thread counts as arrived), a barrier, then everyone reads.
+__global__ void atomics_and_early_exit(int* out) {
+  __shared__ int count; ::cudasim::shared_declared(&count, sizeof(count));
+  __shared__ int early[kThreads]; ::cudasim::shared_declared(early, sizeof(early));
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  atomicAdd(&count, 1);
+  early[threadIdx.x] = int(threadIdx.x);
+  if (threadIdx.x >= kThreads - 32) return;  // the last warp leaves
+  __syncthreads();
+  out[blockIdx.x * kThreads + threadIdx.x] = count + early[(threadIdx.x + 64) % kThreads];
+}
+
+std::vector<int> launch_simple(void (*kernel)(int*), const char* name, int blocks) {
+  int* d = nullptr;
+  const size_t n = size_t(blocks) * kThreads;
+  if (cudaMalloc(&d, n * sizeof(int)) != cudaSuccess) std::abort();
+  cudasim::launch(kernel, name, dim3(unsigned(blocks)), dim3(kThreads))(d);
+  std::vector<int> h(n);
+  if (cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+  cudaFree(d);
+  return h;
+}
+
+bool tsan_reported(const Child& c) { return c.stderr_text.find("ThreadSanitizer: data race") != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("tsan: a missing barrier is reported under a fixed order, at the kernel's lines") {
+  const Child c = run_child("forward", [] { return launch_two_rounds(0, 2); });
+  INFO(c.stderr_text.substr(0, 3000));
+  CHECK(tsan_reported(c));
+  CHECK(c.stderr_text.find("two_rounds") != std::string::npos);
+  CHECK(c.stderr_text.find("test_cuda_sim.cpp:") != std::string::npos);
+  const Child ok = run_child("forward", [] { return launch_two_rounds(1, 2); });
+  INFO(ok.stderr_text.substr(0, 3000));
+  CHECK_FALSE(tsan_reported(ok));
+  CHECK(wrong_threads(ok.out) == 0);
+}
+
+TEST_CASE("tsan: lanes that hand data over through shared memory with only a shuffle race") {
+  const Child c = run_child("forward", [] { return launch_simple(handoff_by_shuffle, "handoff_by_shuffle", 1); });
+  INFO(c.stderr_text.substr(0, 3000));
+  CHECK(tsan_reported(c));
+  CHECK(c.stderr_text.find("handoff_by_shuffle") != std::string::npos);
+}
+
+TEST_CASE("tsan: atomics, threads that exit before a barrier and blocks in turn are not races") {
+  const Child c = run_child("random:3", [] { return launch_simple(atomics_and_early_exit, "atomics_and_early_exit", 3); });
+  INFO(c.stderr_text.substr(0, 3000));
+  CHECK_FALSE(tsan_reported(c));
+  REQUIRE(c.out.size() == size_t(3 * kThreads));
+  for (int b = 0; b < 3; b++)
+    for (int t = 0; t < kThreads - 32; t++) CHECK(c.out[size_t(b * kThreads + t)] == kThreads + (t + 64) % kThreads);
+}
+#endif

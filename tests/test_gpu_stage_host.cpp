@@ -5,6 +5,7 @@
 // against one; a GPU stage feeding a CPU stage. Runs in the CPU build (BATON_CUDA_EMULATE=1 makes
 // the emulation show one device); builds with real CUDA have no emulation and skip.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -301,11 +302,13 @@ TEST_CASE("GPU stages hand over peer-to-peer or through pinned host memory with 
       INFO(devices << " --outputs 3");
       LoadOptions o = gpu_options(devices);
       o.n_outputs = 3;
-      int most = 0;
-      o.on_stage = [&](int, const Batch& piece) { most = std::max(most, piece.n_logits()); };
+      std::atomic<int> most{0};  // on_stage runs on every stage's driver thread
+      o.on_stage = [&](int, const Batch& piece) {
+        for (int m = most.load(); piece.n_logits() > m && !most.compare_exchange_weak(m, piece.n_logits());) {}
+      };
       auto p = Pipeline::load(path, o);
       const std::vector<float> got = run_links(*p);
-      CHECK(most == 3);
+      CHECK(most.load() == 3);
       REQUIRE(got.size() == ref.size());
       test::check_peer_close(ref, got, p->n_vocab(), std::string(devices) + " with 3 output rows vs 16");
       const StageInfo last = p->stages().back(), last_ref = one->stages().back();

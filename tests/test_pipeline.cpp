@@ -3,6 +3,7 @@
 // anything is loaded; every stage holds no more than the planner set aside for it. The engine on
 // real stages: prompt lookup, shared prompt starts, a draft model (at the end).
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -208,10 +209,10 @@ TEST_CASE("a batch asking more output rows than the pipeline holds goes in sever
     auto all = Pipeline::load(path, options(devices, 4));
     LoadOptions o = options(devices, 4);
     o.n_outputs = 3;
-    int pieces = 0, most = 0;
+    std::atomic<int> pieces{0}, most{0};  // on_stage runs on every stage's driver thread
     o.on_stage = [&](int k, const Batch& piece) {
       pieces += k == 0;
-      most = std::max(most, piece.n_logits());
+      for (int m = most.load(); piece.n_logits() > m && !most.compare_exchange_weak(m, piece.n_logits());) {}
     };
     auto few = Pipeline::load(path, o);
     // Four prompts of 6 tokens with rows at positions 0, 3 and 5 (every mode): 12 rows.
@@ -225,8 +226,8 @@ TEST_CASE("a batch asking more output rows than the pipeline holds goes in sever
     std::vector<float> want(size_t(12) * size_t(V)), got(want.size());
     all->decode(b, want.data());
     few->decode(b, got.data());
-    CHECK(most == 3);
-    CHECK(pieces >= 4);
+    CHECK(most.load() == 3);
+    CHECK(pieces.load() >= 4);
     same_bits(want, got);
     // The last stage holds 3 rows of logits, not 64, and no more than planned.
     check_memory(*few, std::string(devices) == "cpu" ? 1 : 2);

@@ -46,6 +46,30 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+// ThreadSanitizer (cmake -DBATON_TSAN=ON -DBATON_CUDA=SIM) as a race check of the kernels' memory
+// accesses, the stand-in for compute-sanitizer's racecheck. Every GPU thread runs on a TSan fiber
+// of its own, switched to without synchronization, so TSan sees two accesses of two GPU threads
+// as concurrent unless something orders them, and it is told what does (this file is built
+// without TSan's instrumentation: the simulator's bookkeeping is not a kernel access):
+//  - __syncthreads: the accesses of every thread of the block before it happen before every
+//    thread's accesses after it (and those of threads that exited before it);
+//  - a block's start and end: the launching host thread happens before every thread of a block,
+//    and all of a block happens before the next block and before whatever the host does after
+//    the launch. Blocks run one after another and reuse the same `__shared__` statics, so
+//    concurrently running blocks are not modeled: a race between two blocks on global memory
+//    is not reported.
+//  - Nothing else: a warp shuffle or ballot exchanges registers but orders no memory (CUDA's
+//    documentation: the intrinsics "do not imply a memory barrier"), so lanes of one warp that
+//    hand data to each other through shared memory without a __syncthreads race here.
+// Atomics are TSan atomics in that build (cudasim/device.h). This file itself is compiled without
+// -fsanitize=thread there, so the build says so with BATON_CUDASIM_TSAN.
+#if defined(BATON_CUDASIM_TSAN)
+#define CUDASIM_TSAN 1
+#endif
+#if CUDASIM_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
@@ -99,6 +123,10 @@ struct Fiber {
   int barrier_line = 0;
 #if CUDASIM_ASAN
   void* fake = nullptr;
+#endif
+#if CUDASIM_TSAN
+  void* tsan = nullptr;  // its TSan fiber
+  enum class Job : uint8_t { None, Publish, Acquire } job = Job::None;  // at a barrier
 #endif
 };
 
@@ -164,8 +192,35 @@ struct Runner {
   const void* sched_bottom = nullptr;
   size_t sched_size = 0;
 #endif
+#if CUDASIM_TSAN
+  void* sched_tsan = nullptr;  // the host thread's TSan context that runs the launch
+  void* block_start = nullptr;  // the host's clock at the block's start
+  void* block_exit = nullptr;   // the clocks of the block's threads that exited
+  void* barrier_sync = nullptr;  // the barrier being released
+#endif
 };
 Runner R;
+
+#if CUDASIM_TSAN
+// TSan synchronizes through addresses. A barrier needs a clock that holds only its arrivals, so
+// every barrier and block takes a fresh address from one of two pools, in turn; freeing a pool
+// drops TSan's clocks for it. The other pool keeps the running block's addresses alive.
+void* fresh_sync() {
+  constexpr size_t kPool = 1 << 16;
+  static char* pools[2] = {nullptr, nullptr};
+  static int cur = 1;
+  static size_t used = kPool;
+  if (used == kPool) {
+    cur ^= 1;
+    std::free(pools[cur]);
+    pools[cur] = static_cast<char*>(std::malloc(kPool));
+    if (!pools[cur]) fatal("out of memory for the race check's clocks");
+    used = 0;
+  }
+  return pools[cur] + used++;
+}
+void tsan_switch(void* to) { __tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync); }
+#endif
 Schedule* schedule() {
   static Schedule s;  // first launch: a bad knob fails there, with its value named
   return &s;
@@ -210,6 +265,10 @@ void ensure_stacks(size_t n) {
     R.stacks.push_back(static_cast<char*>(m) + kGuardBytes);
   }
   if (R.fibers.size() < n) R.fibers.resize(n);
+#if CUDASIM_TSAN
+  for (Fiber& f : R.fibers)
+    if (!f.tsan) f.tsan = __tsan_create_fiber(0);
+#endif
 }
 
 [[noreturn]] void fiber_main();
@@ -234,6 +293,9 @@ void enter(int t) {
   __sanitizer_start_switch_fiber(&R.sched_fake, R.stacks[size_t(t)], kStackBytes);
 #endif
   switches++;
+#if CUDASIM_TSAN
+  tsan_switch(f.tsan);
+#endif
   cudasim_switch(&R.sched_sp, f.sp);
 #if CUDASIM_ASAN
   __sanitizer_finish_switch_fiber(R.sched_fake, nullptr, nullptr);
@@ -258,9 +320,15 @@ void leave() {
     R.current = t;
     threadIdx = next.idx;
     switches++;
+#if CUDASIM_TSAN
+    tsan_switch(next.tsan);
+#endif
     cudasim_switch(&f.sp, next.sp);
     return;
   }
+#if CUDASIM_TSAN
+  tsan_switch(R.sched_tsan);
+#endif
   cudasim_switch(&f.sp, R.sched_sp);
 #endif
 }
@@ -269,7 +337,13 @@ void fiber_main() {
 #if CUDASIM_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &R.sched_bottom, &R.sched_size);
 #endif
+#if CUDASIM_TSAN
+  __tsan_acquire(R.block_start);
+#endif
   R.launch->thread_body();
+#if CUDASIM_TSAN
+  __tsan_release(R.block_exit);  // for the barriers still to come, and for the block's end
+#endif
   R.fibers[size_t(R.current)].state = State::Done;
   leave();
   __builtin_trap();  // a finished fiber is never resumed
@@ -374,8 +448,20 @@ void run_block(int n_threads) {
           fail_in_block(thread_name(first) + " waits at the __syncthreads of " + f0.barrier_file + ":" +
                         std::to_string(f0.barrier_line) + ", " + thread_name(t) + " at " + f.barrier_file + ":" +
                         std::to_string(f.barrier_line) + " (a barrier in divergent code)");
-        f.state = State::Ready;
       }
+#if CUDASIM_TSAN
+      // Every waiting thread publishes its clock, then every one takes them all (and the exited
+      // threads'), before any runs on: the barrier's clock holds nothing from after it.
+      R.barrier_sync = fresh_sync();
+      for (const Fiber::Job job : {Fiber::Job::Publish, Fiber::Job::Acquire})
+        for (int t = 0; t < n_threads; t++)
+          if (R.fibers[size_t(t)].state == State::Barrier) {
+            R.fibers[size_t(t)].job = job;
+            enter(t);
+          }
+#endif
+      for (int t = 0; t < n_threads; t++)
+        if (R.fibers[size_t(t)].state == State::Barrier) R.fibers[size_t(t)].state = State::Ready;
       continue;
     }
     std::string who;
@@ -397,6 +483,21 @@ void syncthreads(const char* file, int line) {
   f.barrier_file = file;
   f.barrier_line = line;
   leave();
+#if CUDASIM_TSAN
+  // Entered by the scheduler for a job while the barrier is released (run_block): do it, go back.
+  for (;;) {
+    Fiber& g = R.fibers[size_t(R.current)];
+    if (g.job == Fiber::Job::None) break;
+    if (g.job == Fiber::Job::Publish) __tsan_release(R.barrier_sync);
+    else {
+      __tsan_acquire(R.barrier_sync);
+      __tsan_acquire(R.block_exit);  // the threads that exited
+    }
+    g.job = Fiber::Job::None;
+    tsan_switch(R.sched_tsan);
+    cudasim_switch(&g.sp, R.sched_sp);
+  }
+#endif
 }
 
 void shared_declared(void* p, size_t bytes) {
@@ -404,7 +505,14 @@ void shared_declared(void* p, size_t bytes) {
   for (const void* q : R.shared_filled)
     if (q == p) return;
   R.shared_filled.push_back(p);
-  if (fill_memory()) std::memset(p, 0xFF, bytes);
+  if (!fill_memory()) return;
+#if CUDASIM_TSAN
+  // Not memset, which TSan intercepts: the fill is the hardware's garbage, not a thread's write.
+  volatile unsigned char* q = static_cast<unsigned char*>(p);
+  for (size_t i = 0; i < bytes; i++) q[i] = 0xFF;
+#else
+  std::memset(p, 0xFF, bytes);
+#endif
 }
 
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width) {
@@ -435,10 +543,21 @@ void run_kernel(const Launch& l) {
   const uint64_t n_blocks = uint64_t(l.grid.x) * l.grid.y * l.grid.z;
   if (n_blocks > uint64_t(INT32_MAX)) fatal(std::string("kernel ") + l.name + ": grid of over 2^31 blocks");
   schedule()->permutation(R.blocks, int(n_blocks));
+#if CUDASIM_TSAN
+  R.sched_tsan = __tsan_get_current_fiber();
+#endif
   for (const int b : R.blocks) {
     const unsigned ub = unsigned(b);
     blockIdx = uint3{ub % l.grid.x, ub / l.grid.x % l.grid.y, ub / (l.grid.x * l.grid.y)};
+#if CUDASIM_TSAN
+    R.block_start = fresh_sync();
+    R.block_exit = fresh_sync();
+    __tsan_release(R.block_start);
+#endif
     run_block(n_threads);
+#if CUDASIM_TSAN
+    __tsan_acquire(R.block_exit);
+#endif
   }
   R.current = -1;
   R.launch = nullptr;

@@ -165,14 +165,43 @@ inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 using std::isnan;
 using std::isinf;
 
-// Blocks run one at a time and so do their threads: atomics are plain read-modify-writes.
+// Blocks run one at a time and so do their threads: an atomic is a read-modify-write. Built with
+// ThreadSanitizer (BATON_TSAN, the race check of fibers.cpp) it is done as an atomic operation,
+// so that TSan does not take two threads' atomics on one address for a race; it orders nothing.
+namespace cudasim {
+template <class T, class F>
+inline T atomic_update(T* p, F f) {
+#if defined(__SANITIZE_THREAD__)
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics of 4 or 8 bytes");
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  U* q = reinterpret_cast<U*>(p);
+  U seen = __atomic_load_n(q, __ATOMIC_RELAXED);
+  for (;;) {
+    T old, now;
+    std::memcpy(&old, &seen, sizeof(T));
+    now = f(old);
+    U bits;
+    std::memcpy(&bits, &now, sizeof(T));
+    if (__atomic_compare_exchange_n(q, &seen, bits, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old;
+  }
+#else
+  const T old = *p;
+  *p = f(old);
+  return old;
+#endif
+}
+}  // namespace cudasim
 template <class T>
-inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
+inline T atomicAdd(T* p, T v) { return cudasim::atomic_update(p, [v](T o) { return T(o + v); }); }
 template <class T>
-inline T atomicMax(T* p, T v) { const T old = *p; if (v > old) *p = v; return old; }
+inline T atomicMax(T* p, T v) { return cudasim::atomic_update(p, [v](T o) { return v > o ? v : o; }); }
 template <class T>
-inline T atomicMin(T* p, T v) { const T old = *p; if (v < old) *p = v; return old; }
+inline T atomicMin(T* p, T v) { return cudasim::atomic_update(p, [v](T o) { return v < o ? v : o; }); }
 template <class T>
-inline T atomicExch(T* p, T v) { const T old = *p; *p = v; return old; }
-inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) { const unsigned old = *p; if (old == cmp) *p = v; return old; }
-inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
+inline T atomicExch(T* p, T v) { return cudasim::atomic_update(p, [v](T) { return v; }); }
+inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) {
+  return cudasim::atomic_update(p, [cmp, v](unsigned o) { return o == cmp ? v : o; });
+}
+inline int atomicCAS(int* p, int cmp, int v) {
+  return cudasim::atomic_update(p, [cmp, v](int o) { return o == cmp ? v : o; });
+}
