@@ -1,6 +1,9 @@
 #include "runtime/perplexity.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -54,7 +57,15 @@ void seek_to(std::FILE* f, uint64_t at, const std::string& path) {
 }
 
 void write_exact(std::FILE* f, const void* src, size_t bytes, const std::string& path) {
-  if (std::fwrite(src, 1, bytes, f) != bytes) fail(ErrorKind::Usage, "writing {} failed (disk full?)", path);
+  if (std::fwrite(src, 1, bytes, f) != bytes) fail(ErrorKind::Model, "writing '{}' failed: {}", path, std::strerror(errno));
+}
+
+// The header's chunk count, written after the chunks it counts have reached the file: a run that
+// is killed (not only one stopped by Ctrl-C) leaves a base of the chunks it finished.
+void commit_chunks(std::FILE* f, int32_t done, const std::string& path) {
+  if (std::fflush(f) != 0 ||
+      ::pwrite(::fileno(f), &done, sizeof done, off_t(kHeadBytes - sizeof done)) != ssize_t(sizeof done))
+    fail(ErrorKind::Model, "writing '{}' failed: {}", path, std::strerror(errno));
 }
 
 double mean_error(double sum, double sum2, int64_t n) {
@@ -262,7 +273,7 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
   FilePtr save;
   if (!opt.save_base.empty()) {
     save.reset(std::fopen(opt.save_base.c_str(), "wb"));
-    if (!save) fail(ErrorKind::Usage, "cannot open {} for writing", opt.save_base);
+    if (!save) fail(ErrorKind::Model, "cannot open '{}' for writing: {}", opt.save_base, std::strerror(errno));
     const int32_t head[3] = {n_ctx, V, 0};  // the chunk count goes in at the end
     write_exact(save.get(), kBatonTag, sizeof kBatonTag, opt.save_base);
     write_exact(save.get(), head, sizeof head, opt.save_base);
@@ -344,6 +355,7 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
     st.count += n;
     if (f.r1 == n_rows) {
       ++st.chunks;
+      if (save) commit_chunks(save.get(), st.chunks, opt.save_base);
       if (on_chunk) on_chunk(st);
     }
   };
@@ -368,12 +380,7 @@ PerplexityStats perplexity(Pipeline& p, const std::vector<int32_t>& tokens, cons
     }
   }
   while (!flight.empty()) finish_front();
-  if (save) {
-    const int32_t done = st.chunks;
-    if (std::fseek(save.get(), long(kHeadBytes - sizeof done), SEEK_SET) != 0) fail(ErrorKind::Usage, "writing {} failed", opt.save_base);
-    write_exact(save.get(), &done, sizeof done, opt.save_base);
-    if (std::fflush(save.get()) != 0) fail(ErrorKind::Usage, "writing {} failed (disk full?)", opt.save_base);
-  }
+  if (save) commit_chunks(save.get(), st.chunks, opt.save_base);
   return st;
 }
 

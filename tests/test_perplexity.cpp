@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -207,7 +208,11 @@ TEST_CASE("chunks of more than 128 scored rows go in pieces: the same NLLs, one 
   const std::string base = test::temp_dir() + "/pieces.bin";
   o.save_base = base;
   std::vector<int> seen;
-  const PerplexityStats st = perplexity(*p, tokens, o, [&](const PerplexityStats& s) { seen.push_back(s.chunks); });
+  const std::string killed = base + ".killed";  // the file as a run killed after its first chunk leaves it
+  const PerplexityStats st = perplexity(*p, tokens, o, [&](const PerplexityStats& s) {
+    seen.push_back(s.chunks);
+    if (s.chunks == 1) std::filesystem::copy_file(base, killed);
+  });
   CHECK(seen == std::vector<int>{1, 2});  // once per chunk, not per piece
   CHECK(st.count == 2 * 149);
   const Direct d = direct(*p, tokens, n_ctx, 2);
@@ -219,6 +224,11 @@ TEST_CASE("chunks of more than 128 scored rows go in pieces: the same NLLs, one 
   CHECK(two.nll == Approx(st.nll).epsilon(1e-6));
   CHECK(two.kld_mean() < 1e-5);
   CHECK(two.same_top_fraction() == 1.0);
+  // Its header counts the chunk that was complete: a base of that one chunk.
+  o.kl_base = killed;
+  const PerplexityStats one = perplexity(*p, tokens, o, nullptr);
+  CHECK(one.count == 149);
+  CHECK(one.kld_mean() < 1e-5);
 }
 
 TEST_CASE("perplexity of a sliding-window model over chunks longer than its window") {
