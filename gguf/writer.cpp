@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -164,7 +165,13 @@ void Writer::write(const std::string& path) const {
   // a full disk leaves the old file or none, never a truncated model that looks like one.
   struct stat st {};
   const bool in_place = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
-  const std::string tmp = in_place ? path : fmt::format("{}.partial.{}", path, ::getpid());
+  // Through a symbolic link: the file it names is replaced, the link stays.
+  std::string target = path;
+  if (char* real = in_place ? nullptr : ::realpath(path.c_str(), nullptr)) {
+    target = real;
+    std::free(real);
+  }
+  const std::string tmp = in_place ? path : fmt::format("{}.partial.{}", target, ::getpid());
   struct Cleanup {  // removes the temporary file unless the rename happened
     const std::string* tmp = nullptr;
     ~Cleanup() { if (tmp) ::unlink(tmp->c_str()); }
@@ -206,8 +213,8 @@ void Writer::write(const std::string& path) const {
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) fail(ErrorKind::Model, "failed writing '{}': {}", path, std::strerror(errno ? errno : write_errno));
   if (!in_place) {
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(ErrorKind::Model, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+    if (std::rename(tmp.c_str(), target.c_str()) != 0)
+      fail(ErrorKind::Model, "cannot rename '{}' to '{}': {}", tmp, target, std::strerror(errno));
     cleanup.tmp = nullptr;
   }
 }

@@ -652,6 +652,13 @@ TEST_CASE("gguf: a failed write leaves the old file or none, never a partial one
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
   CHECK(files == 1);
+  // Through a symbolic link the file it names is replaced, and the link stays a link.
+  fs::create_symlink(path, dir + "/link.gguf");
+  Writer again;
+  again.set("k", Value::of_u32(9));
+  again.write(dir + "/link.gguf");
+  CHECK(fs::is_symlink(dir + "/link.gguf"));
+  CHECK(File::open(path)->get<uint32_t>("k") == 9);
   // A shape no reader accepts is refused when the tensor is added, naming it.
   Writer huge;
   CHECK_THAT(test::usage_error([&] { huge.add_tensor_lazy("too.big", GgmlType::F32, {int64_t(1) << 30, int64_t(1) << 21}, {}); }),
