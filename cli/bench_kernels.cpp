@@ -168,7 +168,7 @@ void print_row(const Row& r, bool json) {
     std::printf("%-5s %-5s %7d %5d %10.5f %8.2f %9.2f %7s\n", r.op.c_str(), r.type.c_str(), r.threads, r.cols, r.seconds,
                 r.gbps, r.gflops, pct.c_str());
   }
-  flush_stdout();
+  check_stdout();  // an output that failed ends the run, with the reason, instead of minutes more
 }
 
 int run_bench(const Options& o) {

@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/options.h"
 #include "gguf/error.h"
 #include "quant/quant.h"
 
@@ -72,7 +73,9 @@ double time_sweep(cuda::Context& c, int reps, bool graph, const std::function<vo
 
 void print(bool json, const nlohmann::json& j, const std::string& text) {
   std::printf("%s\n", json ? j.dump().c_str() : text.c_str());
-  std::fflush(stdout);
+  // Not a bare fflush: the first failed flush is the one that knows why (errno), and an output
+  // that failed ends the run with that reason (cli/options.h).
+  check_stdout();
 }
 
 }  // namespace

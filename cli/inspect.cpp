@@ -3,7 +3,6 @@
 // parameter count and bits per weight; --json prints the same as one JSON object. Only the header
 // is read: tensor data stays unmapped-in.
 #include <cstdio>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -228,7 +227,7 @@ int print_json(const gguf::File& f, const Opts& o) {
   j["tensor_bytes"] = bytes;
   j["bits_per_weight"] = params ? Json(bits_per_weight(bytes, params)) : Json(nullptr);
   // Token strings need not be valid UTF-8: replace bad bytes rather than fail.
-  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+  cli::write_stdout(j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
   return 0;
 }
 

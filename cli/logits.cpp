@@ -30,7 +30,7 @@ struct Opts {
 // "-" is stdout, the same bytes as a file (to pipe them into another program).
 void write_file(const std::string& path, const void* data, size_t bytes) {
   if (path == "-") {
-    std::fwrite(data, 1, bytes, stdout);
+    cli::write_stdout({static_cast<const char*>(data), bytes});
     cli::check_stdout();
     return;
   }

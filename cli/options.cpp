@@ -78,6 +78,13 @@ bool flush_stdout() {
   return ok;
 }
 
+bool write_stdout(std::string_view s) {
+  errno = 0;
+  if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size()) return true;
+  if (g_stdout_errno == 0) g_stdout_errno = errno;
+  return false;
+}
+
 std::string stdout_failure() {
   if (g_stdout_errno == 0) return "writing to standard output failed";
   return fmt::format("writing to standard output failed: {}", std::strerror(g_stdout_errno));

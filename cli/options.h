@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -53,6 +54,9 @@ bool same_file(const std::string& a, const std::string& b);
 // ends the process first, as `baton run ... | head` expects.
 // Flushes std::cout and stdout; false when a write failed, now or earlier (the reason is kept).
 bool flush_stdout();
+// Writes s to stdout; false when that failed, keeping the reason. For text that may exceed stdout's
+// buffer: fwrite then writes it at once, and a flush after a failure there no longer knows why.
+bool write_stdout(std::string_view s);
 // "writing to standard output failed: <reason>".
 std::string stdout_failure();
 // Error(Model) with stdout_failure() when flush_stdout() fails.

@@ -1,7 +1,6 @@
 // `baton plan`: where each layer goes and how many bytes every device needs, without loading a
 // single weight. Works for devices that are not present (`--devices cuda=24GiB,cuda=24GiB`).
 // Exit 3 with the shortfall when the model does not fit.
-#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -58,8 +57,7 @@ int run_plan(const PlanArgs& a) {
     // What loading would do: plan_pipeline, as Pipeline::load plans.
     p = plan_pipeline(shape, parse_devices(a.devices, probe_devices(), /*allow_hypothetical=*/true), o);
   }
-  if (a.json) std::printf("%s\n", plan_to_json(p, shape).dump(2).c_str());
-  else std::fputs(format_plan(p, shape).c_str(), stdout);
+  write_stdout(a.json ? plan_to_json(p, shape).dump(2) + "\n" : format_plan(p, shape));
   if (!p.fits) fail(ErrorKind::OutOfMemory, "the model does not fit: {}", shortfall_message(p));
   return 0;
 }

@@ -156,7 +156,8 @@ class Writer {
   std::vector<uint8_t> to_bytes() const;
   uint64_t file_size() const;  // what write() writes
   // Writes to a temporary file beside `path` and renames it: a failed write leaves nothing behind
-  // (a device or FIFO path is written in place).
+  // (a device or FIFO path is written in place, and so is a writable file in a directory where no
+  // new file can be made).
   void write(const std::string& path) const;
 
  private:

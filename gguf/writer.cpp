@@ -164,7 +164,8 @@ void Writer::write(const std::string& path) const {
   // A regular file (or a new one) is written beside, then renamed over: an error, an interrupt or
   // a full disk leaves the old file or none, never a truncated model that looks like one.
   struct stat st {};
-  const bool in_place = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  bool in_place = exists && !S_ISREG(st.st_mode);
   // Through a symbolic link: the file it names is replaced, the link stays.
   std::string target = path;
   if (char* real = in_place ? nullptr : ::realpath(path.c_str(), nullptr)) {
@@ -177,6 +178,14 @@ void Writer::write(const std::string& path) const {
     ~Cleanup() { if (tmp) ::unlink(tmp->c_str()); }
   } cleanup;
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  // A directory where this user may make no new file can still hold a file they may write: that
+  // file is then written in place, as before the rename. A failure then leaves a partial file,
+  // which the reader refuses (tensor data past its end).
+  if (!f && exists && !in_place && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+    f = std::fopen(target.c_str(), "wb");
+    if (!f) fail(ErrorKind::Model, "cannot write '{}': {}", path, std::strerror(errno));
+    in_place = true;
+  }
   if (!f) fail(ErrorKind::Model, "cannot create '{}': {}", tmp, std::strerror(errno));
   if (!in_place) cleanup.tmp = &tmp;
   bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();

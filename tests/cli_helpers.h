@@ -7,6 +7,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/helpers.h"
 
@@ -25,18 +28,29 @@ inline std::string slurp(const std::string& path) {
 }
 
 // Runs `baton ARGS` through the shell (so tests can pipe into it) with stdin_text as its input;
-// its exit code (128 + signal when killed), stdout and stderr.
-inline Out run_baton(const std::string& args, const std::string& stdin_text = "") {
+// its exit code (128 + signal when killed), stdout and stderr. stdout_to, when given, is the shell
+// redirection stdout gets instead of a file read back (">/dev/full", ">&-"); `out` is then empty.
+inline Out run_baton(const std::string& args, const std::string& stdin_text = "", const std::string& stdout_to = "") {
   static const std::string dir = temp_dir();
   Out o;
   const std::string in = dir + "/stdin", out = dir + "/stdout", err = dir + "/stderr";
   std::ofstream(in) << stdin_text;
-  const std::string cmd = std::string(BATON_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  const std::string redirect = stdout_to.empty() ? ">" + out : stdout_to;
+  const std::string cmd = std::string(BATON_BINARY) + " " + args + " <" + in + " " + redirect + " 2>" + err;
   const int st = std::system(cmd.c_str());
   o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  o.out = slurp(out);
+  if (stdout_to.empty()) o.out = slurp(out);
   o.err = slurp(err);
   return o;
+}
+
+// The JSON objects of JSONL text, one per non-empty line.
+inline std::vector<nlohmann::json> jsonl(const std::string& text) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) v.push_back(nlohmann::json::parse(l));
+  return v;
 }
 
 }  // namespace baton::test

@@ -1,6 +1,9 @@
 // GGUF reader and writer: exact round trips, typed getters, the peer vocab files, rejected
 // versions, the checks on hostile fields, and proof that parsing never touches tensor data.
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -663,4 +666,64 @@ TEST_CASE("gguf: a failed write leaves the old file or none, never a partial one
   Writer huge;
   CHECK_THAT(test::usage_error([&] { huge.add_tensor_lazy("too.big", GgmlType::F32, {int64_t(1) << 30, int64_t(1) << 21}, {}); }),
              Contains("'too.big'") && Contains("2^50"));
+}
+
+namespace {
+
+// Root passes every permission check (CAP_DAC_OVERRIDE). For a check of what a directory's mode
+// forbids, this thread gives that up until the end of the scope (it stays in the permitted set,
+// so it can be taken back); as any other user this does nothing.
+struct ModesApply {
+  __user_cap_header_struct head{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved[2]{};
+  bool dropped = false;
+  ModesApply() {
+    if (::geteuid() != 0 || ::syscall(SYS_capget, &head, saved) != 0) return;
+    __user_cap_data_struct less[2] = {saved[0], saved[1]};
+    less[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+    dropped = ::syscall(SYS_capset, &head, less) == 0;
+  }
+  ~ModesApply() {
+    if (dropped) ::syscall(SYS_capset, &head, saved);
+  }
+  bool ok() const { return ::geteuid() != 0 || dropped; }
+};
+
+}  // namespace
+
+TEST_CASE("gguf: in a directory where no file can be made, a writable file is written in place", "[gguf]") {
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir() + "/ro", path = dir + "/m.gguf", locked = dir + "/locked.gguf";
+  fs::create_directory(dir);
+  std::vector<float> w(64, 0.5f);
+  auto model = [&](uint32_t k) {
+    Writer m;
+    m.set("k", Value::of_u32(k));
+    m.add_tensor("w", GgmlType::F32, {64}, w.data(), w.size() * 4);
+    return m;
+  };
+  model(7).write(path);
+  model(7).write(locked);
+  ::chmod(locked.c_str(), 0444);
+  ::chmod(dir.c_str(), 0555);
+  struct Restore {  // so that the directory can be removed, whatever the checks say
+    std::string dir;
+    ~Restore() { ::chmod(dir.c_str(), 0755); }
+  } restore{dir};
+  {
+    ModesApply as_user;
+    if (!as_user.ok()) {
+      WARN("running as root and cannot drop CAP_DAC_OVERRIDE: the directory's mode would not apply");
+      return;
+    }
+    model(8).write(path);  // the temporary file cannot be made: the file is written in place
+    CHECK_THROWS_WITH(model(9).write(locked), Contains("cannot write '" + locked + "': Permission denied"));
+    CHECK_THROWS_WITH(model(9).write(dir + "/new.gguf"), Contains("cannot create"));
+  }
+  CHECK(File::open(path)->get<uint32_t>("k") == 8);
+  CHECK(fs::file_size(path) == model(8).file_size());
+  CHECK(File::open(locked)->get<uint32_t>("k") == 7);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 2);
 }

@@ -31,14 +31,6 @@ using namespace baton::test;
 
 namespace {
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::vector<json> v;
-  std::ifstream in(path);
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) v.push_back(json::parse(l));
-  return v;
-}
-
 // A system prompt under which the 135M model's answer to the capital question has a clear margin
 // (first answer token ~1 logit ahead on every ISA level, packed or not, and with f32 activations).
 // Under "You are a helpful assistant." the first token is a 0.05-logit tie between "The" and "La"
@@ -263,7 +255,7 @@ TEST_CASE("structured output: --format json, --json-schema, --grammar; bad ones 
   INFO(b.err);
   REQUIRE(b.code == 0);
   std::map<int, json> by;
-  for (auto& r : read_jsonl(dir + "/out.jsonl")) by[r["id"].get<int>()] = r;
+  for (auto& r : jsonl(slurp(dir + "/out.jsonl"))) by[r["id"].get<int>()] = r;
   REQUIRE(by.size() == 6);
   INFO(by[1].dump() << by[2].dump() << by[3].dump());
   const json j1 = json::parse(by[1]["text"].get<std::string>(), nullptr, false);
@@ -348,7 +340,7 @@ this is not json
   Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --parallel 4 " + kSys + " -t 2");
   INFO(o.err);
   REQUIRE(o.code == 0);
-  auto recs = read_jsonl(dir + "/out.jsonl");
+  auto recs = jsonl(slurp(dir + "/out.jsonl"));
   REQUIRE(recs.size() == 8);
   std::map<std::string, std::vector<json>> by;
   for (auto& r : recs) by[r.contains("id") ? r["id"].dump() : "line" + r["line"].dump()].push_back(r);
@@ -470,15 +462,15 @@ TEST_CASE("batch: same seeds give the same text with --parallel 1 and 8; plain t
   REQUIRE(one.code == 0);
   REQUIRE(eight.code == 0);
   std::map<int, std::string> a, b;
-  for (auto& r : read_jsonl(dir + "/p1.jsonl")) a[r["id"]] = r["text"];
-  for (auto& r : read_jsonl(dir + "/p8.jsonl")) b[r["id"]] = r["text"];
+  for (auto& r : jsonl(slurp(dir + "/p1.jsonl"))) a[r["id"]] = r["text"];
+  for (auto& r : jsonl(slurp(dir + "/p8.jsonl"))) b[r["id"]] = r["text"];
   REQUIRE(a.size() == 10);
   CHECK(a == b);
 
   std::ofstream(dir + "/in.txt") << "Name a color.\n\nSay hi.\n";
   Out t = run_baton("batch -m " + m + " -i " + dir + "/in.txt -o " + dir + "/t.jsonl -n 4 -t 2");
   REQUIRE(t.code == 0);
-  auto recs = read_jsonl(dir + "/t.jsonl");
+  auto recs = jsonl(slurp(dir + "/t.jsonl"));
   REQUIRE(recs.size() == 2);
   std::set<int> ids = {recs[0]["id"].get<int>(), recs[1]["id"].get<int>()};
   CHECK(ids == std::set<int>{1, 3});  // ids are line numbers; the blank line is skipped
@@ -511,7 +503,7 @@ TEST_CASE("batch: kill -9 in the middle, then --resume: every id exactly once") 
   auto t0 = std::chrono::steady_clock::now();
   size_t lines = 0;
   while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(300)) {
-    lines = read_jsonl(out).size();
+    lines = jsonl(slurp(out)).size();
     if (lines >= 3) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -519,7 +511,7 @@ TEST_CASE("batch: kill -9 in the middle, then --resume: every id exactly once") 
   int st = 0;
   waitpid(pid, &st, 0);
   REQUIRE(WIFSIGNALED(st));
-  size_t before = read_jsonl(out).size();
+  size_t before = jsonl(slurp(out)).size();
   INFO("results before the kill: " << before);
   REQUIRE(before >= 3);
   REQUIRE(before < size_t(n));
@@ -528,7 +520,7 @@ TEST_CASE("batch: kill -9 in the middle, then --resume: every id exactly once") 
   INFO(r.err);
   REQUIRE(r.code == 0);
   std::map<std::string, int> count;
-  for (auto& rec : read_jsonl(out)) {
+  for (auto& rec : jsonl(slurp(out))) {
     CHECK(rec.contains("text"));
     count[rec["id"]]++;
   }
@@ -538,7 +530,7 @@ TEST_CASE("batch: kill -9 in the middle, then --resume: every id exactly once") 
   // Nothing left: a second resume does nothing and adds nothing.
   Out again = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + out + " --resume");
   CHECK(again.code == 0);
-  CHECK(read_jsonl(out).size() == size_t(n));
+  CHECK(jsonl(slurp(out)).size() == size_t(n));
 }
 
 namespace {
