@@ -107,6 +107,12 @@ inline simde__m512 zextps128_ps512(__m128 v) {
   return simde_mm512_load_ps(f);
 }
 inline simde__m512i zextsi256_si512(__m256i v) { return join_si(v, _mm256_setzero_si256()); }
+inline simde__m512i cvtepu8_epi32(__m128i v) {
+  return join_si(_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
+inline simde__m512i cvtepu16_epi32(__m256i v) {
+  return join_si(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)));
+}
 
 }  // namespace baton::cpu::emu
 
@@ -121,4 +127,6 @@ inline simde__m512i zextsi256_si512(__m256i v) { return join_si(v, _mm256_setzer
 #define _mm512_zextps128_ps512(v) ::baton::cpu::emu::zextps128_ps512(v)
 #define _mm512_zextsi256_si512(v) ::baton::cpu::emu::zextsi256_si512(v)
 #define _mm512_shuffle_f32x4(a, b, imm) ::baton::cpu::emu::shuffle_f32x4((a), (b), (imm))
+#define _mm512_cvtepu8_epi32(v) ::baton::cpu::emu::cvtepu8_epi32(v)
+#define _mm512_cvtepu16_epi32(v) ::baton::cpu::emu::cvtepu16_epi32(v)
 #define _cvtu64_mask64(x) static_cast<simde__mmask64>(x)

@@ -38,6 +38,7 @@ struct O {
 namespace {
 
 inline __m512i zext(__m256i v) { return _mm512_zextsi256_si512(v); }
+inline __m512i load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline __m128 fp16x4(const uint8_t* p, size_t stride) {
   uint16_t h[4];
   for (int i = 0; i < 4; i++) std::memcpy(&h[i], p + size_t(i) * stride, 2);
@@ -175,15 +176,34 @@ void quant_q8_32x4(const float* x, int64_t n, void* out) {
 }
 
 // ---- packed (row-interleaved) tiles, see packed.h ----
-// Lane r of every vector is row r of the group. Per tile and column: the integer sums start at
-// −off·Σq and take 8 vpdpbusd against broadcast activation bytes (split over two chains when few
-// columns give too little independent work), then one convert, one multiply by the activation
-// scale and one FMA with the 16 row scales. The portable kernel does the same per output.
+// Lane r of every vector is row r of the group. Per 32-element block and column: the integer sums
+// start at −off·Σq and take 8 vpdpbusd against broadcast activation bytes (split over two chains
+// when few columns give too little independent work), then one convert, one multiply by the
+// activation scale and one FMA with the 16 row scales. The portable kernel does the same per output.
+// The level formats (IQ4_NL, MXFP4, IQ4_XS: a nibble indexes signed levels) look their nibbles up
+// as level + 128 with one vpshufb and take off = 128, as the portable kernel does; IQ4_XS is eight
+// IQ4_NL blocks per tile with a scale d·(ls − 32) each, MXFP4's scale is 2^(e − 128).
 template <GgmlType T>
 struct Packed {
-  static constexpr size_t kTile = T == GgmlType::Q4_0 ? 288 : T == GgmlType::Q4_1 ? 320 : T == GgmlType::Q5_0 ? 352 : 544;
-  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64 : T == GgmlType::Q5_0 ? 96 : 32;
-  static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
+  static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  static constexpr bool kFive = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
+  static constexpr bool XS = T == GgmlType::IQ4_XS, MX = T == GgmlType::MXFP4;
+  static constexpr bool kLevels = XS || MX || T == GgmlType::IQ4_NL;
+  static constexpr int kBlocks = XS ? 8 : 1;  // 32-element blocks per tile
+  static constexpr size_t kTile = T == GgmlType::Q4_0 || T == GgmlType::IQ4_NL ? 288
+                                  : T == GgmlType::Q4_1                        ? 320
+                                  : T == GgmlType::Q5_0                        ? 352
+                                  : T == GgmlType::Q5_1                        ? 384
+                                  : MX                                         ? 272
+                                  : XS                                         ? 16 * sizeof(BlockIQ4_XS)
+                                                                               : 544;
+  static constexpr size_t kQs = T == GgmlType::Q4_1 ? 64
+                                : T == GgmlType::Q5_0 ? 96
+                                : T == GgmlType::Q5_1 || XS ? 128
+                                : MX ? 16
+                                     : 32;
+  static constexpr size_t kMasks = T == GgmlType::Q5_1 ? 64 : 32;  // the fifth-bit masks (Q5_0, Q5_1)
+  static constexpr int kOff = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 || kLevels ? 128 : 0;
   static constexpr int64_t kAhead = 8;  // tiles prefetched ahead (past the group's end too: the next group follows)
   static constexpr int64_t kAheadL2 = 24, kAheadL1 = 2;  // Q8_0
 
@@ -193,15 +213,46 @@ struct Packed {
     return _mm512_set1_epi32(v);
   }
 
+  // The levels + 128 in each 128-bit lane (vpshufb looks up within lanes).
+  static __m512i level_table() {
+    uint8_t b[64];
+    for (int i = 0; i < 64; i++) b[i] = uint8_t((MX ? kMXFP4Values : kIQ4Values)[i % 16] + 128);
+    return load512(b);
+  }
+
+  // The 16 row scales of a tile's block: fp16 d; MXFP4 2^(e − 128) exactly as mxfp4_scale (float
+  // exponent field e − 1, or the subnormal 0x00200000 << e for e = 0, 1); IQ4_XS d·(ls − 32).
+  static __m512 row_scale(const uint8_t* t) {
+    if constexpr (MX) {
+      const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+      const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+      return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(_mm512_set1_epi32(2), e), normal, sub));
+    } else {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    }
+  }
+  static void xs_scales(const uint8_t* t, __m512* dsc) {
+    const __m512 d = row_scale(t);
+    const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+    const __m512i sl = load512(t + 64);
+    for (int b = 0; b < 8; b++) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, 4 * b), _mm512_set1_epi32(0x0F));
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(sh, 2 * b), _mm512_set1_epi32(0x03));
+      const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+      dsc[b] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls));
+    }
+  }
+
   template <int NC>
   static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
     constexpr bool kTwoChains = NC < 4;
     __m512 acc[NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* t = tiles + size_t(b) * kTile;
-      const uint8_t* qs = t + kQs;
+    const __m512i levels = kLevels ? level_table() : _mm512_setzero_si512();
+    for (int64_t i = 0; i < nb / kBlocks; i++) {
+      const uint8_t* t = tiles + size_t(i) * kTile;
       if (NC >= 4) {  // several columns: a tile takes long enough for DRAM to lag the streamer
         if constexpr (T == GgmlType::Q8_0) {
           // Q8_0 needs 1.7x the bytes of Q4_1 per multiply: far ahead into L2, then just ahead
@@ -210,54 +261,66 @@ struct Packed {
             _mm_prefetch(reinterpret_cast<const char*>(t + kAheadL2 * kTile + l), _MM_HINT_T1);
             _mm_prefetch(reinterpret_cast<const char*>(t + kAheadL1 * kTile + l), _MM_HINT_T0);
           }
-        } else {
+        } else if constexpr (!XS) {  // (IQ4_XS: a block's share at a time, below)
           for (size_t l = 0; l < kTile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kAhead * kTile + l), _MM_HINT_T0);
         }
       }
-      const ActQ8_32s* x[NC];
-      __m512i s0[NC], s1[NC];
-      for (int c = 0; c < NC; c++) {
-        x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + b;
-        s0[c] = kOff ? _mm512_set1_epi32(-kOff * x[c]->sum) : _mm512_setzero_si512();
-        if (kTwoChains) s1[c] = _mm512_setzero_si512();
-      }
-      if constexpr (T == GgmlType::Q8_0) {
-        const __m512i flip = _mm512_set1_epi8(char(0x80));
-        for (int k = 0; k < 8; k++) {
-          const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * k), flip);  // q + 128
-          for (int c = 0; c < NC; c++) {
-            __m512i& s = kTwoChains && k >= 4 ? s1[c] : s0[c];
-            s = _mm512_dpbusd_epi32(s, u, bcast(x[c]->q + 4 * k));
+      __m512 dsc[kBlocks];
+      if constexpr (XS) xs_scales(t, dsc);
+      else dsc[0] = row_scale(t);
+      for (int blk = 0; blk < kBlocks; blk++) {
+        const uint8_t* qs = t + kQs + 256 * size_t(blk);
+        if (XS && NC >= 4)  // 2 tiles on: 8 columns 6.7 -> 10.7 GB/s against a whole tile 8 on
+          for (size_t l = 0; l < kTile / 8; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(t + 2 * kTile + (kTile / 8) * size_t(blk) + l), _MM_HINT_T0);
+        const ActQ8_32s* x[NC];
+        __m512i s0[NC], s1[NC];
+        for (int c = 0; c < NC; c++) {
+          x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + kBlocks * i + blk;
+          s0[c] = kOff ? _mm512_set1_epi32(-kOff * x[c]->sum) : _mm512_setzero_si512();
+          if (kTwoChains) s1[c] = _mm512_setzero_si512();
+        }
+        if constexpr (T == GgmlType::Q8_0) {
+          const __m512i flip = _mm512_set1_epi8(char(0x80));
+          for (int k = 0; k < 8; k++) {
+            const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * k), flip);  // q + 128
+            for (int c = 0; c < NC; c++) {
+              __m512i& s = kTwoChains && k >= 4 ? s1[c] : s0[c];
+              s = _mm512_dpbusd_epi32(s, u, bcast(x[c]->q + 4 * k));
+            }
+          }
+        } else {
+          for (int k = 0; k < 4; k++) {
+            const __m512i raw = _mm512_loadu_si512(qs + 64 * k);
+            __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            if constexpr (kFive) {
+              uint64_t mlo, mhi;
+              std::memcpy(&mlo, t + kMasks + 16 * k, 8);
+              std::memcpy(&mhi, t + kMasks + 8 + 16 * k, 8);
+              const __m512i b16 = _mm512_set1_epi8(0x10);
+              lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b16);
+              hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b16);
+            }
+            if constexpr (kLevels) {
+              lo = _mm512_shuffle_epi8(levels, lo);
+              hi = _mm512_shuffle_epi8(levels, hi);
+            }
+            for (int c = 0; c < NC; c++) {
+              s0[c] = _mm512_dpbusd_epi32(s0[c], lo, bcast(x[c]->q + 4 * k));
+              __m512i& s = kTwoChains ? s1[c] : s0[c];
+              s = _mm512_dpbusd_epi32(s, hi, bcast(x[c]->q + 16 + 4 * k));
+            }
           }
         }
-      } else {
-        for (int k = 0; k < 4; k++) {
-          const __m512i raw = _mm512_loadu_si512(qs + 64 * k);
-          __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-          if constexpr (T == GgmlType::Q5_0) {
-            uint64_t mlo, mhi;
-            std::memcpy(&mlo, t + 32 + 16 * k, 8);
-            std::memcpy(&mhi, t + 40 + 16 * k, 8);
-            const __m512i b16 = _mm512_set1_epi8(0x10);
-            lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(mlo), lo, b16);
-            hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mhi), hi, b16);
-          }
-          for (int c = 0; c < NC; c++) {
-            s0[c] = _mm512_dpbusd_epi32(s0[c], lo, bcast(x[c]->q + 4 * k));
-            __m512i& s = kTwoChains ? s1[c] : s0[c];
-            s = _mm512_dpbusd_epi32(s, hi, bcast(x[c]->q + 16 + 4 * k));
-          }
+        for (int c = 0; c < NC; c++) {
+          const __m512i s = kTwoChains ? _mm512_add_epi32(s0[c], s1[c]) : s0[c];
+          const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(x[c]->d));
+          acc[c] = _mm512_fmadd_ps(f, dsc[blk], acc[c]);
         }
-      }
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-      for (int c = 0; c < NC; c++) {
-        const __m512i s = kTwoChains ? _mm512_add_epi32(s0[c], s1[c]) : s0[c];
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(x[c]->d));
-        acc[c] = _mm512_fmadd_ps(f, dw, acc[c]);
-      }
-      if constexpr (T == GgmlType::Q4_1) {
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
-        for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[c]->ds), acc[c]);
+        if constexpr (kMin) {
+          const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+          for (int c = 0; c < NC; c++) acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[c]->ds), acc[c]);
+        }
       }
     }
     const __mmask16 keep = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
@@ -288,7 +351,6 @@ inline __m512i bcast4(const int8_t* q) {
   std::memcpy(&v, q, 4);
   return _mm512_set1_epi32(v);
 }
-inline __m512i load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
 // Byte i (0..3) of every 32-bit lane as 16 floats, unsigned or signed.
 template <int I>
 inline __m512 byte_u(__m512i v) {
@@ -541,6 +603,184 @@ struct PackedQ6K {
   }
 };
 
+// Q2_K and Q3_K (tile layouts in packed.h). Block M = 4N + J of a super-block is bits 2J, 2J + 1
+// of qs lines 8N..8N+7, its 16-element sub-blocks lines 8N..8N+3 and 8N+4..8N+7; Q3_K's third bit
+// is bit M of hmask line k (u = 0..7 for the value u − 4). The four blocks of a half share their
+// lines: with few columns each line is loaded once and serves all four (as Q6_K's halves). Per
+// column and block the portable kernel's integer sums, exact in any order: Q3_K s = Σ_h sc_h·(Σ u·q
+// − 4·Σq_h) with the signed 6-bit scales unpacked once per tile into four lines of bytes, Q2_K
+// s = Σ_h sc_h·Σ u·q and n = Σ_h mn_h·Σq_h (one vpmaddwd of the (mn, mn') pair against the two
+// 16-element sums); then acc = fma(float(s)·dx, d, acc) (Q3_K) or acc = fma(fma(float(s), d,
+// float(n)·(−dmin)), dx, acc) (Q2_K), blocks in order.
+template <GgmlType T>
+struct PackedK23 {
+  static constexpr bool kThree = T == GgmlType::Q3_K;
+  static constexpr size_t kTile = kThree ? 16 * sizeof(BlockQ3_K) : 16 * sizeof(BlockQ2_K);
+  static constexpr size_t kSc = kThree ? 32 : 64, kHm = 224, kQs = kThree ? 736 : 320;
+  static constexpr size_t kAhead = 6;  // tiles prefetched ahead
+
+  // At qs line i (0..15) the i-th sixteenth of the tile kAhead tiles on (two lines cover it).
+  static void prefetch(const uint8_t* t, int i) {
+    const size_t o = kAhead * kTile + ((kTile * size_t(i) / 16) & ~size_t(63));
+    _mm_prefetch(reinterpret_cast<const char*>(t + o), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(t + o + 64), _MM_HINT_T0);
+  }
+
+  // Block 4N + J's unsigned quants of line k (raw: qs line 8N + k; hm: hmask line k, Q3_K).
+  template <int N, int J>
+  static __m512i quants(__m512i raw, __m512i hm) {
+    const __m512i m2 = _mm512_set1_epi8(0x03);
+    __m512i u = J == 0 ? _mm512_and_si512(raw, m2) : _mm512_and_si512(_mm512_srli_epi16(raw, 2 * J), m2);
+    if constexpr (kThree) {
+      const __mmask64 hi = _mm512_test_epi8_mask(hm, _mm512_set1_epi8(char(1 << (4 * N + J))));
+      u = _mm512_mask_add_epi8(u, hi, u, _mm512_set1_epi8(4));
+    }
+    return u;
+  }
+  static __m512i hm_line(const uint8_t* t, int k) {
+    return kThree ? load512(t + kHm + 64 * k) : _mm512_setzero_si512();
+  }
+
+  // The sums' starting values: Q3_K −4·Σq16 of sub-block S (one vpmaddwd of both int16 sums), Q2_K 0.
+  template <int S>
+  static __m512i start(const ActQ8_32s& x) {
+    if constexpr (!kThree) {
+      return _mm512_setzero_si512();
+    } else {
+      int32_t both;
+      std::memcpy(&both, x.sum16, 4);
+      return _mm512_madd_epi16(_mm512_set1_epi32(both), _mm512_set1_epi32(S ? int32_t(0xFFFC0000u) : 0x0000FFFC));
+    }
+  }
+
+  // The four blocks of half N at once (sa: first sub-blocks, sb: second), every line loaded once.
+  template <int NC, int N>
+  static void half_sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i (*sa)[NC], __m512i (*sb)[NC]) {
+    for (int j = 0; j < 4; j++)
+      for (int c = 0; c < NC; c++) {
+        sa[j][c] = start<0>(x[c][4 * N + j]);
+        sb[j][c] = start<1>(x[c][4 * N + j]);
+      }
+    for (int k = 0; k < 8; k++) {
+      const uint8_t* line = t + kQs + 64 * (8 * N + k);
+      prefetch(t, 8 * N + k);
+      const __m512i raw = load512(line), hm = hm_line(t, k);
+      const __m512i u[4] = {quants<N, 0>(raw, hm), quants<N, 1>(raw, hm), quants<N, 2>(raw, hm), quants<N, 3>(raw, hm)};
+      for (int j = 0; j < 4; j++)
+        for (int c = 0; c < NC; c++) {
+          __m512i& s = k < 4 ? sa[j][c] : sb[j][c];
+          s = _mm512_dpbusd_epi32(s, u[j], bcast4(x[c][4 * N + j].q + 4 * k));
+        }
+    }
+  }
+
+  // One block's sums (many columns: one block's sums live at a time).
+  template <int NC, int N, int J>
+  static void block_sums(const uint8_t* t, const ActQ8_32s* const* x, __m512i* sa, __m512i* sb) {
+    constexpr int M = 4 * N + J;
+    for (int c = 0; c < NC; c++) {
+      sa[c] = start<0>(x[c][M]);
+      sb[c] = start<1>(x[c][M]);
+    }
+    for (int k = 0; k < 8; k++) {
+      if constexpr (J == 0) prefetch(t, 8 * N + k);
+      const __m512i u = quants<N, J>(load512(t + kQs + 64 * (8 * N + k)), hm_line(t, k));
+      for (int c = 0; c < NC; c++) {
+        __m512i& s = k < 4 ? sa[c] : sb[c];
+        s = _mm512_dpbusd_epi32(s, u, bcast4(x[c][M].q + 4 * k));
+      }
+    }
+  }
+
+  // Block M's sums scaled and accumulated (sc3: Q3_K's four lines of signed scale bytes).
+  template <int NC, int M>
+  static void apply(const uint8_t* t, __m512 d, __m512 ndmin, const __m512i* sc3, const ActQ8_32s* const* x,
+                    const __m512i* sa, const __m512i* sb, __m512* acc) {
+    constexpr int I = 2 * (M % 2);  // sub-blocks 2M, 2M + 1: bytes I, I + 1 of scale line M / 2
+    if constexpr (kThree) {
+      const __m512i sca = byte_si<I>(sc3[M / 2]), scb = byte_si<I + 1>(sc3[M / 2]);
+      for (int c = 0; c < NC; c++) {
+        const __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sca), _mm512_mullo_epi32(sb[c], scb));
+        acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(x[c][M].d)), d, acc[c]);
+      }
+    } else {
+      const __m512i v = load512(t + kSc + 64 * (M / 2)), m4 = _mm512_set1_epi32(0x0F);
+      const __m512i sca = _mm512_and_si512(_mm512_srli_epi32(v, 8 * I), m4);
+      const __m512i scb = _mm512_and_si512(_mm512_srli_epi32(v, 8 * I + 8), m4);
+      // (mn_2M, mn_2M+1) as two int16 per lane: high nibbles of bytes I and I + 1.
+      const __m512i mlo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * I + 4), m4);
+      const __m512i mhi = I == 0 ? _mm512_and_si512(_mm512_slli_epi32(v, 4), _mm512_set1_epi32(0x000F0000))
+                                 : _mm512_and_si512(_mm512_srli_epi32(v, 12), _mm512_set1_epi32(0x000F0000));
+      const __m512i mn = _mm512_or_si512(mlo, mhi);
+      for (int c = 0; c < NC; c++) {
+        int32_t both;
+        std::memcpy(&both, x[c][M].sum16, 4);
+        const __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sca), _mm512_mullo_epi32(sb[c], scb));
+        const __m512 n = _mm512_cvtepi32_ps(_mm512_madd_epi16(mn, _mm512_set1_epi32(both)));
+        const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, _mm512_mul_ps(n, ndmin));
+        acc[c] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[c][M].d), acc[c]);
+      }
+    }
+  }
+
+  template <int NC, int N>
+  static void half(const uint8_t* t, __m512 d, __m512 ndmin, const __m512i* sc3, const ActQ8_32s* const* x,
+                   __m512* acc) {
+    if constexpr (NC <= 2) {
+      __m512i sa[4][NC], sb[4][NC];
+      half_sums<NC, N>(t, x, sa, sb);
+      apply<NC, 4 * N + 0>(t, d, ndmin, sc3, x, sa[0], sb[0], acc);
+      apply<NC, 4 * N + 1>(t, d, ndmin, sc3, x, sa[1], sb[1], acc);
+      apply<NC, 4 * N + 2>(t, d, ndmin, sc3, x, sa[2], sb[2], acc);
+      apply<NC, 4 * N + 3>(t, d, ndmin, sc3, x, sa[3], sb[3], acc);
+    } else {
+      __m512i sa[NC], sb[NC];
+      block_sums<NC, N, 0>(t, x, sa, sb);
+      apply<NC, 4 * N + 0>(t, d, ndmin, sc3, x, sa, sb, acc);
+      block_sums<NC, N, 1>(t, x, sa, sb);
+      apply<NC, 4 * N + 1>(t, d, ndmin, sc3, x, sa, sb, acc);
+      block_sums<NC, N, 2>(t, x, sa, sb);
+      apply<NC, 4 * N + 2>(t, d, ndmin, sc3, x, sa, sb, acc);
+      block_sums<NC, N, 3>(t, x, sa, sb);
+      apply<NC, 4 * N + 3>(t, d, ndmin, sc3, x, sa, sb, acc);
+    }
+  }
+
+  template <int NC>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m512 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+      const uint8_t* t = tiles + size_t(sb) * kTile;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+      __m512 ndmin = _mm512_setzero_ps();
+      __m512i sc3[4];
+      if constexpr (kThree) {
+        // Scale j: low 4 bits from byte j (j < 8) or the high nibble of byte j − 8, bits 4-5 from
+        // byte 8 + j % 4 at shift 2·(j / 4); line v of sc3 holds scales 4v..4v+3, minus 32.
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+        const __m512i l0 = load512(t + kSc), l1 = load512(t + kSc + 64), l2 = load512(t + kSc + 128);
+        auto make = [&](__m512i low, __m512i high) {
+          return _mm512_sub_epi8(_mm512_ternarylogic_epi32(low, high, m4, 0xEC) /* (low & m4) | high */, k32);
+        };
+        sc3[0] = make(l0, _mm512_and_si512(_mm512_slli_epi16(l2, 4), m30));
+        sc3[1] = make(l1, _mm512_and_si512(_mm512_slli_epi16(l2, 2), m30));
+        sc3[2] = make(_mm512_srli_epi16(l0, 4), _mm512_and_si512(l2, m30));
+        sc3[3] = make(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(l2, 2), m30));
+      } else {
+        ndmin = _mm512_sub_ps(_mm512_setzero_ps(),
+                              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32))));
+      }
+      const ActQ8_32s* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const ActQ8_32s*>(a + size_t(c) * as) + 8 * sb;
+      half<NC, 0>(t, d, ndmin, sc3, x, acc);
+      half<NC, 1>(t, d, ndmin, sc3, x, acc);
+    }
+    const __mmask16 keep = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(y + size_t(c) * ys, keep, acc[c]);
+  }
+};
+
 // Column counts 1..8 to the kernel's instantiations.
 template <class K>
 void packed_by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
@@ -567,15 +807,16 @@ KernelTable make_avx512_table() {
   t.packed[int(GgmlType::Q4_0)] = Packed<GgmlType::Q4_0>::by_cols;
   t.packed[int(GgmlType::Q4_1)] = Packed<GgmlType::Q4_1>::by_cols;
   t.packed[int(GgmlType::Q5_0)] = Packed<GgmlType::Q5_0>::by_cols;
+  t.packed[int(GgmlType::Q5_1)] = Packed<GgmlType::Q5_1>::by_cols;
+  t.packed[int(GgmlType::Q2_K)] = packed_by_cols<PackedK23<GgmlType::Q2_K>>;
+  t.packed[int(GgmlType::Q3_K)] = packed_by_cols<PackedK23<GgmlType::Q3_K>>;
   t.packed[int(GgmlType::Q8_0)] = Packed<GgmlType::Q8_0>::by_cols;
   t.packed[int(GgmlType::Q4_K)] = packed_by_cols<PackedK4<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = packed_by_cols<PackedK4<GgmlType::Q5_K>>;
   t.packed[int(GgmlType::Q6_K)] = packed_by_cols<PackedQ6K>;
-  // The IQ4 formats and MXFP4 have no AVX-512 tile; their AVX2 tiles (same Q8_32s activations) beat
-  // the AVX-512 row kernels here in decode and in prefill (docs/KERNELS.md, session 30: MXFP4 GEMV
-  // 18.0 against 12.4 GB/s a thread, GEMM of 64 columns 120 against 87 GFLOP/s). Q2_K, Q3_K and
-  // Q5_1's AVX2 tiles lose the one-column GEMV to the rows: those keep their rows.
-  for (GgmlType ty : {GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) t.packed[int(ty)] = kernels_avx2().packed[int(ty)];
+  t.packed[int(GgmlType::IQ4_NL)] = Packed<GgmlType::IQ4_NL>::by_cols;
+  t.packed[int(GgmlType::IQ4_XS)] = Packed<GgmlType::IQ4_XS>::by_cols;
+  t.packed[int(GgmlType::MXFP4)] = Packed<GgmlType::MXFP4>::by_cols;
   return t;
 }
 

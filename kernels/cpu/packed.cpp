@@ -295,11 +295,10 @@ bool packing_enabled(GgmlType t) {
   }();
   if (off || !packable(t)) return false;
   switch (active_isa()) {
-    // Q6_K's AVX-512 tile measured a little below its row kernel in a GEMV (docs/KERNELS.md): decode
-    // keeps the rows there. Its AVX2 tile beats the AVX2 row kernel in both (session 21). The IQ4
-    // formats and MXFP4 run their AVX2 tiles under AVX-512 too (they beat its rows); Q2_K, Q3_K
-    // and Q5_1 have AVX2 tiles only, which lose the GEMV there: AVX-512 keeps their rows.
-    case Isa::Avx512: return t != GgmlType::Q6_K && kernels_avx512().packed[int(t)] != nullptr;
+    // Every packable type has a tile on both levels (AVX-512 runs the IQ4 formats' and MXFP4's AVX2
+    // tiles, which beat its rows); since session 37 Q2_K, Q3_K, Q5_1 and Q6_K are packed on AVX-512
+    // too (their tiles there beat the rows: docs/KERNELS.md).
+    case Isa::Avx512: return kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
   }
