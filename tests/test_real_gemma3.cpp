@@ -131,7 +131,10 @@ TEST_CASE("Gemma 3 270M under grammars: the first token's SentencePiece space, J
   r.max_tokens = 300;
   r.grammar = Grammar::parse(json_object_gbnf());
   int objects = 0;
-  for (uint64_t seed = 1; seed <= 4; seed++) {
+  // About half the seeds close their object within 300 tokens (which ones moves with the kernels'
+  // rounding: 1 of seeds 1-4 and 6 of 1-12 since the AVX-512 Q6_K tile); 8 seeds make "at least 2"
+  // a check of the grammar, not of luck.
+  for (uint64_t seed = 1; seed <= 8; seed++) {
     r.sampling.seed = seed;
     got = e.generate(r);
     INFO(got.text);
