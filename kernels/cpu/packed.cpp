@@ -295,9 +295,8 @@ bool packing_enabled(GgmlType t) {
   }();
   if (off || !packable(t)) return false;
   switch (active_isa()) {
-    // Every packable type has a tile on both levels (AVX-512 runs the IQ4 formats' and MXFP4's AVX2
-    // tiles, which beat its rows); since session 37 Q2_K, Q3_K, Q5_1 and Q6_K are packed on AVX-512
-    // too (their tiles there beat the rows: docs/KERNELS.md).
+    // Every packable type has a tile on both levels, and it beats the row kernel there (on AVX-512
+    // since session 37: Q2_K, Q3_K, Q5_1, Q6_K and the level formats, docs/KERNELS.md).
     case Isa::Avx512: return kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;

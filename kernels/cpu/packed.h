@@ -47,8 +47,8 @@ namespace baton::cpu {
 constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
-// whether this process packs it at load (the active ISA has its tile kernel — AVX-512 and AVX2: all
-// of them, AVX-512 running the IQ4 formats' and MXFP4's AVX2 tiles — and BATON_CPU_PACK is not 0).
+// whether this process packs it at load (the active ISA has its tile kernel — AVX-512 and AVX2 have
+// one for every packable type — and BATON_CPU_PACK is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
 
