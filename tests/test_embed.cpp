@@ -27,17 +27,10 @@ using namespace baton;
 using test::Out;
 using test::run_baton;
 using test::slurp;
+using test::jsonl;
 using nlohmann::json;
 
 namespace {
-
-std::vector<json> lines_of(const std::string& s) {
-  std::vector<json> v;
-  std::istringstream in(s);
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) v.push_back(json::parse(l));
-  return v;
-}
 
 constexpr int kEmbd = 128;
 
@@ -186,7 +179,7 @@ TEST_CASE("embed: JSONL input, error records in line order, the same vector from
   Out o = run_baton(m + " -i " + dir + "/in.jsonl --parallel 3 -b 8");
   INFO(o.err);
   REQUIRE(o.code == 0);
-  const auto rec = lines_of(o.out);
+  const auto rec = jsonl(o.out);
   REQUIRE(rec.size() == 8);  // one per non-blank line, in line order
   CHECK(rec[0]["id"] == "a");
   CHECK(rec[0]["embedding"].size() == size_t(kEmbd));
@@ -206,7 +199,7 @@ TEST_CASE("embed: JSONL input, error records in line order, the same vector from
   Out p = run_baton(m + " -p 'the cat sat on the mat' -p 'hello world' --parallel 1");
   INFO(p.err);
   REQUIRE(p.code == 0);
-  const auto pr = lines_of(p.out);
+  const auto pr = jsonl(p.out);
   REQUIRE(pr.size() == 2);
   CHECK(pr[0]["index"] == 0);
   CHECK(pr[1]["index"] == 1);
@@ -217,27 +210,27 @@ TEST_CASE("embed: JSONL input, error records in line order, the same vector from
   std::ofstream(dir + "/one.txt") << "hello world\n";
   Out f = run_baton(m + " -f " + dir + "/one.txt");
   REQUIRE(f.code == 0);
-  CHECK(max_diff(lines_of(f.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
+  CHECK(max_diff(jsonl(f.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
   Out s = run_baton(m + " -p -", "hello world\n");
   REQUIRE(s.code == 0);
-  CHECK(max_diff(lines_of(s.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
+  CHECK(max_diff(jsonl(s.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
   // A UTF-8 byte-order mark (Notepad's files) is not text: JSONL stays JSONL, -f reads the text.
   std::ofstream(dir + "/bom.jsonl", std::ios::binary) << "\xEF\xBB\xBF" << R"({"id": "bom", "input": "hello world"})" "\n";
   Out bom = run_baton(m + " -i " + dir + "/bom.jsonl");
   REQUIRE(bom.code == 0);
-  CHECK(lines_of(bom.out).at(0)["id"] == "bom");
-  CHECK(max_diff(lines_of(bom.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
+  CHECK(jsonl(bom.out).at(0)["id"] == "bom");
+  CHECK(max_diff(jsonl(bom.out).at(0)["embedding"], pr[1]["embedding"]) < 1e-4);
   std::ofstream(dir + "/bom.txt", std::ios::binary) << "\xEF\xBB\xBF" << "hello world\n";
   Out bomf = run_baton(m + " -f " + dir + "/bom.txt");
   REQUIRE(bomf.code == 0);
-  CHECK(lines_of(bomf.out).at(0)["n_tokens"] == pr[1]["n_tokens"]);
+  CHECK(jsonl(bomf.out).at(0)["n_tokens"] == pr[1]["n_tokens"]);
 
   // Plain text input: one input per non-blank line, ids are line numbers.
   std::ofstream(dir + "/in.txt") << "the cat sat on the mat\n\nhello world\n";
   Out t = run_baton(m + " -i " + dir + "/in.txt -o " + dir + "/out.jsonl");
   REQUIRE(t.code == 0);
   CHECK(t.out.empty());  // the records went to -o
-  const auto tr = lines_of(slurp(dir + "/out.jsonl"));
+  const auto tr = jsonl(slurp(dir + "/out.jsonl"));
   REQUIRE(tr.size() == 2);
   CHECK(tr[1]["id"] == 3);
   CHECK(max_diff(tr[1]["embedding"], pr[1]["embedding"]) < 1e-4);
@@ -250,8 +243,8 @@ TEST_CASE("embed: pooling from the file, --pooling over it, none without a key; 
   Out mean = run_baton("embed -m " + model(3) + text + " --pooling mean");
   INFO(last.err << mean.err);
   REQUIRE((last.code == 0 && last2.code == 0 && mean.code == 0));
-  const json vl = lines_of(last.out).at(0)["embedding"], vm = lines_of(mean.out).at(0)["embedding"];
-  CHECK(max_diff(vl, lines_of(last2.out).at(0)["embedding"]) == 0);
+  const json vl = jsonl(last.out).at(0)["embedding"], vm = jsonl(mean.out).at(0)["embedding"];
+  CHECK(max_diff(vl, jsonl(last2.out).at(0)["embedding"]) == 0);
   CHECK(max_diff(vl, vm) > 1e-2);
   CHECK(last.err.find("pooling last") != std::string::npos);
 
@@ -259,7 +252,7 @@ TEST_CASE("embed: pooling from the file, --pooling over it, none without a key; 
   Out none = run_baton("embed -m " + model(-1) + text);
   INFO(none.err);
   REQUIRE(none.code == 0);
-  const json r = lines_of(none.out).at(0);
+  const json r = jsonl(none.out).at(0);
   CHECK(none.err.find("pooling none") != std::string::npos);
   CHECK(none.err.find("has no qwen3.pooling_type") != std::string::npos);
   REQUIRE(r["embedding"].size() == size_t(r["n_tokens"].get<int>()));
