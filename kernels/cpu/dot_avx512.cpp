@@ -5,6 +5,7 @@
 #if defined(__x86_64__)  // elsewhere detected_isa() is Scalar (stand-in tables: matmul.cpp)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/qkernels.h"
@@ -798,6 +799,25 @@ void packed_by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t a
   }
 }
 
+// Up to 4 columns a pass (Q2_K, Q3_K: with more, a block's two sets of sums and the accumulators
+// outgrow the 32 registers and spill): 5..8 columns are two passes over the tiles, the second
+// from the cache.
+template <class K>
+void packed_by_4_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                      int rows) {
+  nc = std::min(nc, 8);
+  for (int c0 = 0; c0 < nc; c0 += 4) {
+    const uint8_t* ac = a + size_t(c0) * as;
+    float* yc = y + size_t(c0) * ys;
+    switch (std::min(4, nc - c0)) {
+      case 1: K::template run<1>(nb, tiles, ac, as, yc, ys, rows); break;
+      case 2: K::template run<2>(nb, tiles, ac, as, yc, ys, rows); break;
+      case 3: K::template run<3>(nb, tiles, ac, as, yc, ys, rows); break;
+      default: K::template run<4>(nb, tiles, ac, as, yc, ys, rows); break;
+    }
+  }
+}
+
 KernelTable make_avx512_table() {
   KernelTable t = make_simd_table();
   t.quant[int(ActKind::Q8_32x4)] = quant_q8_32x4;
@@ -809,8 +829,8 @@ KernelTable make_avx512_table() {
   t.packed[int(GgmlType::Q4_1)] = Packed<GgmlType::Q4_1>::by_cols;
   t.packed[int(GgmlType::Q5_0)] = Packed<GgmlType::Q5_0>::by_cols;
   t.packed[int(GgmlType::Q5_1)] = Packed<GgmlType::Q5_1>::by_cols;
-  t.packed[int(GgmlType::Q2_K)] = packed_by_cols<PackedK23<GgmlType::Q2_K>>;
-  t.packed[int(GgmlType::Q3_K)] = packed_by_cols<PackedK23<GgmlType::Q3_K>>;
+  t.packed[int(GgmlType::Q2_K)] = packed_by_4_cols<PackedK23<GgmlType::Q2_K>>;
+  t.packed[int(GgmlType::Q3_K)] = packed_by_4_cols<PackedK23<GgmlType::Q3_K>>;
   t.packed[int(GgmlType::Q8_0)] = Packed<GgmlType::Q8_0>::by_cols;
   t.packed[int(GgmlType::Q4_K)] = packed_by_cols<PackedK4<GgmlType::Q4_K>>;
   t.packed[int(GgmlType::Q5_K)] = packed_by_cols<PackedK4<GgmlType::Q5_K>>;
