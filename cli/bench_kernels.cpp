@@ -86,7 +86,7 @@ int run_cuda(const Options& o) {
 
 // Packs W as a model load would (when this process packs its type); W then reads the packed copy.
 cpu::PackedBuffer maybe_pack(cpu::QMatrix& W, bool no_pack) {
-  if (no_pack || !cpu::packing_enabled(W.type)) return {};
+  if (no_pack || !cpu::packing_enabled(W.type, W.cols)) return {};
   cpu::PackedBuffer buf = cpu::alloc_packed(cpu::packed_bytes(W.type, W.rows, W.cols));
   cpu::pack_matrix(W, buf.get());
   W.packed = buf.get();

@@ -163,7 +163,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
 void pack_matrices(ModelWeights& w, std::vector<cpu::QMatrix*> mats, cpu::ThreadPool& pool, const gguf::File* file) {
   // Every packed copy in one buffer (alloc_packed gives a large one huge pages), each matrix at a
   // 64-byte boundary.
-  std::erase_if(mats, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type); });
+  std::erase_if(mats, [](const cpu::QMatrix* m) { return !m->data || !cpu::packing_enabled(m->type, m->cols); });
   auto rounded = [](size_t b) { return (b + 63) / 64 * 64; };
   size_t total = 0;
   for (const cpu::QMatrix* m : mats) total += rounded(cpu::packed_bytes(m->type, m->rows, m->cols));
@@ -325,8 +325,14 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
       cpu::scatter_add_rows(acc, s.ye, token0, wt, false, m, E);
       m = 0;
     };
-    for (int i = 0; i < K; ++i) {
-      const int e = s.route_ids[size_t(i)];
+    // The token's experts in ascending id, the order the many-token path below adds them in (one
+    // expert at a time): a token's sum then has the same bits whatever the batch around it.
+    thread_local std::vector<int> order;  // (only grows)
+    order.resize(size_t(K));
+    for (int i = 0; i < K; ++i) order[size_t(i)] = i;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return s.route_ids[size_t(a)] < s.route_ids[size_t(b)]; });
+    for (int r = 0; r < K; ++r) {
+      const int i = order[size_t(r)], e = s.route_ids[size_t(i)];
       if (e < 0) continue;
       gu[2 * m] = {&L.gate_exp[size_t(e)], hb + size_t(m) * F};
       gu[2 * m + 1] = {&L.up_exp[size_t(e)], hb2 + size_t(m) * F};

@@ -26,7 +26,7 @@ bool copied_at_load(const gguf::TensorInfo& t, bool on_gpu, bool tied_head) {
   if (on_gpu) return true;
   if (t.n_dims < 2) return false;
   if (t.name == "token_embd.weight" && !tied_head) return true;
-  return cpu::packing_enabled(t.type);
+  return cpu::packing_enabled(t.type, t.ne[0]);
 }
 
 const Tokenizer& ModelPipeline::tokenizer() const {

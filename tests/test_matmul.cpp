@@ -286,10 +286,12 @@ namespace {
 
 constexpr GgmlType kPackable[] = {GgmlType::Q4_0,   GgmlType::Q4_1,  GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                                   GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                                  GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+                                  GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::F16,
+                                  GgmlType::BF16};
 
-// The row-length unit of a packed type: its block (32, or a 256-element k-quant super-block).
-int64_t unit(GgmlType t) { return traits(t).block_elems; }
+// The row-length unit of a packed type: its block (32, or a 256-element k-quant super-block; the
+// float types' tiles span 32 elements).
+int64_t unit(GgmlType t) { return is_float_type(t) ? 32 : traits(t).block_elems; }
 
 struct Packed {
   std::vector<uint8_t> bytes;

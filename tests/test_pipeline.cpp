@@ -585,6 +585,27 @@ TEST_CASE("a model with sliding-window layers rewinds kRingRewind positions; new
   }
 }
 
+TEST_CASE("a mixture of experts gives a token the same logits alone and in a batch", "[pipeline]") {
+  // A token's experts are summed in one order whether its step has one token (the decode path)
+  // or many (the experts-grouped path): the bits must not depend on the batch around it.
+  for (const std::string& model : {test::tiny_qwen3moe_model(), test::tiny_qwen2moe_model(), test::tiny_gpt_oss_model()}) {
+    INFO(model);
+    auto alone = load(model, "cpu", 4), batched = load(model, "cpu", 4);
+    const size_t V = size_t(alone->n_vocab());
+    int differ = 0;
+    for (int pos = 0; pos < 6; ++pos) {
+      Batch one, many;
+      one.add(11 + 13 * pos, pos, 0, true);
+      for (int sq = 0; sq < 4; ++sq) many.add(11 + 13 * pos + 101 * sq, pos, sq, true);
+      std::vector<float> a(V), m(4 * V);
+      alone->decode(one, a.data());
+      batched->decode(many, m.data());
+      differ += std::memcmp(a.data(), m.data(), V * sizeof(float)) != 0;
+    }
+    CHECK(differ == 0);
+  }
+}
+
 TEST_CASE("prompt lookup on real stages: the same tokens as without drafts, rings and experts included",
           "[pipeline]") {
   // What makes the drafts exact: a row's logits do not depend on the rows evaluated with it (the

@@ -107,6 +107,13 @@ inline simde__m512 zextps128_ps512(__m128 v) {
   return simde_mm512_load_ps(f);
 }
 inline simde__m512i zextsi256_si512(__m256i v) { return join_si(v, _mm256_setzero_si256()); }
+inline __m256i cvtepi32_epi16(simde__m512i v) {  // truncating, as vpmovdw
+  alignas(64) int32_t a[16];
+  simde_mm512_store_si512(a, v);
+  alignas(32) int16_t b[16];
+  for (int i = 0; i < 16; i++) b[i] = int16_t(a[i]);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+}
 inline simde__m512i cvtepu8_epi32(__m128i v) {
   return join_si(_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
 }
@@ -127,6 +134,7 @@ inline simde__m512i cvtepu16_epi32(__m256i v) {
 #define _mm512_zextps128_ps512(v) ::baton::cpu::emu::zextps128_ps512(v)
 #define _mm512_zextsi256_si512(v) ::baton::cpu::emu::zextsi256_si512(v)
 #define _mm512_shuffle_f32x4(a, b, imm) ::baton::cpu::emu::shuffle_f32x4((a), (b), (imm))
+#define _mm512_cvtepi32_epi16(v) ::baton::cpu::emu::cvtepi32_epi16(v)
 #define _mm512_cvtepu8_epi32(v) ::baton::cpu::emu::cvtepu8_epi32(v)
 #define _mm512_cvtepu16_epi32(v) ::baton::cpu::emu::cvtepu16_epi32(v)
 #define _cvtu64_mask64(x) static_cast<simde__mmask64>(x)

@@ -783,6 +783,44 @@ struct PackedK23 {
   }
 };
 
+// F16, BF16 (tile layout in packed.h: line m holds elements 2m, 2m + 1 of the 16 rows as each
+// lane's two halves). The activations are the floats themselves, broadcast from memory into the
+// FMA; per column two chains, the even and the odd elements, in element order, and the output their
+// sum: the portable kernel's operations, lane by lane. A GEMM does 16 rows × up to 8 columns per
+// weight load (the row kernel re-reads 4 activation columns from L2 for every row).
+template <GgmlType T>
+struct PackedFloat {
+  static constexpr size_t kTile = 1024;
+
+  template <int NC>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m512 even[NC], odd[NC];
+    for (int c = 0; c < NC; c++) even[c] = odd[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* t = tiles + size_t(b) * kTile;
+      const float* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(a + size_t(c) * as) + 32 * b;
+      for (int m = 0; m < 16; m++) {
+        const __m512i v = load512(t + 64 * m);
+        __m512 w0, w1;
+        if constexpr (T == GgmlType::BF16) {
+          w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+          w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+        } else {
+          w0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+          w1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+        }
+        for (int c = 0; c < NC; c++) {
+          even[c] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[c][2 * m]), even[c]);
+          odd[c] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[c][2 * m + 1]), odd[c]);
+        }
+      }
+    }
+    const __mmask16 keep = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(y + size_t(c) * ys, keep, _mm512_add_ps(even[c], odd[c]));
+  }
+};
+
 // Column counts 1..8 to the kernel's instantiations.
 template <class K>
 void packed_by_cols(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
@@ -838,6 +876,8 @@ KernelTable make_avx512_table() {
   t.packed[int(GgmlType::IQ4_NL)] = Packed<GgmlType::IQ4_NL>::by_cols;
   t.packed[int(GgmlType::IQ4_XS)] = Packed<GgmlType::IQ4_XS>::by_cols;
   t.packed[int(GgmlType::MXFP4)] = Packed<GgmlType::MXFP4>::by_cols;
+  t.packed[int(GgmlType::F16)] = packed_by_cols<PackedFloat<GgmlType::F16>>;
+  t.packed[int(GgmlType::BF16)] = packed_by_cols<PackedFloat<GgmlType::BF16>>;
   return t;
 }
 

@@ -45,7 +45,10 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   const KernelTable& kt = active_table();
   const int64_t cols = targets[0].W->cols, nb = cols / 32;
   const QuantFn quant = kt.quant[int(ActKind::Q8_32s)] ? kt.quant[int(ActKind::Q8_32s)] : quant_q8_32s_portable;
-  const size_t a_stride = act_bytes(ActKind::Q8_32s, cols);
+  const size_t a_stride = act_bytes(ActKind::Q8_32s, cols), f_stride = act_bytes(ActKind::Float, cols);
+  // The float tiles (F16, BF16) read the columns as they are; the others their 8-bit blocks.
+  bool any_quant = false;
+  for (int i = 0; i < n_targets; ++i) any_quant = any_quant || !packed_float(targets[i].W->type);
   // The distinct inputs (the shared X, or the targets' own), each quantized once.
   const float* inputs[kMaxTargets];
   int input_of[kMaxTargets], n_inputs = 0;
@@ -59,18 +62,25 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
   }
   const size_t a_input = a_stride * size_t(n);
   thread_local std::vector<uint8_t> scratch;  // only grows
-  if (scratch.size() < a_input * size_t(n_inputs)) scratch.resize(a_input * size_t(n_inputs));
+  if (any_quant && scratch.size() < a_input * size_t(n_inputs)) scratch.resize(a_input * size_t(n_inputs));
   uint8_t* A = scratch.data();
   auto quant_task = [&](int task, int) {
     const int k = task / n, j = task % n;
     if (pre) (*pre)(j);
     quant(inputs[k] + int64_t(j) * cols, cols, A + size_t(k) * a_input + size_t(j) * a_stride);
   };
-  if (n * n_inputs >= 4 && pool.size() > 1) pool.run(n * n_inputs, std::ref(quant_task));
-  else for (int t = 0; t < n * n_inputs; t++) quant_task(t, 0);
+  if (!any_quant) {
+    if (pre) run_rows(*pre, n, pool);
+  } else if (n * n_inputs >= 4 && pool.size() > 1) {
+    pool.run(n * n_inputs, std::ref(quant_task));
+  } else {
+    for (int t = 0; t < n * n_inputs; t++) quant_task(t, 0);
+  }
 
   struct Part {
     PackedFn kernel;
+    const uint8_t* a;  // the first column's activations (8-bit blocks, or the floats)
+    size_t a_stride;
     int64_t groups, chunk;
     size_t group_bytes;
     int first_task;
@@ -83,6 +93,13 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
     Part& p = parts[i];
     p.kernel = kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type);
     BATON_CHECK(p.kernel != nullptr);
+    if (packed_float(W.type)) {
+      p.a = reinterpret_cast<const uint8_t*>(inputs[input_of[i]]);
+      p.a_stride = f_stride;
+    } else {
+      p.a = A + size_t(input_of[i]) * a_input;
+      p.a_stride = a_stride;
+    }
     p.groups = (W.rows + kPackRows - 1) / kPackRows;
     p.group_bytes = packed_group_bytes(W.type, cols);
     if (n <= kPackedMaxCols) {
@@ -109,8 +126,7 @@ void matmul_packed_targets(const MatmulTarget* targets, int n_targets, const flo
       const int nc = std::min(kPackedMaxCols, n - j);
       for (int64_t g = g0; g < g1; g++) {
         const int64_t r0 = g * kPackRows;
-        p.kernel(nb, W.packed + size_t(g) * p.group_bytes, A + size_t(input_of[i]) * a_input + size_t(j) * a_stride,
-                 a_stride, nc,
+        p.kernel(nb, W.packed + size_t(g) * p.group_bytes, p.a + size_t(j) * p.a_stride, p.a_stride, nc,
                  targets[i].Y + size_t(j) * y_stride + size_t(r0), y_stride,
                  int(std::min<int64_t>(kPackRows, W.rows - r0)));
       }
@@ -152,7 +168,10 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     BATON_CHECK(W.cols == cols && W.cols % traits(W.type).block_elems == 0);
     BATON_CHECK(W.row_bytes == row_bytes(W.type, W.cols));
     BATON_CHECK(int(W.type) < kTypeSlots && (W.packed || kt.dot[int(W.type)] != nullptr));
-    const ActKind kind = W.packed ? ActKind::Q8_32s : kt.act[int(W.type)];
+    auto kind_of = [&](const QMatrix& M) {
+      return M.packed ? (packed_float(M.type) ? ActKind::Float : ActKind::Q8_32s) : kt.act[int(M.type)];
+    };
+    const ActKind kind = kind_of(W);
     Part& p = parts[i];
     p.dot = kt.dot[int(W.type)];
     p.packed = W.packed ? (kt.packed[int(W.type)] ? kt.packed[int(W.type)] : packed_portable(W.type)) : nullptr;
@@ -163,7 +182,7 @@ void matmul_multi(const MatmulTarget* targets, int n_targets, const float* X, in
     } else {
       int same = -1;  // an earlier target that already quantized this input into this format
       for (int j = 0; j < i && same < 0; ++j)
-        if (input(j) == Xi && (targets[j].W->packed ? ActKind::Q8_32s : kt.act[int(targets[j].W->type)]) == kind) same = j;
+        if (input(j) == Xi && kind_of(*targets[j].W) == kind) same = j;
       if (same >= 0) {
         p.a = parts[same].a;
       } else {

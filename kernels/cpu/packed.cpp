@@ -49,6 +49,7 @@ TileLayout layout(GgmlType t) {
     case GgmlType::IQ4_NL: return {288, 0, 0, 32, 128, 32};
     case GgmlType::MXFP4: return {272, 0, 0, 16, 128, 32};
     case GgmlType::IQ4_XS: return {16 * sizeof(BlockIQ4_XS), 0, 0, 128, 128, 256};
+    case GgmlType::F16: case GgmlType::BF16: return {1024, 0, 0, 0, 0, 32};
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
@@ -81,6 +82,7 @@ Fields fields(GgmlType t) {
     case GgmlType::IQ4_NL: return {{{0, 2, 0}, {2, 16, 32}}, 2};
     case GgmlType::MXFP4: return {{{0, 1, 0}, {1, 16, 16}}, 2};
     case GgmlType::IQ4_XS: return {{{0, 2, 0}, {2, 2, 32}, {4, 4, 64}, {8, 128, 128}}, 4};
+    case GgmlType::F16: case GgmlType::BF16: return {{{0, 64, 0}}, 1};  // 32 elements of a row as one 64-byte "block"
     default: break;
   }
   BATON_CHECK(false && "not a packable type");
@@ -277,13 +279,45 @@ void portable_kquant(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t 
     for (int r = 0; r < rows; r++) y[size_t(c) * ys + size_t(r)] = acc[c][r];
 }
 
+// F16, BF16 (float activations): per output two chains, the even and the odd elements of the
+// row, each acc = fma(w, x, acc) in element order, and the output their sum. The AVX-512 tile does
+// the same in each lane.
+template <GgmlType T>
+void portable_float(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                    int rows) {
+  const TileLayout L = layout(T);
+  float acc[2][kPackedMaxCols][kPackRows] = {};
+  uint8_t blk[64];
+  float w[kPackRows][32];
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* tile = tiles + size_t(b) * L.bytes;
+    for (int r = 0; r < kPackRows; r++) {
+      get_block(T, tile, r, blk);
+      dequantize_row(T, blk, w[r], 32);
+    }
+    for (int c = 0; c < nc; c++) {
+      const float* x = reinterpret_cast<const float*>(a + size_t(c) * as) + 32 * b;
+      for (int r = 0; r < kPackRows; r++)
+        for (int e = 0; e < 32; e++) acc[e % 2][c][r] = std::fma(w[r][e], x[e], acc[e % 2][c][r]);
+    }
+  }
+  for (int c = 0; c < nc; c++)
+    for (int r = 0; r < rows; r++) y[size_t(c) * ys + size_t(r)] = acc[0][c][r] + acc[1][c][r];
+}
+
 }  // namespace
 
+bool packed_float(GgmlType t) { return t == GgmlType::F16 || t == GgmlType::BF16; }
+
+bool packing_enabled(GgmlType t, int64_t cols) { return packing_enabled(t) && cols % layout(t).elems == 0; }
+
 bool packable(GgmlType t) {
-  switch (t) {  // every quantized type (since session 26); the float types stay in rows
+  switch (t) {  // every quantized type (since session 26), F16 and BF16 (session 37); F32 (biases, routers,
+                // small tensors more often than matmul weights) stays in rows
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
     case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
-    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: case GgmlType::MXFP4: return true;
+    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: case GgmlType::MXFP4:
+    case GgmlType::F16: case GgmlType::BF16: return true;
     default: return false;
   }
 }
@@ -295,8 +329,9 @@ bool packing_enabled(GgmlType t) {
   }();
   if (off || !packable(t)) return false;
   switch (active_isa()) {
-    // Every packable type has a tile on both levels, and it beats the row kernel there (on AVX-512
-    // since session 37: Q2_K, Q3_K, Q5_1, Q6_K and the level formats, docs/KERNELS.md).
+    // Every quantized type has a tile on both levels, and it beats the row kernel there (on AVX-512
+    // since session 37: Q2_K, Q3_K, Q5_1, Q6_K and the level formats, docs/KERNELS.md); F16 and
+    // BF16 have one on AVX-512 only (AVX2 keeps their rows).
     case Isa::Avx512: return kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
@@ -317,7 +352,7 @@ size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols) {
 void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool) {
   const GgmlType t = W.type;
   BATON_CHECK(packable(t) && W.cols % layout(t).elems == 0);
-  const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
+  const size_t tb = layout(t).bytes, bb = row_bytes(t, layout(t).elems);  // a row's share of a tile
   const int64_t nb = W.cols / layout(t).elems, groups = (W.rows + kPackRows - 1) / kPackRows;
   auto group = [&](int g, int) {
     uint8_t* tiles = out + size_t(g) * size_t(nb) * tb;
@@ -335,7 +370,7 @@ void pack_matrix(const QMatrix& W, uint8_t* out, ThreadPool* pool) {
 void unpack_row(const QMatrix& W, int64_t r, float* out) {
   BATON_CHECK(W.packed && r >= 0 && r < W.rows);
   const GgmlType t = W.type;
-  const size_t tb = layout(t).bytes, bb = traits(t).block_bytes;
+  const size_t tb = layout(t).bytes, bb = row_bytes(t, layout(t).elems);
   const int64_t nb = W.cols / layout(t).elems;
   const uint8_t* tiles = W.packed + size_t(r / kPackRows) * size_t(nb) * tb;
   std::vector<uint8_t> row(size_t(nb) * bb);
@@ -375,6 +410,8 @@ PackedFn packed_portable(GgmlType t) {
     case GgmlType::IQ4_NL: return portable_kernel<GgmlType::IQ4_NL>;
     case GgmlType::MXFP4: return portable_kernel<GgmlType::MXFP4>;
     case GgmlType::IQ4_XS: return portable_kquant<GgmlType::IQ4_XS>;
+    case GgmlType::F16: return portable_float<GgmlType::F16>;
+    case GgmlType::BF16: return portable_float<GgmlType::BF16>;
     default: return nullptr;
   }
 }

@@ -27,6 +27,9 @@
 //         ql line 16h + 8 + k, qh line 8h + k (the order its kernel reads them)               3360 B
 //   IQ4_XS  d[16] scales_h[16] | 1 line of scales_l | 32 lines of qs (sub-block b: lines 4b..4b+3,
 //         laid out as one IQ4_NL tile's)                                                       2176 B
+//   F16, BF16  16 lines: line m holds elements 2m, 2m + 1 of each row (4 bytes a row)         1024 B
+// (a float tile spans 32 elements of each row, as the 32-element formats; its kernels read float
+// activations, not ActQ8_32s. F32 is not packed.)
 // A 32-element block of the super-block then reads 8 quant lines (Q4_K: chunk c = lines 8c..8c+7,
 // low nibbles block 2c, high nibbles 2c + 1; Q2_K/Q3_K: block 4n + j = bits 2j, 2j + 1 of lines
 // 8n..8n+7, Q3_K's third bit bit 4n + j of the 8 hmask lines) and meets exactly one 32-element
@@ -47,10 +50,16 @@ namespace baton::cpu {
 constexpr int kPackRows = 16;
 
 // Whether a type has a packed layout (pack_matrix accepts it; the planner counts its padding);
-// whether this process packs it at load (the active ISA has its tile kernel — AVX-512 and AVX2 have
-// one for every packable type — and BATON_CPU_PACK is not 0).
+// whether this process packs it at load (the active ISA has its tile kernel — AVX-512 for every
+// packable type, AVX2 for the quantized ones — and BATON_CPU_PACK is not 0).
 bool packable(GgmlType t);
 bool packing_enabled(GgmlType t);
+// The same for a matrix of rows of `cols` elements: F16 and BF16 may have rows the 32-element tiles
+// do not divide, which stay in rows.
+bool packing_enabled(GgmlType t, int64_t cols);
+// Whether a packed type's tile kernel reads the activations as floats (F16, BF16) rather than as
+// 8-bit blocks (ActQ8_32s).
+bool packed_float(GgmlType t);
 
 // Bytes of a packed rows × cols matrix (rows rounded up to a multiple of 16).
 size_t packed_bytes(GgmlType t, int64_t rows, int64_t cols);

@@ -77,8 +77,9 @@ using DotFn = void (*)(int64_t n, const uint8_t* w, const uint8_t* a, size_t a_s
 // Quantize n floats (a multiple of the format's block) into one activation column.
 using QuantFn = void (*)(const float* x, int64_t n, void* out);
 // One group of 16 packed rows (kernels/cpu/packed.h; nb = the row's 32-element blocks, i.e.
-// nb tiles of a legacy type, nb / 8 of a k-quant) against nc (1..8) ActQ8_32s columns: y[c·y_stride + r] for the group's first `rows` (1..16) rows. Each output's arithmetic
-// is independent of nc.
+// nb tiles of a legacy or float type, nb / 8 of a k-quant) against nc (1..8) ActQ8_32s columns
+// (float columns for F16, BF16): y[c·y_stride + r] for the group's first `rows` (1..16) rows.
+// Each output's arithmetic is independent of nc.
 using PackedFn = void (*)(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t a_stride, int nc, float* y,
                           size_t y_stride, int rows);
 constexpr int kPackedMaxCols = 8;
