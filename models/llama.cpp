@@ -330,7 +330,7 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
     thread_local std::vector<int> order;  // (only grows)
     order.resize(size_t(K));
     for (int i = 0; i < K; ++i) order[size_t(i)] = i;
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return s.route_ids[size_t(a)] < s.route_ids[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s.route_ids[size_t(a)] < s.route_ids[size_t(b)]; });
     for (int r = 0; r < K; ++r) {
       const int i = order[size_t(r)], e = s.route_ids[size_t(i)];
       if (e < 0) continue;

@@ -428,7 +428,7 @@ struct CudaLayers {
   // The same on the device (steps of at most kMoeDeviceTokens tokens, Impl::routes_on_device): the
   // routing kernel writes each (token, rank) pair's expert and weight, and every pair is a column
   // of its expert's GEMV: gate and up of all pairs in one launch, the gate, down, the weighted sum
-  // per token in rank order (the CPU stage adds them in ascending id). Nothing waits for the host.
+  // per token in ascending expert id (the CPU stage's order). Nothing waits for the host.
   void moe_on_device(const GpuLayer& L, int n, bool x_q8) {
     const ModelConfig& c = g.c;
     const int E = c.n_embd, K = c.n_expert_used, F = c.n_ff_exp, X = c.n_expert, P = n * K;

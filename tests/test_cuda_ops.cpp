@@ -788,7 +788,7 @@ TEST_CASE("a mixture of experts routed on the device matches kernels/cpu/ops and
       }
     }
   }
-  // Biases by id, then each token's weighted sum in rank order.
+  // Biases by id, then each token's weighted sum in ascending expert id.
   const int W = 96;
   const auto bias = random_floats(size_t(n_exp * W), rng), y0 = random_floats(size_t(P * W), rng);
   const auto wt = random_floats(size_t(P), rng, 0.0f, 1.0f);
@@ -804,9 +804,12 @@ TEST_CASE("a mixture of experts routed on the device matches kernels/cpu/ops and
   cu::DeviceBuffer dacc(size_t(n * W) * 4);
   cu::moe_combine(ctx(), dacc.as<float>(), dyn.as<float>(), did.as<int32_t>(), dwt.as<float>(), n, K, W);
   std::vector<float> want(size_t(n * W), 0.0f);
-  for (int p = 0; p < P; ++p) {
-    const int32_t row = p / K;
-    if (ids[size_t(p)] >= 0) cpu::scatter_add_rows(want.data(), y.data() + p * W, &row, wt.data() + p, false, 1, W);
+  for (int t = 0; t < n; ++t) {  // each token's experts in ascending id
+    std::vector<int> order(static_cast<size_t>(K));
+    for (int j = 0; j < K; ++j) order[size_t(j)] = t * K + j;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ids[size_t(a)] < ids[size_t(b)]; });
+    for (int p : order)
+      if (ids[size_t(p)] >= 0) cpu::scatter_add_rows(want.data(), y.data() + p * W, &t, wt.data() + p, false, 1, W);
   }
   const auto got = to_host<float>(dacc, want.size());
   int bad = 0;

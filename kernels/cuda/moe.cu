@@ -100,10 +100,22 @@ __global__ void moe_combine_kernel(float* __restrict__ acc, const float* __restr
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * width) return;
   const int t = int(i / width), c = int(i % width);
+  const int32_t* tid = ids + int64_t(t) * k;
   float s = 0.0f;
-  for (int j = 0; j < k; j++) {
+  // The token's experts in ascending id (the CPU stage's order in every step, and this stage's
+  // prompt path's), equal ids by rank: each round picks the next (id, rank) pair; a skipped pair
+  // (-1) is never read.
+  for (int last = -1, last_r = k;;) {
+    int j = -1;
+    for (int r = 0; r < k; r++) {
+      const bool after = tid[r] > last || (tid[r] == last && r > last_r);
+      if (after && tid[r] >= 0 && (j < 0 || tid[r] < tid[j])) j = r;
+    }
+    if (j < 0) break;
+    last = tid[j];
+    last_r = j;
     const int64_t p = int64_t(t) * k + j;
-    if (ids[p] >= 0) s += w[p] * ye[p * width + c];  // a skipped pair's row is never read
+    s += w[p] * ye[p * width + c];
   }
   acc[i] = s;
 }

@@ -437,7 +437,8 @@ void gemv_experts(Context& c, const ExpertOut* outs, int count, const float* X, 
 // y[p·width + i] += bias[ids[p]·width + i] for pairs with ids[p] >= 0 (stacked per-expert biases).
 void add_rows_id(Context& c, float* y, const float* bias, const int32_t* ids, int pairs, int width);
 // acc[t·width + i] = Σ_j w[t·k + j]·ye[(t·k + j)·width + i] over the ranks j with an expert, in
-// rank order from zero (cpu::scatter_add_rows of each into zeroed rows); t < n.
+// ascending expert id from zero (cpu::scatter_add_rows of each into zeroed rows, the CPU stage's
+// order); t < n.
 void moe_combine(Context& c, float* acc, const float* ye, const int32_t* ids, const float* w, int n, int k, int width);
 // bytes zero bytes at p (cudaMemsetAsync).
 void zero(Context& c, void* p, size_t bytes);

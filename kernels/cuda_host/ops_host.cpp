@@ -541,7 +541,11 @@ void moe_combine(Context&, float* acc, const float* ye, const int32_t* ids, cons
   for (int t = 0; t < n; ++t) {
     float* a = acc + size_t(t) * size_t(width);
     std::fill(a, a + width, 0.f);
-    for (int j = 0; j < k; ++j) {
+    std::vector<int> order(static_cast<size_t>(k));  // the token's experts in ascending id, as the kernel
+    for (int j = 0; j < k; ++j) order[size_t(j)] = j;
+    const int32_t* tid = ids + size_t(t) * size_t(k);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tid[a] < tid[b]; });
+    for (int j : order) {
       const size_t p = size_t(t) * size_t(k) + size_t(j);
       const int32_t row0 = 0;
       if (ids[p] >= 0) cpu::scatter_add_rows(a, ye + p * size_t(width), &row0, w + p, false, 1, width);
