@@ -327,10 +327,14 @@ void moe_experts(const ModelConfig& c, const LayerWeights& L, const float* x, in
     };
     // The token's experts in ascending id, the order the many-token path below adds them in (one
     // expert at a time): a token's sum then has the same bits whatever the batch around it.
+    // (An insertion sort of the k ranks: stable, and no allocation per token as stable_sort's buffer.)
     thread_local std::vector<int> order;  // (only grows)
     order.resize(size_t(K));
-    for (int i = 0; i < K; ++i) order[size_t(i)] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s.route_ids[size_t(a)] < s.route_ids[size_t(b)]; });
+    for (int i = 0; i < K; ++i) {
+      int j = i;
+      for (; j > 0 && s.route_ids[size_t(order[size_t(j - 1)])] > s.route_ids[size_t(i)]; --j) order[size_t(j)] = order[size_t(j - 1)];
+      order[size_t(j)] = i;
+    }
     for (int r = 0; r < K; ++r) {
       const int i = order[size_t(r)], e = s.route_ids[size_t(i)];
       if (e < 0) continue;
