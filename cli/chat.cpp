@@ -50,20 +50,27 @@ const char* kHelp =
     "  A line ending in \\ continues on the next line; \"\"\" opens and closes a multi-line block.\n"
     "  Ctrl-C stops a reply; the part already written stays in the conversation.\n";
 
-// One byte of input, or -1 at the end of input or when Ctrl-C is pending (interrupt_fd() readable).
-int next_byte(int fd) {
+// Waits until fd has input (true) or Ctrl-C is pending (false; also on a failed poll).
+bool wait_input(int fd) {
   for (;;) {
     pollfd p[2] = {{fd, POLLIN, 0}, {interrupt_fd(), POLLIN, 0}};  // a negative fd is skipped
     if (poll(p, 2, -1) < 0) {
       if (errno == EINTR) continue;  // the handler ran: its byte is in the pipe now
-      return -1;
+      return false;
     }
     if (p[1].revents & POLLIN) {
-      if (interrupted()) return -1;
+      if (interrupted()) return false;
       clear_interrupt();  // a byte from a press already dealt with (it landed during the last clear)
       continue;
     }
-    if (p[0].revents == 0) continue;
+    if (p[0].revents != 0) return true;  // data, or the end or an error, which read() tells
+  }
+}
+
+// One byte of input, or -1 at the end of input or when Ctrl-C is pending (interrupt_fd() readable).
+int next_byte(int fd) {
+  for (;;) {
+    if (!wait_input(fd)) return -1;
     unsigned char c;
     ssize_t n = read(fd, &c, 1);
     if (n == 1) return c;
@@ -111,12 +118,7 @@ class LineSource {
   }
   // nullopt: end of input (Ctrl-D) — or Ctrl-C, which interrupted() tells apart.
   std::optional<std::string> line(const char* prompt) {
-    if (!tty_) {
-      std::string s;
-      if (!std::getline(std::cin, s)) return std::nullopt;
-      if (!s.empty() && s.back() == '\r') s.pop_back();
-      return s;
-    }
+    if (!tty_) return piped_line();
     // libedit prints the prompt and only then switches the terminal to raw mode. Keys that arrive
     // in between meet a cooked terminal: Ctrl-D there becomes an end-of-file mark that libedit then
     // reads as a NUL key, and the REPL does not leave. Raw mode from before the prompt closes that
@@ -148,8 +150,34 @@ class LineSource {
   }
 
  private:
+  // A line of piped input. A press while nothing is being answered is a press at the prompt, as on
+  // a terminal: it is seen while waiting for input too (SA_RESTART keeps a plain read waiting).
+  std::optional<std::string> piped_line() {
+    for (;;) {
+      if (interrupted()) return std::nullopt;
+      const size_t nl = pending_.find('\n');
+      if (nl != std::string::npos || (ended_ && !pending_.empty())) {
+        std::string s = pending_.substr(0, nl);
+        pending_.erase(0, nl == std::string::npos ? nl : nl + 1);
+        if (!s.empty() && s.back() == '\r') s.pop_back();
+        return s;
+      }
+      if (ended_) return std::nullopt;
+      if (!wait_input(STDIN_FILENO)) {
+        if (!interrupted()) ended_ = true;  // the poll failed
+        continue;
+      }
+      char buf[1 << 16];
+      const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+      if (n > 0) pending_.append(buf, size_t(n));
+      else if (n == 0 || (errno != EINTR && errno != EAGAIN)) ended_ = true;
+    }
+  }
+
   bool tty_;
   std::string history_;
+  std::string pending_;  // piped input read but not yet returned as lines
+  bool ended_ = false;
 };
 
 std::string trim(const std::string& s) {
@@ -179,8 +207,8 @@ class Chat {
       std::optional<std::string> msg = read_message();
       if (!msg) {
         if (interrupted()) {  // Ctrl-C at the prompt
-          std::printf("\n(to leave, type /exit or press Ctrl-D)\n");
-          flush_stdout();
+          if (tty_) std::printf("\n");
+          say("(to leave, type /exit or press Ctrl-D)");
           clear_interrupt();
           continue;
         }

@@ -411,7 +411,10 @@ void install_interrupt_handler() {
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: a read waiting for input returns EINTR
+  // SA_RESTART: a write that waits for the terminal or a pipe's reader goes on after a press
+  // (without it, stdio would take the EINTR for a failed stdout). Waits for input poll
+  // interrupt_fd() as well, which no restart hides.
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
 }
 

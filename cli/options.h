@@ -178,10 +178,11 @@ class Prompter {
   std::string name_;
 };
 
-// Ctrl-C: the first press sets the flag (the engine stops between tokens); the handler is installed
-// without SA_RESTART so a blocking read returns. A second press while the flag is still set exits.
-// Each press also writes a byte to a pipe: a wait for input that polls interrupt_fd() as well cannot
-// miss a press that came just before the wait began (a flag alone can: see cli/chat.cpp).
+// Ctrl-C: the first press sets the flag (the engine stops between tokens). A second press while the
+// flag is still set exits. The handler is installed with SA_RESTART: a press never fails a write,
+// and never ends a read either, so each press also writes a byte to a pipe: a wait for input polls
+// interrupt_fd() as well, which also sees a press that came just before the wait began (a flag
+// alone can miss it: see cli/chat.cpp).
 void install_interrupt_handler();
 std::atomic<bool>& interrupted();
 int interrupt_fd();        // readable while a press is pending; -1 before install_interrupt_handler()

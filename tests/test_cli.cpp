@@ -4,11 +4,18 @@
 // an input, batch --resume's idea of a finished record, and chat's piped input (docs/CLI.md).
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <chrono>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -234,4 +241,182 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
   CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is out of range"));
   CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a number"));
   CHECK_THAT(s.err, Catch::Contains("(top_k = 5)"));
+}
+
+namespace {
+
+// `baton ARGS` with its stdin and stdout on pipes the test holds, its stderr in a file. stdout's
+// pipe is as small as Linux allows (a page) and starts full of filler, so the first write waits for
+// the test to read; read() and the others drop the filler.
+struct Child {
+  pid_t pid = -1;
+  int in = -1, out = -1;  // the test's ends
+  std::string err_path;
+  size_t filler_ = 0;  // filler bytes not read yet
+
+  explicit Child(const std::vector<std::string>& args) {
+    int i[2], o[2];
+    REQUIRE(pipe2(i, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(o, O_CLOEXEC) == 0);
+    const int size = fcntl(o[1], F_SETPIPE_SZ, 4096);
+    REQUIRE(size > 0);
+    filler_ = size_t(size);
+    err_path = temp_dir() + "/stderr";
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(i[0], 0);
+      dup2(o[1], 1);
+      dup2(e, 2);
+      std::vector<char*> argv{const_cast<char*>(BATON_BINARY)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(BATON_BINARY, argv.data());
+      _exit(127);
+    }
+    REQUIRE(::write(o[1], std::string(filler_, '.').data(), filler_) == ssize_t(filler_));
+    ::close(i[0]);
+    ::close(o[1]);
+    in = i[1];
+    out = o[0];
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (in >= 0) ::close(in);
+    if (out >= 0) ::close(out);
+  }
+  // Waits (up to 60 s) until the main thread sits in a write to stdout (syscall 1 on fd 1) behind
+  // the full pipe, with nothing of that write taken yet, for 100 ms.
+  bool wait_blocked() {
+    for (int i = 0, same = 0; i < 6000; i++) {
+      const std::string call = slurp("/proc/" + std::to_string(pid) + "/syscall");
+      same = call.rfind("1 0x1 ", 0) == 0 ? same + 1 : 0;
+      if (same == 10) return true;
+      usleep(10000);
+    }
+    return false;
+  }
+
+  // Ctrl-C, then time for the handler to run before the test reads: a write that finds room when
+  // it wakes finishes as if nothing happened, and would hide a write cut by the press.
+  void interrupt_blocked() {
+    kill(pid, SIGINT);
+    usleep(300000);
+  }
+  // A read of stdout past the filler.
+  ssize_t take(char* buf, size_t size) {
+    for (;;) {
+      const ssize_t n = ::read(out, buf, size);
+      if (n <= 0 || filler_ == 0) return n;
+      const size_t drop = std::min(filler_, size_t(n));
+      filler_ -= drop;
+      std::memmove(buf, buf + drop, size_t(n) - drop);
+      if (size_t(n) > drop) return n - ssize_t(drop);
+    }
+  }
+  void send(const std::string& s) { REQUIRE(::write(in, s.data(), s.size()) == ssize_t(s.size())); }
+  // stdout up to and including `until` (or to the end when it is empty), waiting up to 60 s.
+  std::string read(const std::string& until = "") {
+    std::string got;
+    for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);) {
+      pollfd p{out, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = take(buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+      if (!until.empty() && got.find(until) != std::string::npos) break;
+    }
+    return got;
+  }
+  std::string err() const { return slurp(err_path); }
+  // What stdout has until it stays quiet for 300 ms.
+  std::string read_quiet() {
+    std::string got;
+    char buf[4096];
+    for (pollfd p{out, POLLIN, 0}; poll(&p, 1, 300) > 0;) {
+      const ssize_t n = take(buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+    }
+    return got;
+  }
+  // stdout read until stderr says `what` (up to 60 s).
+  std::string read_until_err(const std::string& what) {
+    std::string got;
+    for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);) {
+      if (err().find(what) != std::string::npos) break;
+      pollfd p{out, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = take(buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+    }
+    return got;
+  }
+  int wait() {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+};
+
+}  // namespace
+
+// SIGINT is installed with SA_RESTART so a write that waits for the reader is not cut by Ctrl-C
+// (stdio would mark stdout failed and the command end with "Interrupted system call", exit 2). CI
+// once saw it on a terminal: a press that landed while chat was printing.
+TEST_CASE("Ctrl-C while a write to stdout waits for the reader: the output goes on, the reply stops") {
+  const std::string m = tiny();
+  {
+    Child run({"run", "-m", m, "-p", "hi", "-n", "2000", "--ignore-eos", "-t", "2"});
+    ::close(run.in);
+    run.in = -1;
+    REQUIRE(run.wait_blocked());
+    run.interrupt_blocked();
+    const std::string out = run.read();
+    const int code = run.wait();
+    INFO(run.err());
+    CHECK(code == 130);  // Ctrl-C's exit, not a failed write's 2
+    CHECK(!out.empty());
+    CHECK(run.err().find("failed") == std::string::npos);
+  }
+  {
+    // Piped chat: the press stops the reply being written; the next message is answered in full.
+    Child chat({"chat", "-m", m, "-n", "2000", "--ignore-eos", "-t", "2", "--temp", "0"});
+    chat.send("Hi\n");
+    REQUIRE(chat.wait_blocked());
+    chat.interrupt_blocked();
+    std::string first = chat.read_until_err("[interrupted]");
+    CHECK(!first.empty());
+    // The answer's end: the blank line, printed after the press was dealt with, then nothing more.
+    auto ended = [&] { return first.size() >= 2 && first.compare(first.size() - 2, 2, "\n\n") == 0; };
+    for (int i = 0; i < 200; i++) {
+      const std::string more = chat.read_quiet();
+      first += more;
+      if (more.empty() && ended()) break;
+    }
+    // A press while chat waits for the next message (stdin open, nothing in it) is answered at once,
+    // on stderr: stdout has answers only.
+    kill(chat.pid, SIGINT);
+    CHECK(chat.read_until_err("to leave").empty());
+    CHECK_THAT(chat.err(), Catch::Contains("(to leave, type /exit or press Ctrl-D)"));
+    chat.send("/reset\nHi\n");  // the same prompt again, from the start: the same reply, now whole
+    ::close(chat.in);
+    chat.in = -1;
+    const std::string second = chat.read();
+    const int code = chat.wait();
+    INFO(chat.err());
+    CHECK(code == 0);
+    CHECK(count_of(chat.err(), "[interrupted]") == 1);  // the second reply ran to its end
+    REQUIRE(first.size() > 2);
+    CHECK(second.size() > first.size());
+    CHECK(second.rfind(first.substr(0, first.size() - 2), 0) == 0);  // less the blank line that ended it
+  }
 }
