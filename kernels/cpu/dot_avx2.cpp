@@ -582,6 +582,87 @@ struct PackedLevels2 {
   }
 };
 
+// F16, BF16 (tile layout in packed.h: line m holds elements 2m and 2m + 1 of the 16 rows, as the
+// two 16-bit halves of each row's 32-bit lane; bytes 0..31 rows 0..7, 32..63 rows 8..15). Per
+// output the portable kernel's operations: the even and the odd elements in two FMA chains, in
+// element order, and the output their sum: the same bits. The activations are the floats
+// themselves, broadcast from memory. Two accumulators per column and half: see float_passes.
+template <GgmlType T>
+struct PackedFloat2 {
+  static constexpr size_t kTile = 1024;
+
+  // The even and the odd elements of a half's line as floats.
+  static void widen(__m256i v, __m256& w0, __m256& w1) {
+    if constexpr (T == GgmlType::BF16) {
+      w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      w1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
+    } else {
+      // Per 128-bit lane the low halves to bytes 0..7, the high ones to 8..15; then the lanes'
+      // low quarters together (rows 0..7 even) and their high ones (odd).
+      const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
+      w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+      w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+    }
+  }
+
+  template <int NC, int H0, int NH>
+  static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
+    __m256 even[NH][NC], odd[NH][NC];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < NC; c++) even[h][c] = odd[h][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* t = tiles + size_t(b) * kTile;
+      const float* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(a + size_t(c) * as) + 32 * b;
+      for (int m = 0; m < 16; m++) {
+        for (int h = 0; h < NH; h++) {
+          __m256 w0, w1;
+          widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64 * m + 32 * (H0 + h))), w0, w1);
+          for (int c = 0; c < NC; c++) {
+            even[h][c] = _mm256_fmadd_ps(w0, _mm256_broadcast_ss(x[c] + 2 * m), even[h][c]);
+            odd[h][c] = _mm256_fmadd_ps(w1, _mm256_broadcast_ss(x[c] + 2 * m + 1), odd[h][c]);
+          }
+        }
+      }
+    }
+    for (int h = 0; h < NH && rows > 8 * (H0 + h); h++) {
+      __m256 sum[NC];
+      for (int c = 0; c < NC; c++) sum[c] = _mm256_add_ps(even[h][c], odd[h][c]);
+      store_half<NC>(sum, y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
+    }
+  }
+};
+
+// The float tile over any column count: 1-2 columns both halves per pass, more in passes of up to
+// kFloatCols columns over one half (two accumulators per column and half must stay in the 16 ymm
+// registers: an FMA a line each, where the integer kernels add once per block).
+constexpr int kFloatCols = 6;
+
+template <class K>
+void float_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
+                  int rows) {
+  for (int c0 = 0; c0 < nc; c0 += kFloatCols) {
+    const uint8_t* ac = a + size_t(c0) * as;
+    float* yc = y + size_t(c0) * ys;
+    auto go = [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if (N <= 2 && rows > 8) return K::template run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
+      K::template run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
+      if (rows > 8) K::template run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
+    };
+    switch (std::min(kFloatCols, nc - c0)) {
+      case 1: go(std::integral_constant<int, 1>{}); break;
+      case 2: go(std::integral_constant<int, 2>{}); break;
+      case 3: go(std::integral_constant<int, 3>{}); break;
+      case 4: go(std::integral_constant<int, 4>{}); break;
+      case 5: go(std::integral_constant<int, 5>{}); break;
+      default: go(std::integral_constant<int, kFloatCols>{}); break;
+    }
+  }
+}
+
 // A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
 // count, in passes of up to 8 columns (a call has at most kPackedMaxCols = 8): 1-2 columns take
 // both halves per pass (one read of each tile), more one half of the rows at a time. From 5
@@ -628,6 +709,8 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::IQ4_NL)] = tile_passes<PackedLevels2<GgmlType::IQ4_NL>>;
   t.packed[int(GgmlType::IQ4_XS)] = tile_passes<PackedLevels2<GgmlType::IQ4_XS>>;
   t.packed[int(GgmlType::MXFP4)] = tile_passes<PackedLevels2<GgmlType::MXFP4>>;
+  t.packed[int(GgmlType::F16)] = float_passes<PackedFloat2<GgmlType::F16>>;
+  t.packed[int(GgmlType::BF16)] = float_passes<PackedFloat2<GgmlType::BF16>>;
   return t;
 }
 

@@ -330,8 +330,8 @@ bool packing_enabled(GgmlType t) {
   if (off || !packable(t)) return false;
   switch (active_isa()) {
     // Every quantized type has a tile on both levels, and it beats the row kernel there (on AVX-512
-    // since session 37: Q2_K, Q3_K, Q5_1, Q6_K and the level formats, docs/KERNELS.md); F16 and
-    // BF16 have one on AVX-512 only (AVX2 keeps their rows).
+    // since session 37: Q2_K, Q3_K, Q5_1, Q6_K and the level formats, docs/KERNELS.md), and so do
+    // F16 and BF16 (AVX-512 since session 37, AVX2 since 38).
     case Isa::Avx512: return kernels_avx512().packed[int(t)] != nullptr;
     case Isa::Avx2: return kernels_avx2().packed[int(t)] != nullptr;
     case Isa::Scalar: break;
