@@ -579,12 +579,33 @@ class Pty {
       }
     }
   }
+  // The exit code, reading what the program still writes meanwhile (a full terminal would stop
+  // it), up to 60 s; rest() is then that output, the reason for an unexpected code.
   int wait_exit() {
     int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
+    for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);) {
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 20) > 0) {
+        char buf[4096];
+        const ssize_t n = read(fd_, buf, sizeof buf);
+        if (n > 0) all_.append(buf, size_t(n));
+        else usleep(20000);  // the terminal's other end is closed: only the exit is left
+      }
+    }
+    if (pid_ > 0) return -1;  // still running: the destructor kills it
+    for (pollfd p{fd_, POLLIN, 0}; poll(&p, 1, 0) > 0;) {  // what was left in the terminal
+      char buf[4096];
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      all_.append(buf, size_t(n));
+    }
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   }
+  std::string rest() const { return all_.substr(mark_); }
 
  private:
   int fd_ = -1;
@@ -654,7 +675,9 @@ TEST_CASE("chat on a terminal: a turn, /set, Ctrl-C mid-reply, /save and /load, 
     chat.until(">>> ");
   }
   chat.send("\x04");
-  CHECK(chat.wait_exit() == 0);
+  const int code = chat.wait_exit();
+  INFO("after Ctrl-D: " << chat.rest());
+  CHECK(code == 0);
   CHECK(std::filesystem::exists(dir + "/chat_history"));
 }
 
