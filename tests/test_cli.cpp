@@ -319,40 +319,26 @@ struct Child {
     }
   }
   void send(const std::string& s) { REQUIRE(::write(in, s.data(), s.size()) == ssize_t(s.size())); }
-  // stdout up to and including `until` (or to the end when it is empty), waiting up to 60 s.
-  std::string read(const std::string& until = "") {
+  std::string err() const { return slurp(err_path); }
+  // stdout until its end, or until stderr says `what` when given (up to 60 s).
+  std::string read(const std::string& what = "") {
     std::string got;
     for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);) {
+      if (!what.empty() && err().find(what) != std::string::npos) break;
       pollfd p{out, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
+      if (poll(&p, 1, 20) <= 0) continue;
       char buf[4096];
       const ssize_t n = take(buf, sizeof buf);
       if (n <= 0) break;
       got.append(buf, size_t(n));
-      if (!until.empty() && got.find(until) != std::string::npos) break;
     }
     return got;
   }
-  std::string err() const { return slurp(err_path); }
   // What stdout has until it stays quiet for 300 ms.
   std::string read_quiet() {
     std::string got;
     char buf[4096];
     for (pollfd p{out, POLLIN, 0}; poll(&p, 1, 300) > 0;) {
-      const ssize_t n = take(buf, sizeof buf);
-      if (n <= 0) break;
-      got.append(buf, size_t(n));
-    }
-    return got;
-  }
-  // stdout read until stderr says `what` (up to 60 s).
-  std::string read_until_err(const std::string& what) {
-    std::string got;
-    for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);) {
-      if (err().find(what) != std::string::npos) break;
-      pollfd p{out, POLLIN, 0};
-      if (poll(&p, 1, 20) <= 0) continue;
-      char buf[4096];
       const ssize_t n = take(buf, sizeof buf);
       if (n <= 0) break;
       got.append(buf, size_t(n));
@@ -393,7 +379,7 @@ TEST_CASE("Ctrl-C while a write to stdout waits for the reader: the output goes 
     chat.send("Hi\n");
     REQUIRE(chat.wait_blocked());
     chat.interrupt_blocked();
-    std::string first = chat.read_until_err("[interrupted]");
+    std::string first = chat.read("[interrupted]");
     CHECK(!first.empty());
     // The answer's end: the blank line, printed after the press was dealt with, then nothing more.
     auto ended = [&] { return first.size() >= 2 && first.compare(first.size() - 2, 2, "\n\n") == 0; };
@@ -405,7 +391,7 @@ TEST_CASE("Ctrl-C while a write to stdout waits for the reader: the output goes 
     // A press while chat waits for the next message (stdin open, nothing in it) is answered at once,
     // on stderr: stdout has answers only.
     kill(chat.pid, SIGINT);
-    CHECK(chat.read_until_err("to leave").empty());
+    CHECK(chat.read("to leave").empty());
     CHECK_THAT(chat.err(), Catch::Contains("(to leave, type /exit or press Ctrl-D)"));
     chat.send("/reset\nHi\n");  // the same prompt again, from the start: the same reply, now whole
     ::close(chat.in);

@@ -586,7 +586,7 @@ struct PackedLevels2 {
 // two 16-bit halves of each row's 32-bit lane; bytes 0..31 rows 0..7, 32..63 rows 8..15). Per
 // output the portable kernel's operations: the even and the odd elements in two FMA chains, in
 // element order, and the output their sum: the same bits. The activations are the floats
-// themselves, broadcast from memory. Two accumulators per column and half: see float_passes.
+// themselves, broadcast from memory. Two accumulators per column and half: 6 columns a pass at most.
 template <GgmlType T>
 struct PackedFloat2 {
   static constexpr size_t kTile = 1024;
@@ -635,62 +635,32 @@ struct PackedFloat2 {
   }
 };
 
-// The float tile over any column count: 1-2 columns both halves per pass, more in passes of up to
-// kFloatCols columns over one half (two accumulators per column and half must stay in the 16 ymm
-// registers: an FMA a line each, where the integer kernels add once per block).
-constexpr int kFloatCols = 6;
-
-template <class K>
-void float_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys,
-                  int rows) {
-  for (int c0 = 0; c0 < nc; c0 += kFloatCols) {
-    const uint8_t* ac = a + size_t(c0) * as;
-    float* yc = y + size_t(c0) * ys;
-    auto go = [&](auto n) {
-      constexpr int N = decltype(n)::value;
-      if (N <= 2 && rows > 8) return K::template run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
-      K::template run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
-      if (rows > 8) K::template run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
-    };
-    switch (std::min(kFloatCols, nc - c0)) {
-      case 1: go(std::integral_constant<int, 1>{}); break;
-      case 2: go(std::integral_constant<int, 2>{}); break;
-      case 3: go(std::integral_constant<int, 3>{}); break;
-      case 4: go(std::integral_constant<int, 4>{}); break;
-      case 5: go(std::integral_constant<int, 5>{}); break;
-      default: go(std::integral_constant<int, kFloatCols>{}); break;
-    }
-  }
+// f(std::integral_constant<int, n>) for a run-time n in 1..N.
+template <int N, class F>
+void with_cols(int n, F&& f) {
+  if constexpr (N > 1)
+    if (n < N) return with_cols<N - 1>(n, f);
+  f(std::integral_constant<int, N>{});
 }
 
 // A tile kernel K (K::run<NC, H0, NH>: columns 0..NC-1 of row halves H0..H0+NH-1) over any column
-// count, in passes of up to 8 columns (a call has at most kPackedMaxCols = 8): 1-2 columns take
+// count, in passes of up to kMaxCols columns (a call has at most kPackedMaxCols = 8): 1-2 columns take
 // both halves per pass (one read of each tile), more one half of the rows at a time. From 5
 // columns the sums and accumulators no longer fit the 16 ymm registers and the accumulators live
 // on the stack (one load and store per block and column), but each unpacked line serves twice the
 // columns of a 4-column pass: one thread, GEMM n=512, Q4_0 138-145 -> 151, Q8_0 102 -> 114, Q4_K
 // 128-133 -> 146-150, Q5_K 104-108 -> 129, Q6_K 82 -> 105 GFLOP/s (docs/KERNELS.md).
-template <class K>
+template <class K, int kMaxCols = 8>
 void tile_passes(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, int nc, float* y, size_t ys, int rows) {
-  for (int c0 = 0; c0 < nc; c0 += 8) {
+  for (int c0 = 0; c0 < nc; c0 += kMaxCols) {
     const uint8_t* ac = a + size_t(c0) * as;
     float* yc = y + size_t(c0) * ys;
-    auto go = [&](auto n) {
+    with_cols<kMaxCols>(std::min(kMaxCols, nc - c0), [&](auto n) {
       constexpr int N = decltype(n)::value;
       if (N <= 2 && rows > 8) return K::template run<N, 0, 2>(nb, tiles, ac, as, yc, ys, rows);
       K::template run<N, 0, 1>(nb, tiles, ac, as, yc, ys, rows);
       if (rows > 8) K::template run<N, 1, 1>(nb, tiles, ac, as, yc, ys, rows);
-    };
-    switch (std::min(8, nc - c0)) {
-      case 1: go(std::integral_constant<int, 1>{}); break;
-      case 2: go(std::integral_constant<int, 2>{}); break;
-      case 3: go(std::integral_constant<int, 3>{}); break;
-      case 4: go(std::integral_constant<int, 4>{}); break;
-      case 5: go(std::integral_constant<int, 5>{}); break;
-      case 6: go(std::integral_constant<int, 6>{}); break;
-      case 7: go(std::integral_constant<int, 7>{}); break;
-      default: go(std::integral_constant<int, 8>{}); break;
-    }
+    });
   }
 }
 
@@ -709,8 +679,10 @@ KernelTable make_avx2_table() {
   t.packed[int(GgmlType::IQ4_NL)] = tile_passes<PackedLevels2<GgmlType::IQ4_NL>>;
   t.packed[int(GgmlType::IQ4_XS)] = tile_passes<PackedLevels2<GgmlType::IQ4_XS>>;
   t.packed[int(GgmlType::MXFP4)] = tile_passes<PackedLevels2<GgmlType::MXFP4>>;
-  t.packed[int(GgmlType::F16)] = float_passes<PackedFloat2<GgmlType::F16>>;
-  t.packed[int(GgmlType::BF16)] = float_passes<PackedFloat2<GgmlType::BF16>>;
+  // The float tiles at most 6 columns a pass: two accumulators per column and half must stay in the
+  // 16 ymm registers, with an FMA a line each (the integer kernels add to theirs once per block).
+  t.packed[int(GgmlType::F16)] = tile_passes<PackedFloat2<GgmlType::F16>, 6>;
+  t.packed[int(GgmlType::BF16)] = tile_passes<PackedFloat2<GgmlType::BF16>, 6>;
   return t;
 }
 
