@@ -2,6 +2,7 @@
 // batching). One JSON line per request is appended to OUT and flushed the moment it finishes, so a
 // crash loses at most the requests in flight, and --resume picks up where a run stopped.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -37,6 +38,7 @@ struct BatchOpts {
 struct Job {
   int line = 0;
   json id;                     // null: the line has no usable id (error records then carry "line")
+  bool id_given = false;       // the line's own "id" (else the line number stands in)
   std::string error;
   std::string prompt;          // prompt text, or
   std::vector<Message> messages;
@@ -116,6 +118,7 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
   if (v.contains("id")) {
     if (!v["id"].is_string() && !v["id"].is_number_integer()) { j.error = "field 'id' must be a string or an integer"; return j; }
     j.id = v["id"];
+    j.id_given = true;
   } else {
     j.id = line;  // like plain text input: the line number
   }
@@ -176,6 +179,8 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
 // --resume cuts off before appending.
 std::set<std::string> done_keys(const std::string& path) {
   std::set<std::string> keys;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail(ErrorKind::Model, "-o {} is a directory", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) return keys;
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -221,6 +226,7 @@ int run(const BatchOpts& o) {
   // OUT is truncated (or appended to) before IN is read to its end: the same file would lose its requests.
   if ((o.in == o.out && o.in != "-") || same_file(o.in, o.out))
     fail(ErrorKind::Usage, "-i {} and -o {} are the same file: the records would overwrite the requests", o.in, o.out);
+  refuse_model_output("-o", o.out, o.model.model, o.sampling.draft_model);
   const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);
   const auto [lines, jsonl] = read_input_lines(o.in);  // JSONL, or one plain prompt per line
 
@@ -252,7 +258,9 @@ int run(const BatchOpts& o) {
     auto [it, fresh] = first_line.emplace(key_of(j.id, 0), j.line);
     if (fresh) continue;
     j.duplicate = true;
-    j.error = fmt::format("duplicate id (first on line {})", it->second);
+    j.error = j.id_given ? fmt::format("duplicate id (first on line {})", it->second)
+                         : fmt::format("this line has no id and its line number {} is line {}'s id: give it an \"id\"",
+                                       j.line, it->second);
   }
   std::set<std::string> skip;
   if (o.resume) skip = done_keys(o.out);
@@ -262,6 +270,7 @@ int run(const BatchOpts& o) {
     if (!skip.count(key_of(j))) todo.push_back(&j);
   RecordFile out(o.out, o.resume);  // "-": stdout (records only; the progress and the summary go to stderr)
   if (jobs.empty()) {
+    out.begin();
     std::fprintf(stderr, "nothing to do: %s has no requests\n", o.in.c_str());
     return 0;
   }
@@ -271,6 +280,7 @@ int run(const BatchOpts& o) {
   }
 
   Loaded m = load_model(o.model, o.parallel, generation_outputs(o.sampling, o.parallel));
+  out.begin();
   Prompter prompter(*m.pipe, o.sampling.chat_template);
   Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   const bool harmony = m.vocab->harmony();  // replies carry reasoning apart from the text

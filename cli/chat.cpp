@@ -11,7 +11,7 @@
 #include <clocale>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -433,19 +433,31 @@ class Chat {
 
   void save(const std::string& path) {
     if (path.empty()) return say("usage: /save FILE");
+    if (const std::string what = model_clash(path, o_.model.model, o_.sampling.draft_model); !what.empty())
+      return say(fmt::format("/save: {} is {}: writing it would destroy the model", path, what));
     json msgs = json::array();
     for (const auto& t : turns_) msgs.push_back({{"role", t.role}, {"content", t.content}});
-    std::ofstream out(path);
-    out << json{{"system", system_}, {"messages", msgs}}.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
-    if (!out) return say("cannot write " + path);
+    const std::string text =
+        json{{"system", system_}, {"messages", msgs}}.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    // Every step checked, the close too: a full disk shows only when the buffer goes out.
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return say(fmt::format("/save: cannot write {}: {}", path, std::strerror(errno)));
+    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    int why = wrote ? 0 : errno;
+    if (std::fclose(f) != 0 && why == 0) why = errno ? errno : EIO;
+    if (!wrote || why != 0) return say(fmt::format("/save: writing {} failed: {}", path, std::strerror(why ? why : EIO)));
     say(fmt::format("(saved {} messages to {})", turns_.size(), path));
   }
 
   void load(const std::string& path) {
     if (path.empty()) return say("usage: /load FILE");
-    std::ifstream in(path);
-    if (!in) return say("cannot read " + path);
-    json j = json::parse(in, nullptr, false);
+    std::string text;
+    try {
+      text = read_text(path);  // a directory or an unreadable file: its reason
+    } catch (const Error& e) {
+      return say(std::string("/load: ") + e.what());
+    }
+    json j = json::parse(text, nullptr, false);
     std::vector<Message> turns;
     bool ok = j.is_object() && j.contains("messages") && j["messages"].is_array() &&
               (!j.contains("system") || j["system"].is_string());

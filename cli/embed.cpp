@@ -110,6 +110,7 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
   for (const std::string& in : {o.in, o.file})  // OUT is truncated: it must not be the input
     if (!in.empty() && ((in == o.out && in != "-") || same_file(in, o.out)))
       fail(ErrorKind::Usage, "the input {} and -o {} are the same file: the records would overwrite the input", in, o.out);
+  refuse_model_output("-o", o.out, o.model.model);
   std::optional<Pooling> pooling;
   if (!o.pooling.empty()) pooling = parse_pooling(o.pooling);
   check_normalize(o.normalize);
@@ -207,6 +208,7 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
     m = load_model(mf, n_seq);
     install_interrupt_handler();
   }
+  out.begin();
   const auto t0 = std::chrono::steady_clock::now();
   const size_t E = size_t(cfg.n_embd);
   EmbedOptions eo;

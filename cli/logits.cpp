@@ -110,6 +110,8 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
       // The second file written would replace the first.
       if (!o->tokens_out.empty() && (o->out == o->tokens_out || cli::same_file(o->out, o->tokens_out)))
         fail(ErrorKind::Usage, "--out {} and --tokens-out {} are the same file", o->out, o->tokens_out);
+      cli::refuse_model_output("--out", o->out, o->f.model);
+      cli::refuse_model_output("--tokens-out", o->tokens_out, o->f.model);
       o->batch_given = batch->count() > 0;
       return run(*o);
     };

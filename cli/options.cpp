@@ -59,6 +59,27 @@ bool same_file(const std::string& a, const std::string& b) {
   return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+std::string model_clash(const std::string& out, const std::string& model, const std::string& draft_model) {
+  if (out.empty() || out == "-") return "";
+  auto names = [&](const std::string& m) {
+    if (m.empty()) return false;
+    try {
+      return same_file(out, resolve_model(m));
+    } catch (const Error&) {
+      return false;  // a model that does not resolve: loading says so
+    }
+  };
+  if (names(model)) return "the model file";
+  if (names(draft_model)) return "the draft model file";
+  return "";
+}
+
+void refuse_model_output(const std::string& flag, const std::string& out, const std::string& model,
+                         const std::string& draft_model) {
+  if (const std::string what = model_clash(out, model, draft_model); !what.empty())
+    fail(ErrorKind::Usage, "{} {} is {}: writing it would destroy the model", flag, out, what);
+}
+
 // ---- standard output ----
 
 static int g_stdout_errno = 0;  // why a write to stdout failed, once one has
@@ -119,12 +140,16 @@ CLI::Validator in_range(long long min, long long max) {
                         fmt::format("{} to {}", min, max));
 }
 
-RecordFile::RecordFile(const std::string& path, bool append) : path_(path) {
-  fd_ = path == "-" ? ::dup(STDOUT_FILENO)
-                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+RecordFile::RecordFile(const std::string& path, bool append) : path_(path), append_(append) {
+  fd_ = path == "-" ? ::dup(STDOUT_FILENO) : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(ErrorKind::Model, "cannot open '{}' for writing: {}", path, std::strerror(errno));
 }
 RecordFile::~RecordFile() { ::close(fd_); }
+void RecordFile::begin() {
+  struct stat st{};
+  if (append_ || path_ == "-" || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // a device or pipe: nothing to empty
+  if (::ftruncate(fd_, 0) != 0) fail(ErrorKind::Model, "cannot empty '{}': {}", path_, std::strerror(errno));
+}
 void RecordFile::write(const std::string& record) {
   const char* p = record.data();
   size_t left = record.size();

@@ -28,10 +28,14 @@ class RecordFile {
   ~RecordFile();
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;
+  // Empties the file unless appending: opening only checks that it can be written, so a run that
+  // fails before begin() (a model that does not load or fit) leaves an earlier output as it was.
+  void begin();
   void write(const std::string& record);
 
  private:
   std::string path_;
+  bool append_ = false;
   int fd_ = -1;
 };
 
@@ -47,6 +51,14 @@ InputLines read_input_lines(const std::string& path);
 // Whether two paths name one file (the same device and inode: through a symlink or a hard link
 // too). "-" (stdin, stdout) and paths that do not exist name no file another path could share.
 bool same_file(const std::string& a, const std::string& b);
+
+// An output path that names a model file the command reads (-m, or the draft model: a path or a
+// known name): "the model file", "the draft model file", or "" when it names neither. Writing it
+// would destroy the model, and a model being read is mapped: its next page read is a SIGBUS.
+std::string model_clash(const std::string& out, const std::string& model, const std::string& draft_model = "");
+// Error(Usage) "FLAG OUT is the model file ..." when model_clash() finds one; before anything is opened.
+void refuse_model_output(const std::string& flag, const std::string& out, const std::string& model,
+                         const std::string& draft_model = "");
 
 // Standard output's state. A write that failed (a full disk, a closed stdout) must not end in exit 0:
 // main() checks after every command, and streaming commands check between tokens, so that a reply

@@ -43,6 +43,10 @@ double quantile(const std::vector<float>& sorted, double q) {
 int run(const PplOpts& o) {
   if (!o.save_base.empty() && (o.save_base == o.kl_base || same_file(o.save_base, o.kl_base)))
     fail(ErrorKind::Usage, "--save-base and --kl-base name the same file");
+  if (!o.save_base.empty() && ((o.save_base == o.file && o.file != "-") || same_file(o.save_base, o.file)))
+    fail(ErrorKind::Usage, "--save-base {} and -f {} are the same file: the base would overwrite the text", o.save_base,
+         o.file);
+  refuse_model_output("--save-base", o.save_base, o.model.model);
   const std::string text = read_text(o.file);
   if (text.empty()) fail(ErrorKind::Usage, "{} is empty", o.file == "-" ? std::string("stdin") : o.file);
   ModelFlags mf = o.model;

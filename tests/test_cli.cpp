@@ -406,3 +406,95 @@ TEST_CASE("Ctrl-C while a write to stdout waits for the reader: the output goes 
     CHECK(second.rfind(first.substr(0, first.size() - 2), 0) == 0);  // less the blank line that ended it
   }
 }
+
+TEST_CASE("an output file that names the model is refused before anything is written") {
+  const std::string dir = temp_dir(), m = dir + "/m.gguf", link = dir + "/link.gguf";
+  std::filesystem::copy_file(tiny(), m);
+  std::filesystem::create_symlink(m, link);
+  const std::string model = slurp(m);
+  std::ofstream(dir + "/in.jsonl") << "{\"prompt\": \"hi\"}\n";
+  std::string text;
+  for (int i = 0; i < 200; i++) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(dir + "/t.txt") << text;
+  const std::string t = " -t 2 -n 2";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"batch -m " + m + " -i " + dir + "/in.jsonl -o " + m + t, "-o " + m + " is the model file"},
+           {"batch -m " + m + " -i " + dir + "/in.jsonl -o " + link + t, "-o " + link + " is the model file"},
+           {"batch -m " + dir + "/other.gguf --draft-model " + m + " -i " + dir + "/in.jsonl -o " + m + t,
+            "is the draft model file"},
+           {"embed -m " + m + " -p hi -o " + m + " -t 2", "-o " + m + " is the model file"},
+           {"logits -m " + m + " -p hi -t 2 --out " + m, "--out " + m + " is the model file"},
+           {"logits -m " + m + " -p hi -t 2 --out /dev/null --tokens-out " + link, "--tokens-out " + link + " is the model"},
+           {"perplexity -m " + m + " -f " + dir + "/t.txt -c 64 --chunks 1 -t 2 --save-base " + m, "--save-base " + m + " is"},
+           {"perplexity -m " + m + " -f " + dir + "/t.txt -c 64 --chunks 1 -t 2 --save-base " + dir + "/t.txt",
+            "are the same file: the base would overwrite the text"}}) {
+    const Out o = run_baton(args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.err, Catch::Contains(says));
+  }
+  CHECK(slurp(dir + "/t.txt") == text);
+  // chat's /save says so and goes on: both messages answered, the model intact.
+  const Out chat = run_baton("chat -m " + m + t, "hi\n/save " + link + "\nhi again\n");
+  INFO(chat.err);
+  CHECK(chat.code == 0);
+  CHECK_THAT(chat.err, Catch::Contains("/save: " + link + " is the model file"));
+  CHECK(count_of(chat.out, "\n\n") >= 2);
+  CHECK(slurp(m) == model);
+}
+
+TEST_CASE("batch: a run that fails before it starts leaves an earlier output; -o a directory with --resume") {
+  const std::string dir = temp_dir(), prev = dir + "/prev.jsonl";
+  std::ofstream(dir + "/in.jsonl") << "{\"prompt\": \"hi\"}\n";
+  std::ofstream(dir + "/bad.gguf") << "GGUF" << std::string(5000, 'x');
+  const std::string earlier = "{\"id\": 1, \"text\": \"an earlier answer\"}\n";
+  for (const std::string& args : {"-m " + dir + "/bad.gguf", "-m " + tiny() + " --devices cpu=1KiB"}) {
+    std::ofstream(prev) << earlier;
+    const Out o = run_baton("batch " + args + " -t 2 -n 2 -i " + dir + "/in.jsonl -o " + prev);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code >= 2);
+    CHECK(slurp(prev) == earlier);
+  }
+  // Once the model is loaded the output starts over.
+  const Out ok = run_baton("batch -m " + tiny() + " -t 2 -n 2 -i " + dir + "/in.jsonl -o " + prev);
+  CHECK(ok.code == 0);
+  CHECK(jsonl(slurp(prev)).size() == 1);
+  CHECK(slurp(prev).find("earlier") == std::string::npos);
+
+  std::filesystem::create_directory(dir + "/outdir");
+  const Out d = run_baton("batch -m " + tiny() + " -t 2 -n 2 -i " + dir + "/in.jsonl --resume -o " + dir + "/outdir");
+  INFO(d.err);
+  CHECK(d.code == 2);
+  CHECK_THAT(d.err, Catch::Contains("-o " + dir + "/outdir is a directory"));
+  CHECK(d.err.find("basic_filebuf") == std::string::npos);
+}
+
+TEST_CASE("batch: a line without an id whose line number is another line's id is told so") {
+  const std::string dir = temp_dir();
+  std::ofstream(dir + "/c.jsonl") << "{\"id\": 3, \"prompt\": \"first\"}\n{\"prompt\": \"second\"}\n{\"prompt\": \"third\"}\n";
+  const Out o = run_baton("batch -m " + tiny() + " -t 2 -n 2 -i " + dir + "/c.jsonl -o -");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  const auto recs = jsonl(o.out);
+  REQUIRE(recs.size() == 3);
+  int texts = 0;
+  for (const auto& r : recs) {
+    if (r.contains("text")) texts++;
+    if (r.contains("error")) {
+      CHECK(r["line"] == 3);
+      CHECK_THAT(r["error"].get<std::string>(), Catch::Contains("no id and its line number 3 is line 1's id"));
+    }
+  }
+  CHECK(texts == 2);
+}
+
+TEST_CASE("chat: /load of a directory and /save to a full disk say why, and the chat goes on") {
+  const std::string dir = temp_dir();
+  const Out o = run_baton("chat -m " + tiny() + " -t 2 -n 2", "/load " + dir + "\n/save /dev/full\nhi\n");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  CHECK_THAT(o.err, Catch::Contains("/load: '" + dir + "' is a directory"));
+  CHECK_THAT(o.err, Catch::Contains("/save: writing /dev/full failed: No space left on device"));
+  CHECK(o.err.find("saved") == std::string::npos);
+  CHECK(count_of(o.out, "\n\n") >= 1);  // "hi" was answered
+}
