@@ -523,6 +523,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     }
   }
 
+  if (!problems.empty() && f.tensors().empty())  // 290 "missing tensor" lines would hide the point
+    throw Error(ErrorKind::Model, fmt::format("{}: the file has no tensors (a vocabulary-only GGUF?): nothing to run",
+                                              f.path()));
   if (!problems.empty()) {
     std::string msg = fmt::format("{}: {} problem{} in the model description:", f.path(), problems.size(),
                                   problems.size() == 1 ? "" : "s");

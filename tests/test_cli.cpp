@@ -498,3 +498,13 @@ TEST_CASE("chat: /load of a directory and /save to a full disk say why, and the 
   CHECK(o.err.find("saved") == std::string::npos);
   CHECK(count_of(o.out, "\n\n") >= 1);  // "hi" was answered
 }
+
+TEST_CASE("a vocabulary-only GGUF is named as such, not as hundreds of missing tensors") {
+  const std::string v = peer("tokenizer/ggml-vocab-llama-spm.gguf");
+  const Out o = run_baton("run -m " + v + " -p hi -t 2");
+  INFO(o.err);
+  CHECK(o.code == 2);
+  CHECK_THAT(o.err, Catch::Contains("the file has no tensors (a vocabulary-only GGUF?)"));
+  CHECK(count_lines(o.err) == 1);
+  CHECK(run_baton("tokenize -m " + v + " -p hi").code == 0);  // what such a file is for
+}
