@@ -1,5 +1,6 @@
 #include "runtime/perplexity.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,8 +94,10 @@ BaseFile open_base(const std::string& path, int n_ctx, int V, const std::vector<
                    int& n_chunks) {
   BaseFile b;
   b.f.reset(std::fopen(path.c_str(), "rb"));
-  if (!b.f) fail(ErrorKind::Usage, "cannot open the base file {}", path);
+  if (!b.f) fail(ErrorKind::Model, "cannot open the base file {}: {}", path, std::strerror(errno));
   std::FILE* f = b.f.get();
+  struct stat st{};
+  if (::fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) fail(ErrorKind::Model, "the base file {} is a directory", path);
   const long end = std::fseek(f, 0, SEEK_END) == 0 ? std::ftell(f) : -1;
   if (end < 0) fail(ErrorKind::Usage, "cannot read the base file {}", path);
   const uint64_t size = uint64_t(end);

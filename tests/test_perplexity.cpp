@@ -318,8 +318,17 @@ TEST_CASE("perplexity refuses what it cannot score, naming the problem, before a
   o.max_chunks = -1;
 
   const std::string dir = test::temp_dir();
-  o.kl_base = dir + "/missing.bin";
-  refused(o, tokens, "cannot open the base file");
+  // A base file that is missing or a directory is a file problem (exit 2), as any input file.
+  for (const std::string& f : {dir + "/missing.bin", dir}) {
+    o.kl_base = f;
+    try {
+      perplexity(*p, tokens, o, nullptr);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::Model);
+      CHECK_THAT(e.what(), Catch::Contains(f == dir ? "is a directory" : "No such file or directory"));
+    }
+  }
   std::ofstream(dir + "/not-base.bin") << "GGUF and more bytes than a header";
   o.kl_base = dir + "/not-base.bin";
   refused(o, tokens, "is not a base file");
