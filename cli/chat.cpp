@@ -290,7 +290,14 @@ class Chat {
           std::fprintf(stderr, "[context full: dropped the %d oldest exchange%s]\n", dropped, dropped > 1 ? "s" : "");
         return p;
       }
-      if (o_.on_context_full == "stop" || turns_.size() <= 1) {
+      if (turns_.size() <= 1) {  // the message alone: /reset would not help
+        if (int(p.size()) < engine_.n_ctx()) return p;  // the reply gets the room that is left
+        std::fprintf(stderr, "[the message is %zu tokens with the chat template%s; the context holds %d: shorten it, "
+                     "or start with a larger --ctx]\n", p.size(), system_.empty() ? "" : " and the system prompt",
+                     engine_.n_ctx());
+        return std::nullopt;
+      }
+      if (o_.on_context_full == "stop") {
         std::fprintf(stderr, "[context full: the conversation is %zu tokens, the context %d. /reset starts over]\n",
                      p.size(), engine_.n_ctx());
         return std::nullopt;

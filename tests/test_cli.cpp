@@ -508,3 +508,14 @@ TEST_CASE("a vocabulary-only GGUF is named as such, not as hundreds of missing t
   CHECK(count_lines(o.err) == 1);
   CHECK(run_baton("tokenize -m " + v + " -p hi").code == 0);  // what such a file is for
 }
+
+TEST_CASE("chat: a message longer than the context says to shorten it, and the next one is answered") {
+  std::string longer;
+  for (int i = 0; i < 100; i++) longer += "many words here ";
+  const Out o = run_baton("chat -m " + tiny() + " --ctx 64 -t 2 -n 2", longer + "\nhi\n");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  CHECK_THAT(o.err, Catch::Contains("the context holds 64: shorten it, or start with a larger --ctx"));
+  CHECK(o.err.find("/reset") == std::string::npos);  // it would not help
+  CHECK(count_of(o.out, "\n\n") >= 1);               // "hi" was answered
+}
