@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "runtime/devices.h"
+#include "runtime/model_files.h"
 #include "runtime/embed.h"
 #include "runtime/shape.h"
 #include "runtime/synth.h"
@@ -91,7 +92,8 @@ int run_synth(const SynthArgs& a) {
   SynthOptions o;
   o.type = t->type;
   o.seed = a.seed;
-  o.vocab_from = a.vocab;
+  if (a.out.empty()) fail(ErrorKind::Usage, "--out is empty: give the file to write");
+  o.vocab_from = a.vocab.empty() ? "" : resolve_model(a.vocab);  // a path or a known name, as -m takes
   if (!a.pooling.empty()) o.pooling = int(parse_pooling(a.pooling));  // (rank and unknown names: an error)
   const ModelShape s = shape_from_preset((check_shape(p), p), o.type);
   std::fprintf(stderr, "writing %s: %s (%s), %u layers, %s of weights, seed %llu\n", a.out.c_str(), p.name,
@@ -111,7 +113,7 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                     ->required();
                 app.add_option("--out", a->out, "Output file")->required();
                 app.add_option("--seed", a->seed, "Random seed (default 0)");
-                app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF (same token count)");
+                app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF, a path or a known name (same token count)");
                 app.add_option("--pooling", a->pooling,
                                "An embedding model: write {arch}.pooling_type none, mean, cls or last (last also "
                                "sets tokenizer.ggml.add_eos_token)");

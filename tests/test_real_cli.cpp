@@ -269,6 +269,21 @@ TEST_CASE("structured output: --format json, --json-schema, --grammar; bad ones 
   CHECK(by[6]["error"].get<std::string>().find("at most one") != std::string::npos);
 }
 
+TEST_CASE("synth --vocab takes a known model name as -m does; an empty --out is a usage error") {
+  std::string m = smollm2();
+  if (m.empty()) return;
+  const std::string out = temp_dir() + "/v.gguf";
+  Out o = run_baton("synth --arch llama --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 49152 --type Q8_0 "
+                    "--vocab smollm2-135m --out " + out);
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  // The copied tokenizer: the same ids as the model's own.
+  CHECK(run_baton("tokenize -m " + out + " -p 'hello world'").out == run_baton("tokenize -m " + m + " -p 'hello world'").out);
+  Out empty = run_baton("synth --shape smollm2-135m --type Q8_0 --out ''");
+  CHECK(empty.code == 1);
+  CHECK_THAT(empty.err, Catch::Contains("--out is empty"));
+}
+
 TEST_CASE("exit codes: usage 1, model 2") {
   Out bare = run_baton("");  // no subcommand: the list of them, as a usage error
   CHECK(bare.code == 1);
