@@ -51,6 +51,21 @@ int parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv) 
   return 1;
 }
 
+// CLI11 reads '' as 0 for a number (`-n ''`, `--temp "$T"` with T unset): every numeric option of
+// every command refuses it instead, as the options with a range check (at_least, in_range) do.
+void refuse_empty_numbers(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_min() == 0) continue;  // a flag
+    const std::string type = opt->get_type_name().substr(0, opt->get_type_name().find(':'));
+    const bool whole = type == "INT" || type == "UINT";
+    if (!whole && type != "FLOAT" && type != "NUMBER") continue;
+    opt->check(CLI::Validator(
+        [whole](std::string& s) { return s.empty() ? whole ? "'' is not a whole number" : "'' is not a number" : ""; },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) refuse_empty_numbers(*sub);
+}
+
 // A command's output that could not be written fails the command, whatever it returned.
 int finish(int code) {
   if (baton::cli::flush_stdout()) return code;
@@ -66,6 +81,9 @@ int main(int argc, char** argv) {
   CLI::App app{"baton: run quantized LLMs (GGUF) on CPUs and GPUs, split into pipeline stages", "baton"};
   app.set_version_flag("--version", "baton 0.1.0");
   app.require_subcommand(1);
+  // A repeated option takes its last value, as in llama.cpp (a script appends its overrides); the
+  // options that take several (--stop, embed's -p, bench-kernels' -t 1 2) keep them all.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto& cmds = cli::registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::function<int()> run;
@@ -73,6 +91,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     auto fn = c.setup(*sub);
     sub->callback([&run, fn] { run = fn; });
+    refuse_empty_numbers(*sub);
   }
   if (argc == 1) {  // bare `baton`: the overview of the commands rather than a one-line complaint
     std::fputs(app.help().c_str(), stdout);

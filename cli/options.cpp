@@ -124,10 +124,44 @@ static std::string check_integer(const std::string& s, long long min, long long 
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a whole number", s);
   const std::string rule = say_range ? fmt::format("must be {} to {}", min, max) : fmt::format("must be at least {}", min);
-  if (errno == ERANGE || v > max)
+  if ((errno == ERANGE && v > 0) || v > max)
     return say_range ? fmt::format("{} is not allowed ({})", s, rule) : fmt::format("{} is too large (at most {})", s, max);
-  if (v < min) return fmt::format("{} is not allowed ({})", s, rule);
+  if (errno == ERANGE || v < min) return fmt::format("{} is not allowed ({})", s, rule);
   return "";
+}
+
+// The same for a float option: a number (strtod's, as CLI11 reads it) that is finite as a float
+// and that `allowed` takes, or a message naming the rule.
+static std::string check_float(const std::string& s, bool (*allowed)(double), const char* rule) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a number", s);
+  if (std::isinf(float(v)) && v > 0) return fmt::format("{} is too large", s);
+  if (!std::isfinite(float(v)) || !allowed(v)) return fmt::format("{} is not allowed ({})", s, rule);
+  return "";
+}
+
+static CLI::Validator number(bool (*allowed)(double), const char* rule, const char* desc) {
+  return CLI::Validator([=](std::string& s) { return check_float(s, allowed, rule); }, desc);
+}
+
+// --seed S: 0 to 2^64-1, or -1 for a random one (llama.cpp's -1), which is also what leaving it out gives.
+static std::string check_seed(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const bool negative = s.find('-') != std::string::npos;
+  const long long neg = negative ? std::strtoll(s.c_str(), &end, 10) : 0;
+  if (!negative) std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a whole number", s);
+  if ((negative && neg != -1) || errno == ERANGE)
+    return fmt::format("{} is not allowed (must be 0 to {}, or -1: random)", s, UINT64_MAX);
+  return "";
+}
+
+// A text option given as '' (an unset shell variable, "$SCHEMA") means no constraint at all: refused.
+static CLI::Validator not_empty(const char* what) {
+  return CLI::Validator(
+      [=](std::string& s) { return s.empty() ? fmt::format("{} is empty", what) : std::string(); }, "");
 }
 
 CLI::Validator at_least(long long min) {
@@ -138,6 +172,11 @@ CLI::Validator at_least(long long min) {
 CLI::Validator in_range(long long min, long long max) {
   return CLI::Validator([=](std::string& s) { return check_integer(s, min, max, true); },
                         fmt::format("{} to {}", min, max));
+}
+
+// Any int: -n, --n-gpu-layers, where every negative means "no limit".
+static CLI::Validator whole_number() {
+  return CLI::Validator([](std::string& s) { return check_integer(s, INT_MIN, INT_MAX, false); }, "");
 }
 
 RecordFile::RecordFile(const std::string& path, bool append) : path_(path), append_(append) {
@@ -196,7 +235,8 @@ void add_placement_flags(CLI::App& app, PlacementFlags& f) {
                  "gives equal work per stage to entries of one kind, or to the GPUs when the CPU is listed "
                  "too, filled in order when that does not fit)");
   app.add_option("--n-gpu-layers,--gpu-layers", f.n_gpu_layers,
-                 "at most N layers on GPUs, the rest on the CPU (also -ngl N; default: as many as fit)");
+                 "at most N layers on GPUs, the rest on the CPU (also -ngl N; default: as many as fit)")
+      ->check(whole_number());
   app.add_flag("--no-cpu-spill", f.no_cpu_spill, "fail instead of putting layers on the CPU when GPUs are listed");
   app.add_flag("--spread", f.spread, "use every GPU listed, in proportion to its memory, even when one would do");
   app.add_flag("--cpu-moe", f.cpu_moe,
@@ -207,26 +247,50 @@ void add_placement_flags(CLI::App& app, PlacementFlags& f) {
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags) {
   auto& p = f.params;
-  app.add_option("-n,--max-tokens", f.max_tokens, "most tokens to generate (-1: until the model stops or the context is full)");
-  app.add_option("--temp,--temperature", p.temperature, "sampling temperature (0: greedy)")->capture_default_str();
-  app.add_option("--top-k", p.top_k, "keep the K most likely tokens (0: off)")->capture_default_str();
-  app.add_option("--top-p", p.top_p, "keep the smallest set with this probability mass (1: off)")->capture_default_str();
-  app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")->capture_default_str();
-  app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")->capture_default_str();
-  app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str();
+  // The rules of SamplingParams::validate(), checked here so that an error names the flag.
+  app.add_option("-n,--max-tokens", f.max_tokens, "most tokens to generate (-1: until the model stops or the context is full)")
+      ->check(whole_number());
+  app.add_option("--temp,--temperature", p.temperature, "sampling temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0; }, "must be at least 0", ">= 0"));
+  app.add_option("--top-k", p.top_k, "keep the K most likely tokens (0: off)")->capture_default_str()->check(at_least(0));
+  app.add_option("--top-p", p.top_p, "keep the smallest set with this probability mass (1: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]", "(0, 1]"));
+  app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0 && v <= 1; }, "must be 0 to 1", "0 to 1"));
+  app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v > 0; }, "must be above 0", "> 0"));
+  app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")
+      ->capture_default_str()
+      ->check(at_least(0));
   app.add_flag("--ignore-eos", f.ignore_eos,
                "never sample an end-of-generation token: generate until -n, a stop string or the context's end "
                "(for measuring speed at a fixed length)");
-  app.add_option("-s,--seed", f.seed, "RNG seed (default: random, printed with the stats)");
+  app.add_option_function<std::string>(
+         "-s,--seed",
+         [&f](const std::string& s) {
+           if (s.find('-') != std::string::npos) f.seed.reset();  // -1 (check_seed refuses other negatives): random
+           else f.seed = std::strtoull(s.c_str(), nullptr, 10);
+         },
+         "RNG seed (-1 or default: random, printed with the stats)")
+      ->type_name("INT")
+      ->check(CLI::Validator(check_seed, ""));
   app.add_option("--stop", f.stop, "stop string (repeat the flag for more); not part of the output")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--grammar", f.grammar, "constrain replies to a GBNF grammar (start rule: root)");
-  app.add_option("--grammar-file", f.grammar_file, "constrain replies to the GBNF grammar in a file");
+  app.add_option("--grammar", f.grammar, "constrain replies to a GBNF grammar (start rule: root)")
+      ->check(not_empty("the grammar"));
+  app.add_option("--grammar-file", f.grammar_file, "constrain replies to the GBNF grammar in a file")
+      ->check(not_empty("the path"));
   app.add_option("--json-schema", f.json_schema,
                  "constrain replies to JSON that this JSON Schema accepts, e.g. '{\"type\": \"object\", "
-                 "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'");
-  app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file");
+                 "\"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"]}'")
+      ->check(not_empty("the schema"));
+  app.add_option("--json-schema-file", f.json_schema_file, "the same with the schema in a file")
+      ->check(not_empty("the path"));
   app.add_option("--format", f.format, "json: every reply is one JSON object")->check(CLI::IsMember({"json"}));
   app.add_option("--lookup", f.lookup,
                  "speculative decoding by prompt lookup: draft up to N tokens a step from where the last few "

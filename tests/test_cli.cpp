@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,34 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
            {"bench-kernels --reps 0", "error: --reps: 0 is not allowed (must be 1 to 100000)"},
            {"logits -m x -p a --tokens 1 --out f", "error: --prompt excludes --tokens"},
            {"run -p hi", "error: --model is required (see baton run --help)"},
+           // An empty value (an unset shell variable) is no number, and no grammar or schema.
+           {"run -m x -p hi -n ''", "error: --max-tokens: '' is not a whole number"},
+           {"run -m x -p hi --temp ''", "error: --temp: '' is not a number"},
+           {"run -m x -p hi --top-k ''", "error: --top-k: '' is not a whole number"},
+           {"run -m x -p hi --min-p ''", "error: --min-p: '' is not a number"},
+           {"chat -m x --repeat-last-n ''", "error: --repeat-last-n: '' is not a whole number"},
+           {"run -m x -p hi --seed ''", "error: --seed: '' is not a whole number"},
+           {"run -m x -p hi -ngl ''", "error: --n-gpu-layers: '' is not a whole number"},
+           {"bench -m x -r ''", "error: --repetitions: '' is not a whole number"},
+           {"synth --shape tiny --out x --n-embd ''", "error: --n-embd: '' is not a whole number"},
+           {"run -m x -p hi --grammar ''", "error: --grammar: the grammar is empty"},
+           {"batch -m x -i a -o b --json-schema ''", "error: --json-schema: the schema is empty"},
+           {"run -m x -p hi --json-schema-file ''", "error: --json-schema-file: the path is empty"},
+           // Sampling values name their flag and rule.
+           {"run -m x -p hi --top-p 2", "error: --top-p: 2 is not allowed (must be in (0, 1])"},
+           {"run -m x -p hi --temp nan", "error: --temp: nan is not allowed (must be at least 0)"},
+           {"run -m x -p hi --temp 1e39", "error: --temp: 1e39 is too large"},
+           {"chat -m x --min-p 1.5", "error: --min-p: 1.5 is not allowed (must be 0 to 1)"},
+           {"batch -m x -i a -o b --repeat-penalty 0", "error: --repeat-penalty: 0 is not allowed (must be above 0)"},
+           {"run -m x -p hi --top-k -1", "error: --top-k: -1 is not allowed (must be at least 0)"},
+           {"run -m x -p hi -n 99999999999", "error: --max-tokens: 99999999999 is too large"},
+           // --seed: 0 to 2^64-1, or -1 (random); no wrapping.
+           {"run -m x -p hi --seed -5", "error: --seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"},
+           {"run -m x -p hi --seed 18446744073709551616", "error: --seed: 18446744073709551616 is not allowed"},
+           {"run -m x -p hi --seed abc", "error: --seed: 'abc' is not a whole number"},
+           // A repeated flag takes its last value, but each value is still checked.
+           {"run -m x -p hi -b 0 -b 8 -b 0", "error: --batch-size: 0 is not allowed"},
+           {"run -m x -p hi -n abc -n 5", "error: --max-tokens: 'abc' is not a whole number"},
        }) {
     const Out o = run_baton(c.args);
     INFO(c.args << "\n" << o.err);
@@ -74,6 +103,46 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
     CHECK(o.err.find("1797693") == std::string::npos);  // no DBL_MAX range
   }
   CHECK(run_baton("run --help").code == 0);
+}
+
+TEST_CASE("a repeated flag takes its last value, as in llama.cpp; --seed -1 is a random seed") {
+  const std::string m = tiny();
+  const Out o = run_baton("run -m " + m + " -p hi --json --ignore-eos -n 9 -n 2 --temp 0.7 --temp 0 -t 1 -t 2 -c 64 -c 128 " +
+                          "--seed 5 --seed 7 -p 'hello there'");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  const auto j = nlohmann::json::parse(o.out);
+  CHECK(j["tokens"] == 2);
+  CHECK(j["seed"] == 7);
+  auto prompt_tokens = [&](const std::string& p) {
+    return nlohmann::json::parse(run_baton("run -m " + m + " --json -n 1 -t 2 -p " + p).out)["prompt_tokens"];
+  };
+  CHECK(j["prompt_tokens"] == prompt_tokens("'hello there'"));
+  CHECK(j["prompt_tokens"] != prompt_tokens("hi"));
+  // -1: drawn afresh (a random seed is at most 2^32-1), as when --seed is left out; also as an override.
+  for (const char* seed : {"--seed -1", "-s 7 --seed -1", "--seed=-1"}) {
+    const Out r = run_baton("run -m " + m + " -p hi --json -n 1 -t 2 " + seed);
+    INFO(seed << "\n" << r.err);
+    REQUIRE(r.code == 0);
+    const uint64_t s = nlohmann::json::parse(r.out)["seed"].get<uint64_t>();
+    CHECK(s <= 0xffffffffull);
+    CHECK(s != 7);
+  }
+  const Out max = run_baton("run -m " + m + " -p hi --json -n 1 -t 2 --seed 18446744073709551615");
+  REQUIRE(max.code == 0);
+  CHECK(nlohmann::json::parse(max.out)["seed"].get<uint64_t>() == 18446744073709551615ull);
+  // Options of several values keep them all, repeated or not.
+  const Out bk = run_baton("bench-kernels --types Q4_0 --types Q8_0 -t 1 2 -t 1 --read-mib 64 --gemv-mib 1 --gemm-rows 16 --json");
+  INFO(bk.err);
+  REQUIRE(bk.code == 0);
+  std::set<std::string> types;
+  std::set<int> threads;
+  for (const auto& r : jsonl(bk.out)) {
+    if (r["type"] != "-") types.insert(r["type"].get<std::string>());
+    threads.insert(r["threads"].get<int>());
+  }
+  CHECK(types == std::set<std::string>{"Q4_0", "Q8_0"});
+  CHECK(threads == std::set<int>{1, 2});
 }
 
 TEST_CASE("output that cannot be written fails the command: exit 2 and one error line") {
