@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -95,11 +96,22 @@ std::vector<Input> read_input_file(const std::string& path) {
 
 
 // n floats as "a,b,c" (JSON) or "a b c" (plain), each the shortest text that reads back the same float.
-void append_floats(std::string& s, const float* v, size_t n, char sep) {
+// JSON has no NaN or infinity: there they are written as null (as perplexity --json does), so that
+// the line still parses. Returns whether every value was finite.
+bool append_floats(std::string& s, const float* v, size_t n, char sep, bool json) {
+  bool finite = true;
   for (size_t i = 0; i < n; ++i) {
     if (i) s += sep;
+    if (!std::isfinite(v[i])) {
+      finite = false;
+      if (json) {
+        s += "null";
+        continue;
+      }
+    }
     fmt::format_to(std::back_inserter(s), "{}", v[i]);
   }
+  return finite;
 }
 
 int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
@@ -215,15 +227,17 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
   eo.pooling = *pooling;
   eo.normalize = o.normalize;
   eo.batch_tokens = o.model.batch;
+  bool non_finite = false;  // an embedding had NaN or infinity in it (told once)
   if (!seqs.empty())
     embed_sequences(*m.pipe, seqs, eo, [&](Embedding&& e) {
       const size_t i = ok_index[e.index];
       write_errors(i);
       const Input& x = inputs[i];
       std::string s;
+      bool finite = true;
       if (o.plain) {
         for (size_t at = 0; at < e.values.size(); at += E) {
-          append_floats(s, e.values.data() + at, E, ' ');
+          finite &= append_floats(s, e.values.data() + at, E, ' ', false);
           s += '\n';
         }
       } else {
@@ -234,16 +248,22 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
           s += '[';
           for (size_t at = 0; at < e.values.size(); at += E) {
             s += at ? ",[" : "[";
-            append_floats(s, e.values.data() + at, E, ',');
+            finite &= append_floats(s, e.values.data() + at, E, ',', true);
             s += ']';
           }
           s += ']';
         } else {
           s += '[';
-          append_floats(s, e.values.data(), e.values.size(), ',');
+          finite &= append_floats(s, e.values.data(), e.values.size(), ',', true);
           s += ']';
         }
         s += "}\n";
+      }
+      if (!finite && !non_finite) {
+        non_finite = true;
+        const std::string which = from_file ? fmt::format("line {}", x.line) : fmt::format("input {}", i);
+        std::fprintf(stderr, "warning: the embedding of %s has non-finite values (NaN or infinity)%s: the model's "
+                     "weights or activations are broken\n", which.c_str(), o.plain ? "" : ", written as null");
       }
       out.write(s);
       written = i + 1;

@@ -336,7 +336,9 @@ void File::release(const void* data, uint64_t n) const {
 }
 
 std::unique_ptr<File> File::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, and the check below
+  // refuses it anyway. It changes nothing for a regular file, which is read through mmap.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(ErrorKind::Model, "cannot open model file '{}': {}", path, std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

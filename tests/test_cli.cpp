@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -587,4 +588,63 @@ TEST_CASE("chat: a message longer than the context says to shorten it, and the n
   CHECK_THAT(o.err, Catch::Contains("the context holds 64: shorten it, or start with a larger --ctx"));
   CHECK(o.err.find("/reset") == std::string::npos);  // it would not help
   CHECK(count_of(o.out, "\n\n") >= 1);               // "hi" was answered
+}
+
+namespace {
+
+// `command` through the shell (a baton command line with a prefix run_baton cannot give it, such as
+// ulimit or timeout), with no input: its exit code (128 + signal when killed), stdout and stderr.
+Out run_shell(const std::string& command) {
+  static const std::string dir = temp_dir();
+  const std::string out = dir + "/stdout", err = dir + "/stderr";
+  const int st = std::system((command + " </dev/null >" + out + " 2>" + err).c_str());
+  Out o;
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  o.out = slurp(out);
+  o.err = slurp(err);
+  return o;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizer = true;
+#else
+constexpr bool kSanitizer = false;
+#endif
+#else
+constexpr bool kSanitizer = false;
+#endif
+
+}  // namespace
+
+TEST_CASE("threads the system cannot start are a usage error that says so; the ones started are stopped first") {
+  // A sanitizer's runtime reserves terabytes of address space and cannot start under the limit.
+  if (kSanitizer) return;
+  // Thread limits vary, and root ignores RLIMIT_NPROC; but each thread's stack is a mapping of
+  // RLIMIT_STACK bytes. With 2 GiB stacks in a 3 GiB address space the first worker of the pool
+  // starts and the second cannot (the program and the tiny model take well under 1 GiB): the
+  // pool is left half started, which crashed in the worker that had started.
+  const Out o = run_shell("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+                          " run -m " + tiny() + " -p hi -n 2 -t 3 --devices cpu'");
+  INFO(o.err);
+  CHECK(o.code == 1);
+  CHECK_THAT(o.err, Catch::StartsWith("error: cannot start 3 CPU threads: ") && Catch::Contains("(use fewer --threads)"));
+  CHECK(count_lines(o.err) == 1);
+  CHECK(o.out.empty());
+}
+
+TEST_CASE("a FIFO as the model file is refused at once (exit 2) naming it, not waited on for a writer") {
+  const std::string fifo = temp_dir() + "/model.gguf";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& args : {"run -m " + fifo + " -p hi -t 2", "inspect " + fifo}) {
+    // Through timeout(1): opening a FIFO for reading waits for a writer, and a regression must fail
+    // this test (exit 124) rather than hang the test run.
+    const Out o = run_shell("timeout 20 " + std::string(BATON_BINARY) + " " + args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 2);
+    CHECK_THAT(o.err, Catch::Contains("'" + fifo + "' is not a regular file"));
+    CHECK(count_lines(o.err) == 1);
+  }
 }

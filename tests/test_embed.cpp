@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -273,4 +275,43 @@ TEST_CASE("embed: pooling from the file, --pooling over it, none without a key; 
   for (double x : v) n2 += x * x;
   CHECK(std::fabs(std::sqrt(n2) - 1.0) > 0.1);  // not normalized
   for (size_t i = 0; i < v.size(); ++i) CHECK(v[i] / std::sqrt(n2) == Approx(vl[i].get<double>()).margin(1e-5));
+}
+
+TEST_CASE("embed: NaN in the model's output is written as null, every line stays JSON, and stderr says so once") {
+  // The generated file with a NaN as the output norm's first weight: that dimension of every
+  // token's state is NaN.
+  const std::string path = test::temp_dir() + "/nan.gguf";
+  std::filesystem::copy_file(model(1), path);
+  uint64_t at = 0;
+  {
+    const auto f = gguf::File::open(path);
+    const gguf::TensorInfo* t = f->tensor("output_norm.weight");
+    REQUIRE(t != nullptr);
+    REQUIRE(t->type == GgmlType::F32);
+    at = f->data_offset() + t->offset;
+  }
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    f.seekp(std::streamoff(at));
+    f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
+    REQUIRE(f.good());
+  }
+  for (const std::string& pooling : std::vector<std::string>{"mean", "none"}) {
+    Out o = run_baton("embed -t 2 -m " + path + " --pooling " + pooling + " -p 'the cat sat' -p 'hello world'");
+    INFO(pooling << "\n" << o.err << "\n" << o.out);
+    REQUIRE(o.code == 0);
+    std::istringstream lines(o.out);
+    int n = 0;
+    for (std::string l; std::getline(lines, l); ++n) CHECK(json::accept(l));
+    CHECK(n == 2);
+    const auto rec = jsonl(o.out);
+    REQUIRE(rec.size() == 2);
+    const json& first = pooling == "none" ? rec[0]["embedding"][0] : rec[0]["embedding"];
+    REQUIRE(first.size() == size_t(kEmbd));
+    CHECK(first[0].is_null());  // the NaN weight's dimension (normalization zeroes the others)
+    const size_t warned = o.err.find("non-finite values");
+    CHECK(warned != std::string::npos);
+    CHECK(o.err.find("non-finite values", warned + 1) == std::string::npos);  // once, not per input
+  }
 }

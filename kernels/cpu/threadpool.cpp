@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -76,23 +77,42 @@ struct ThreadPool::Impl {
       }
     }
   }
+
+  // Wakes every worker to return, and waits for them.
+  void stop_workers() {
+    {
+      std::lock_guard lk(mu);
+      stop = true;
+      generation.fetch_add(1, std::memory_order_release);
+    }
+    wake.notify_all();
+    for (auto& t : threads) t.join();
+  }
 };
 
-ThreadPool::ThreadPool(int n_threads) : impl_(new Impl), n_threads_(n_threads) {
+ThreadPool::ThreadPool(int n_threads) : impl_(nullptr), n_threads_(n_threads) {
   if (n_threads < 1) fail(ErrorKind::Usage, "thread count must be at least 1 (got {})", n_threads);
+  impl_ = new Impl;
   impl_->cursors = std::vector<Impl::Cursor>(size_t(n_threads));
   impl_->threads.reserve(size_t(n_threads - 1));
-  for (int i = 1; i < n_threads; i++) impl_->threads.emplace_back([this, i] { impl_->worker(i); });
+  // A constructor that throws runs no destructor: the workers already started are stopped and
+  // joined here, or they would go on using a pool that is gone. They hold the Impl, not this
+  // object, whose memory may be freed before a worker first runs.
+  try {
+    for (int i = 1; i < n_threads; i++) impl_->threads.emplace_back([p = impl_, i] { p->worker(i); });
+  } catch (const std::system_error& e) {
+    impl_->stop_workers();
+    delete impl_;
+    fail(ErrorKind::Usage, "cannot start {} CPU threads: {} (use fewer --threads)", n_threads, e.code().message());
+  } catch (...) {
+    impl_->stop_workers();
+    delete impl_;
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard lk(impl_->mu);
-    impl_->stop = true;
-    impl_->generation.fetch_add(1, std::memory_order_release);
-  }
-  impl_->wake.notify_all();
-  for (auto& t : impl_->threads) t.join();
+  impl_->stop_workers();
   delete impl_;
 }
 

@@ -8,7 +8,9 @@ namespace baton::cpu {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // n_threads >= 1 (the calling thread counts as one)
+  // n_threads >= 1 (the calling thread counts as one). Throws a usage error, having stopped the
+  // workers it started, when the system cannot give that many threads.
+  explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
