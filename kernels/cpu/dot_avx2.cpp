@@ -585,51 +585,46 @@ struct PackedLevels2 {
 // F16, BF16 (tile layout in packed.h: line m holds elements 2m and 2m + 1 of the 16 rows, as the
 // two 16-bit halves of each row's 32-bit lane; bytes 0..31 rows 0..7, 32..63 rows 8..15). Per
 // output the portable kernel's operations: the even and the odd elements in two FMA chains, in
-// element order, and the output their sum: the same bits. The activations are the floats
-// themselves, broadcast from memory. Two accumulators per column and half: 6 columns a pass at most.
+// element order, and the output their sum: the same bits. The chains stay interleaved as the tile
+// has them: a half-line's 16 values widen to two vectors, rows 0-3 and rows 4-7 of the half, each
+// row's even element then its odd one, and the activation pair x[2m], x[2m + 1] is one 8-byte
+// broadcast; the end adds each lane pair (hadd) and puts the rows in order. Per half-line and
+// column two FMAs and one broadcast load; F16 widens with two vcvtph2ps and no shuffle.
 template <GgmlType T>
 struct PackedFloat2 {
   static constexpr size_t kTile = 1024;
 
-  // The even and the odd elements of a half's line as floats.
-  static void widen(__m256i v, __m256& w0, __m256& w1) {
-    if constexpr (T == GgmlType::BF16) {
-      w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-      w1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
-    } else {
-      // Per 128-bit lane the low halves to bytes 0..7, the high ones to 8..15; then the lanes'
-      // low quarters together (rows 0..7 even) and their high ones (odd).
-      const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-      const __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
-      w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-      w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-    }
+  static __m256 widen4(__m128i h) {  // 4 rows × (even, odd) as floats
+    if constexpr (T == GgmlType::BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
   }
 
   template <int NC, int H0, int NH>
   static void run(int64_t nb, const uint8_t* tiles, const uint8_t* a, size_t as, float* y, size_t ys, int rows) {
-    __m256 even[NH][NC], odd[NH][NC];
+    __m256 lo[NH][NC], hi[NH][NC];  // rows 0-3, rows 4-7 of the half
     for (int h = 0; h < NH; h++)
-      for (int c = 0; c < NC; c++) even[h][c] = odd[h][c] = _mm256_setzero_ps();
+      for (int c = 0; c < NC; c++) lo[h][c] = hi[h][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* t = tiles + size_t(b) * kTile;
-      const float* x[NC];
-      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(a + size_t(c) * as) + 32 * b;
+      const double* x[NC];  // the activations as (even, odd) pairs
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const double*>(a + size_t(c) * as) + 16 * b;
       for (int m = 0; m < 16; m++) {
         for (int h = 0; h < NH; h++) {
-          __m256 w0, w1;
-          widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64 * m + 32 * (H0 + h))), w0, w1);
+          const uint8_t* line = t + 64 * m + 32 * (H0 + h);
+          const __m256 w0 = widen4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line)));
+          const __m256 w1 = widen4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 16)));
           for (int c = 0; c < NC; c++) {
-            even[h][c] = _mm256_fmadd_ps(w0, _mm256_broadcast_ss(x[c] + 2 * m), even[h][c]);
-            odd[h][c] = _mm256_fmadd_ps(w1, _mm256_broadcast_ss(x[c] + 2 * m + 1), odd[h][c]);
+            const __m256 xp = _mm256_castpd_ps(_mm256_broadcast_sd(x[c] + m));
+            lo[h][c] = _mm256_fmadd_ps(w0, xp, lo[h][c]);
+            hi[h][c] = _mm256_fmadd_ps(w1, xp, hi[h][c]);
           }
         }
       }
     }
     for (int h = 0; h < NH && rows > 8 * (H0 + h); h++) {
       __m256 sum[NC];
-      for (int c = 0; c < NC; c++) sum[c] = _mm256_add_ps(even[h][c], odd[h][c]);
+      for (int c = 0; c < NC; c++)  // [r0 r1 r4 r5 | r2 r3 r6 r7] -> rows in order
+        sum[c] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(lo[h][c], hi[h][c])), 0xD8));
       store_half<NC>(sum, y + size_t(8 * (H0 + h)), ys, std::min(8, rows - 8 * (H0 + h)));
     }
   }
