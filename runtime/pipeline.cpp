@@ -27,6 +27,7 @@
 #include <fmt/ranges.h>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -94,6 +95,7 @@ class CpuPipeline final : public ModelPipeline {
   }
 
  private:
+  void stop_drivers();  // wakes the stage drivers to return, and joins them
   void touch_pages(const LoadOptions& opt, const Plan& p, uint64_t bar_total) const;  // reports bytes read of bar_total
   void drive(size_t k);  // stage k's driver thread
   void connect_gpu_stages(const Plan& p, P2pMode mode);
@@ -210,10 +212,18 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   }
 
   queue_.resize(stages_.size());
-  for (size_t k = 0; k < stages_.size(); ++k) drivers_.emplace_back([this, k] { drive(k); });
+  try {
+    for (size_t k = 0; k < stages_.size(); ++k) drivers_.emplace_back([this, k] { drive(k); });
+  } catch (const std::system_error& e) {
+    // A constructor that throws runs no destructor: the drivers already started are stopped here,
+    // or destroying their joinable threads would end the program.
+    stop_drivers();
+    fail(ErrorKind::Usage, "cannot start the pipeline's {} stage threads: {} (use fewer --threads)", stages_.size(),
+         e.code().message());
+  }
 }
 
-CpuPipeline::~CpuPipeline() {
+void CpuPipeline::stop_drivers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -221,6 +231,8 @@ CpuPipeline::~CpuPipeline() {
   work_.notify_all();
   for (auto& t : drivers_) t.join();
 }
+
+CpuPipeline::~CpuPipeline() { stop_drivers(); }
 
 // Reads one byte per page of tensor data so the first forward does not pay the page faults,
 // reporting progress in bytes (of bar_total: the file, plus what GPU stages upload afterwards).

@@ -633,6 +633,14 @@ TEST_CASE("threads the system cannot start are a usage error that says so; the o
   CHECK_THAT(o.err, Catch::StartsWith("error: cannot start 3 CPU threads: ") && Catch::Contains("(use fewer --threads)"));
   CHECK(count_lines(o.err) == 1);
   CHECK(o.out.empty());
+  // Two stages of one thread each: no pool threads, but a driver thread per stage, the second of
+  // which cannot start (that aborted: a joinable thread destroyed as the constructor unwound).
+  const Out s = run_shell("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+                          " run -m " + tiny() + " -p hi -n 2 -t 2 --devices cpu,cpu'");
+  INFO(s.err);
+  CHECK(s.code == 1);
+  CHECK_THAT(s.err, Catch::StartsWith("error: cannot start the pipeline's 2 stage threads: "));
+  CHECK(count_lines(s.err) == 1);
 }
 
 TEST_CASE("a FIFO as the model file is refused at once (exit 2) naming it, not waited on for a writer") {
