@@ -523,9 +523,13 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     }
   }
 
-  if (!problems.empty() && f.tensors().empty())  // 290 "missing tensor" lines would hide the point
-    throw Error(ErrorKind::Model, fmt::format("{}: the file has no tensors (a vocabulary-only GGUF?): nothing to run",
-                                              f.path()));
+  if (f.tensors().empty()) {  // a vocabulary-only file: one line for it, not a "missing tensor" per weight
+    std::erase_if(problems, [](const std::string& p) { return p.rfind("missing tensor ", 0) == 0; });
+    if (problems.empty())
+      throw Error(ErrorKind::Model,
+                  fmt::format("{}: the file has no tensors (a vocabulary-only GGUF?): nothing to run", f.path()));
+    problems.insert(problems.begin(), "the file has no tensors (a vocabulary-only GGUF?)");
+  }
   if (!problems.empty()) {
     std::string msg = fmt::format("{}: {} problem{} in the model description:", f.path(), problems.size(),
                                   problems.size() == 1 ? "" : "s");
