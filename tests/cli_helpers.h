@@ -27,21 +27,25 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// Runs `baton ARGS` through the shell (so tests can pipe into it) with stdin_text as its input;
-// its exit code (128 + signal when killed), stdout and stderr. stdout_to, when given, is the shell
-// redirection stdout gets instead of a file read back (">/dev/full", ">&-"); `out` is then empty.
-inline Out run_baton(const std::string& args, const std::string& stdin_text = "", const std::string& stdout_to = "") {
+// Runs a shell command line with stdin_text as its input; its exit code (128 + signal when
+// killed), stdout and stderr. stdout_to, when given, is the shell redirection stdout gets instead
+// of a file read back (">/dev/full", ">&-"); `out` is then empty.
+inline Out run_command(const std::string& command, const std::string& stdin_text = "", const std::string& stdout_to = "") {
   static const std::string dir = temp_dir();
   Out o;
   const std::string in = dir + "/stdin", out = dir + "/stdout", err = dir + "/stderr";
   std::ofstream(in) << stdin_text;
   const std::string redirect = stdout_to.empty() ? ">" + out : stdout_to;
-  const std::string cmd = std::string(BATON_BINARY) + " " + args + " <" + in + " " + redirect + " 2>" + err;
-  const int st = std::system(cmd.c_str());
+  const int st = std::system((command + " <" + in + " " + redirect + " 2>" + err).c_str());
   o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   if (stdout_to.empty()) o.out = slurp(out);
   o.err = slurp(err);
   return o;
+}
+
+// `baton ARGS` through the shell (so tests can pipe into it), as run_command.
+inline Out run_baton(const std::string& args, const std::string& stdin_text = "", const std::string& stdout_to = "") {
+  return run_command(std::string(BATON_BINARY) + " " + args, stdin_text, stdout_to);
 }
 
 // The JSON objects of JSONL text, one per non-empty line.

@@ -592,19 +592,6 @@ TEST_CASE("chat: a message longer than the context says to shorten it, and the n
 
 namespace {
 
-// `command` through the shell (a baton command line with a prefix run_baton cannot give it, such as
-// ulimit or timeout), with no input: its exit code (128 + signal when killed), stdout and stderr.
-Out run_shell(const std::string& command) {
-  static const std::string dir = temp_dir();
-  const std::string out = dir + "/stdout", err = dir + "/stderr";
-  const int st = std::system((command + " </dev/null >" + out + " 2>" + err).c_str());
-  Out o;
-  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  o.out = slurp(out);
-  o.err = slurp(err);
-  return o;
-}
-
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitizer = true;
 #elif defined(__has_feature)
@@ -626,7 +613,7 @@ TEST_CASE("threads the system cannot start are a usage error that says so; the o
   // RLIMIT_STACK bytes. With 2 GiB stacks in a 3 GiB address space the first worker of the pool
   // starts and the second cannot (the program and the tiny model take well under 1 GiB): the
   // pool is left half started, which crashed in the worker that had started.
-  const Out o = run_shell("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+  const Out o = run_command("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
                           " run -m " + tiny() + " -p hi -n 2 -t 3 --devices cpu'");
   INFO(o.err);
   CHECK(o.code == 1);
@@ -635,7 +622,7 @@ TEST_CASE("threads the system cannot start are a usage error that says so; the o
   CHECK(o.out.empty());
   // Two stages of one thread each: no pool threads, but a driver thread per stage, the second of
   // which cannot start (that aborted: a joinable thread destroyed as the constructor unwound).
-  const Out s = run_shell("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+  const Out s = run_command("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
                           " run -m " + tiny() + " -p hi -n 2 -t 2 --devices cpu,cpu'");
   INFO(s.err);
   CHECK(s.code == 1);
@@ -649,7 +636,7 @@ TEST_CASE("a FIFO as the model file is refused at once (exit 2) naming it, not w
   for (const std::string& args : {"run -m " + fifo + " -p hi -t 2", "inspect " + fifo}) {
     // Through timeout(1): opening a FIFO for reading waits for a writer, and a regression must fail
     // this test (exit 124) rather than hang the test run.
-    const Out o = run_shell("timeout 20 " + std::string(BATON_BINARY) + " " + args);
+    const Out o = run_command("timeout 20 " + std::string(BATON_BINARY) + " " + args);
     INFO(args << "\n" << o.err);
     CHECK(o.code == 2);
     CHECK_THAT(o.err, Catch::Contains("'" + fifo + "' is not a regular file"));
