@@ -375,7 +375,9 @@ Register reg{{"batch", "Generate for many prompts (JSONL or text, one per line) 
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
   app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line ('-': stdin)")->required();
-  app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes ('-': stdout)")->required();
+  app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes ('-': stdout)")
+      ->required()
+      ->check(not_empty("the path"));
   app.add_option("--parallel", o->parallel, "requests decoding together")->check(in_range(1, 256))->capture_default_str();
   app.add_flag("--resume", o->resume, "keep OUT and skip the ids already in it (otherwise OUT is overwritten)");
   app.add_flag("--raw", o->raw, "send prompts as is, without the chat template");

@@ -27,6 +27,7 @@
 #include "gguf/file_type.h"
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
+#include "kernels/cpu/threadpool.h"
 #include "runtime/config.h"
 #include "runtime/devices.h"
 
@@ -116,19 +117,16 @@ double read_bandwidth_gbs(int threads) {
   double best = 1e300;
   for (int pass = 0; pass < 4; ++pass) {
     const double t0 = now_s();
-    std::vector<std::thread> ts;
     const size_t per = (n + size_t(threads) - 1) / size_t(threads);
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        const size_t b = size_t(t) * per, e = std::min(n, b + per);
-        uint64_t a[8] = {};
-        size_t i = b;
-        for (; i + 8 <= e; i += 8)
-          for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
-        for (; i < e; ++i) a[0] += buf[i];
-        for (int k = 0; k < 8; ++k) sink[size_t(t) * 8 + size_t(k)] = a[k];
-      });
-    for (auto& th : ts) th.join();
+    cpu::run_on_threads(threads, [&](int t) {
+      const size_t b = size_t(t) * per, e = std::min(n, b + per);
+      uint64_t a[8] = {};
+      size_t i = b;
+      for (; i + 8 <= e; i += 8)
+        for (int k = 0; k < 8; ++k) a[k] += buf[i + size_t(k)];
+      for (; i < e; ++i) a[0] += buf[i];
+      for (int k = 0; k < 8; ++k) sink[size_t(t) * 8 + size_t(k)] = a[k];
+    });
     if (pass > 0) best = std::min(best, now_s() - t0);  // the first pass also starts the threads
   }
   volatile uint64_t keep = 0;

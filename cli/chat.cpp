@@ -415,15 +415,18 @@ class Chat {
     if (!kNames.count(name))
       return say(fmt::format("/set: '{}' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens, format)", name));
     SamplingParams p = params_;
-    std::optional<uint64_t> seed = seed_;
     int max_tokens = max_tokens_;
+    if (name == "seed") {  // as --seed: -1 is a random seed each reply (std::stoull would wrap it to 2^64-1)
+      if (std::string e = check_seed(value); !e.empty()) return say(fmt::format("/set seed: {}", e));
+      seed_ = parse_seed(value);
+      return say(seed_ ? fmt::format("(seed = {})", *seed_) : "(seed = -1: a random one each reply, /stats shows it)");
+    }
     try {
       size_t used = 0;
       if (name == "temp" || name == "temperature") p.temperature = std::stof(value, &used);
       else if (name == "top_p") p.top_p = std::stof(value, &used);
       else if (name == "top_k") p.top_k = std::stoi(value, &used);
       else if (name == "min_p") p.min_p = std::stof(value, &used);
-      else if (name == "seed") seed = std::stoull(value, &used);
       else max_tokens = std::stoi(value, &used);
       if (used != value.size()) throw std::invalid_argument("trailing characters");
     } catch (const std::out_of_range&) {
@@ -433,7 +436,6 @@ class Chat {
     }
     if (std::string e = p.validate(); !e.empty()) return say("/set: " + e);
     params_ = p;
-    seed_ = seed;
     max_tokens_ = max_tokens;
     say(fmt::format("({} = {})", name, value));
   }

@@ -288,7 +288,9 @@ Register reg{{"embed", "Text embeddings: each input's pooled, normalized final h
     app.add_option("-f,--file", o->file, "one input: the whole file (a trailing newline dropped)");
     app.add_option("-i,--input", o->in,
                    "inputs: JSONL ({\"id\": ..., \"input\": \"...\"} per line) or plain text, one input per line ('-': stdin)");
-    app.add_option("-o,--output", o->out, "where the records go ('-': stdout)")->capture_default_str();
+    app.add_option("-o,--output", o->out, "where the records go ('-': stdout)")
+        ->capture_default_str()
+        ->check(not_empty("the path"));
     app.add_option("--pooling", o->pooling, "none, mean, cls or last (default: the file's pooling_type; none without one)");
     app.add_option("--normalize,--embd-normalize", o->normalize,
                    "-1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, p > 2 p-norm")

@@ -97,8 +97,11 @@ cli::Register reg{{"logits", "Evaluate a prompt in one batch and write float32 l
     CLI::Option* tokens = app.add_option("--tokens", o->tokens, "Token ids instead of a prompt, e.g. \"1 450 4996\"");
     text->excludes(tokens);
     tokens->excludes(text);
-    app.add_option("--out", o->out, "Output file for the logits ('-': stdout, binary)")->required();
-    app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line; '-': stdout)");
+    app.add_option("--out", o->out, "Output file for the logits ('-': stdout, binary)")
+        ->required()
+        ->check(cli::not_empty("the path"));
+    app.add_option("--tokens-out", o->tokens_out, "Also write the token ids (one line; '-': stdout)")
+        ->check(cli::not_empty("the path"));
     app.add_option("--outputs", o->outputs,
                    "logit rows one forward computes and holds at most (default: all its tokens'); fewer means "
                    "smaller output buffers (n_vocab floats a row) and the prompt in more forwards, the same logits")

@@ -28,6 +28,7 @@
 #include "runtime/draft_model.h"
 #include "runtime/json_schema.h"
 #include "runtime/model_files.h"
+#include "runtime/shape.h"
 #include "runtime/tokenizer.h"
 
 namespace baton::cli {
@@ -146,7 +147,7 @@ static CLI::Validator number(bool (*allowed)(double), const char* rule, const ch
 }
 
 // --seed S: 0 to 2^64-1, or -1 for a random one (llama.cpp's -1), which is also what leaving it out gives.
-static std::string check_seed(const std::string& s) {
+std::string check_seed(const std::string& s) {
   errno = 0;
   char* end = nullptr;
   const bool negative = s.find('-') != std::string::npos;
@@ -158,8 +159,13 @@ static std::string check_seed(const std::string& s) {
   return "";
 }
 
+std::optional<uint64_t> parse_seed(const std::string& s) {
+  if (s.find('-') != std::string::npos) return std::nullopt;  // -1 (check_seed refuses other negatives): random
+  return std::strtoull(s.c_str(), nullptr, 10);
+}
+
 // A text option given as '' (an unset shell variable, "$SCHEMA") means no constraint at all: refused.
-static CLI::Validator not_empty(const char* what) {
+CLI::Validator not_empty(const char* what) {
   return CLI::Validator(
       [=](std::string& s) { return s.empty() ? fmt::format("{} is empty", what) : std::string(); }, "");
 }
@@ -213,7 +219,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--devices", f.devices,
                  "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
                  "cuda:0,cpu, cuda:0=20GiB,cpu")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(not_empty("the device list"));
   app.add_option("--threads-per-stage", f.threads_per_stage,
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(at_least(0));
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
@@ -271,10 +278,7 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
                "(for measuring speed at a fixed length)");
   app.add_option_function<std::string>(
          "-s,--seed",
-         [&f](const std::string& s) {
-           if (s.find('-') != std::string::npos) f.seed.reset();  // -1 (check_seed refuses other negatives): random
-           else f.seed = std::strtoull(s.c_str(), nullptr, 10);
-         },
+         [&f](const std::string& s) { f.seed = parse_seed(s); },
          "RNG seed (-1 or default: random, printed with the stats)")
       ->type_name("INT")
       ->check(CLI::Validator(check_seed, ""));
@@ -306,7 +310,8 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
       ->check(in_range(1, 64));
   app.add_option("--draft-devices,--device-draft", f.draft_devices,
                  "where the draft model runs, as --devices (default: --devices, placed after the model); "
-                 "e.g. the model on cuda:0 and its draft on cuda:1 or the cpu");
+                 "e.g. the model on cuda:0 and its draft on cuda:1 or the cpu")
+      ->check(not_empty("the device list"));
   if (with_prompt_flags) {
     app.add_option("--system", f.system, "system prompt");
     app.add_option("--chat-template", f.chat_template, "chat template family instead of the model's (e.g. chatml, llama3)");
@@ -565,6 +570,8 @@ EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const
     {
       const auto file = gguf::File::open(path);
       check_draft_vocab(target.tokenizer(), Tokenizer::from_gguf(*file));
+      // --cpu-moe is the model's: a dense draft is not warned that it has no experts.
+      if (df.placement.cpu_moe && shape_from_gguf(*file).n_expert == 0) df.placement.cpu_moe = false;
     }
     const auto t0 = std::chrono::steady_clock::now();
     // A draft step asks one argmax row of each sequence it guesses for.

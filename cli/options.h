@@ -78,6 +78,9 @@ void check_stdout();
 // allowed (must be at least 1)" (CLI11's own number checks print a range up to DBL_MAX).
 CLI::Validator at_least(long long min);
 CLI::Validator in_range(long long min, long long max);
+// A text option given as '' (an unset shell variable): "--FLAG: WHAT is empty", e.g. an output
+// path (-o '') is refused before anything is loaded rather than failing to open ''.
+CLI::Validator not_empty(const char* what);
 
 // Where the layers go beyond --devices: the planner's overrides, the same flags for `baton plan`
 // and for the commands that load a model, so a plan printed is the plan run.
@@ -154,6 +157,10 @@ std::shared_ptr<const Grammar> compile_constraint(const std::string& kind, const
 EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const Pipeline& target);
 // The seed a request runs with: given, or drawn now.
 uint64_t resolve_seed(const std::optional<uint64_t>& s);
+// --seed's rule (chat's /set seed too): "" for 0 to 2^64-1 or -1 (random), else why not.
+std::string check_seed(const std::string& s);
+// A seed check_seed accepts: the number, or nullopt for -1 (a random one each time).
+std::optional<uint64_t> parse_seed(const std::string& s);
 
 struct Loaded {
   std::unique_ptr<Pipeline> pipe;

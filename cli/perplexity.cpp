@@ -133,10 +133,12 @@ Register reg{{"perplexity", "Perplexity of a text file (as llama-perplexity), an
         ->check(in_range(1, 64))
         ->capture_default_str();
     app.add_option("--save-base", o->save_base,
-                   "write each scored token's log-probabilities (fp16, vocabulary × 2 bytes per token) for --kl-base");
+                   "write each scored token's log-probabilities (fp16, vocabulary × 2 bytes per token) for --kl-base")
+        ->check(not_empty("the path"));
     app.add_option("--kl-base", o->kl_base,
                    "compare with a base of the same text (--save-base, or llama-perplexity's --kl-divergence-base): "
-                   "KL divergence, same top token, PPL ratio");
+                   "KL divergence, same top token, PPL ratio")
+        ->check(not_empty("the path"));
     app.add_flag("--json", o->json, "one JSON object at the end instead of the text report");
     return [o] { return run(*o); };
   }}};

@@ -69,7 +69,8 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("--shape", a->shape, "Plan a preset shape instead of a file (llama3-8b, llama3-70b, ...)");
                 app.add_option("--type", a->type, "Weight type for --shape (default Q4_K)");
                 app.add_option("--devices", a->devices,
-                               "auto, or a list such as cuda:0,cpu / cuda:0=20GiB,cpu=8GiB / cuda=24GiB,cuda=24GiB");
+                               "auto, or a list such as cuda:0,cpu / cuda:0=20GiB,cpu=8GiB / cuda=24GiB,cuda=24GiB")
+                    ->check(not_empty("the device list"));
                 app.add_option("-c,--ctx,--ctx-size", a->ctx, "Context per sequence (default min(4096, trained context))");
                 app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)");
                 app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");

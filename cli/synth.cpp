@@ -1,9 +1,13 @@
 // `baton synth`: write a deterministic random-weight GGUF of a real model's shape (or a custom one).
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "cli/command.h"
+#include "cli/options.h"
 #include "runtime/devices.h"
 #include "runtime/model_files.h"
 #include "runtime/embed.h"
@@ -92,7 +96,6 @@ int run_synth(const SynthArgs& a) {
   SynthOptions o;
   o.type = t->type;
   o.seed = a.seed;
-  if (a.out.empty()) fail(ErrorKind::Usage, "--out is empty: give the file to write");
   o.vocab_from = a.vocab.empty() ? "" : resolve_model(a.vocab);  // a path or a known name, as -m takes
   if (!a.pooling.empty()) o.pooling = int(parse_pooling(a.pooling));  // (rank and unknown names: an error)
   const ModelShape s = shape_from_preset((check_shape(p), p), o.type);
@@ -111,8 +114,16 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "gpt-oss files: the expert matrices MXFP4 — without experts the FFN matrices — and "
                                "the other matrices Q8_0; rows must be multiples of 32)")
                     ->required();
-                app.add_option("--out", a->out, "Output file")->required();
-                app.add_option("--seed", a->seed, "Random seed (default 0)");
+                app.add_option("--out", a->out, "Output file")->required()->check(not_empty("the path"));
+                // Not -1 (run's random seed): the file follows from its seed, and leaving it out is 0.
+                app.add_option("--seed", a->seed, "Random seed, 0 to 2^64-1 (default 0)")
+                    ->check(CLI::Validator(
+                        [](std::string& v) {
+                          if (v.find('-') == std::string::npos) return check_seed(v);
+                          return fmt::format("{} is not allowed (must be 0 to {}: the weights follow from the seed)", v,
+                                             UINT64_MAX);
+                        },
+                        ""));
                 app.add_option("--vocab", a->vocab, "Copy the tokenizer from this GGUF, a path or a known name (same token count)");
                 app.add_option("--pooling", a->pooling,
                                "An embedding model: write {arch}.pooling_type none, mean, cls or last (last also "

@@ -160,6 +160,10 @@ uint64_t parse_size(std::string_view text, std::string_view what) {
   std::string unit(text.substr(i));
   for (char& c : unit) c = char(std::tolower((unsigned char)c));
   if (num.empty() || std::count(num.begin(), num.end(), '.') > 1 || num == ".") return bad("no number");
+  // 1e9, 1e30GiB: an exponent, which sizes do not take (the "e30GiB" was called an unknown unit).
+  if (i + 1 < text.size() && (text[i] == 'e' || text[i] == 'E') &&
+      (std::isdigit((unsigned char)text[i + 1]) || text[i + 1] == '+' || text[i + 1] == '-'))
+    return bad("no exponents");
   struct Unit { const char* name; double mult; };
   static const Unit units[] = {
     {"", 1}, {"b", 1},
@@ -272,6 +276,8 @@ std::vector<DeviceSpec> parse_devices(std::string_view spec_in, const std::vecto
     for (auto* g : gpus) entries.push_back({DeviceKind::Cuda, g->index, false, 0, fmt::format("cuda:{}", g->index)});
     entries.push_back({DeviceKind::Cpu, 0, false, 0, "cpu"});
   } else {
+    // (getline reads no item after a trailing comma: "cpu," is refused as ",cpu" is)
+    if (spec.back() == ',') fail(ErrorKind::Usage, "--devices '{}' has an empty entry", spec);
     std::stringstream ss(spec);
     std::string item;
     while (std::getline(ss, item, ',')) {

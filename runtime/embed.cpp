@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -55,6 +56,13 @@ void normalize_embedding(float* v, int n, int norm) {
   check_normalize(norm);
   double size = 0;  // the vector's size in the chosen norm
   if (norm == -1) return;
+  // NaN or infinity in it: the vector has no size, and so no normalized form. Every component is
+  // NaN then (written as null, with a warning), not the finite ones over an infinite or NaN size
+  // (zeros) or over the size of the finite ones alone: neither may pass for a valid vector.
+  if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); })) {
+    std::fill(v, v + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   if (norm == 0) {
     for (int i = 0; i < n; ++i) size = std::max(size, std::fabs(double(v[i])));
     size /= 32760.0;  // the largest magnitude becomes 32760

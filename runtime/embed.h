@@ -27,7 +27,8 @@ Pooling parse_pooling(std::string_view name);
 std::optional<Pooling> file_pooling(const gguf::File& f);
 
 // llama-embedding's --embd-normalize: -1 none, 0 scaled so the largest magnitude is 32760 (an
-// int16 range), 1 taxicab, 2 Euclidean (L2), p > 2 the p-norm. An all-zero vector stays zero.
+// int16 range), 1 taxicab, 2 Euclidean (L2), p > 2 the p-norm. An all-zero vector stays zero; one
+// with NaN or infinity in it becomes all NaN (it has no size), except with -1.
 // check_normalize: Error(Usage) for values below -1.
 void check_normalize(int norm);
 void normalize_embedding(float* v, int n, int norm);

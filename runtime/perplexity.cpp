@@ -11,10 +11,10 @@
 #include <deque>
 #include <limits>
 #include <memory>
-#include <thread>
 
 #include "gguf/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
 #include "quant/types.h"
 #include "runtime/pipeline.h"
 #include "runtime/tokenizer.h"
@@ -225,10 +225,7 @@ void score_rows(const float* logits, int n_rows, int V, const int32_t* targets, 
     }
   };
   const int T = std::max(1, std::min(n_threads, n_rows));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < T; ++t) pool.emplace_back(work, n_rows * t / T, n_rows * (t + 1) / T);
-  work(0, n_rows / T);
-  for (auto& th : pool) th.join();
+  cpu::run_on_threads(T, [&](int t) { work(n_rows * t / T, n_rows * (t + 1) / T); });
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "gguf/gguf.h"
+#include "kernels/cpu/threadpool.h"
 #include "runtime/buffers.h"
 #include "runtime/config.h"
 #include "runtime/devices.h"
@@ -171,17 +172,28 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_threads = per_stage;
   so.cuda_graphs = opt.cuda_graphs;
   so.cpu_moe = p.options.cpu_moe;  // (the planner keeps it for mixtures only)
-  for (const Stage& st : p.stages) {
-    const DeviceSpec& d = p.devices[st.device];
-    if (d.is_gpu()) {
-      std::function<void(uint64_t)> progress;
-      if (opt.progress)
-        progress = [&](uint64_t done) { opt.progress(std::min(all_bytes, file_bytes + uploaded + done), all_bytes); };
-      stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index, progress));
-      uploaded += st.weight_bytes();
-    } else {
-      stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+  try {
+    for (const Stage& st : p.stages) {
+      const DeviceSpec& d = p.devices[st.device];
+      if (d.is_gpu()) {
+        std::function<void(uint64_t)> progress;
+        if (opt.progress)
+          progress = [&](uint64_t done) { opt.progress(std::min(all_bytes, file_bytes + uploaded + done), all_bytes); };
+        stages_.push_back(std::make_unique<GpuStage>(*file_, cfg_, st, so, d.index, progress));
+        uploaded += st.weight_bytes();
+      } else {
+        stages_.push_back(std::make_unique<CpuStage>(*file_, cfg_, st, so));
+      }
     }
+  } catch (const cpu::ThreadStartError& e) {
+    // A stage's pool counts its own threads: say what the user asked for (--threads is shared).
+    if (opt.threads_per_stage > 0)
+      fail(ErrorKind::Usage, "cannot start {} CPU threads per stage: {} (use fewer --threads-per-stage)", per_stage,
+           e.reason);
+    if (n_cpu_stages > 1)
+      fail(ErrorKind::Usage, "cannot start {} CPU threads ({} per stage): {} (use fewer --threads)", total, per_stage,
+           e.reason);
+    throw;
   }
   connect_gpu_stages(p, p2p);
   if (opt.progress && gpu_bytes) opt.progress(all_bytes, all_bytes);

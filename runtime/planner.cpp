@@ -165,6 +165,7 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices_in, co
   o.n_outputs = output_rows(o.n_outputs, o.n_batch);  // logit rows per step
 
   // --cpu-moe: every layer's experts in host memory, charged once to the first CPU entry.
+  const bool cpu_moe_unused = o.cpu_moe && shape.n_expert == 0;  // warned below: the flag does nothing
   o.cpu_moe = o.cpu_moe && shape.n_expert > 0;
   uint64_t host_short = 0;
   size_t host_dev = 0;
@@ -356,6 +357,8 @@ Plan plan(const ModelShape& shape, const std::vector<DeviceSpec>& devices_in, co
     if (d.present && d.budget_given && d.free_bytes > 0 && d.budget > d.free_bytes)
       p.warnings.push_back(fmt::format("{}: budget {} is more than the {} free right now", d.label,
                                        format_bytes(d.budget), format_bytes(d.free_bytes)));
+  if (cpu_moe_unused)
+    p.warnings.push_back("--cpu-moe does nothing: the model has no experts (it is not a mixture of experts)");
   if (shape.n_ctx_train > 0 && o.n_ctx > shape.n_ctx_train)
     p.warnings.push_back(fmt::format("context {} is beyond the {} tokens the model was trained for (its output may "
                                      "degrade past them)", o.n_ctx, shape.n_ctx_train));

@@ -8,6 +8,7 @@
 
 #include "gguf/error.h"
 #include "gguf/file_type.h"
+#include "kernels/cpu/threadpool.h"
 #include "quant/quant.h"
 
 namespace baton {
@@ -60,13 +61,10 @@ void fill_tensor(const TensorSpec& t, Init init, uint64_t seed, uint8_t* dst, si
   };
   const int64_t n_threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
   if (rows < 64 || n_threads == 1) return work(0, rows);
-  std::vector<std::thread> pool;
   const int64_t per = (rows + n_threads - 1) / n_threads;
-  for (int64_t k = 0; k < n_threads; k++) {
-    const int64_t a = k * per, b = std::min(rows, a + per);
-    if (a < b) pool.emplace_back(work, a, b);
-  }
-  for (auto& th : pool) th.join();
+  const int parts = int((rows + per - 1) / per);
+  // synth has no --threads: the error names the limit only.
+  cpu::run_on_threads(parts, [&](int k) { work(k * per, std::min(rows, (k + 1) * per)); }, nullptr);
 }
 
 Init init_for(const std::string& name) {

@@ -308,8 +308,8 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
   INFO(s.err);
   CHECK(s.code == 0);
   CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens"));
-  CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is out of range"));
-  CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a number"));
+  CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is not allowed"));
+  CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a whole number"));
   CHECK_THAT(s.err, Catch::Contains("(top_k = 5)"));
 }
 
@@ -628,6 +628,136 @@ TEST_CASE("threads the system cannot start are a usage error that says so; the o
   CHECK(s.code == 1);
   CHECK_THAT(s.err, Catch::StartsWith("error: cannot start the pipeline's 2 stage threads: "));
   CHECK(count_lines(s.err) == 1);
+}
+
+TEST_CASE("work cut over threads of its own: a thread that cannot start is a usage error, the ones started joined") {
+  if (kSanitizer) return;
+  // As above, 2 GiB stacks: in 3 GiB one thread starts besides the main one. synth writes a
+  // tensor's rows on a thread per core, the main one included (it started a thread per core, the
+  // second of which failed, and the first, joinable, ended the program: exit 134).
+  const std::string dir = temp_dir();
+  const Out s = run_command("bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+                            " synth --arch llama --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type Q8_0"
+                            " --out " + dir + "/s.gguf'");
+  INFO(s.err);
+  if (s.code == 0) {  // one thread besides the main one was all it needed (two cores)
+    CHECK(std::filesystem::file_size(dir + "/s.gguf") > 0);
+  } else {
+    CHECK(s.code == 1);
+    CHECK_THAT(s.err, Catch::Contains("error: cannot start ") && Catch::Contains(" CPU threads: "));
+  }
+  // In 9.5 GiB four start: the pool's two workers and the stage's driver (-t 3), then one of the
+  // two more that perplexity's scoring and bench's bandwidth probe ask for besides the main one.
+  std::string text;
+  for (int i = 0; i < 200; i++) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(dir + "/t.txt") << text;
+  for (const std::string& args : {"perplexity -m " + tiny() + " -f " + dir + "/t.txt -c 64 --chunks 1 -t 3",
+                                  "bench -m " + tiny() + " -p 0 -n 1 -r 1 -t 3"}) {
+    const Out o = run_command("bash -c 'ulimit -s 2097152 && ulimit -v 9961472 && exec " + std::string(BATON_BINARY) +
+                              " " + args + "'");
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.err, Catch::Contains("error: cannot start 3 CPU threads: ") && Catch::Contains("(use fewer --threads)"));
+    CHECK(count_of(o.err, "error:") == 1);
+  }
+}
+
+TEST_CASE("a stage's threads that cannot start: the error counts the threads asked for, not the stage's share") {
+  if (kSanitizer) return;
+  // 2 GiB stacks in 3 GiB: the first stage's pool starts its worker, the second's cannot. It said
+  // "cannot start 2 CPU threads" of -t 4.
+  const std::string limit = "bash -c 'ulimit -s 2097152 && ulimit -v 3145728 && exec " + std::string(BATON_BINARY) +
+                            " run -m " + tiny() + " -p hi -n 2 --devices cpu,cpu ";
+  const Out o = run_command(limit + "-t 4'");
+  INFO(o.err);
+  CHECK(o.code == 1);
+  CHECK_THAT(o.err, Catch::StartsWith("error: cannot start 4 CPU threads (2 per stage): ") &&
+                        Catch::Contains("(use fewer --threads)"));
+  CHECK(count_lines(o.err) == 1);
+  const Out p = run_command(limit + "--threads-per-stage 2'");
+  INFO(p.err);
+  CHECK(p.code == 1);
+  CHECK_THAT(p.err, Catch::StartsWith("error: cannot start 2 CPU threads per stage: ") &&
+                        Catch::Contains("(use fewer --threads-per-stage)"));
+}
+
+TEST_CASE("an empty output path is a usage error naming its flag, in every command that writes one") {
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"batch -m x -i a -o ''", "error: --output: the path is empty"},
+           {"embed -m x -p a -o ''", "error: --output: the path is empty"},
+           {"logits -m x -p a --out ''", "error: --out: the path is empty"},
+           {"logits -m x -p a --out f --tokens-out ''", "error: --tokens-out: the path is empty"},
+           {"perplexity -m x -f y --save-base ''", "error: --save-base: the path is empty"},
+           {"perplexity -m x -f y --kl-base ''", "error: --kl-base: the path is empty"},  // (an input: '' was none)
+           {"synth --shape smollm2-135m --type Q8_0 --out ''", "error: --out: the path is empty"}}) {
+    const Out o = run_baton(args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.err, Catch::StartsWith(says));
+    CHECK(count_lines(o.err) == 1);
+  }
+}
+
+TEST_CASE("devices: an empty --devices list, an empty entry and a size written with an exponent are usage errors saying so") {
+  const std::string m = tiny();
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"plan -m " + m + " --devices ''", "error: --devices: the device list is empty"},
+           {"run -m " + m + " -p hi -t 2 --devices ''", "error: --devices: the device list is empty"},  // (was: the CPU)
+           {"run -m " + m + " -p hi -t 2 --draft-model " + m + " --draft-devices ''",
+            "error: --draft-devices: the device list is empty"},
+           {"plan -m " + m + " --devices cpu,", "error: --devices 'cpu,' has an empty entry"},  // (was: cpu)
+           {"run -m " + m + " -p hi -t 2 --devices 'cpu, '", "error: --devices 'cpu,' has an empty entry"},
+           {"plan -m " + m + " --devices cpu=1e30GiB", "error: budget of device 'cpu' '1e30GiB' is not a valid size (no "
+                                                       "exponents)"},  // (was: unknown unit)
+           {"plan -m " + m + " --devices cpu=99999999999GiB", "error: budget of device 'cpu' '99999999999GiB' is not a "
+                                                              "valid size (too large)"}}) {
+    const Out o = run_baton(args);
+    INFO(args << "\n" << o.err);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.err, Catch::StartsWith(says));
+    CHECK(count_lines(o.err) == 1);
+    CHECK(o.out.empty());
+  }
+}
+
+TEST_CASE("seeds: chat's /set seed -1 is a random seed each reply, as --seed -1; synth refuses negative seeds") {
+  const Out o = run_baton("chat -m " + tiny() + " -n 2 -t 2 --seed 5", "/set seed -1\n/stats\nhi\nhi\n/set seed -5\n");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  CHECK_THAT(o.err, Catch::Contains("(seed = -1: a random one each reply"));
+  CHECK_THAT(o.err, Catch::Contains("/set seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"));
+  // Each reply's stats line: a seed drawn afresh (at most 2^32-1), not -1 wrapped to 2^64-1.
+  std::vector<uint64_t> seeds;
+  for (size_t at = o.err.find("| seed "); at != std::string::npos; at = o.err.find("| seed ", at + 1))
+    seeds.push_back(std::stoull(o.err.substr(at + 7)));
+  REQUIRE(seeds.size() == 2);
+  for (uint64_t x : seeds) CHECK(x <= 0xffffffffull);
+  // synth: its seed makes the file, and leaving it out is 0, so -1 is no "random" there.
+  for (const char* seed : {"-1", "-5"}) {
+    const Out s = run_baton("synth --shape smollm2-135m --type Q8_0 --out " + temp_dir() + "/x.gguf --seed " + seed);
+    INFO(s.err);
+    CHECK(s.code == 1);
+    CHECK_THAT(s.err, Catch::StartsWith(std::string("error: --seed: ") + seed + " is not allowed (must be 0 to "
+                                        "18446744073709551615: the weights follow from the seed)"));
+  }
+  CHECK_THAT(run_baton("synth --shape smollm2-135m --type Q8_0 --out x --seed abc").err,
+             Catch::StartsWith("error: --seed: 'abc' is not a whole number"));
+}
+
+TEST_CASE("cpu-moe: --cpu-moe on a model without experts warns on one line, and the command runs") {
+  const Out o = run_baton("run -m " + tiny() + " -p hi -n 2 -t 2 --devices cpu --cpu-moe");
+  INFO(o.err);
+  CHECK(o.code == 0);
+  CHECK(count_of(o.err, "warning: --cpu-moe does nothing: the model has no experts") == 1);
+  const Out p = run_baton("plan -m " + tiny() + " --devices cpu --cpu-moe");
+  CHECK(p.code == 0);
+  CHECK_THAT(p.out, Catch::Contains("warning: --cpu-moe does nothing"));
+  // A mixture: no warning, its experts go to host memory.
+  const Out moe = run_baton("plan --shape granite-3-1b-a400m --devices cpu --cpu-moe");
+  INFO(moe.out << moe.err);
+  CHECK(moe.code == 0);
+  CHECK(moe.out.find("--cpu-moe does nothing") == std::string::npos);
+  CHECK_THAT(moe.out, Catch::Contains("of experts in host memory"));
 }
 
 TEST_CASE("a FIFO as the model file is refused at once (exit 2) naming it, not waited on for a writer") {

@@ -131,6 +131,10 @@ TEST_CASE("bad device lists are usage errors that name the problem") {
   CHECK_THAT(usage_error("cpu:1"), Catch::Contains("takes no index"));
   CHECK_THAT(usage_error("cuda:x"), Catch::Contains("index must be a number"));
   CHECK_THAT(usage_error("cpu,,cpu"), Catch::Contains("empty entry"));
+  CHECK_THAT(usage_error("cpu,"), Catch::Contains("--devices 'cpu,' has an empty entry"));  // (getline: no item)
+  CHECK_THAT(usage_error("cuda:0, "), Catch::Contains("has an empty entry"));
+  CHECK_THAT(usage_error("cpu=1e30GiB"), Catch::Contains("'1e30GiB' is not a valid size (no exponents)"));  // not "unit"
+  CHECK_THAT(usage_error("cpu=99999999999GiB"), Catch::Contains("(too large)"));
   CHECK_THAT(usage_error(""), Catch::Contains("empty"));
   CHECK_THAT(usage_error("auto,cpu"), Catch::Contains("cannot be combined"));
 }

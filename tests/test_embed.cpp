@@ -98,6 +98,23 @@ TEST_CASE("embedding normalization: none, max-abs int16, taxicab, Euclidean, p-n
   CHECK(test::usage_error([] { check_normalize(-2); }).find("-2") != std::string::npos);
 }
 
+TEST_CASE("embedding normalization of a vector with NaN or infinity: all NaN (it has no size), not zeros") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (float bad : {nan, inf, -inf}) {
+    for (int n : {0, 1, 2, 3, 500}) {
+      std::vector<float> x = {3.f, bad, -4.f, 1.f};
+      normalize_embedding(x.data(), int(x.size()), n);
+      INFO("norm " << n << ", " << bad);
+      for (float y : x) CHECK(std::isnan(y));  // (the finite values were zeros with 1 to 500, scaled with 0)
+    }
+    std::vector<float> raw = {3.f, bad, -4.f, 1.f};
+    normalize_embedding(raw.data(), int(raw.size()), -1);  // none: the raw state, as it is
+    CHECK(raw[0] == 3.f);
+    CHECK(raw[2] == -4.f);
+    CHECK(!std::isfinite(raw[1]));
+  }
+}
+
 TEST_CASE("pooling: names, the file's pooling_type, rank and unknown values refused") {
   CHECK(parse_pooling("mean") == Pooling::Mean);
   CHECK(parse_pooling("last") == Pooling::Last);
@@ -309,9 +326,19 @@ TEST_CASE("embed: NaN in the model's output is written as null, every line stays
     REQUIRE(rec.size() == 2);
     const json& first = pooling == "none" ? rec[0]["embedding"][0] : rec[0]["embedding"];
     REQUIRE(first.size() == size_t(kEmbd));
-    CHECK(first[0].is_null());  // the NaN weight's dimension (normalization zeroes the others)
+    // Normalized, a vector with a NaN in it has no size: all of it is null (its other values were
+    // zeros, which looked like part of a vector).
+    for (const json& x : first) CHECK(x.is_null());
     const size_t warned = o.err.find("non-finite values");
     CHECK(warned != std::string::npos);
     CHECK(o.err.find("non-finite values", warned + 1) == std::string::npos);  // once, not per input
   }
+  // --normalize -1: the raw state, only the NaN dimension null.
+  const Out raw = run_baton("embed -t 2 -m " + path + " --pooling mean --normalize -1 -p 'the cat sat'");
+  INFO(raw.err);
+  REQUIRE(raw.code == 0);
+  const json e = jsonl(raw.out).at(0)["embedding"];
+  CHECK(e[0].is_null());
+  CHECK(std::count_if(e.begin(), e.end(), [](const json& x) { return x.is_null(); }) == 1);
+  CHECK_THAT(raw.err, Catch::Contains("non-finite values"));
 }

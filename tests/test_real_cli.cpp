@@ -281,7 +281,7 @@ TEST_CASE("synth --vocab takes a known model name as -m does; an empty --out is 
   CHECK(run_baton("tokenize -m " + out + " -p 'hello world'").out == run_baton("tokenize -m " + m + " -p 'hello world'").out);
   Out empty = run_baton("synth --shape smollm2-135m --type Q8_0 --out ''");
   CHECK(empty.code == 1);
-  CHECK_THAT(empty.err, Catch::Contains("--out is empty"));
+  CHECK_THAT(empty.err, Catch::Contains("--out: the path is empty"));
 }
 
 TEST_CASE("exit codes: usage 1, model 2") {

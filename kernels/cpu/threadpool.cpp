@@ -6,10 +6,12 @@
 // a condition variable, so an idle pool costs no CPU on a shared machine.
 #include "kernels/cpu/threadpool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -90,6 +92,11 @@ struct ThreadPool::Impl {
   }
 };
 
+ThreadStartError::ThreadStartError(int n, const std::string& why, const char* advice)
+    : Error(ErrorKind::Usage, fmt::format("cannot start {} CPU threads: {}{}", n, why,
+                                          advice ? fmt::format(" ({})", advice) : std::string())),
+      reason(why) {}
+
 ThreadPool::ThreadPool(int n_threads) : impl_(nullptr), n_threads_(n_threads) {
   if (n_threads < 1) fail(ErrorKind::Usage, "thread count must be at least 1 (got {})", n_threads);
   impl_ = new Impl;
@@ -103,12 +110,33 @@ ThreadPool::ThreadPool(int n_threads) : impl_(nullptr), n_threads_(n_threads) {
   } catch (const std::system_error& e) {
     impl_->stop_workers();
     delete impl_;
-    fail(ErrorKind::Usage, "cannot start {} CPU threads: {} (use fewer --threads)", n_threads, e.code().message());
+    throw ThreadStartError(n_threads, e.code().message(), "use fewer --threads");
   } catch (...) {
     impl_->stop_workers();
     delete impl_;
     throw;
   }
+}
+
+void run_on_threads(int n, const std::function<void(int part)>& fn, const char* advice) {
+  std::vector<std::thread> threads;
+  threads.reserve(size_t(std::max(0, n - 1)));
+  auto join = [&] {
+    for (auto& t : threads) t.join();
+  };
+  try {
+    for (int k = 1; k < n; ++k) threads.emplace_back([&fn, k] { fn(k); });
+  } catch (const std::system_error& e) {
+    join();
+    throw ThreadStartError(n, e.code().message(), advice);
+  }
+  try {
+    if (n > 0) fn(0);
+  } catch (...) {
+    join();
+    throw;
+  }
+  join();
 }
 
 ThreadPool::~ThreadPool() {
