@@ -237,7 +237,10 @@ int print_text(const gguf::File& f, const Opts& o) {
   fmt::print("file      {}\n", f.path());
   fmt::print("format    GGUF v{}, {} bytes ({}), alignment {}, tensor data at offset {}\n", f.version(),
              grouped(f.file_size()), human_bytes(f.file_size()), f.alignment(), f.data_offset());
-  if (!x.arch.empty())
+  if (f.get_or<std::string>("general.type", "") == "adapter")  // (run/chat/... take it with --lora)
+    fmt::print("adapter   {} for {}: {} tensors (baton run -m MODEL --lora FILE)\n",
+               f.get_or<std::string>("adapter.type", "?"), x.arch.empty() ? "?" : x.arch, f.tensors().size());
+  else if (!x.arch.empty())
     fmt::print("model     {}{}: {} blocks, embedding {}, context {}, vocab {}, {} tensors\n", x.arch,
                x.name.empty() ? "" : " (" + quoted(x.name) + ")", opt(x.blocks), opt(x.embedding),
                opt(x.context), opt(x.vocab), f.tensors().size());

@@ -232,6 +232,14 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_flag("--no-cuda-graphs", f.no_cuda_graphs,
                "GPU stages: launch every op every step instead of replaying decode steps captured in CUDA graphs");
   add_placement_flags(app, f.placement);
+  app.add_option("--lora", f.lora, "a LoRA adapter (GGUF) applied to the model, scale 1; repeat for several (CPU stages)")
+      ->type_name("FILE")
+      ->expected(1)
+      ->take_all();
+  app.add_option("--lora-scaled", f.lora_scaled, "a LoRA adapter with a scale: --lora-scaled FILE SCALE; repeatable")
+      ->type_name("FILE SCALE")
+      ->expected(2)
+      ->take_all();
   app.add_flag("--verbose", f.verbose, "print loading and placement details");
   add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
 }
@@ -405,6 +413,15 @@ LoadOptions load_options(const ModelFlags& f, int n_seq, int n_outputs) {
   lo.p2p = f.p2p;
   lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;
+  for (const std::string& path : f.lora) lo.lora.push_back({path, 1.f});
+  for (size_t i = 0; i + 1 < f.lora_scaled.size(); i += 2) {
+    const std::string &path = f.lora_scaled[i], &text = f.lora_scaled[i + 1];
+    char* end = nullptr;
+    const float scale = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(scale))
+      fail(ErrorKind::Usage, "--lora-scaled {} {}: the scale must be a number", path, text);
+    lo.lora.push_back({path, scale});
+  }
   return lo;
 }
 
@@ -559,6 +576,8 @@ EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const
     if (f.lookup > 0) fail(ErrorKind::Usage, "give --lookup or --draft-model, not both");
     ModelFlags df = mf;
     df.model = f.draft_model;
+    df.lora.clear();  // (the adapters are the model's)
+    df.lora_scaled.clear();
     if (!f.draft_devices.empty()) {
       // Other devices: the model's placement flags (a --tensor-split per device, say) are not the draft's.
       df.devices = f.draft_devices;

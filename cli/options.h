@@ -106,6 +106,8 @@ struct ModelFlags {
   bool no_cuda_graphs = false;
   bool verbose = false;
   bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
+  std::vector<std::string> lora;                            // --lora FILE (repeatable): scale 1
+  std::vector<std::string> lora_scaled;                     // --lora-scaled FILE SCALE (repeatable): pairs
 };
 void add_model_flags(CLI::App& app, ModelFlags& f);
 std::vector<std::string> split_commas(const std::string& s);

@@ -8,7 +8,10 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "gguf/gguf.h"
+#include "runtime/config.h"
 #include "runtime/devices.h"
+#include "runtime/lora.h"
 #include "runtime/model_files.h"
 #include "runtime/embed.h"
 #include "runtime/shape.h"
@@ -23,6 +26,10 @@ struct SynthArgs {
   std::optional<uint32_t> n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, ctx;
   std::optional<uint32_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp, sliding_window;
   bool tied = false, attn_bias = false;
+  // --lora-of BASE: a random LoRA adapter for BASE instead of a model.
+  std::string lora_of, lora_targets = "all";
+  int rank = 16;
+  float alpha = 0.f, amplitude = 0.5f;
 };
 
 std::string preset_names() {
@@ -31,9 +38,52 @@ std::string preset_names() {
   return names;
 }
 
+// A random adapter for a.lora_of (runtime/lora.h): its pairs for the named per-layer matrices
+// (attn_q, ffn_down, ...: every layer that has one; "all": every adaptable layer matrix) and for
+// output / token_embd when named.
+int write_lora(const SynthArgs& a, bool model_flags) {
+  if (model_flags) fail(ErrorKind::Usage, "--lora-of writes an adapter for that model: the shape flags do not apply");
+  const auto base = gguf::File::open(resolve_model(a.lora_of));
+  const ModelConfig cfg = ModelConfig::from_gguf(*base);
+  LoraSynthOptions o;
+  o.rank = a.rank;
+  o.alpha = a.alpha;
+  o.amplitude = a.amplitude;
+  o.seed = a.seed;
+  o.type = GgmlType::F16;
+  if (!a.type.empty()) {
+    const TypeTraits* t = type_by_name(a.type);
+    if (!t) fail(ErrorKind::Usage, "--type '{}' is not a known type", a.type);
+    o.type = t->type;
+  }
+  static const LayerTensor kAll[] = {LayerTensor::Wq, LayerTensor::Wk, LayerTensor::Wv, LayerTensor::Wqkv,
+                                     LayerTensor::Wo, LayerTensor::Gate, LayerTensor::Up, LayerTensor::Down};
+  for (const std::string& name : split_commas(a.lora_targets)) {
+    if (name == "output" || name == "token_embd") {
+      o.targets.push_back(name + ".weight");
+      continue;
+    }
+    size_t found = o.targets.size();
+    for (LayerTensor t : kAll)
+      if (name == "all" || name == layer_tensor_name(t))
+        for (int l = 0; l < cfg.n_layer; ++l)
+          if (base->tensor(layer_tensor_key(l, t))) o.targets.push_back(layer_tensor_key(l, t));
+    if (o.targets.size() == found)
+      fail(ErrorKind::Usage, "--lora-targets: '{}' names no matrix of {} (attn_q, attn_k, attn_v, attn_qkv, attn_output, "
+           "ffn_gate, ffn_up, ffn_down, output, token_embd or all)", name, base->path());
+  }
+  const gguf::Writer w = lora_synth_writer(*base, o);
+  std::fprintf(stderr, "writing %s: a rank-%d %s LoRA adapter of %zu matrices for %s, %s, seed %llu\n", a.out.c_str(), o.rank,
+               type_name(o.type), o.targets.size(), base->path().c_str(), format_bytes(w.file_size()).c_str(),
+               (unsigned long long)a.seed);
+  w.write(a.out);
+  return 0;
+}
+
 int run_synth(const SynthArgs& a) {
   const bool custom = a.n_embd || a.n_layer || a.n_head || a.n_head_kv || a.head_dim || a.n_ff || a.n_vocab || a.ctx ||
                       !a.arch.empty() || a.tied || a.attn_bias || a.sliding_window || a.n_expert || a.n_expert_used || a.n_ff_exp || a.n_ff_shexp;
+  if (!a.lora_of.empty()) return write_lora(a, custom || !a.shape.empty() || !a.vocab.empty() || !a.pooling.empty());
   ShapePreset p{};
   if (!a.shape.empty()) {
     p = find_preset(a.shape);
@@ -112,8 +162,8 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--type", a->type,
                                "Weight type: F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, or MXFP4 (as "
                                "gpt-oss files: the expert matrices MXFP4 — without experts the FFN matrices — and "
-                               "the other matrices Q8_0; rows must be multiples of 32)")
-                    ->required();
+                               "the other matrices Q8_0; rows must be multiples of 32); with --lora-of the adapter's "
+                               "(default F16)");
                 app.add_option("--out", a->out, "Output file")->required()->check(not_empty("the path"));
                 // Not -1 (run's random seed): the file follows from its seed, and leaving it out is 0.
                 app.add_option("--seed", a->seed, "Random seed, 0 to 2^64-1 (default 0)")
@@ -153,6 +203,16 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                 app.add_option("--n-expert-used", a->n_expert_used, "Custom shape: experts per token");
                 app.add_option("--n-ff-exp", a->n_ff_exp, "Custom shape: an expert's FFN width (default n_ff)");
                 app.add_option("--n-ff-shexp", a->n_ff_shexp, "Custom shape: the shared expert's FFN width (qwen2moe)");
+                app.add_option("--lora-of", a->lora_of,
+                               "Write a random LoRA adapter for this model (a path or a known name) instead of a model");
+                app.add_option("--lora-targets", a->lora_targets,
+                               "With --lora-of: the matrices adapted, per layer (attn_q, attn_k, attn_v, attn_qkv, "
+                               "attn_output, ffn_gate, ffn_up, ffn_down) or output, token_embd; all: every layer matrix")
+                    ->capture_default_str();
+                app.add_option("--rank", a->rank, "With --lora-of: the adapter's rank")->capture_default_str()->check(at_least(1));
+                app.add_option("--alpha", a->alpha, "With --lora-of: adapter.lora.alpha (0: none written, scale 1)");
+                app.add_option("--amplitude", a->amplitude,
+                               "With --lora-of: B·A·x about this times W·x for synth's weights")->capture_default_str();
                 return [a] { return run_synth(*a); };
               }}};
 

@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <string>
+#include <unordered_map>
 
 #include "gguf/gguf.h"
 #include "kernels/cpu/matmul_multi.h"
 #include "kernels/cpu/ops.h"
 #include "models/llama_forward.h"
+#include "quant/quant.h"
 #include "runtime/kv_cache.h"
 
 namespace baton {
@@ -38,10 +42,117 @@ cpu::QMatrix rows_of(const cpu::QMatrix& m, int64_t first, int64_t n) {
 
 const float* floats(const gguf::TensorInfo& t) { return reinterpret_cast<const float*>(t.data); }
 
+// m's values as an F16 matrix of rows × cols (m at the top left, zeros elsewhere) in a buffer of
+// packed_bytes(F16, rows, cols) that `mem` keeps; in the float tiles' layout when `pack` and this
+// CPU packs F16 rows of that length.
+cpu::QMatrix f16_padded(const cpu::QMatrix& m, int64_t rows, int64_t cols, bool pack, std::vector<cpu::PackedBuffer>& mem) {
+  cpu::QMatrix out;
+  out.type = GgmlType::F16;
+  out.rows = rows;
+  out.cols = cols;
+  out.row_bytes = row_bytes(GgmlType::F16, cols);
+  std::vector<uint8_t> rm(size_t(rows) * out.row_bytes, 0);  // (all-zero bits: F16 +0)
+  std::vector<float> row(static_cast<size_t>(cols), 0.f);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    dequantize_row(m.type, m.row(r), row.data(), m.cols);
+    quantize_row(GgmlType::F16, row.data(), rm.data() + size_t(r) * out.row_bytes, cols);
+  }
+  mem.push_back(cpu::alloc_packed(cpu::packed_bytes(GgmlType::F16, rows, cols)));
+  uint8_t* buf = mem.back().get();
+  out.data = buf;
+  if (pack && cpu::packing_enabled(GgmlType::F16, cols)) {
+    cpu::QMatrix src = out;
+    src.data = rm.data();
+    cpu::pack_matrix(src, buf);
+    out.packed = buf;
+  } else {
+    std::memcpy(buf, rm.data(), rm.size());
+  }
+  return out;
+}
+
+// Rows [first, first + n) of a matrix as f16_padded made it: a view of the row-major copy, or of
+// the packed one when `first` starts a 16-row group.
+cpu::QMatrix padded_rows(const cpu::QMatrix& m, int64_t first, int64_t n) {
+  if (!m.packed) return rows_of(m, first, n);
+  BATON_CHECK(first % cpu::kPackRows == 0 && first + n <= m.rows);
+  cpu::QMatrix v = m;
+  v.packed = m.packed + cpu::packed_bytes(m.type, first, m.cols);
+  v.data = v.packed;
+  v.rows = n;
+  return v;
+}
+
+// The adapters' pairs of the tensors this binding holds, keyed by the matrices they adapt, as
+// F16 copies of the padded rank (ModelWeights::LoraMul); a fused tensor's B splits as the tensor
+// does (q, k, v or gate, up rows), packed when every part starts a 16-row group.
+void attach_lora(ModelWeights& w, const LoraAdapters& adapters, const ModelConfig& c, int begin, int end,
+                 bool with_embed, bool with_head) {
+  struct Part {
+    const cpu::QMatrix* m;
+    int64_t first, rows;
+  };
+  std::unordered_map<std::string, std::vector<Part>> held;  // base tensor -> the matrices it is bound as
+  auto whole = [](const cpu::QMatrix& m) { return Part{&m, 0, m.rows}; };
+  if (with_head) held["output.weight"] = {whole(w.output)};
+  for (int l = begin; l < end; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    const int64_t nq = c.n_embd_q(), nk = c.n_embd_k(), F = c.n_ff;
+    if (c.fused_qkv) {
+      held[layer_tensor_key(l, LayerTensor::Wqkv)] = {{&L.wq, 0, nq}, {&L.wk, nq, nk}, {&L.wv, nq + nk, c.n_embd_v()}};
+    } else {
+      held[layer_tensor_key(l, LayerTensor::Wq)] = {whole(L.wq)};
+      held[layer_tensor_key(l, LayerTensor::Wk)] = {whole(L.wk)};
+      held[layer_tensor_key(l, LayerTensor::Wv)] = {whole(L.wv)};
+    }
+    held[layer_tensor_key(l, LayerTensor::Wo)] = {whole(L.wo)};
+    if (c.is_moe()) continue;
+    if (c.fused_gate_up) {
+      held[layer_tensor_key(l, LayerTensor::Up)] = {{&L.gate, 0, F}, {&L.up, F, F}};
+    } else {
+      held[layer_tensor_key(l, LayerTensor::Gate)] = {whole(L.gate)};
+      held[layer_tensor_key(l, LayerTensor::Up)] = {whole(L.up)};
+    }
+    held[layer_tensor_key(l, LayerTensor::Down)] = {whole(L.down)};
+  }
+  for (const LoraTensor& t : adapters.tensors()) {
+    const int64_t rp = lora_padded_rank(t.b.cols);
+    const uint64_t b_bytes = cpu::packed_bytes(GgmlType::F16, t.b.rows, rp);  // what f16_padded allocates
+    if (t.name == "token_embd.weight") {
+      if (!with_embed) continue;
+      w.lora_embd.push_back({t.a, f16_padded(t.b, t.b.rows, rp, true, w.lora_mem), t.scale});
+      w.lora_bytes += uint64_t(t.a.rows) * t.a.row_bytes + b_bytes;  // (A as mapped)
+    } else {
+      const auto it = held.find(t.name);
+      if (it == held.end()) continue;
+      bool pack = true;
+      for (const Part& p : it->second) pack &= p.first % cpu::kPackRows == 0;
+      const cpu::QMatrix a = f16_padded(t.a, rp, t.a.cols, true, w.lora_mem);
+      const cpu::QMatrix b = f16_padded(t.b, t.b.rows, rp, pack, w.lora_mem);
+      for (const Part& p : it->second) w.lora.emplace(p.m->data, ModelWeights::LoraMul{a, padded_rows(b, p.first, p.rows), t.scale});
+      w.lora_bytes += cpu::packed_bytes(GgmlType::F16, rp, t.a.cols) + b_bytes;
+    }
+  }
+}
+
+// y (n rows of b.rows) += s·B·h for h (n rows of b.cols, the padded rank): in slices of rows so
+// that B·h never takes more than ~4 MiB (an adapted head is n_vocab wide).
+void lora_add(const cpu::QMatrix& b, const float* h, int n, float* y, float s, cpu::ThreadPool& pool) {
+  thread_local std::vector<float> bh;  // (only grows)
+  const int step = int(std::max<int64_t>(1, (int64_t(1) << 20) / b.rows));
+  for (int j = 0; j < n; j += step) {
+    const int m = std::min(step, n - j);
+    bh.resize(size_t(m) * size_t(b.rows));
+    cpu::matmul(b, h + size_t(j) * size_t(b.cols), m, bh.data(), pool);
+    cpu::add(y + size_t(j) * size_t(b.rows), bh.data(), m * int(b.rows), s);
+  }
+}
+
 }  // namespace
 
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
-                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool) {
+                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool,
+                          const LoraAdapters* adapters) {
   BATON_CHECK(0 <= begin && begin <= end && end <= c.n_layer);
   ModelWeights w;
   // A norm weight as stored, or a copy with Gemma's +1 when the file did not fold it in.
@@ -142,6 +253,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bo = opt(l, LayerTensor::Bo);
     L.sinks = opt(l, LayerTensor::Sinks);
   }
+  if (adapters) attach_lora(w, *adapters, c, begin, end, with_embed, with_head);
   if (pack_pool) {
     // In the order the forward reads them.
     std::vector<cpu::QMatrix*> to_pack;
@@ -253,8 +365,15 @@ Scratch::Scratch(const ModelConfig& c, int n_batch, GgmlType kv_type) : n_batch_
 
 // ---- forward ----
 
-void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x) {
+void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x, cpu::ThreadPool& pool) {
   cpu::embed_rows(w.tok_embd, batch.token.data(), batch.size(), x, c.embd_scale);
+  for (const ModelWeights::LoraMul& t : w.lora_embd) {  // each token's row of A through B, scaled as the embedding
+    thread_local std::vector<float> h;  // (only grows)
+    const size_t rp = size_t(t.b.cols);
+    h.assign(size_t(batch.size()) * rp, 0.f);
+    for (int j = 0; j < batch.size(); ++j) cpu::embed_rows(t.a, &batch.token[size_t(j)], 1, h.data() + size_t(j) * rp, 1.f);
+    lora_add(t.b, h.data(), batch.size(), x, t.scale * c.embd_scale, pool);
+  }
 }
 
 void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, int32_t* row) {
@@ -464,16 +583,59 @@ struct CpuLayers {
     add(x, d, rows * n, s);
     rms_norm(x, wt, out, rows, n);
   }
-  void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) {
-    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul(W, X, n, Y, pool, p); });
-  }
+  void matmul(const cpu::QMatrix& W, const float* X, int n, float* Y) { run_targets({{&W, Y}}, X, n); }
   void matmul_qkv(const LayerWeights& L, const float* X, int n) {
-    const cpu::MatmulTarget t[] = {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}};
-    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 3, X, n, pool, p); });  // one job in decode
+    run_targets({{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, X, n);  // one job in decode
   }
-  void matmul_gate_up(const LayerWeights& L, const float* X, int n) {
-    const cpu::MatmulTarget t[] = {{&L.gate, hb}, {&L.up, hb2}};
-    with_prologue(n, [&](const cpu::RowFn* p) { cpu::matmul_multi(t, 2, X, n, pool, p); });
+  void matmul_gate_up(const LayerWeights& L, const float* X, int n) { run_targets({{&L.gate, hb}, {&L.up, hb2}}, X, n); }
+
+  // The targets' products of X (one matmul() when alone) with their LoRA pairs' A·X beside them in
+  // the same job; then the pairs' B·(A·X), a job for each run of pairs of one rank, added into
+  // their targets' Y (s·B·(A·X)).
+  void run_targets(std::initializer_list<cpu::MatmulTarget> base, const float* X, int n) {
+    cpu::MatmulTarget t[cpu::kMaxTargets];
+    const ModelWeights::LoraMul* pair[cpu::kMaxTargets];
+    float* pair_y[cpu::kMaxTargets];
+    int nt = 0, np = 0;
+    for (const cpu::MatmulTarget& b : base) t[nt++] = b;
+    thread_local std::vector<float> h, bh;  // A·X of every pair, B·(A·X) of a slice (only grow)
+    size_t h_floats = 0;
+    if (!w.lora.empty())
+      for (const cpu::MatmulTarget& b : base) {
+        const auto [lo, hi] = w.lora.equal_range(b.W->data);
+        for (auto it = lo; it != hi; ++it) {
+          BATON_CHECK(nt < cpu::kMaxTargets);  // (3 targets and kMaxLoraFiles pairs of each at most)
+          pair[np] = &it->second;
+          pair_y[np++] = b.Y;
+          h_floats += size_t(n) * size_t(it->second.a.rows);
+          ++nt;
+        }
+      }
+    h.resize(h_floats);
+    for (int i = 0, at = 0; i < np; at += n * int(pair[i]->a.rows), ++i) t[int(base.size()) + i] = {&pair[i]->a, h.data() + at};
+    with_prologue(n, [&](const cpu::RowFn* p) {
+      if (nt == 1) cpu::matmul(*t[0].W, X, n, t[0].Y, pool, p);
+      else cpu::matmul_multi(t, nt, X, n, pool, p);
+    });
+    for (int i0 = 0, h0 = 0; i0 < np;) {
+      int i1 = i0;
+      int64_t rows = 0;  // of the run's B matrices together
+      for (; i1 < np && pair[i1]->b.cols == pair[i0]->b.cols; ++i1) rows += pair[i1]->b.rows;
+      const int rp = int(pair[i0]->b.cols);
+      const int step = int(std::max<int64_t>(1, (int64_t(1) << 20) / rows));  // B·h of ~4 MiB a slice
+      for (int j = 0; j < n; j += step) {
+        const int m = std::min(step, n - j);
+        bh.resize(size_t(m) * size_t(rows));
+        cpu::MatmulTarget bt[cpu::kMaxTargets];
+        for (int i = i0, at = 0; i < i1; at += m * int(pair[i]->b.rows), ++i)
+          bt[i - i0] = {&pair[i]->b, bh.data() + at, h.data() + h0 + size_t(i - i0) * size_t(n) * rp + size_t(j) * rp};
+        cpu::matmul_multi(bt, i1 - i0, nullptr, m, pool);
+        for (int i = i0, at = 0; i < i1; at += m * int(pair[i]->b.rows), ++i)
+          cpu::add(pair_y[i] + size_t(j) * size_t(pair[i]->b.rows), bh.data() + at, m * int(pair[i]->b.rows), pair[i]->scale);
+      }
+      h0 += (i1 - i0) * n * rp;
+      i0 = i1;
+    }
   }
   void add(float* y, const float* in, int n, float s = 1.f) {
     RowOp o{RowOp::Add, in, nullptr, y, 1, n};

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -12,6 +13,7 @@
 #include "runtime/batch.h"
 #include "models/llama_forward.h"
 #include "runtime/config.h"
+#include "runtime/lora.h"
 
 namespace baton {
 
@@ -30,13 +32,27 @@ struct ModelWeights {
   std::vector<std::vector<float>> owned;
   std::vector<cpu::PackedBuffer> packed;
   uint64_t packed_bytes = 0;
+  // LoRA pairs (runtime/lora.h) of the bound matrices as the forward multiplies them, by the `data`
+  // of the matrix they adapt (a fused q/k/v or gate/up tensor's B split by rows the same way), and
+  // the embedding's. A and B are F16 copies with the rank padded to lora_padded_rank() with zeros,
+  // packed into the float tiles where this CPU packs F16 (the embedding's A stays as mapped).
+  struct LoraMul {
+    cpu::QMatrix a, b;  // y += scale · B·(A·x); token_embd: A's row of the token through B
+    float scale = 1.f;
+  };
+  std::unordered_multimap<const void*, LoraMul> lora;
+  std::vector<LoraMul> lora_embd;
+  std::vector<cpu::PackedBuffer> lora_mem;
+  uint64_t lora_bytes = 0;  // lora_cpu_bytes() of each bound pair
 };
 // Binds the tensors of layers [begin, end) (and the embedding / head when asked) of a file whose
 // config was read by ModelConfig::from_gguf (which already checked names, shapes and types). With
 // a pool, the layer matrices and the head are packed (using its threads) where this process packs
-// their type; a tied embedding then reads its rows from the packed head.
+// their type; a tied embedding then reads its rows from the packed head. With adapters, the pairs
+// of the bound tensors are attached (ModelWeights::lora).
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
-                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr);
+                          bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr,
+                          const LoraAdapters* adapters = nullptr);
 
 // Packed copies of the matrices this process packs (the others are left as they are), in one
 // buffer that w owns; each matrix's `packed` points into it, valid while w lives. With a file, the
@@ -93,8 +109,9 @@ void stage_rows(const Batch& batch, int n_seq, int32_t* first, int32_t* row0, in
 // in a ring of n_cells a later token of its sequence takes (pos + n_cells <= last) needs no commit.
 void last_positions(const Batch& batch, int n_seq, std::vector<int32_t>& last);
 
-// x[i] = embedding of batch.token[i] (scaled as the family says); x is batch.size() × n_embd.
-void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x);
+// x[i] = embedding of batch.token[i] (scaled as the family says), plus the adapters' rows (pool
+// runs them); x is batch.size() × n_embd.
+void embed(const ModelConfig& c, const ModelWeights& w, const Batch& batch, float* x, cpu::ThreadPool& pool);
 
 // Runs layers [begin, end) on the hidden states x (batch.size() × n_embd, updated in place),
 // writing each token's K/V at its position into the cache. Within the batch, every sequence's

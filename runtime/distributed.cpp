@@ -744,6 +744,7 @@ class DistributedPipeline final : public ModelPipeline {
 DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOptions& opt) : c_(*Comm::get()) {
   check_options(opt);
   if (opt.cpu_moe) fail(ErrorKind::Usage, "--cpu-moe is not supported with --distributed yet");
+  if (!opt.lora.empty()) fail(ErrorKind::Usage, "LoRA adapters are not supported with --distributed yet");
 
   const std::vector<RankInfo> all = gather(local_info(path, opt.devices, /*allow_hypothetical=*/false));
   check_files(all);

@@ -140,7 +140,8 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   n_batch_ = opt.n_batch;
 
   // Plan before allocating anything: a plan that does not fit is refused here.
-  const ModelShape shape = shape_from_gguf(*file_);
+  ModelShape shape = shape_from_gguf(*file_);
+  if (lora_) lora_->add_to(shape);  // the adapters' bytes where the tensors they adapt go
   // Several CPU entries are virtual stages of one memory: the user asked for a pipeline, so the
   // layers are cut for equal work per stage (the output head counts) rather than filling the
   // first entry; the slowest stage sets the pace of a pipeline.
@@ -151,6 +152,12 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   // The planner may clamp n_batch (to n_ctx × n_seq); buffers follow the plan.
   n_batch_ = int(p.options.n_batch);
   n_outputs_ = int(p.options.n_outputs);
+
+  if (lora_)
+    for (const Stage& st : p.stages)
+      if (p.devices[st.device].is_gpu())
+        fail(ErrorKind::Usage, "LoRA adapters run on CPU stages only, and the plan puts layers on {} (use --devices cpu)",
+             p.devices[st.device].label);
 
   int n_cpu_stages = 0;  // the CPU threads are shared by the CPU stages; a GPU stage drives its stream
   for (const Stage& st : p.stages) n_cpu_stages += !p.devices[st.device].is_gpu();
@@ -172,6 +179,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.n_threads = per_stage;
   so.cuda_graphs = opt.cuda_graphs;
   so.cpu_moe = p.options.cpu_moe;  // (the planner keeps it for mixtures only)
+  so.lora = lora_.get();
   try {
     for (const Stage& st : p.stages) {
       const DeviceSpec& d = p.devices[st.device];

@@ -11,6 +11,7 @@
 
 #include "quant/types.h"
 #include "runtime/batch.h"
+#include "runtime/lora.h"
 
 namespace baton {
 namespace gguf { class File; }
@@ -40,6 +41,8 @@ struct LoadOptions {
   bool no_cpu_spill = false;
   bool spread = false;
   bool cpu_moe = false;  // a mixture's experts in host memory, run on the CPU (PlanOptions::cpu_moe)
+  // LoRA adapters applied on top of the model's weights (runtime/lora.h; CPU stages only).
+  std::vector<LoraFile> lora;
   // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
   // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".

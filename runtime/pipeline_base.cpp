@@ -3,6 +3,7 @@
 #include "runtime/pipeline_base.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -48,6 +49,10 @@ void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) 
   if (file_->has("tokenizer.ggml.tokens")) tok_.emplace(Tokenizer::from_gguf(*file_));
   if (tok_ && tok_->n_vocab() != cfg_.n_vocab)
     fail(ErrorKind::Model, "{}: tokenizer has {} tokens but the model {}", path, tok_->n_vocab(), cfg_.n_vocab);
+  if (!opt.lora.empty()) {
+    lora_ = std::make_unique<LoraAdapters>(opt.lora, *file_, cfg_);
+    for (const std::string& w : lora_->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
   n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
   cfg_.use_context(n_ctx_);
   len_.assign(size_t(opt.n_seq), 0);

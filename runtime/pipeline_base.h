@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "runtime/batch.h"
 #include "runtime/config.h"
+#include "runtime/lora.h"
 #include "runtime/pipeline.h"
 #include "runtime/planner.h"
 #include "runtime/tokenizer.h"
@@ -40,7 +41,8 @@ class ModelPipeline : public Pipeline {
   // The options every pipeline takes: context, sequences, batch (Error(Usage) when out of range).
   static void check_options(const LoadOptions& opt);
   // Maps the file, reads its config and tokenizer (checked against each other), checks the KV
-  // type, and sets n_ctx_ (the model's context capped at 4096 unless given) and len_ (all empty).
+  // type, opens the LoRA adapters (checked against the model, their warnings printed), and sets
+  // n_ctx_ (the model's context capped at 4096 unless given) and len_ (all empty).
   void open_model(const std::string& path, const LoadOptions& opt);
   // The planner's options for this model as opened (n_ctx_) and the load options.
   PlanOptions plan_options(const LoadOptions& opt) const;
@@ -55,6 +57,7 @@ class ModelPipeline : public Pipeline {
 
   std::unique_ptr<gguf::File> file_;
   ModelConfig cfg_;
+  std::unique_ptr<LoraAdapters> lora_;  // opt.lora, checked against the model (null: none)
   std::optional<Tokenizer> tok_;
   int n_ctx_ = 0;
   std::vector<int> len_;  // positions per sequence, as submitted

@@ -17,7 +17,7 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
       n_outputs_(opt.outputs()) {
   BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
   pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
-  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get());
+  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get(), opt.lora);
   weight_bytes_ = bound_bytes(f, !opt.cpu_moe);
   KvCacheShape ks;
   ks.layer_begin = begin_;
@@ -43,7 +43,7 @@ void CpuStage::forward(const Batch& batch, float* x, float* logits) {
   BATON_CHECK(batch.size() > 0 && batch.size() <= n_batch_);
   cpu::ThreadPool& pool = borrowed_ ? *borrowed_ : *pool_;
   for (const SeqCopy& c : batch.copies) kv_->copy_prefix(c.src, c.dst, c.n);
-  if (plan_.has_embedding) embed(cfg_, weights_, batch, x);
+  if (plan_.has_embedding) embed(cfg_, weights_, batch, x, pool);
   forward_layers(cfg_, weights_, *kv_, batch, begin_, end_, x, *scratch_, pool);
   if (!plan_.has_output) return;
   const size_t rows = size_t(batch.n_logits());
@@ -110,7 +110,7 @@ uint64_t CpuStage::bound_bytes(const gguf::File& f, bool with_experts) const {
   uint64_t total = 0;
   for (const auto& [ptr, n] : seen) total += n;
   for (const auto& v : w.owned) total += v.capacity() * sizeof(float);
-  return total + w.packed_bytes - (with_experts ? 0 : packed_experts);
+  return total + w.packed_bytes + w.lora_bytes - (with_experts ? 0 : packed_experts);
 }
 
 }  // namespace baton
