@@ -116,21 +116,22 @@ void attach_lora(ModelWeights& w, const LoraAdapters& adapters, const ModelConfi
     held[layer_tensor_key(l, LayerTensor::Down)] = {whole(L.down)};
   }
   for (const LoraTensor& t : adapters.tensors()) {
-    const int64_t rp = lora_padded_rank(t.b.cols);
-    const uint64_t b_bytes = cpu::packed_bytes(GgmlType::F16, t.b.rows, rp);  // what f16_padded allocates
+    const cpu::QMatrix A = matrix(*t.a), B = matrix(*t.b);
+    const int64_t rp = lora_padded_rank(B.cols);
+    const uint64_t b_bytes = cpu::packed_bytes(GgmlType::F16, B.rows, rp);  // what f16_padded allocates
     if (t.name == "token_embd.weight") {
       if (!with_embed) continue;
-      w.lora_embd.push_back({t.a, f16_padded(t.b, t.b.rows, rp, true, w.lora_mem), t.scale});
-      w.lora_bytes += uint64_t(t.a.rows) * t.a.row_bytes + b_bytes;  // (A as mapped)
+      w.lora_embd.push_back({A, f16_padded(B, B.rows, rp, true, w.lora_mem), t.scale});
+      w.lora_bytes += t.a->nbytes + b_bytes;  // (A as mapped)
     } else {
       const auto it = held.find(t.name);
       if (it == held.end()) continue;
       bool pack = true;
       for (const Part& p : it->second) pack &= p.first % cpu::kPackRows == 0;
-      const cpu::QMatrix a = f16_padded(t.a, rp, t.a.cols, true, w.lora_mem);
-      const cpu::QMatrix b = f16_padded(t.b, t.b.rows, rp, pack, w.lora_mem);
+      const cpu::QMatrix a = f16_padded(A, rp, A.cols, true, w.lora_mem);
+      const cpu::QMatrix b = f16_padded(B, B.rows, rp, pack, w.lora_mem);
       for (const Part& p : it->second) w.lora.emplace(p.m->data, ModelWeights::LoraMul{a, padded_rows(b, p.first, p.rows), t.scale});
-      w.lora_bytes += cpu::packed_bytes(GgmlType::F16, rp, t.a.cols) + b_bytes;
+      w.lora_bytes += cpu::packed_bytes(GgmlType::F16, rp, A.cols) + b_bytes;
     }
   }
 }

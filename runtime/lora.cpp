@@ -40,29 +40,20 @@ bool adaptable(const std::string& name, int n_layer) {
   return false;
 }
 
-cpu::QMatrix matrix_of(const gguf::TensorInfo& t) {
-  cpu::QMatrix m;
-  m.type = t.type;
-  m.data = t.data;
-  m.cols = t.ne[0];
-  m.rows = t.ne[1];
-  m.row_bytes = row_bytes(t.type, t.ne[0]);
-  return m;
-}
 
 }  // namespace
 
 uint64_t lora_pair_bytes(const LoraTensor& t) {
-  return uint64_t(t.a.rows) * t.a.row_bytes + uint64_t(t.b.rows) * t.b.row_bytes;
+  return t.a->nbytes + t.b->nbytes;
 }
 
 int64_t lora_padded_rank(int64_t rank) { return (rank + 31) / 32 * 32; }
 
 uint64_t lora_cpu_bytes(const LoraTensor& t) {
-  const int64_t rp = lora_padded_rank(t.b.cols);
-  const uint64_t b = cpu::packed_bytes(GgmlType::F16, t.b.rows, rp);
-  if (t.name == "token_embd.weight") return uint64_t(t.a.rows) * t.a.row_bytes + b;
-  return cpu::packed_bytes(GgmlType::F16, rp, t.a.cols) + b;
+  const int64_t rp = lora_padded_rank(t.b->ne[0]);  // B [r, n_out] (the embedding's [r, n_embd])
+  const uint64_t b = cpu::packed_bytes(GgmlType::F16, t.b->ne[1], rp);
+  if (t.name == "token_embd.weight") return t.a->nbytes + b;
+  return cpu::packed_bytes(GgmlType::F16, rp, t.a->ne[0]) + b;
 }
 
 LoraAdapters::LoraAdapters(const std::vector<LoraFile>& files, const gguf::File& base, const ModelConfig& cfg) {
@@ -121,8 +112,8 @@ LoraAdapters::LoraAdapters(const std::vector<LoraFile>& files, const gguf::File&
              w->shape_str(), a->shape_str(), b->shape_str());
       LoraTensor lt;
       lt.name = name;
-      lt.a = matrix_of(*a);
-      lt.b = matrix_of(*b);
+      lt.a = a;
+      lt.b = b;
       lt.scale = alpha != 0.f ? lf.scale * alpha / float(rank) : lf.scale;
       tensors_.push_back(lt);
     }

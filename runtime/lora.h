@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "gguf/gguf.h"
-#include "kernels/cpu/matmul.h"
 
 namespace baton {
 
@@ -32,7 +31,8 @@ struct LoraFile {
 // times `scale` is added to what the base tensor computes.
 struct LoraTensor {
   std::string name;  // the base tensor: "blk.3.attn_q.weight", "output.weight", "token_embd.weight"
-  cpu::QMatrix a, b;
+  const gguf::TensorInfo* a = nullptr;  // in the adapter's file (mapped while the LoraAdapters live)
+  const gguf::TensorInfo* b = nullptr;
   float scale = 1.f;  // the user's scale × alpha / rank
 };
 
