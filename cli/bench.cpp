@@ -42,7 +42,7 @@ struct BenchOpts {
   int reps = 3;
   int parallel = 1;  // > 1: tg is that many sequences decoding together (aggregate t/s)
   bool json = false;
-  bool bandwidth = true;
+  bool no_bandwidth = false;
 };
 
 // CPU seconds of the whole process (every thread, user + system): on a loaded machine the CPU
@@ -332,7 +332,7 @@ int run(const BenchOpts& o) {
     if (at != std::string::npos && gpu < 0) gpu = std::atoi(st.device.c_str() + at + 5);
   }
   double bw = 0;
-  if (o.bandwidth && o.n_gen > 0) bw = all_gpu ? gpu_copy_bandwidth_gbs(gpu) : read_bandwidth_gbs(threads);
+  if (!o.no_bandwidth && o.n_gen > 0) bw = all_gpu ? gpu_copy_bandwidth_gbs(gpu) : read_bandwidth_gbs(threads);
   const std::string bw_what = all_gpu ? fmt::format("copy bandwidth of cuda:{} (read + write)", gpu)
                                       : fmt::format("read bandwidth ({} threads)", threads);
 
@@ -417,7 +417,7 @@ Register reg{{"bench", "Measure prompt processing and generation speed (tokens/s
     app.add_option("--parallel", o->parallel,
                    "tg with N sequences decoding together, pipelined over the stages (aggregate t/s)")->capture_default_str();
     app.add_flag("--json", o->json, "one JSON object per test instead of the table");
-    app.add_flag("!--no-bandwidth", o->bandwidth, "skip measuring the machine's read bandwidth");
+    app.add_flag("--no-bandwidth", o->no_bandwidth, "skip measuring the machine's read bandwidth");
     return [o] { return run(*o); };
   }}};
 

@@ -39,10 +39,10 @@ int run_devices(bool json, bool links) {
 Register reg{{"devices", "List the devices Baton can use: memory, compute capability, GPU-to-GPU copy paths",
               [](CLI::App& app) {
                 auto json = std::make_shared<bool>(false);
-                auto links = std::make_shared<bool>(true);
+                auto no_links = std::make_shared<bool>(false);
                 app.add_flag("--json", *json, "Print as JSON");
-                app.add_flag("!--no-links", *links, "skip measuring the copy paths between GPUs");
-                return [json, links] { return run_devices(*json, *links); };
+                app.add_flag("--no-links", *no_links, "skip measuring the copy paths between GPUs");
+                return [json, no_links] { return run_devices(*json, !*no_links); };
               }}};
 
 }  // namespace

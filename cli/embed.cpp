@@ -272,8 +272,8 @@ int run(const EmbedOpts& o, const CLI::Option* prompt_opt) {
   if (interrupted()) return 130;
   write_errors(inputs.size());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "%d embedded, %d failed | pooling %s, normalize %d | %ld tokens | %.2f s | %.1f tok/s\n",
-               int(ok_index.size()), n_failed, to_string(*pooling), o.normalize, n_tokens, secs,
+  std::fprintf(stderr, "%d embedded, %d failed | pooling %s, normalize %d | %ld token%s | %.2f s | %.1f tok/s\n",
+               int(ok_index.size()), n_failed, to_string(*pooling), o.normalize, n_tokens, n_tokens == 1 ? "" : "s", secs,
                secs > 0 ? double(n_tokens) / secs : 0.0);
   return 0;
 }

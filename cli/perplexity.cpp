@@ -115,8 +115,8 @@ int run(const PplOpts& o) {
     }
   }
   flush_stdout();
-  std::fprintf(stderr, "%d chunks, %lld tokens scored | %.2f s | %.1f tok/s evaluated%s\n", st.chunks,
-               (long long)st.count, secs, secs > 0 ? double(st.chunks) * po.n_ctx / secs : 0.0,
+  std::fprintf(stderr, "%d chunk%s, %lld token%s scored | %.2f s | %.1f tok/s evaluated%s\n", st.chunks,
+               st.chunks == 1 ? "" : "s", (long long)st.count, st.count == 1 ? "" : "s", secs, secs > 0 ? double(st.chunks) * po.n_ctx / secs : 0.0,
                o.save_base.empty() ? "" : fmt::format(" | base written to {}", o.save_base).c_str());
   return interrupted() ? 130 : 0;
 }

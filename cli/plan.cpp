@@ -71,15 +71,18 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                 app.add_option("--devices", a->devices,
                                "auto, or a list such as cuda:0,cpu / cuda:0=20GiB,cpu=8GiB / cuda=24GiB,cuda=24GiB")
                     ->check(not_empty("the device list"));
-                app.add_option("-c,--ctx,--ctx-size", a->ctx, "Context per sequence (default min(4096, trained context))");
-                app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)");
-                app.add_option("--batch", a->batch, "Tokens per forward step (default 512)");
+                app.add_option("-c,--ctx,--ctx-size", a->ctx, "Context per sequence (default min(4096, trained context))")
+                    ->check(at_least(0));
+                app.add_option("--parallel", a->parallel, "Sequences held at once (default 1)")->check(at_least(1));
+                app.add_option("--batch", a->batch, "Tokens per forward step (default 512)")->check(at_least(1));
                 app.add_option("--outputs", a->outputs,
                                "Logit rows per step (default: one per sequence, as run, chat and batch ask without "
-                               "drafts; --lookup/--draft-max N ask 1 + N per sequence, logits every token of a batch)");
+                               "drafts; --lookup/--draft-max N ask 1 + N per sequence, logits every token of a batch)")
+                    ->check(at_least(0));
                 app.add_option("--kv-type", a->kv_type, "KV cache type: f16 or q8_0 (default f16)");
                 app.add_option("-t,--threads", a->threads,
-                               "CPU threads a CPU stage runs with (its attention buffers are per thread; default: all cores)");
+                               "CPU threads a CPU stage runs with (its attention buffers are per thread; default: all cores)")
+                    ->check(at_least(0));
                 add_placement_flags(app, a->placement);
                 app.add_flag("--json", a->json, "Print the plan as JSON");
                 add_distributed_flag(app, a->distributed, [a] { return WorkerArgs{a->model, a->devices, 0, 0}; });

@@ -773,3 +773,16 @@ TEST_CASE("a FIFO as the model file is refused at once (exit 2) naming it, not w
     CHECK(count_lines(o.err) == 1);
   }
 }
+
+TEST_CASE("help and plan: negated flags show no default, plan's counts state their rule") {
+  for (const char* cmd : {"bench --help", "devices --help"}) {
+    const Out h = run_baton(cmd);
+    CHECK(h.code == 0);
+    CHECK_THAT(h.out, !Catch::Contains("{false}"));
+  }
+  const Out p = run_baton("plan --shape smollm2-135m --devices cpu --parallel -1");
+  CHECK(p.code == 1);
+  CHECK_THAT(p.err, Catch::Contains("--parallel: -1 is not allowed (must be at least 1)"));
+  CHECK_THAT(run_baton("plan --shape smollm2-135m --devices cpu --batch 0").err,
+             Catch::Contains("--batch: 0 is not allowed (must be at least 1)"));
+}

@@ -504,6 +504,7 @@ TEST_CASE("baton perplexity: the running estimates, the final line, --json, a ba
   REQUIRE(at != std::string::npos);
   const double ppl = std::stod(o.out.substr(at + 22));
   CHECK_THAT(o.err, Catch::Contains("3 chunks, 93 tokens scored"));
+  CHECK_THAT(run_baton("perplexity" + common + " --chunks 1").err, Catch::Contains("\n1 chunk, 31 tokens scored |"));
 
   test::Out j = run_baton("perplexity" + common + " --json --kl-base " + base);
   REQUIRE(j.code == 0);
