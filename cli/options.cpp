@@ -232,16 +232,34 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_flag("--no-cuda-graphs", f.no_cuda_graphs,
                "GPU stages: launch every op every step instead of replaying decode steps captured in CUDA graphs");
   add_placement_flags(app, f.placement);
-  app.add_option("--lora", f.lora, "a LoRA adapter (GGUF) applied to the model, scale 1; repeat for several (CPU stages)")
+  add_lora_flags(app, f.lora, f.lora_scaled);
+  app.add_flag("--verbose", f.verbose, "print loading and placement details");
+  add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
+}
+
+void add_lora_flags(CLI::App& app, std::vector<std::string>& lora, std::vector<std::string>& lora_scaled) {
+  app.add_option("--lora", lora, "a LoRA adapter (GGUF) applied to the model, scale 1; repeat for several (CPU stages)")
       ->type_name("FILE")
       ->expected(1)
       ->take_all();
-  app.add_option("--lora-scaled", f.lora_scaled, "a LoRA adapter with a scale: --lora-scaled FILE SCALE; repeatable")
+  app.add_option("--lora-scaled", lora_scaled, "a LoRA adapter with a scale: --lora-scaled FILE SCALE; repeatable")
       ->type_name("FILE SCALE")
       ->expected(2)
       ->take_all();
-  app.add_flag("--verbose", f.verbose, "print loading and placement details");
-  add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
+}
+
+std::vector<LoraFile> lora_files(const std::vector<std::string>& lora, const std::vector<std::string>& lora_scaled) {
+  std::vector<LoraFile> files;
+  for (const std::string& path : lora) files.push_back({path, 1.f});
+  for (size_t i = 0; i + 1 < lora_scaled.size(); i += 2) {
+    const std::string &path = lora_scaled[i], &text = lora_scaled[i + 1];
+    char* end = nullptr;
+    const float scale = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(scale))
+      fail(ErrorKind::Usage, "--lora-scaled {} {}: the scale must be a number", path, text);
+    files.push_back({path, scale});
+  }
+  return files;
 }
 
 void add_placement_flags(CLI::App& app, PlacementFlags& f) {
@@ -413,15 +431,7 @@ LoadOptions load_options(const ModelFlags& f, int n_seq, int n_outputs) {
   lo.p2p = f.p2p;
   lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;
-  for (const std::string& path : f.lora) lo.lora.push_back({path, 1.f});
-  for (size_t i = 0; i + 1 < f.lora_scaled.size(); i += 2) {
-    const std::string &path = f.lora_scaled[i], &text = f.lora_scaled[i + 1];
-    char* end = nullptr;
-    const float scale = std::strtof(text.c_str(), &end);
-    if (text.empty() || *end != '\0' || !std::isfinite(scale))
-      fail(ErrorKind::Usage, "--lora-scaled {} {}: the scale must be a number", path, text);
-    lo.lora.push_back({path, scale});
-  }
+  lo.lora = lora_files(f.lora, f.lora_scaled);
   return lo;
 }
 

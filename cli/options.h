@@ -110,6 +110,10 @@ struct ModelFlags {
   std::vector<std::string> lora_scaled;                     // --lora-scaled FILE SCALE (repeatable): pairs
 };
 void add_model_flags(CLI::App& app, ModelFlags& f);
+// --lora FILE and --lora-scaled FILE SCALE (each repeatable; the model flags' and `baton plan`'s),
+// and the adapters they name (Error(Usage) for a scale that is not a number).
+void add_lora_flags(CLI::App& app, std::vector<std::string>& lora, std::vector<std::string>& lora_scaled);
+std::vector<LoraFile> lora_files(const std::vector<std::string>& lora, const std::vector<std::string>& lora_scaled);
 std::vector<std::string> split_commas(const std::string& s);
 // "3,1" → {3, 1}; a part that is not a number → Error(Usage) naming it.
 std::vector<double> parse_tensor_split(const std::string& s);

@@ -11,7 +11,9 @@
 #include "cli/distributed.h"
 #include "cli/options.h"
 #include "gguf/gguf.h"
+#include "runtime/config.h"
 #include "runtime/devices.h"
+#include "runtime/lora.h"
 #include "runtime/model_files.h"
 #include "runtime/planner.h"
 #include "runtime/shape.h"
@@ -24,11 +26,19 @@ struct PlanArgs {
   uint32_t ctx = 0, parallel = 1, batch = 512, outputs = 0, threads = 0;
   PlacementFlags placement;
   bool json = false, distributed = false;
+  std::vector<std::string> lora, lora_scaled;  // adapters loading would add (their bytes with the layers)
 };
 
 ModelShape load_shape(const PlanArgs& a) {
   if (!a.model.empty() && !a.shape.empty()) fail(ErrorKind::Usage, "give either -m MODEL or --shape NAME, not both");
-  if (!a.model.empty()) return shape_from_gguf(*gguf::File::open(resolve_model(a.model)));
+  const std::vector<LoraFile> adapters = lora_files(a.lora, a.lora_scaled);
+  if (!a.model.empty()) {
+    const auto f = gguf::File::open(resolve_model(a.model));
+    ModelShape shape = shape_from_gguf(*f);
+    if (!adapters.empty()) LoraAdapters(adapters, *f, ModelConfig::from_gguf(*f)).add_to(shape);
+    return shape;
+  }
+  if (!adapters.empty()) fail(ErrorKind::Usage, "--lora needs -m MODEL (an adapter is checked against its model)");
   if (a.shape.empty()) fail(ErrorKind::Usage, "nothing to plan: give -m MODEL or --shape NAME");
   const TypeTraits* t = type_by_name(a.type);
   if (!t || !t->compute) fail(ErrorKind::Usage, "--type '{}' is not a weight type Baton computes with", a.type);
@@ -84,6 +94,7 @@ Register reg{{"plan", "Show where each layer would go and the bytes per device (
                                "CPU threads a CPU stage runs with (its attention buffers are per thread; default: all cores)")
                     ->check(at_least(0));
                 add_placement_flags(app, a->placement);
+                add_lora_flags(app, a->lora, a->lora_scaled);
                 app.add_flag("--json", a->json, "Print the plan as JSON");
                 add_distributed_flag(app, a->distributed, [a] { return WorkerArgs{a->model, a->devices, 0, 0}; });
                 return [a] { return run_plan(*a); };

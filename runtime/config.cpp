@@ -231,7 +231,13 @@ float attention_scale(const std::string& arch, int n_layer, int n_embd, int n_he
   return 1.f / std::sqrt(float(query_pre_attn_scalar));
 }
 
+void refuse_adapter_as_model(const gguf::File& f) {
+  if (f.get_or<std::string>("general.type", "") == "adapter")
+    fail(ErrorKind::Model, "{}: a LoRA adapter, not a model: give the model with -m and this file with --lora", f.path());
+}
+
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
+  refuse_adapter_as_model(f);
   std::vector<std::string> problems;
   ModelConfig c;
   if (!f.has("general.architecture")) {

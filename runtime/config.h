@@ -33,7 +33,9 @@ enum class LayerTensor : int {
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
-std::string layer_tensor_key(int layer, LayerTensor t);  // "blk.3.attn_q.weight", "blk.3.attn_q.bias"
+std::string layer_tensor_key(int layer, LayerTensor t);
+// Error(Model) when f is a LoRA adapter (general.type "adapter"), not a model: it names --lora.
+void refuse_adapter_as_model(const gguf::File& f);  // "blk.3.attn_q.weight", "blk.3.attn_q.bias"
 
 struct ModelConfig {
   std::string arch;          // general.architecture

@@ -6,6 +6,7 @@
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cuda/layout.h"
+#include "runtime/config.h"
 
 namespace baton {
 
@@ -104,6 +105,7 @@ uint64_t active_elems(const ModelShape& s, std::string_view name, uint64_t elems
 }  // namespace
 
 ModelShape shape_from_gguf(const gguf::File& f) {
+  refuse_adapter_as_model(f);
   ModelShape s;
   s.architecture = f.architecture();
   s.name = f.get_or<std::string>("general.name", s.architecture);

@@ -211,6 +211,22 @@ TEST_CASE("lora: the planner and the stages count the adapters' bytes") {
   CHECK(adapter_bytes < held);
   CHECK(p1 - p0 == held);
   CHECK(m1 - m0 == held);
+  // baton plan --lora prints the plan loading makes.
+  auto plan_bytes = [&](const std::string& flags) {
+    const test::Out o = test::run_command(std::string(BATON_BINARY) + " plan -m " + base + " --devices cpu,cpu --ctx 64 --json" + flags);
+    INFO(o.err);
+    REQUIRE(o.code == 0);
+    uint64_t total = 0;
+    const nlohmann::json plan = nlohmann::json::parse(o.out);
+    for (const auto& st : plan["stages"]) total += st["weight_bytes"].get<uint64_t>();
+    return total;
+  };
+  const uint64_t with = plan_bytes(" --lora " + a), without = plan_bytes("");
+  CHECK(with - without == held);
+  // An adapter given as the model: said so.
+  const test::Out as_model = test::run_command(std::string(BATON_BINARY) + " run -m " + a + " -p hi");
+  CHECK(as_model.code == 2);
+  CHECK_THAT(as_model.err, Catch::Contains("a LoRA adapter, not a model: give the model with -m and this file with --lora"));
 }
 
 TEST_CASE("lora: malformed adapters are refused, naming the file and the problem") {
