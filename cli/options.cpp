@@ -215,7 +215,9 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-m,--model", f.model, "model: a GGUF path or a known name (e.g. smollm2-135m)")->required();
   app.add_option("-t,--threads", f.threads, "CPU threads (0: all cores)")->check(at_least(0));
   app.add_option("-c,--ctx,--ctx-size", f.ctx, "context length per sequence (0: the model's, capped at 4096)")->check(at_least(0));
-  app.add_option("-b,--batch-size", f.batch, "most tokens evaluated in one forward")->check(at_least(1));
+  app.add_option("-b,--batch-size", f.batch, "most tokens evaluated in one forward")
+      ->capture_default_str()
+      ->check(at_least(1));
   app.add_option("--devices", f.devices,
                  "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
                  "cuda:0,cpu, cuda:0=20GiB,cpu")
@@ -223,7 +225,9 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
       ->check(not_empty("the device list"));
   app.add_option("--threads-per-stage", f.threads_per_stage,
                  "CPU stages: worker threads each (0: --threads divided by the number of stages)")->check(at_least(0));
-  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
+  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 or q8_0")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "q8_0"}));
   app.add_option("--p2p", f.p2p,
                  "GPU stage to GPU stage: auto (peer-to-peer where possible), on (peer-to-peer or an error), "
                  "off (through host memory; also BATON_P2P=0)")
@@ -282,6 +286,7 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   auto& p = f.params;
   // The rules of SamplingParams::validate(), checked here so that an error names the flag.
   app.add_option("-n,--max-tokens", f.max_tokens, "most tokens to generate (-1: until the model stops or the context is full)")
+      ->capture_default_str()
       ->check(whole_number());
   app.add_option("--temp,--temperature", p.temperature, "sampling temperature (0: greedy)")
       ->capture_default_str()

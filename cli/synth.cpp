@@ -188,21 +188,21 @@ Register reg{{"synth", "Write a random-weight GGUF of a real model's shape (dete
                                "glm4 (GLM-4-0414: post-norms, q/k/v biases, fused gate/up, half of each head rotated)");
                 app.add_option("--sliding-window", a->sliding_window,
                                "Custom shape: the sliding-window layers' window (gemma2/gemma3 presets, gpt-oss, olmo2, exaone4)");
-                app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width");
-                app.add_option("--n-layer", a->n_layer, "Custom shape: layers");
-                app.add_option("--n-head", a->n_head, "Custom shape: query heads");
-                app.add_option("--n-head-kv", a->n_head_kv, "Custom shape: KV heads (default n_head)");
-                app.add_option("--head-dim", a->head_dim, "Custom shape: head width (default n_embd / n_head)");
-                app.add_option("--n-ff", a->n_ff, "Custom shape: FFN width");
-                app.add_option("--n-vocab", a->n_vocab, "Custom shape: vocabulary size (>= 259)");
-                app.add_option("--ctx", a->ctx, "Custom shape: trained context length (default 4096)");
+                app.add_option("--n-embd", a->n_embd, "Custom shape: embedding width")->check(at_least(1));
+                app.add_option("--n-layer", a->n_layer, "Custom shape: layers")->check(at_least(1));
+                app.add_option("--n-head", a->n_head, "Custom shape: query heads")->check(at_least(1));
+                app.add_option("--n-head-kv", a->n_head_kv, "Custom shape: KV heads (default n_head)")->check(at_least(1));
+                app.add_option("--head-dim", a->head_dim, "Custom shape: head width (default n_embd / n_head)")->check(at_least(1));
+                app.add_option("--n-ff", a->n_ff, "Custom shape: FFN width")->check(at_least(1));
+                app.add_option("--n-vocab", a->n_vocab, "Custom shape: vocabulary size (>= 259)")->check(at_least(1));
+                app.add_option("--ctx", a->ctx, "Custom shape: trained context length (default 4096)")->check(at_least(1));
                 app.add_flag("--tied", a->tied, "Custom shape: no output.weight (the head uses token_embd)");
                 app.add_flag("--attn-bias", a->attn_bias,
                              "Custom shape: q/k/v and attn_output biases in every layer (ernie4_5's use_bias)");
-                app.add_option("--n-expert", a->n_expert, "Custom shape: experts per layer (a mixture of experts)");
-                app.add_option("--n-expert-used", a->n_expert_used, "Custom shape: experts per token");
-                app.add_option("--n-ff-exp", a->n_ff_exp, "Custom shape: an expert's FFN width (default n_ff)");
-                app.add_option("--n-ff-shexp", a->n_ff_shexp, "Custom shape: the shared expert's FFN width (qwen2moe)");
+                app.add_option("--n-expert", a->n_expert, "Custom shape: experts per layer (a mixture of experts)")->check(at_least(0));
+                app.add_option("--n-expert-used", a->n_expert_used, "Custom shape: experts per token")->check(at_least(0));
+                app.add_option("--n-ff-exp", a->n_ff_exp, "Custom shape: an expert's FFN width (default n_ff)")->check(at_least(0));
+                app.add_option("--n-ff-shexp", a->n_ff_shexp, "Custom shape: the shared expert's FFN width (qwen2moe)")->check(at_least(0));
                 app.add_option("--lora-of", a->lora_of,
                                "Write a random LoRA adapter for this model (a path or a known name) instead of a model");
                 app.add_option("--lora-targets", a->lora_targets,

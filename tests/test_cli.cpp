@@ -785,4 +785,9 @@ TEST_CASE("help and plan: negated flags show no default, plan's counts state the
   CHECK_THAT(p.err, Catch::Contains("--parallel: -1 is not allowed (must be at least 1)"));
   CHECK_THAT(run_baton("plan --shape smollm2-135m --devices cpu --batch 0").err,
              Catch::Contains("--batch: 0 is not allowed (must be at least 1)"));
+  CHECK_THAT(run_baton("synth --n-embd 64 --n-layer -2 --n-head 2 --n-ff 128 --n-vocab 300 --type F32 --out x").err,
+             Catch::Contains("--n-layer: -2 is not allowed (must be at least 1)"));
+  const Out run_help = run_baton("run --help");
+  for (const char* shown : {"-b,--batch-size INT:>= 1=512", "--kv-type TEXT:{f16,q8_0}=f16", "-n,--max-tokens INT=-1"})
+    CHECK_THAT(run_help.out, Catch::Contains(shown));
 }
