@@ -2,6 +2,7 @@
 #include "runtime/config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iterator>
 
@@ -157,6 +158,16 @@ const char* layer_tensor_name(LayerTensor t) { return kLayerTensors[int(t)].name
 std::string layer_tensor_key(int layer, LayerTensor t) {
   const TensorRow& r = kLayerTensors[int(t)];
   return fmt::format("blk.{}.{}.{}", layer, r.name, r.bias ? "bias" : "weight");
+}
+
+int64_t block_index(std::string_view name) {
+  if (!name.starts_with("blk.")) return -1;
+  const char* b = name.data() + 4;
+  const char* e = name.data() + name.size();
+  int64_t v = -1;
+  auto [p, ec] = std::from_chars(b, e, v);
+  if (ec != std::errc() || p == b || p == e || *p != '.') return -1;
+  return v;
 }
 
 bool ModelConfig::has(LayerTensor t) const {

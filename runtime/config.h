@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace baton {
@@ -33,9 +34,10 @@ enum class LayerTensor : int {
   Count,
 };
 const char* layer_tensor_name(LayerTensor t);            // "attn_q" (weight and bias share it)
-std::string layer_tensor_key(int layer, LayerTensor t);
+std::string layer_tensor_key(int layer, LayerTensor t);  // "blk.3.attn_q.weight", "blk.3.attn_q.bias"
+int64_t block_index(std::string_view tensor_name);       // "blk.17.attn_q.weight" -> 17; -1 otherwise
 // Error(Model) when f is a LoRA adapter (general.type "adapter"), not a model: it names --lora.
-void refuse_adapter_as_model(const gguf::File& f);  // "blk.3.attn_q.weight", "blk.3.attn_q.bias"
+void refuse_adapter_as_model(const gguf::File& f);
 
 struct ModelConfig {
   std::string arch;          // general.architecture

@@ -1,6 +1,5 @@
 #include "runtime/lora.h"
 
-#include <charconv>
 #include <cmath>
 #include <map>
 #include <random>
@@ -21,18 +20,10 @@ bool ends_with(const std::string& s, std::string_view tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// "blk.17.attn_q.weight" -> 17; -1 for anything else.
-int block_of(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  int v = -1;
-  auto [p, ec] = std::from_chars(name.data() + 4, name.data() + name.size(), v);
-  return ec == std::errc() && p != name.data() + 4 && *p == '.' ? v : -1;
-}
-
 // The base tensors the CPU forward runs through an adaptable matmul (models/llama.cpp).
 bool adaptable(const std::string& name, int n_layer) {
   if (name == "output.weight" || name == "token_embd.weight") return true;
-  const int l = block_of(name);
+  const int l = (int)block_index(name);
   if (l < 0 || l >= n_layer) return false;
   for (LayerTensor t : {LayerTensor::Wq, LayerTensor::Wk, LayerTensor::Wv, LayerTensor::Wqkv, LayerTensor::Wo,
                         LayerTensor::Gate, LayerTensor::Up, LayerTensor::Down})
@@ -125,7 +116,7 @@ LoraAdapters::~LoraAdapters() = default;
 void LoraAdapters::add_to(ModelShape& shape) const {
   for (const LoraTensor& t : tensors_) {
     const uint64_t n = lora_cpu_bytes(t);
-    const int l = block_of(t.name);
+    const int l = (int)block_index(t.name);
     if (l >= 0) shape.layers.at(size_t(l)).weight_bytes += n;
     else if (t.name == "token_embd.weight") shape.embedding_bytes += n;
     else shape.output_bytes += n;

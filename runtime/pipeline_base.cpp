@@ -15,8 +15,8 @@ namespace baton {
 
 bool stage_holds(const Stage& s, const std::string& name, bool tied_head) {
   if (name.rfind("blk.", 0) == 0) {
-    const int layer = std::atoi(name.c_str() + 4);
-    return layer >= int(s.layer_begin) && layer < int(s.layer_end);
+    const int64_t layer = block_index(name);  // -1 (malformed): no stage holds it
+    return layer >= s.layer_begin && layer < s.layer_end;
   }
   if (name.rfind("token_embd.", 0) == 0) return s.has_embedding || (tied_head && s.has_output);
   if (name.rfind("output", 0) == 0) return s.has_output;

@@ -1,7 +1,6 @@
 #include "runtime/shape.h"
 
 #include <algorithm>
-#include <charconv>
 
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
@@ -65,17 +64,6 @@ uint32_t default_swa_period(const std::string& arch) {
 }
 
 namespace {
-
-// "blk.17.attn_q.weight" -> 17; -1 for anything else.
-int64_t block_index(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  const char* b = name.data() + 4;
-  const char* e = name.data() + name.size();
-  int64_t v = -1;
-  auto [p, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || p == b || p == e || *p != '.') return -1;
-  return v;
-}
 
 uint32_t get_u32(const gguf::File& f, const std::string& key) {
   const int64_t v = f.get<int64_t>(key);
