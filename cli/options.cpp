@@ -242,7 +242,7 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
 }
 
 void add_lora_flags(CLI::App& app, std::vector<std::string>& lora, std::vector<std::string>& lora_scaled) {
-  app.add_option("--lora", lora, "a LoRA adapter (GGUF) applied to the model, scale 1; repeat for several (CPU stages)")
+  app.add_option("--lora", lora, "a LoRA adapter (GGUF) applied to the model, scale 1; repeat for several")
       ->type_name("FILE")
       ->expected(1)
       ->take_all();

@@ -42,25 +42,26 @@ cpu::QMatrix rows_of(const cpu::QMatrix& m, int64_t first, int64_t n) {
 
 const float* floats(const gguf::TensorInfo& t) { return reinterpret_cast<const float*>(t.data); }
 
-// m's values as an F16 matrix of rows × cols (m at the top left, zeros elsewhere) in a buffer of
-// packed_bytes(F16, rows, cols) that `mem` keeps; in the float tiles' layout when `pack` and this
-// CPU packs F16 rows of that length.
-cpu::QMatrix f16_padded(const cpu::QMatrix& m, int64_t rows, int64_t cols, bool pack, std::vector<cpu::PackedBuffer>& mem) {
+// m's values as an F16 (or, never packed, F32) matrix of rows × cols (m at the top left, zeros
+// elsewhere) in a buffer that `mem` keeps (F16: of packed_bytes(F16, rows, cols)); in the float
+// tiles' layout when `pack` and this CPU packs such rows.
+cpu::QMatrix float_padded(const cpu::QMatrix& m, int64_t rows, int64_t cols, bool pack, std::vector<cpu::PackedBuffer>& mem,
+                        GgmlType type = GgmlType::F16) {
   cpu::QMatrix out;
-  out.type = GgmlType::F16;
+  out.type = type;
   out.rows = rows;
   out.cols = cols;
-  out.row_bytes = row_bytes(GgmlType::F16, cols);
-  std::vector<uint8_t> rm(size_t(rows) * out.row_bytes, 0);  // (all-zero bits: F16 +0)
+  out.row_bytes = row_bytes(type, cols);
+  std::vector<uint8_t> rm(size_t(rows) * out.row_bytes, 0);  // (all-zero bits: +0 in F16 and F32)
   std::vector<float> row(static_cast<size_t>(cols), 0.f);
   for (int64_t r = 0; r < m.rows; ++r) {
     dequantize_row(m.type, m.row(r), row.data(), m.cols);
-    quantize_row(GgmlType::F16, row.data(), rm.data() + size_t(r) * out.row_bytes, cols);
+    quantize_row(type, row.data(), rm.data() + size_t(r) * out.row_bytes, cols);
   }
-  mem.push_back(cpu::alloc_packed(cpu::packed_bytes(GgmlType::F16, rows, cols)));
+  mem.push_back(cpu::alloc_packed(type == GgmlType::F16 ? cpu::packed_bytes(type, rows, cols) : rm.size()));
   uint8_t* buf = mem.back().get();
   out.data = buf;
-  if (pack && cpu::packing_enabled(GgmlType::F16, cols)) {
+  if (pack && cpu::packing_enabled(type, cols)) {
     cpu::QMatrix src = out;
     src.data = rm.data();
     cpu::pack_matrix(src, buf);
@@ -71,7 +72,7 @@ cpu::QMatrix f16_padded(const cpu::QMatrix& m, int64_t rows, int64_t cols, bool 
   return out;
 }
 
-// Rows [first, first + n) of a matrix as f16_padded made it: a view of the row-major copy, or of
+// Rows [first, first + n) of a matrix as float_padded made it: a view of the row-major copy, or of
 // the packed one when `first` starts a 16-row group.
 cpu::QMatrix padded_rows(const cpu::QMatrix& m, int64_t first, int64_t n) {
   if (!m.packed) return rows_of(m, first, n);
@@ -85,9 +86,11 @@ cpu::QMatrix padded_rows(const cpu::QMatrix& m, int64_t first, int64_t n) {
 
 // The adapters' pairs of the tensors this binding holds, keyed by the matrices they adapt, as
 // F16 copies of the padded rank (ModelWeights::LoraMul); a fused tensor's B splits as the tensor
-// does (q, k, v or gate, up rows), packed when every part starts a 16-row group.
+// does (q, k, v or gate, up rows). For a CPU stage (`cpu`) packed when every part starts a 16-row
+// group, the embedding's A as mapped; for a GPU stage all row-major, the embedding's A too, padded
+// (the device uploads them as they are: lora_gpu_bytes).
 void attach_lora(ModelWeights& w, const LoraAdapters& adapters, const ModelConfig& c, int begin, int end,
-                 bool with_embed, bool with_head) {
+                 bool with_embed, bool with_head, bool cpu) {
   struct Part {
     const cpu::QMatrix* m;
     int64_t first, rows;
@@ -118,18 +121,21 @@ void attach_lora(ModelWeights& w, const LoraAdapters& adapters, const ModelConfi
   for (const LoraTensor& t : adapters.tensors()) {
     const cpu::QMatrix A = matrix(*t.a), B = matrix(*t.b);
     const int64_t rp = lora_padded_rank(B.cols);
-    const uint64_t b_bytes = cpu::packed_bytes(GgmlType::F16, B.rows, rp);  // what f16_padded allocates
+    const uint64_t b_bytes = cpu::packed_bytes(GgmlType::F16, B.rows, rp);  // what float_padded allocates
     if (t.name == "token_embd.weight") {
       if (!with_embed) continue;
-      w.lora_embd.push_back({A, f16_padded(B, B.rows, rp, true, w.lora_mem), t.scale});
+      // (A GPU's copy of A: F16 rows when the file's are, else F32, so that both kinds of stage
+      // multiply by the file's values: lora_embd_gpu_type.)
+      const cpu::QMatrix a = cpu ? A : float_padded(A, A.rows, rp, false, w.lora_mem, lora_embd_gpu_type(A.type));
+      w.lora_embd.push_back({a, float_padded(B, B.rows, rp, cpu, w.lora_mem), t.scale});
       w.lora_bytes += t.a->nbytes + b_bytes;  // (A as mapped)
     } else {
       const auto it = held.find(t.name);
       if (it == held.end()) continue;
-      bool pack = true;
+      bool pack = cpu;
       for (const Part& p : it->second) pack &= p.first % cpu::kPackRows == 0;
-      const cpu::QMatrix a = f16_padded(A, rp, A.cols, true, w.lora_mem);
-      const cpu::QMatrix b = f16_padded(B, B.rows, rp, pack, w.lora_mem);
+      const cpu::QMatrix a = float_padded(A, rp, A.cols, cpu, w.lora_mem);
+      const cpu::QMatrix b = float_padded(B, B.rows, rp, pack, w.lora_mem);
       for (const Part& p : it->second) w.lora.emplace(p.m->data, ModelWeights::LoraMul{a, padded_rows(b, p.first, p.rows), t.scale});
       w.lora_bytes += cpu::packed_bytes(GgmlType::F16, rp, A.cols) + b_bytes;
     }
@@ -254,7 +260,7 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.bo = opt(l, LayerTensor::Bo);
     L.sinks = opt(l, LayerTensor::Sinks);
   }
-  if (adapters) attach_lora(w, *adapters, c, begin, end, with_embed, with_head);
+  if (adapters) attach_lora(w, *adapters, c, begin, end, with_embed, with_head, pack_pool != nullptr);
   if (pack_pool) {
     // In the order the forward reads them.
     std::vector<cpu::QMatrix*> to_pack;

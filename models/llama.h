@@ -34,8 +34,9 @@ struct ModelWeights {
   uint64_t packed_bytes = 0;
   // LoRA pairs (runtime/lora.h) of the bound matrices as the forward multiplies them, by the `data`
   // of the matrix they adapt (a fused q/k/v or gate/up tensor's B split by rows the same way), and
-  // the embedding's. A and B are F16 copies with the rank padded to lora_padded_rank() with zeros,
-  // packed into the float tiles where this CPU packs F16 (the embedding's A stays as mapped).
+  // the embedding's. A and B are F16 copies with the rank padded to lora_padded_rank() with zeros;
+  // a CPU stage's are packed into the float tiles where this CPU packs F16 (the embedding's A stays
+  // as mapped), a GPU stage's row-major (the embedding's A padded too: lora_embd_gpu_type).
   struct LoraMul {
     cpu::QMatrix a, b;  // y += scale · B·(A·x); token_embd: A's row of the token through B
     float scale = 1.f;
@@ -49,7 +50,8 @@ struct ModelWeights {
 // config was read by ModelConfig::from_gguf (which already checked names, shapes and types). With
 // a pool, the layer matrices and the head are packed (using its threads) where this process packs
 // their type; a tied embedding then reads its rows from the packed head. With adapters, the pairs
-// of the bound tensors are attached (ModelWeights::lora).
+// of the bound tensors are attached (ModelWeights::lora): packed as the CPU multiplies them with a
+// pool, row-major F16 (a GPU stage's binding) without.
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
                           bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr,
                           const LoraAdapters* adapters = nullptr);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "runtime/buffers.h"
 #include "runtime/kv_cache.h"
 #include "runtime/link.h"
+#include "runtime/lora.h"
 #include "runtime/shape.h"
 
 #if BATON_HAVE_CUDA || BATON_CUDA_HOST_EMULATION
@@ -105,6 +107,20 @@ struct GpuStage::Impl {
   bool routes_on_device(int n) const {
     return moe_device && !cpu_moe && n <= kMoeDeviceTokens && c.n_expert <= cuda::kMoeRouteMaxExperts;
   }
+  // LoRA adapters (runtime/lora.h): each adapted matrix's pairs by the matrix's device data (a
+  // fused q/k/v or gate/up tensor's parts share an A), the embedding's, and the buffer of their
+  // products (kLoraChunkFloats). Y += scale · B·(A·X), as the CPU forward adds them.
+  struct Lora {
+    cuda::Weight a, b;
+    float scale = 1.f;
+  };
+  std::unordered_map<const void*, std::vector<Lora>> lora;
+  std::vector<Lora> lora_embd;
+  float* lora_buf = nullptr;
+  int64_t lora_floats = int64_t(kLoraChunkFloats);  // the buffer's (BATON_LORA_CHUNK_FLOATS: fewer, for tests)
+  // The columns of a pair's products that fit the buffer at once (A·X: the padded rank, B's cols).
+  int lora_step(const Lora& p) const { return int(std::max<int64_t>(1, lora_floats / (p.b.rows + p.b.cols))); }
+
   ModelWeights host_w;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Scratch> host_scratch;
@@ -326,14 +342,48 @@ struct CudaLayers {
     const bool ready = take_q8(X, W.cols, n);
     const bool x_q8 = flush_for({&W}, X, n) || ready;
     cuda::matmul(g.ctx, W, X, n, Y, x_q8);
+    lora(W, X, n, Y);
   }
   void matmul_qkv(const GpuLayer& L, const float* X, int n) {
     const bool x_q8 = flush_for({&L.wq, &L.wk, &L.wv}, X, n);
     cuda::matmul_n(g.ctx, {{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}, X, n, x_q8);
+    for (auto [W, Y] : {std::pair{&L.wq, q}, {&L.wk, k}, {&L.wv, v}}) lora(*W, X, n, Y);
   }
   void matmul_gate_up(const GpuLayer& L, const float* X, int n) {
     const bool x_q8 = flush_for({&L.gate, &L.up}, X, n);
     cuda::matmul_n(g.ctx, {{&L.gate, hb}, {&L.up, hb2}}, X, n, x_q8);
+    lora(L.gate, X, n, hb);
+    lora(L.up, X, n, hb2);
+  }
+  // W's LoRA pairs added to its product Y = W·X: per chunk of columns A·X, B·(A·X), Y += s·that.
+  void lora(const cuda::Weight& W, const float* X, int n, float* Y) {
+    if (g.lora.empty()) return;
+    const auto it = g.lora.find(W.data);
+    if (it == g.lora.end()) return;
+    for (const GpuStage::Impl::Lora& p : it->second) {
+      const int step = g.lora_step(p);
+      for (int j = 0; j < n; j += step) {
+        const int m = std::min(step, n - j);
+        float *h = g.lora_buf, *bh = g.lora_buf + size_t(m) * size_t(p.b.cols);
+        cuda::matmul(g.ctx, p.a, X + size_t(j) * size_t(W.cols), m, h);
+        cuda::matmul(g.ctx, p.b, h, m, bh);
+        cuda::add(g.ctx, Y + size_t(j) * size_t(W.rows), bh, int64_t(m) * p.b.rows, p.scale);
+      }
+    }
+  }
+  // The embedding's pairs: each token's row of A through B, added to its row as the embedding is
+  // scaled.
+  void lora_embedding(const int32_t* tok, int n, float* x) {
+    for (const GpuStage::Impl::Lora& p : g.lora_embd) {
+      const int step = g.lora_step(p);
+      for (int j = 0; j < n; j += step) {
+        const int m = std::min(step, n - j);
+        float *h = g.lora_buf, *bh = g.lora_buf + size_t(m) * size_t(p.b.cols);
+        cuda::embed_rows(g.ctx, p.a, tok + j, m, h, 1.f);
+        cuda::matmul(g.ctx, p.b, h, m, bh);
+        cuda::add(g.ctx, x + size_t(j) * size_t(p.b.rows), bh, int64_t(m) * p.b.rows, p.scale * g.c.embd_scale);
+      }
+    }
   }
   // A mixture of experts over the normed rows in xb, into xb, as the CPU stage computes it: the
   // router on the device; steps of up to kMoeDeviceTokens tokens route there too (moe_on_device);
@@ -612,6 +662,7 @@ struct CudaLayers {
 // also the ones replayed from graphs), BATON_GEMM_SLAB_MIB, the FP16 slab of the GEMM (it may
 // only shrink: the planner charges the default's scratch, gpu_ops_scratch_bytes), and BATON_PDL=0,
 // which launches GEMVs plainly instead of as programmatic dependent launches (Context::early_launch).
+// (BATON_LORA_CHUNK_FLOATS shrinks the LoRA products' chunks, so that tests see several.)
 static int env_setting(const char* name, int lo, int hi, int dflt, const char* what) {
   const char* e = std::getenv(name);
   if (!e || !*e) return dflt;
@@ -666,7 +717,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
 
   // Weights: host views of the block (no CPU packing), packed into the device layout through two
   // pinned staging buffers (packing one while the other is copied).
-  g.host_w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output);
+  g.host_w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output, nullptr, opt.lora);
   const ModelWeights& w = g.host_w;
   g.cpu_moe = opt.cpu_moe && cfg.is_moe() && g.end > g.begin;
   if (g.cpu_moe) {  // the experts packed for the CPU kernels, the rest of the host views unused
@@ -772,7 +823,37 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     g.output_norm = g.upload_floats(w.output_norm, size_t(cfg.n_embd));
   }
 
+  // LoRA pairs (the binding's row-major F16 copies), keyed by the device matrix they adapt.
+  if (!w.lora.empty() || !w.lora_embd.empty()) {
+    std::map<const void*, cuda::Weight> a_of;  // host A -> its device copy (shared by a fused tensor's parts)
+    auto pair = [&](const ModelWeights::LoraMul& m, const char* what) {
+      auto [it, fresh] = a_of.try_emplace(m.a.data);
+      if (fresh) it->second = g.upload_matrix(up, m.a, what, done, progress);
+      return Impl::Lora{it->second, g.upload_matrix(up, m.b, what, done, progress), m.scale};
+    };
+    auto adapt = [&](const cpu::QMatrix& host, const cuda::Weight& dev, const char* what) {
+      if (!host.data) return;
+      const auto [lo, hi] = w.lora.equal_range(host.data);
+      for (auto it = lo; it != hi; ++it) g.lora[dev.data].push_back(pair(it->second, what));
+    };
+    for (int l = g.begin; l < g.end; ++l) {
+      const LayerWeights& H = w.layers[size_t(l)];
+      const GpuLayer& L = g.layers[size_t(l)];
+      const std::string name = "layer " + std::to_string(l) + " LoRA";
+      for (auto [h, d] : {std::pair{&H.wq, &L.wq}, {&H.wk, &L.wk}, {&H.wv, &L.wv}, {&H.wo, &L.wo}, {&H.gate, &L.gate},
+                          {&H.up, &L.up}, {&H.down, &L.down}})
+        adapt(*h, *d, name.c_str());
+    }
+    if (plan.has_output) adapt(w.output, g.output, "output LoRA");
+    for (const ModelWeights::LoraMul& m : w.lora_embd) g.lora_embd.push_back(pair(m, "token_embd LoRA"));
+    g.lora_floats = env_setting("BATON_LORA_CHUNK_FLOATS", 1, int(kLoraChunkFloats), int(kLoraChunkFloats), "a float count");
+    g.lora_buf = g.alloc_n<float>(kLoraChunkFloats);
+  }
+
   up.finish();
+  g.host_w.lora.clear();  // (uploaded: the host copies are spent)
+  g.host_w.lora_embd.clear();
+  g.host_w.lora_mem.clear();
 
   // KV cache: the cells of each layer as the CPU cache has them (rings for sliding-window layers),
   // position-major on the device (kernels/cuda/ops.h).
@@ -863,6 +944,10 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
         scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
   }
   if (plan.has_output) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, g.output, opt.n_batch));
+  for (const auto& [W, pairs] : g.lora)
+    for (const Impl::Lora& p : pairs)
+      for (const cuda::Weight* m : {&p.a, &p.b}) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, *m, opt.n_batch));
+  for (const Impl::Lora& p : g.lora_embd) scratch = std::max(scratch, cuda::matmul_scratch_bytes(g.ctx, p.b, opt.n_batch));
   if (g.end > g.begin)
     for (int n = 1; n <= opt.n_batch; ++n)  // the split count depends on the token count
       scratch = std::max(scratch, cuda::attention_scratch_bytes(g.ctx, n, cfg.n_head, cfg.head_dim_k, opt.n_ctx));
@@ -1021,7 +1106,10 @@ void GpuStage::forward(const Batch& batch, float* x, float* logits, Handoff& h) 
   const bool embed = plan_.has_embedding, head = plan_.has_output;
   auto record = [&g, b, n, embed, head, any_argmax, any_top, m]() mutable {
     const ModelConfig& cfg = g.c;
-    if (embed) cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, cfg.embd_scale);
+    if (embed) {
+      cuda::embed_rows(g.ctx, g.tok_embd, g.tok, n, g.x, cfg.embd_scale);
+      b.lora_embedding(g.tok, n, g.x);
+    }
     llama_layers(cfg, b, n, g.begin, g.end);
     b.flush();
     if (head) {

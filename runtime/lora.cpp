@@ -1,5 +1,6 @@
 #include "runtime/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -7,6 +8,7 @@
 #include "gguf/error.h"
 #include "gguf/gguf.h"
 #include "kernels/cpu/packed.h"
+#include "kernels/cuda/layout.h"
 #include "quant/quant.h"
 #include "quant/types.h"
 #include "runtime/config.h"
@@ -45,6 +47,15 @@ uint64_t lora_cpu_bytes(const LoraTensor& t) {
   const uint64_t b = cpu::packed_bytes(GgmlType::F16, t.b->ne[1], rp);
   if (t.name == "token_embd.weight") return t.a->nbytes + b;
   return cpu::packed_bytes(GgmlType::F16, rp, t.a->ne[0]) + b;
+}
+
+uint64_t lora_gpu_bytes(const LoraTensor& t) {
+  const int64_t rp = lora_padded_rank(t.b->ne[0]);
+  const uint64_t row_p = cuda::packed_row_bytes(GgmlType::F16, rp);  // a row of the padded rank
+  const uint64_t b = row_p * uint64_t(t.b->ne[1]);
+  if (t.name == "token_embd.weight")  // A [r, n_vocab]
+    return cuda::packed_row_bytes(lora_embd_gpu_type(t.a->type), rp) * uint64_t(t.a->ne[1]) + b;
+  return cuda::packed_row_bytes(GgmlType::F16, t.a->ne[0]) * uint64_t(rp) + b;
 }
 
 LoraAdapters::LoraAdapters(const std::vector<LoraFile>& files, const gguf::File& base, const ModelConfig& cfg) {
@@ -115,12 +126,13 @@ LoraAdapters::~LoraAdapters() = default;
 
 void LoraAdapters::add_to(ModelShape& shape) const {
   for (const LoraTensor& t : tensors_) {
-    const uint64_t n = lora_cpu_bytes(t);
+    const uint64_t n = std::max(lora_cpu_bytes(t), lora_gpu_bytes(t));
     const int l = (int)block_index(t.name);
     if (l >= 0) shape.layers.at(size_t(l)).weight_bytes += n;
     else if (t.name == "token_embd.weight") shape.embedding_bytes += n;
     else shape.output_bytes += n;
   }
+  if (!tensors_.empty()) shape.lora_gpu_buffer = kLoraChunkFloats * sizeof(float);
 }
 
 gguf::Writer lora_synth_writer(const gguf::File& base, const LoraSynthOptions& opt) {

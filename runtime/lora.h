@@ -44,6 +44,15 @@ int64_t lora_padded_rank(int64_t rank);
 // The bytes a CPU stage holds for a pair: A and B as F16 copies of the padded rank in the packed
 // layout's size (the embedding's A stays as mapped: its bytes as in the file).
 uint64_t lora_cpu_bytes(const LoraTensor& t);
+// The bytes a GPU stage holds for a pair: A and B as F16 rows of the padded rank in the device
+// layout (kernels/cuda/layout.h; the embedding's A too, [n_vocab rows, padded rank], in the type
+// lora_embd_gpu_type gives: the rows a CPU stage reads as mapped, and the GPU's the same values).
+uint64_t lora_gpu_bytes(const LoraTensor& t);
+inline GgmlType lora_embd_gpu_type(GgmlType file_type) { return file_type == GgmlType::F16 ? GgmlType::F16 : GgmlType::F32; }
+// A GPU stage runs a pair's products on at most this many columns at once, A·x and B·(A·x) of
+// each column in one buffer of these floats (a step's columns in chunks: an adapted head's rows
+// are n_vocab wide). The planner charges the buffer to every GPU stage of a run with adapters.
+constexpr uint64_t kLoraChunkFloats = uint64_t(1) << 20;
 
 class LoraAdapters {
  public:
@@ -57,8 +66,9 @@ class LoraAdapters {
 
   const std::vector<LoraTensor>& tensors() const { return tensors_; }
   const std::vector<std::string>& warnings() const { return warnings_; }
-  // The adapters' bytes (lora_cpu_bytes) added to the shape the planner places: each block's pairs
-  // to its layer, the embedding's and the head's to theirs.
+  // The adapters' bytes added to the shape the planner places (the larger of lora_cpu_bytes and
+  // lora_gpu_bytes, as every weight's): each block's pairs to its layer, the embedding's and the
+  // head's to theirs; and a GPU stage's buffer of their products (ModelShape::lora_gpu_buffer).
   void add_to(ModelShape& shape) const;
 
  private:

@@ -153,12 +153,6 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   n_batch_ = int(p.options.n_batch);
   n_outputs_ = int(p.options.n_outputs);
 
-  if (lora_)
-    for (const Stage& st : p.stages)
-      if (p.devices[st.device].is_gpu())
-        fail(ErrorKind::Usage, "LoRA adapters run on CPU stages only, and the plan puts layers on {} (use --devices cpu)",
-             p.devices[st.device].label);
-
   int n_cpu_stages = 0;  // the CPU threads are shared by the CPU stages; a GPU stage drives its stream
   for (const Stage& st : p.stages) n_cpu_stages += !p.devices[st.device].is_gpu();
   const int total = opt.n_threads > 0 ? opt.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));

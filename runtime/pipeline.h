@@ -41,7 +41,7 @@ struct LoadOptions {
   bool no_cpu_spill = false;
   bool spread = false;
   bool cpu_moe = false;  // a mixture's experts in host memory, run on the CPU (PlanOptions::cpu_moe)
-  // LoRA adapters applied on top of the model's weights (runtime/lora.h; CPU stages only).
+  // LoRA adapters applied on top of the model's weights (runtime/lora.h; CPU and GPU stages, not --distributed).
   std::vector<LoraFile> lora;
   // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always

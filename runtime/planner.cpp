@@ -53,8 +53,8 @@ struct Pricing {
     scratch_mid = mid.total();
     scratch_last = scratch_bytes(s, o.n_batch, true, o.kv_type, o.n_outputs, o.n_threads);
     cpu_att = mid.att;
-    gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false);
-    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true, o.n_outputs) + gpu_sampling_bytes(s, o.n_outputs);
+    gpu_ops_mid = gpu_ops_scratch_bytes(s, o.n_batch, false) + s.lora_gpu_buffer;
+    gpu_ops_last = gpu_ops_scratch_bytes(s, o.n_batch, true, o.n_outputs) + gpu_sampling_bytes(s, o.n_outputs) + s.lora_gpu_buffer;
     gpu_link = gpu_link_bytes(s, o.n_batch);
     for (size_t d = 0; d < dev.size(); d++) {
       const uint64_t user = o.reserve.empty() ? 0 : o.reserve.size() == 1 ? o.reserve[0] : o.reserve[d];

@@ -48,6 +48,9 @@ struct ModelShape {
   // Tensors outside blk.N.*, token_embd, output and output_norm (e.g. rope_freqs.weight): every
   // stage needs its own copy, so the planner charges them to each stage.
   uint64_t shared_bytes = 0;
+  // LoRA adapters (runtime/lora.h, added by LoraAdapters::add_to): a GPU stage's buffer of their
+  // products (0: no adapters).
+  uint64_t lora_gpu_buffer = 0;
 
   uint32_t max_head_kv() const;
   uint64_t layer_weight_bytes() const;  // sum over layers

@@ -33,7 +33,7 @@ struct StageOptions {
   bool cuda_graphs = true;  // GPU stages: capture decode steps in CUDA graphs and replay them
   bool cpu_moe = false;     // a mixture's experts stay in host memory (GPU stages run them on n_threads);
                             // the plan charges them apart from every stage, so no stage counts them
-  const LoraAdapters* lora = nullptr;  // adapters (runtime/lora.h) of the model; CPU stages only
+  const LoraAdapters* lora = nullptr;  // adapters (runtime/lora.h) of the model
   int outputs() const { return int(output_rows(uint32_t(std::max(n_outputs, 0)), uint32_t(n_batch))); }
 };
 
