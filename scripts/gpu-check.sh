@@ -299,6 +299,13 @@ if has_cmd bench --no-cuda-graphs; then  # what the decode graphs save
     have_model $t && run "bench-1stage-nographs-$t" 300 "$bin" bench -m "$models/$shape-$t.gguf" --devices cuda:0 -p 0 -n "$tg" --no-cuda-graphs
   done
 fi
+# LoRA adapters on a GPU stage (session 40): a random rank-16 F16 adapter on every layer matrix,
+# against bench-1stage-Q4_0 above (the same -p and -n).
+if has_cmd bench --lora && have_model Q4_0; then
+  lora=$models/$shape-lora16.gguf
+  run lora-synth 300 "$bin" synth --lora-of "$f0" --rank 16 --out "$lora"
+  [[ -s $lora ]] && run bench-1stage-lora-Q4_0 300 "$bin" bench -m "$f0" --devices cuda:0 -p "$pp" -n "$tg" --lora "$lora"
+fi
 
 # The GEMV's shape on the real decode step: the default (split rows) against the forms a stage
 # measures at load and picks per launch (BATON_GEMV_TUNE=1 among those that keep the products'
