@@ -23,7 +23,8 @@ int run_devices(bool json, bool links) {
                    {"total_bytes", d.total_bytes}, {"free_bytes", d.free_bytes},
                    {"compute_capability", d.kind == DeviceKind::Cuda ? fmt::format("{}.{}", d.cc_major, d.cc_minor) : std::string()},
                    {"runtime_bytes_measured", d.runtime_bytes},
-                   {"runtime_reserve_bytes", d.kind == DeviceKind::Cuda ? cuda_runtime_reserve(d) : 0}});
+                   {"runtime_reserve_bytes", d.kind == DeviceKind::Cuda ? cuda_runtime_reserve(d) : 0},
+                   {"uuid", d.uuid}});
     j["links"] = nlohmann::json::array();
     for (const auto& l : pairs)
       j["links"].push_back({{"from", l.from}, {"to", l.to}, {"peer_access", l.peer_access}, {"p2p_gb_per_s", l.p2p_gbs},

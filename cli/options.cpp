@@ -220,7 +220,7 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
       ->check(at_least(1));
   app.add_option("--devices", f.devices,
                  "devices to place layers on: auto (GPUs by free memory, then the CPU), or a list such as cpu, "
-                 "cuda:0,cpu, cuda:0=20GiB,cpu")
+                 "cuda:0,cpu, cuda:0=20GiB,cpu, GPU-8932f937,cpu (a GPU by its UUID, as baton devices prints it)")
       ->capture_default_str()
       ->check(not_empty("the device list"));
   app.add_option("--threads-per-stage", f.threads_per_stage,

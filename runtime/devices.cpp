@@ -79,6 +79,7 @@ std::vector<ProbedDevice> probe_devices() {
     d.cc_major = g.cc_major;
     d.cc_minor = g.cc_minor;
     d.runtime_bytes = g.runtime_bytes;
+    d.uuid = g.uuid;
     out.push_back(d);
   }
 #else
@@ -88,6 +89,7 @@ std::vector<ProbedDevice> probe_devices() {
     d.index = i;
     d.name = "host emulation (BATON_CUDA_EMULATE)";
     d.total_bytes = d.free_bytes = uint64_t(8) << 30;
+    d.uuid = fmt::format("GPU-e0e0e0e0-e0e0-e0e0-e0e0-e0e0e0e0e0{:02x}", i);
     out.push_back(d);
   }
 #endif
@@ -116,8 +118,8 @@ double gpu_copy_bandwidth_gbs(int index) {
 
 std::string format_devices(const std::vector<ProbedDevice>& devices, const std::vector<DeviceLink>& links,
                            bool cuda_backend) {
-  std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {}\n", "device", "name", "total", "free", "compute",
-                                "runtime reserve");
+  std::string out = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {:<28} {}\n", "device", "name", "total", "free",
+                                "compute", "runtime reserve", "uuid");
   size_t gpus = 0;
   for (const auto& d : devices) {
     const bool gpu = d.kind == DeviceKind::Cuda;
@@ -126,9 +128,11 @@ std::string format_devices(const std::vector<ProbedDevice>& devices, const std::
                                 : d.runtime_bytes ? fmt::format("{} (measured {})", format_bytes(cuda_runtime_reserve(d)),
                                                                 format_bytes(d.runtime_bytes))
                                                   : fmt::format("{} (estimate)", format_bytes(cuda_runtime_reserve(d)));
-    out += fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {}\n", gpu ? fmt::format("cuda:{}", d.index) : "cpu", d.name,
-                       format_bytes(d.total_bytes), format_bytes(d.free_bytes),
-                       gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-", reserve);
+    const std::string line = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {:<28} {}", gpu ? fmt::format("cuda:{}", d.index) : "cpu",
+                                         d.name, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
+                                         gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-", reserve,
+                                         gpu && !d.uuid.empty() ? d.uuid : "-");
+    out += line + "\n";
   }
   if (!cuda_backend) out += "no CUDA devices: this build has no CUDA backend (build with -DBATON_CUDA=ON)\n";
   else if (gpus == 0) out += "no CUDA devices: none visible (no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)\n";
@@ -215,6 +219,7 @@ struct Entry {
   bool has_budget;
   uint64_t budget;
   std::string text;
+  std::string uuid = {};  // a GPU named by (a unique start of) its UUID, lower case: "gpu-5a5a..."
 };
 
 Entry parse_entry(const std::string& text) {
@@ -232,6 +237,14 @@ Entry parse_entry(const std::string& text) {
   if (const size_t colon = lower.find(':'); colon != std::string::npos) {
     name = lower.substr(0, colon);
     idx = lower.substr(colon + 1);
+  }
+  if (lower.starts_with("gpu-")) {  // a UUID, as nvidia-smi -L and CUDA_VISIBLE_DEVICES write it
+    if (lower.size() == 4 || lower.find_first_not_of("0123456789abcdef-", 4) != std::string::npos)
+      fail(ErrorKind::Usage, "device '{}': a GPU UUID is GPU- and hex digits, as `baton devices` or nvidia-smi -L shows it",
+           text);
+    e.kind = DeviceKind::Cuda;
+    e.uuid = lower;
+    return e;
   }
   if (name == "cpu") {
     if (!idx.empty()) fail(ErrorKind::Usage, "device '{}': the CPU takes no index (write 'cpu' or 'cpu=SIZE')", text);
@@ -286,6 +299,27 @@ std::vector<DeviceSpec> parse_devices(std::string_view spec_in, const std::vecto
       if (item == "auto") fail(ErrorKind::Usage, "--devices: 'auto' cannot be combined with other entries");
       entries.push_back(parse_entry(item));
     }
+  }
+
+  // GPUs named by UUID (or a unique start of one) become their index.
+  for (Entry& e : entries) {
+    if (e.uuid.empty()) continue;
+    std::vector<const ProbedDevice*> match;
+    std::string known;
+    for (const ProbedDevice* g : gpus) {
+      std::string u = g->uuid;
+      for (char& c : u) c = char(std::tolower((unsigned char)c));
+      if (!u.empty() && u.starts_with(e.uuid)) match.push_back(g);
+      known += fmt::format("{}{} {}", known.empty() ? "" : ", ", label_of(DeviceKind::Cuda, g->index),
+                           g->uuid.empty() ? "(no UUID)" : g->uuid);
+    }
+    if (match.empty())
+      fail(ErrorKind::Usage, "device '{}': no visible GPU has that UUID ({})", e.text,
+           gpus.empty() ? std::string("no GPU visible") : known);
+    if (match.size() > 1)
+      fail(ErrorKind::Usage, "device '{}': the UUID start fits {} and {}: give more of it ({})", e.text,
+           label_of(DeviceKind::Cuda, match[0]->index), label_of(DeviceKind::Cuda, match[1]->index), known);
+    e.index = match[0]->index;
   }
 
   auto find_probed = [&](const Entry& e) -> const ProbedDevice* {

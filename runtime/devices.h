@@ -25,6 +25,7 @@ struct ProbedDevice {
   uint64_t free_bytes = 0;   // CPU: MemAvailable; CUDA: cudaMemGetInfo after our context exists
   int cc_major = 0, cc_minor = 0;
   uint64_t runtime_bytes = 0;  // CUDA: a stage's stream + cuBLAS handle + workspace, measured (0: unknown)
+  std::string uuid;            // CUDA: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it
 };
 
 // The CPU (always first in the list), then every visible GPU when built with CUDA.

@@ -12,8 +12,8 @@ constexpr uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
 // A machine with 64 GiB of RAM and two GPUs, the second with more free memory.
 std::vector<ProbedDevice> machine() {
   ProbedDevice c{DeviceKind::Cpu, 0, "cpu", 64 * GiB, 48 * GiB};
-  ProbedDevice g0{DeviceKind::Cuda, 0, "gpu zero", 24 * GiB, 10 * GiB, 8, 9};
-  ProbedDevice g1{DeviceKind::Cuda, 1, "gpu one", 24 * GiB, 20 * GiB, 8, 9};
+  ProbedDevice g0{DeviceKind::Cuda, 0, "gpu zero", 24 * GiB, 10 * GiB, 8, 9, 0, "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"};
+  ProbedDevice g1{DeviceKind::Cuda, 1, "gpu one", 24 * GiB, 20 * GiB, 8, 9, 0, "GPU-89a1b2c3-0000-4106-c12f-20bd9faed9f7"};
   return {c, g0, g1};
 }
 
@@ -139,6 +139,27 @@ TEST_CASE("bad device lists are usage errors that name the problem") {
   CHECK_THAT(usage_error("auto,cpu"), Catch::Contains("cannot be combined"));
 }
 
+// As CUDA_VISIBLE_DEVICES takes them: a GPU by its UUID (nvidia-smi -L, baton devices), or by a
+// start of it that fits one GPU only, in any case, with or without a budget.
+TEST_CASE("GPUs named by UUID, or by a unique start of one") {
+  auto labels = [](const std::string& spec) {
+    std::string out;
+    for (const DeviceSpec& d : parse_devices(spec, machine(), false)) out += d.label + (d.budget_given ? "=" : "") + " ";
+    return out;
+  };
+  CHECK(labels("GPU-89a1b2c3-0000-4106-c12f-20bd9faed9f7,cpu") == "cuda:1 cpu ");
+  CHECK(labels("gpu-8932F937,GPU-89a=4GiB") == "cuda:0 cuda:1= ");
+  const auto d = parse_devices("GPU-89a=4GiB", machine(), false);
+  CHECK(d[0].budget == 4 * GiB);
+  CHECK(d[0].index == 1);
+  CHECK_THAT(usage_error("GPU-89"), Catch::Contains("the UUID start fits cuda:0 and cuda:1: give more of it"));
+  CHECK_THAT(usage_error("GPU-77"), Catch::Contains("no visible GPU has that UUID (cuda:0 GPU-8932f937-d72c-4106-c12f-20bd9faed9f6, "
+                                                    "cuda:1 GPU-89a1b2c3-0000-4106-c12f-20bd9faed9f7)"));
+  CHECK_THAT(usage_error("GPU-77=4GiB", true), Catch::Contains("no visible GPU has that UUID"));  // not hypothetical
+  CHECK_THAT(usage_error("GPU-"), Catch::Contains("a GPU UUID is GPU- and hex digits"));
+  CHECK_THAT(usage_error("GPU-xyz"), Catch::Contains("a GPU UUID is GPU- and hex digits"));
+}
+
 TEST_CASE("the CPU probe reads /proc/meminfo") {
   const ProbedDevice c = probe_cpu();
   CHECK(c.kind == DeviceKind::Cpu);
@@ -173,6 +194,7 @@ TEST_CASE("baton devices: GPUs with compute capability, and each pair's copy pat
   std::vector<DeviceLink> links{{0, 0, true, 1500.0, 22.0, 4.5, 23.0, ""},
                                 {0, 1, true, 180.25, 21.5, 6.5, 24.25, ""},
                                 {1, 0, false, 0, 19.75, 0, 23.5, ""}};
+  g1.uuid = "GPU-89a1b2c3-0000-4106-c12f-20bd9faed9f7";
   const std::string text = format_devices({cpu, g0, g1}, links, true);
   CHECK(text.find("cuda:0") != std::string::npos);
   CHECK(text.find("sm 9.0") != std::string::npos);
@@ -184,6 +206,7 @@ TEST_CASE("baton devices: GPUs with compute capability, and each pair's copy pat
     REQUIRE(at != std::string::npos);
     return text.substr(at, text.find('\n', at) - at);
   };
+  CHECK(line("cuda:1 ").find("GPU-89a1b2c3-0000-4106-c12f-20bd9faed9f7") != std::string::npos);
   const std::string fwd = line("cuda:0 -> cuda:1"), back = line("cuda:1 -> cuda:0");
   CHECK(fwd.find("peer-to-peer") != std::string::npos);
   CHECK(fwd.find("180.2") != std::string::npos);

@@ -54,6 +54,18 @@ uint64_t measure_runtime_bytes(int cc_major) {
 
 }  // namespace
 
+// 16 bytes as nvidia-smi writes a GPU's UUID: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+static std::string format_uuid(const unsigned char* b) {
+  static const char hex[] = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[b[i] >> 4];
+    s += hex[b[i] & 15];
+  }
+  return s;
+}
+
 std::vector<DeviceInfo> list_devices() {
   std::vector<DeviceInfo> out;
   int n = 0;
@@ -70,6 +82,7 @@ std::vector<DeviceInfo> list_devices() {
     d.cc_major = p.major;
     d.cc_minor = p.minor;
     d.total_bytes = p.totalGlobalMem;
+    d.uuid = format_uuid(reinterpret_cast<const unsigned char*>(p.uuid.bytes));
     if (cudaSetDevice(i) == cudaSuccess && cudaFree(nullptr) == cudaSuccess) {  // the context, then measure
       d.runtime_bytes = measure_runtime_bytes(p.major);
       d.free_bytes = free_now();

@@ -16,6 +16,7 @@ struct DeviceInfo {
   // after creating a stream and a cuBLAS handle and running one FP16 GEMM through it (cuBLAS
   // allocates its workspace on first use). 0 when the measurement failed.
   uint64_t runtime_bytes = 0;
+  std::string uuid;  // as nvidia-smi -L prints it: "GPU-" and 32 hex digits in 8-4-4-4-12 groups
 };
 
 // Empty when the build has no CUDA, no driver is loaded or no GPU is visible.

@@ -470,6 +470,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int dev) {
   if (!valid_device(dev)) return fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "Baton CUDA simulator");
+  for (int i = 0; i < 16; ++i) p->uuid.bytes[i] = char(i == 15 ? dev : 0x5a);  // GPU-5a5a5a5a-...-5a5a5a5a5a0N
   p->totalGlobalMem = S().devices[size_t(dev)].capacity;
   p->major = 9;
   p->minor = 0;

@@ -107,8 +107,12 @@ enum cudaDeviceAttr {
 constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2;
 
+struct cudaUUID_t {
+  char bytes[16];
+};
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;
   size_t totalGlobalMem;
   int major, minor;
   int multiProcessorCount;
