@@ -367,7 +367,7 @@ TEST_CASE("the fetched models on a GPU stage: every tensor type of their files, 
 }
 
 // LoRA adapters (runtime/lora.h) on a GPU stage: every layer matrix and the embedding of the peer
-// model adapted (F16, rank 8 padded to 32), the prompts' products on the GEMM path and the decode
+// model adapted (F16, rank 8 padded to 32; and an F32 one on a few), the prompts' products on the GEMM path and the decode
 // steps' on the GEMV path (graphs replayed), against the CPU stage with the same adapter; the
 // adapter itself moves the logits far past that bound.
 TEST_CASE("LoRA adapters on a GPU stage give the CPU stage's logits") {
@@ -385,7 +385,15 @@ TEST_CASE("LoRA adapters on a GPU stage give the CPU stage's logits") {
       lo.targets.push_back(layer_tensor_key(l, t));
   const std::string adapter = test::temp_dir() + "/tiny-q4_0-lora.gguf";
   lora_synth_writer(*f, lo).write(adapter);
-  const std::vector<LoraFile> lora = {{adapter, 0.8f}};
+  // A second one, F32 and rank 4 (its embedding rows stay F32 on the device), scaled negatively.
+  lo.rank = 4;
+  lo.alpha = 0;
+  lo.type = GgmlType::F32;
+  lo.seed = 10;
+  lo.targets = {"token_embd.weight", "blk.2.attn_output.weight", "blk.3.ffn_down.weight"};
+  const std::string adapter2 = test::temp_dir() + "/tiny-q4_0-lora2.gguf";
+  lora_synth_writer(*f, lo).write(adapter2);
+  const std::vector<LoraFile> lora = {{adapter, 0.8f}, {adapter2, -1.2f}};
   auto gpu = load(base, "cuda:0", "auto", true, false, lora);
   CHECK(gpu->stages()[0].planned_bytes >= gpu->stages()[0].measured_bytes);
   const std::vector<float> want = run(*load(base, "cpu", "auto", true, false, lora)), got = run(*gpu);
