@@ -237,6 +237,22 @@ void add_model_flags(CLI::App& app, ModelFlags& f) {
                "GPU stages: launch every op every step instead of replaying decode steps captured in CUDA graphs");
   add_placement_flags(app, f.placement);
   add_lora_flags(app, f.lora, f.lora_scaled);
+  app.add_option("--control-vector", f.control_vector,
+                 "a control vector (GGUF, as llama.cpp's cvector-generator writes them) added to the layers' outputs, "
+                 "scale 1; repeat for several")
+      ->type_name("FILE")
+      ->expected(1)
+      ->take_all();
+  app.add_option("--control-vector-scaled", f.control_vector_scaled,
+                 "a control vector with a scale: --control-vector-scaled FILE SCALE; repeatable")
+      ->type_name("FILE SCALE")
+      ->expected(2)
+      ->take_all();
+  app.add_option("--control-vector-layer-range", f.control_range,
+                 "steer only layers FIRST..LAST (inclusive; default: every layer the vectors have)")
+      ->type_name("FIRST LAST")
+      ->expected(2)
+      ->check(at_least(0));
   app.add_flag("--verbose", f.verbose, "print loading and placement details");
   add_distributed_flag(app, f.distributed, [&f] { return WorkerArgs{f.model, f.devices, f.threads, f.threads_per_stage}; });
 }
@@ -252,18 +268,28 @@ void add_lora_flags(CLI::App& app, std::vector<std::string>& lora, std::vector<s
       ->take_all();
 }
 
-std::vector<LoraFile> lora_files(const std::vector<std::string>& lora, const std::vector<std::string>& lora_scaled) {
-  std::vector<LoraFile> files;
-  for (const std::string& path : lora) files.push_back({path, 1.f});
-  for (size_t i = 0; i + 1 < lora_scaled.size(); i += 2) {
-    const std::string &path = lora_scaled[i], &text = lora_scaled[i + 1];
+namespace {
+
+// The files of a --X FILE / --X-scaled FILE SCALE flag pair, with their scales (1 for --X).
+template <class File>
+std::vector<File> scaled_files(const char* flag, const std::vector<std::string>& plain, const std::vector<std::string>& scaled) {
+  std::vector<File> files;
+  for (const std::string& path : plain) files.push_back({path, 1.f});
+  for (size_t i = 0; i + 1 < scaled.size(); i += 2) {
+    const std::string &path = scaled[i], &text = scaled[i + 1];
     char* end = nullptr;
     const float scale = std::strtof(text.c_str(), &end);
     if (text.empty() || *end != '\0' || !std::isfinite(scale))
-      fail(ErrorKind::Usage, "--lora-scaled {} {}: the scale must be a number", path, text);
+      fail(ErrorKind::Usage, "{}-scaled {} {}: the scale must be a number", flag, path, text);
     files.push_back({path, scale});
   }
   return files;
+}
+
+}  // namespace
+
+std::vector<LoraFile> lora_files(const std::vector<std::string>& lora, const std::vector<std::string>& lora_scaled) {
+  return scaled_files<LoraFile>("--lora", lora, lora_scaled);
 }
 
 void add_placement_flags(CLI::App& app, PlacementFlags& f) {
@@ -437,6 +463,13 @@ LoadOptions load_options(const ModelFlags& f, int n_seq, int n_outputs) {
   lo.cuda_graphs = !f.no_cuda_graphs;
   lo.verbose = f.verbose;
   lo.lora = lora_files(f.lora, f.lora_scaled);
+  lo.control_vectors = scaled_files<ControlVectorFile>("--control-vector", f.control_vector, f.control_vector_scaled);
+  if (!f.control_range.empty() && f.control_range.size() != 2)
+    fail(ErrorKind::Usage, "--control-vector-layer-range takes two layers, FIRST LAST (inclusive)");
+  if (f.control_range.size() == 2) {
+    lo.control_first = f.control_range[0];
+    lo.control_last = f.control_range[1];
+  }
   return lo;
 }
 
@@ -591,8 +624,11 @@ EngineOptions engine_options(const SamplingFlags& f, const ModelFlags& mf, const
     if (f.lookup > 0) fail(ErrorKind::Usage, "give --lookup or --draft-model, not both");
     ModelFlags df = mf;
     df.model = f.draft_model;
-    df.lora.clear();  // (the adapters are the model's)
+    df.lora.clear();  // (the adapters and control vectors are the model's)
     df.lora_scaled.clear();
+    df.control_vector.clear();
+    df.control_vector_scaled.clear();
+    df.control_range.clear();
     if (!f.draft_devices.empty()) {
       // Other devices: the model's placement flags (a --tensor-split per device, say) are not the draft's.
       df.devices = f.draft_devices;

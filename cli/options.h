@@ -108,6 +108,9 @@ struct ModelFlags {
   bool distributed = false;  // --distributed: stages on the ranks of an MPI job (cli/distributed.h)
   std::vector<std::string> lora;                            // --lora FILE (repeatable): scale 1
   std::vector<std::string> lora_scaled;                     // --lora-scaled FILE SCALE (repeatable): pairs
+  std::vector<std::string> control_vector;                  // --control-vector FILE (repeatable): scale 1
+  std::vector<std::string> control_vector_scaled;           // --control-vector-scaled FILE SCALE: pairs
+  std::vector<int> control_range;                           // --control-vector-layer-range FIRST LAST
 };
 void add_model_flags(CLI::App& app, ModelFlags& f);
 // --lora FILE and --lora-scaled FILE SCALE (each repeatable; the model flags' and `baton plan`'s),

@@ -159,7 +159,7 @@ void lora_add(const cpu::QMatrix& b, const float* h, int n, float* y, float s, c
 
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
                           bool with_embed, bool with_head, cpu::ThreadPool* pack_pool,
-                          const LoraAdapters* adapters) {
+                          const LoraAdapters* adapters, const ControlVectors* control) {
   BATON_CHECK(0 <= begin && begin <= end && end <= c.n_layer);
   ModelWeights w;
   // A norm weight as stored, or a copy with Gemma's +1 when the file did not fold it in.
@@ -261,6 +261,13 @@ ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, 
     L.sinks = opt(l, LayerTensor::Sinks);
   }
   if (adapters) attach_lora(w, *adapters, c, begin, end, with_embed, with_head, pack_pool != nullptr);
+  for (int l = begin; control && l < end; ++l)
+    if (const float* v = control->layer(l)) {
+      std::vector<float> s(v, v + c.n_embd);
+      for (float& x : s) x /= c.residual_scale;  // (the forward adds it to the branch the residual add scales)
+      w.owned.push_back(std::move(s));
+      w.layers[size_t(l)].control = w.owned.back().data();
+    }
   if (pack_pool) {
     // In the order the forward reads them.
     std::vector<cpu::QMatrix*> to_pack;

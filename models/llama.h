@@ -13,6 +13,7 @@
 #include "runtime/batch.h"
 #include "models/llama_forward.h"
 #include "runtime/config.h"
+#include "runtime/control_vector.h"
 #include "runtime/lora.h"
 
 namespace baton {
@@ -52,9 +53,11 @@ struct ModelWeights {
 // their type; a tied embedding then reads its rows from the packed head. With adapters, the pairs
 // of the bound tensors are attached (ModelWeights::lora): packed as the CPU multiplies them with a
 // pool, row-major F16 (a GPU stage's binding) without.
+// With control vectors, each steered layer's `control` is their sum over the residual scale (in
+// ModelWeights::owned).
 ModelWeights bind_weights(const gguf::File& f, const ModelConfig& c, int begin, int end,
                           bool with_embed, bool with_head, cpu::ThreadPool* pack_pool = nullptr,
-                          const LoraAdapters* adapters = nullptr);
+                          const LoraAdapters* adapters = nullptr, const ControlVectors* control = nullptr);
 
 // Packed copies of the matrices this process packs (the others are left as they are), in one
 // buffer that w owns; each matrix's `packed` points into it, valid while w lives. With a file, the

@@ -52,6 +52,9 @@ struct LayerT {
   const float* bv = nullptr;
   const float* bo = nullptr;              // attn_out_bias
   const float* sinks = nullptr;           // attn_sinks: n_head logits
+  // A control vector's share of this layer's output (runtime/control_vector.h), divided by the
+  // residual scale: added to the FFN branch before the residual add. Null: none.
+  const float* control = nullptr;
   // moe_bias: the router's bias (n_expert) and each expert's gate, up and down biases (F32 vectors
   // of n_ff_exp, n_ff_exp and n_embd in the backend's memory).
   const float* router_b = nullptr;
@@ -123,6 +126,7 @@ void llama_layers(const ModelConfig& c, B& b, int n, int begin, int end) {
       b.matmul(L.down, b.hb, n, b.xb);
     }
     if (L.post_ffn_norm) b.rms_norm(b.xb, L.post_ffn_norm, b.xb, n, E);
+    if (L.control) b.add_rows(b.xb, L.control, n, E);
     if (l + 1 < end && b.layer(l + 1).attn_norm)  // and the next layer's norm
       b.add_rms_norm(b.x, b.xb, b.layer(l + 1).attn_norm, b.xb, n, E, c.residual_scale);
     else

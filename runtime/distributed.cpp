@@ -745,6 +745,7 @@ DistributedPipeline::DistributedPipeline(const std::string& path, const LoadOpti
   check_options(opt);
   if (opt.cpu_moe) fail(ErrorKind::Usage, "--cpu-moe is not supported with --distributed yet");
   if (!opt.lora.empty()) fail(ErrorKind::Usage, "LoRA adapters are not supported with --distributed yet");
+  if (!opt.control_vectors.empty()) fail(ErrorKind::Usage, "control vectors are not supported with --distributed yet");
 
   const std::vector<RankInfo> all = gather(local_info(path, opt.devices, /*allow_hypothetical=*/false));
   check_files(all);

@@ -717,7 +717,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
 
   // Weights: host views of the block (no CPU packing), packed into the device layout through two
   // pinned staging buffers (packing one while the other is copied).
-  g.host_w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output, nullptr, opt.lora);
+  g.host_w = bind_weights(f, cfg, g.begin, g.end, plan.has_embedding, plan.has_output, nullptr, opt.lora, opt.control);
   const ModelWeights& w = g.host_w;
   g.cpu_moe = opt.cpu_moe && cfg.is_moe() && g.end > g.begin;
   if (g.cpu_moe) {  // the experts packed for the CPU kernels, the rest of the host views unused
@@ -800,6 +800,7 @@ GpuStage::GpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
     L.bv = g.upload_floats(H.bv, size_t(cfg.n_embd_v()));
     L.bo = g.upload_floats(H.bo, E);
     L.sinks = g.upload_floats(H.sinks, size_t(cfg.n_head));
+    L.control = g.upload_floats(H.control, E);
     if (cfg.is_moe() && cfg.moe_bias) {
       L.router_b = g.upload_floats(H.router_b, size_t(cfg.n_expert));
       // Each stacked bias tensor in one upload; expert e's bias at e · width.

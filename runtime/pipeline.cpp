@@ -174,6 +174,7 @@ CpuPipeline::CpuPipeline(const std::string& path, const LoadOptions& opt) {
   so.cuda_graphs = opt.cuda_graphs;
   so.cpu_moe = p.options.cpu_moe;  // (the planner keeps it for mixtures only)
   so.lora = lora_.get();
+  so.control = control_.get();
   try {
     for (const Stage& st : p.stages) {
       const DeviceSpec& d = p.devices[st.device];

@@ -11,6 +11,7 @@
 
 #include "quant/types.h"
 #include "runtime/batch.h"
+#include "runtime/control_vector.h"
 #include "runtime/lora.h"
 
 namespace baton {
@@ -43,6 +44,10 @@ struct LoadOptions {
   bool cpu_moe = false;  // a mixture's experts in host memory, run on the CPU (PlanOptions::cpu_moe)
   // LoRA adapters applied on top of the model's weights (runtime/lora.h; CPU and GPU stages, not --distributed).
   std::vector<LoraFile> lora;
+  // Control vectors added to the layers' outputs (runtime/control_vector.h; not --distributed), on
+  // the layers in [control_first, control_last] (-1: no bound).
+  std::vector<ControlVectorFile> control_vectors;
+  int control_first = -1, control_last = -1;
   // How consecutive GPU stages hand over the hidden state: "auto" (peer-to-peer where the GPUs
   // allow it, else through pinned host memory), "on" (peer-to-peer or an error), "off" (always
   // through host memory). BATON_P2P=0 in the environment makes "auto" mean "off".

@@ -53,6 +53,12 @@ void ModelPipeline::open_model(const std::string& path, const LoadOptions& opt) 
     lora_ = std::make_unique<LoraAdapters>(opt.lora, *file_, cfg_);
     for (const std::string& w : lora_->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
+  if (!opt.control_vectors.empty()) {
+    control_ = std::make_unique<ControlVectors>(opt.control_vectors, cfg_, opt.control_first, opt.control_last);
+    for (const std::string& w : control_->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  } else if (opt.control_first >= 0 || opt.control_last >= 0) {
+    fail(ErrorKind::Usage, "--control-vector-layer-range needs --control-vector");
+  }
   n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(cfg_.n_ctx_train, 4096);
   cfg_.use_context(n_ctx_);
   len_.assign(size_t(opt.n_seq), 0);

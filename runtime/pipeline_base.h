@@ -58,6 +58,7 @@ class ModelPipeline : public Pipeline {
   std::unique_ptr<gguf::File> file_;
   ModelConfig cfg_;
   std::unique_ptr<LoraAdapters> lora_;  // opt.lora, checked against the model (null: none)
+  std::unique_ptr<ControlVectors> control_;  // opt.control_vectors (null: none)
   std::optional<Tokenizer> tok_;
   int n_ctx_ = 0;
   std::vector<int> len_;  // positions per sequence, as submitted

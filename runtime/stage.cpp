@@ -17,7 +17,7 @@ CpuStage::CpuStage(const gguf::File& f, const ModelConfig& cfg, const Stage& pla
       n_outputs_(opt.outputs()) {
   BATON_CHECK(opt.n_batch > 0 && opt.n_threads > 0);
   pool_ = std::make_unique<cpu::ThreadPool>(opt.n_threads);
-  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get(), opt.lora);
+  weights_ = bind_weights(f, cfg_, begin_, end_, plan_.has_embedding, plan_.has_output, pool_.get(), opt.lora, opt.control);
   weight_bytes_ = bound_bytes(f, !opt.cpu_moe);
   KvCacheShape ks;
   ks.layer_begin = begin_;

@@ -34,6 +34,7 @@ struct StageOptions {
   bool cpu_moe = false;     // a mixture's experts stay in host memory (GPU stages run them on n_threads);
                             // the plan charges them apart from every stage, so no stage counts them
   const LoraAdapters* lora = nullptr;  // adapters (runtime/lora.h) of the model
+  const ControlVectors* control = nullptr;  // control vectors (runtime/control_vector.h)
   int outputs() const { return int(output_rows(uint32_t(std::max(n_outputs, 0)), uint32_t(n_batch))); }
 };
 

@@ -3,10 +3,14 @@
 // llama-shaped model and a phi3-shaped one (fused q/k/v and gate/up: one pair split with its
 // tensor), several adapters add up, a scale of 0 changes no bit, the planner and the stages count
 // the adapters' bytes, and every malformed adapter is refused with a message naming the problem.
+// Control vectors (runtime/control_vector.h; their sums checked against a float reference in
+// test_model_tiny): a GPU stage adds them as a CPU stage does, the CLI takes them, bad files and
+// flags are refused.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <random>
 
 #include "gguf/gguf.h"
 #include "helpers.h"
@@ -375,3 +379,106 @@ TEST_CASE("lora: baton synth --lora-of writes the adapter named by --lora-target
   CHECK(bad.code == 1);
   CHECK_THAT(bad.err, Catch::Contains("--lora-targets: 'ffn_gate' names no matrix of"));
 }
+
+namespace {
+
+// A control vector file for a model of width E: direction.L for each given layer, normal(0, sd).
+std::string control_vector(const std::string& name, int E, const std::vector<int>& layers, uint32_t seed,
+                           float sd = 0.6f, GgmlType type = GgmlType::F32) {
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::of_str("controlvector"));
+  w.set("controlvector.model_hint", gguf::Value::of_str("llama"));
+  w.set("controlvector.layer_count", gguf::Value::of_u32(uint32_t(layers.size())));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, sd);
+  for (int l : layers) {
+    std::vector<float> v(static_cast<size_t>(E));
+    for (float& x : v) x = normal(rng);
+    std::vector<uint8_t> bytes(row_bytes(type, E));
+    quantize_row(type, v.data(), bytes.data(), E);
+    w.add_tensor("direction." + std::to_string(l), type, {int64_t(E)}, bytes.data(), bytes.size());
+  }
+  const std::string path = test::temp_dir() + "/" + name + ".gguf";
+  w.write(path);
+  return path;
+}
+
+std::string control_error(const std::string& model, const std::vector<ControlVectorFile>& cv, int first = -1, int last = -1) {
+  try {
+    LoadOptions o;
+    o.n_ctx = 64;
+    o.n_threads = 2;
+    o.devices = "cpu";
+    o.control_vectors = cv;
+    o.control_first = first;
+    o.control_last = last;
+    Pipeline::load(model, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("control vectors: refused files and ranges name the problem; baton run takes them") {
+  const std::string base = base_model(kLlama);  // 2 layers, n_embd 128: only layer 1 can be steered
+  CHECK_THAT(control_error(base, {{control_vector("cv-l0", 128, {0}, 1), 1.f}}),
+             Catch::Contains("'direction.0' steers layer 0, and the model's layers that can be steered are 1..1"));
+  CHECK_THAT(control_error(base, {{control_vector("cv-l2", 128, {2}, 1), 1.f}}), Catch::Contains("steers layer 2"));
+  CHECK_THAT(control_error(base, {{control_vector("cv-w", 64, {1}, 1), 1.f}}),
+             Catch::Contains("'direction.1' must be 128 F32 values (the model's width); it is 64 F32"));
+  CHECK_THAT(control_error(base, {{control_vector("cv-f16", 128, {1}, 1, 0.6f, GgmlType::F16), 1.f}}),
+             Catch::Contains("it is 128 F16"));
+  CHECK_THAT(control_error(base, {{base, 1.f}}), Catch::Contains("not a control vector (general.architecture is 'llama'"));
+  const std::string cv = control_vector("cv-ok", 128, {1}, 2);
+  CHECK_THAT(control_error(base, {{cv, 1.f}}, 1, 0), Catch::Contains("the first layer is after the last"));
+  CHECK_THAT(control_error(base, {}, 1, 1), Catch::Contains("--control-vector-layer-range needs --control-vector"));
+  CHECK(control_error(base, {{cv, 1.f}}) == "(no error)");
+
+  const std::string run = std::string(BATON_BINARY) + " run -m " + base + " -p hi -n 4 --temp 0 --raw";
+  const test::Out plain = test::run_command(run), zero = test::run_command(run + " --control-vector-scaled " + cv + " 0");
+  const test::Out steered = test::run_command(run + " --control-vector " + cv + " --control-vector-layer-range 1 1");
+  INFO(steered.err);
+  CHECK(steered.code == 0);
+  CHECK(zero.code == 0);
+  CHECK(zero.out == plain.out);  // scale 0 adds nothing
+  const test::Out bad = test::run_command(run + " --control-vector-scaled " + cv + " much");
+  CHECK(bad.code == 1);
+  CHECK_THAT(bad.err, Catch::Contains("--control-vector-scaled " + cv + " much: the scale must be a number"));
+  const test::Out range = test::run_command(run + " --control-vector " + cv + " --control-vector-layer-range 1");
+  CHECK(range.code != 0);
+  CHECK_THAT(range.err, Catch::Contains("--control-vector-layer-range"));
+}
+
+#if BATON_CUDA_HOST_EMULATION
+// A GPU stage (the host emulation) adds the vectors as the CPU stage does, alone and beside a CPU stage.
+TEST_CASE("control vectors: a GPU stage gives the CPU stage's logits") {
+  setenv("BATON_CUDA_EMULATE", "1", 1);
+  const ShapePreset shape{"cv-llama", "llama", "test", 3, 128, 4, 2, 32, 256, 400, 2048, false, 0, 0, 1e4f, 1e-5f, false};
+  const std::string base = base_model(shape);
+  const std::vector<ControlVectorFile> cv = {{control_vector("cv-gpu-a", 128, {1, 2}, 3), 0.9f},
+                                             {control_vector("cv-gpu-b", 128, {2}, 4), -0.4f}};
+  auto logits_cv = [&](const std::string& devices, const std::vector<ControlVectorFile>& c) {
+    LoadOptions o;
+    o.n_ctx = 64;
+    o.n_threads = 2;
+    o.devices = devices;
+    o.control_vectors = c;
+    if (devices.find(',') != std::string::npos) o.tensor_split = {1.0, 2.0};
+    const auto p = Pipeline::load(base, o);
+    Batch b;
+    for (int i = 0; i < kTokens; ++i) b.add(int32_t(5 + 19 * i % 390), i, 0, kLogitsRow);
+    std::vector<float> out(size_t(kTokens) * size_t(p->n_vocab()));
+    p->decode(b, out.data());
+    return out;
+  };
+  const std::vector<float> cpu = logits_cv("cpu", cv);
+  CHECK(max_diff(cpu, logits_cv("cpu", {})) > 0.5f);
+  for (const char* devices : {"cuda:0", "cuda:0,cpu", "cpu,cuda:0"}) {
+    INFO(devices);
+    CHECK(max_diff(logits_cv(devices, cv), cpu) < 1e-3f);
+  }
+  unsetenv("BATON_CUDA_EMULATE");
+}
+#endif

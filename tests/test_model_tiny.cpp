@@ -94,6 +94,9 @@ struct Spec {
   // glm4: the reference without the norms on the blocks' outputs, rotating the whole head instead
   // of its first half, or rotating NeoX's halves instead of interleaved pairs (do they matter?).
   bool ref_no_post_norms = false, ref_full_rope = false, ref_neox = false;
+  // Control vectors: what the reference adds to each layer's output (empty: nothing; the file's
+  // vectors are given to the fast path at load).
+  std::vector<std::vector<float>> control;
   uint32_t seed = 7;
 };
 
@@ -562,6 +565,9 @@ std::vector<Vec> reference(const Model& m, const std::vector<int32_t>& ids, int 
         d = rmsnorm(d, gemma1 ? ones.data() : W(b + "post_ffw_norm.weight").data(), 0, size_t(E), eps);
       for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += res * d[size_t(i)];
     }
+    if (size_t(l) < s.control.size() && !s.control[size_t(l)].empty())
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += s.control[size_t(l)][size_t(i)];
   }
   std::vector<Vec> logits;
   const std::string out = m.w.count("output.weight") ? "output.weight" : "token_embd.weight";  // else tied
@@ -584,8 +590,13 @@ std::vector<int32_t> prompt(const Spec& s, int n, uint32_t seed) {
   return ids;
 }
 
-std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1, int n_ctx = 64) {
+std::unique_ptr<Pipeline> load(const Model& m, int n_batch, int n_seq = 1, int n_ctx = 64,
+                               const std::vector<ControlVectorFile>& control = {}, int control_first = -1,
+                               int control_last = -1) {
   LoadOptions o;
+  o.control_vectors = control;
+  o.control_first = control_first;
+  o.control_last = control_last;
   o.n_ctx = n_ctx;
   o.n_seq = n_seq;
   o.n_batch = n_batch;
@@ -824,6 +835,53 @@ TEST_CASE("tiny generated models: each of granite's multipliers matters") {
       g_min_router_gap = 1e30;
       check_misses(d, arch + " without " + key);
     }
+  }
+}
+
+// Control vectors (runtime/control_vector.h, llama.cpp's --control-vector files): two files' scaled
+// directions summed and added to each steered layer's output, as the reference adds them (granite:
+// under its residual scale too), alone on the layers a range keeps; without them the logits are far
+// off. The second file's model hint names another family (a warning, not an error).
+TEST_CASE("tiny generated models: control vectors add to the layers' outputs") {
+  for (const std::string arch : {"llama", "granite"}) {
+    Spec s = spec_of(arch, GgmlType::Q8_0);
+    s.n_layer = 3;
+    const auto ids = prompt(s, 12, 11);
+    const Model m = make_model(s);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.f, 0.6f);
+    auto direction = [&] {
+      std::vector<float> v(size_t(s.n_embd));
+      for (float& x : v) x = normal(rng);
+      return v;
+    };
+    const std::vector<float> a1 = direction(), a2 = direction(), b2 = direction();
+    auto write = [&](const std::string& name, const std::string& hint, std::vector<std::pair<int, const std::vector<float>*>> dirs) {
+      gguf::Writer w;
+      w.set("general.architecture", gguf::Value::of_str("controlvector"));
+      w.set("controlvector.model_hint", gguf::Value::of_str(hint));
+      w.set("controlvector.layer_count", gguf::Value::of_u32(uint32_t(dirs.size())));
+      for (auto [l, v] : dirs)
+        w.add_tensor("direction." + std::to_string(l), GgmlType::F32, {int64_t(v->size())}, v->data(), v->size() * 4);
+      const std::string path = test::temp_dir() + "/" + arch + "-" + name + ".gguf";
+      w.write(path);
+      return path;
+    };
+    const std::string fa = write("cv-a", arch, {{1, &a1}, {2, &a2}}), fb = write("cv-b", "qwen2", {{2, &b2}});
+    const std::vector<ControlVectorFile> both = {{fa, 0.8f}, {fb, -0.5f}};
+    auto sum = [&](const std::vector<float>& x, float sx, const std::vector<float>* y, float sy) {
+      std::vector<float> r(x.size());
+      for (size_t i = 0; i < r.size(); ++i) r[i] = sx * x[i] + (y ? sy * (*y)[i] : 0.f);
+      return r;
+    };
+    Model with = m;
+    with.spec.control = {{}, sum(a1, 0.8f, nullptr, 0), sum(a2, 0.8f, &b2, -0.5f)};
+    const auto got = run_prompt(*load(m, 64, 1, 64, both), ids);
+    compare(with, ids, got, "control vectors");
+    check_misses(deviation(m, ids, got), arch + " against a reference without the control vectors");
+    Model last = m;
+    last.spec.control = {{}, {}, with.spec.control[2]};
+    compare(last, ids, run_prompt(*load(m, 64, 1, 64, both, 2, 2), ids), "control range 2..2");
   }
 }
 
