@@ -137,6 +137,27 @@ std::vector<std::string> every_matrix(int n_layer, const std::vector<std::string
   return names;
 }
 
+// The two shapes the merged-weights tests adapt, with their per-layer matrices (phi3's fused).
+struct AdaptedShape {
+  ShapePreset shape;
+  std::vector<std::string> per_layer;
+};
+const AdaptedShape kAdaptedShapes[] = {
+    {kLlama, {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}},
+    {kPhi3, {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}},
+};
+// A rank-8 F16 adapter (the type adapters come in, and the one they are multiplied in) with alpha
+// 16 on every matrix of each layer, the embedding and the head.
+LoraSynthOptions every_matrix_adapter(const AdaptedShape& as) {
+  LoraSynthOptions lo;
+  lo.targets = every_matrix(int(as.shape.n_layer), as.per_layer);
+  lo.rank = 8;
+  lo.alpha = 16;
+  lo.type = GgmlType::F16;
+  lo.seed = 3;
+  return lo;
+}
+
 std::string error_of(const std::string& model, const std::vector<LoraFile>& lora) {
   try {
     logits(model, lora);
@@ -149,17 +170,11 @@ std::string error_of(const std::string& model, const std::vector<LoraFile>& lora
 }  // namespace
 
 TEST_CASE("lora: an adapted model gives the merged model's logits (llama; phi3's fused tensors split)") {
-  for (const auto& [shape, per_layer] :
-       {std::pair{kLlama, std::vector<std::string>{"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}},
-        std::pair{kPhi3, std::vector<std::string>{"attn_qkv", "attn_output", "ffn_up", "ffn_down"}}}) {
+  for (const AdaptedShape& as : kAdaptedShapes) {
+    const ShapePreset& shape = as.shape;
     INFO(shape.name);
     const std::string base = base_model(shape);
-    LoraSynthOptions lo;
-    lo.targets = every_matrix(int(shape.n_layer), per_layer);
-    lo.rank = 8;
-    lo.alpha = 16;
-    lo.type = GgmlType::F16;  // the type adapters come in, and the one they are multiplied in
-    lo.seed = 3;
+    const LoraSynthOptions lo = every_matrix_adapter(as);
     const std::string a = write_adapter(base, std::string(shape.name) + "-a", lo);
     const std::vector<LoraFile> adapters = {{a, 0.7f}};
     const std::vector<float> plain = logits(base, {}), adapted = logits(base, adapters);
@@ -320,17 +335,11 @@ TEST_CASE("lora: baton run --lora and --lora-scaled; bad values are usage errors
 // (BATON_LORA_CHUNK_FLOATS) as in whole steps.
 TEST_CASE("lora: a GPU stage gives the merged model's logits (llama; phi3's fused tensors), beside a CPU stage too") {
   setenv("BATON_CUDA_EMULATE", "1", 1);
-  for (const auto& [shape, per_layer] :
-       {std::pair{kLlama, std::vector<std::string>{"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}},
-        std::pair{kPhi3, std::vector<std::string>{"attn_qkv", "attn_output", "ffn_up", "ffn_down"}}}) {
+  for (const AdaptedShape& as : kAdaptedShapes) {
+    const ShapePreset& shape = as.shape;
     INFO(shape.name);
     const std::string base = base_model(shape);
-    LoraSynthOptions lo;
-    lo.targets = every_matrix(int(shape.n_layer), per_layer);
-    lo.rank = 8;
-    lo.alpha = 16;
-    lo.type = GgmlType::F16;
-    lo.seed = 3;
+    LoraSynthOptions lo = every_matrix_adapter(as);
     const std::string a = write_adapter(base, std::string(shape.name) + "-gpu-a", lo);
     lo.targets = {"blk.1.attn_output.weight", "output.weight", "token_embd.weight"};
     lo.rank = 4;
