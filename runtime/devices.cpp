@@ -128,11 +128,10 @@ std::string format_devices(const std::vector<ProbedDevice>& devices, const std::
                                 : d.runtime_bytes ? fmt::format("{} (measured {})", format_bytes(cuda_runtime_reserve(d)),
                                                                 format_bytes(d.runtime_bytes))
                                                   : fmt::format("{} (estimate)", format_bytes(cuda_runtime_reserve(d)));
-    const std::string line = fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {:<28} {}", gpu ? fmt::format("cuda:{}", d.index) : "cpu",
-                                         d.name, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
-                                         gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-", reserve,
-                                         gpu && !d.uuid.empty() ? d.uuid : "-");
-    out += line + "\n";
+    out += fmt::format("{:<8} {:<32} {:>11} {:>11}  {:<8} {:<28} {}\n", gpu ? fmt::format("cuda:{}", d.index) : "cpu",
+                       d.name, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
+                       gpu ? fmt::format("sm {}.{}", d.cc_major, d.cc_minor) : "-", reserve,
+                       gpu && !d.uuid.empty() ? d.uuid : "-");
   }
   if (!cuda_backend) out += "no CUDA devices: this build has no CUDA backend (build with -DBATON_CUDA=ON)\n";
   else if (gpus == 0) out += "no CUDA devices: none visible (no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)\n";
