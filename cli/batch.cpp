@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -46,6 +50,7 @@ struct Job {
   std::optional<uint64_t> seed;
   int max_tokens = -1;
   bool ignore_eos = false;
+  int logprobs = -1;           // Request::logprobs
   std::vector<std::string> stop;
   std::shared_ptr<const Grammar> grammar;  // the line's own, or the flags'
   bool duplicate = false;      // an id seen on an earlier line
@@ -67,6 +72,37 @@ bool get_number(const json& j, const char* name, T& out, std::string& err) {
     out = v.get<T>();
   }
   return true;
+}
+
+// A line's "logit_bias": OpenAI's object of token ids (as strings) to biases, {"15043": -100}, or
+// llama.cpp's array of [id, bias] pairs; a bias of false bans the token (-inf), as llama.cpp's
+// server takes it. The ids' range is checked with the vocabulary (SamplingParams::validate).
+std::string line_logit_bias(const json& v, std::vector<std::pair<int32_t, float>>& out) {
+  const char* shape = "field 'logit_bias' must be an object of token ids to numbers ({\"15043\": -100}) or an array of "
+                      "[id, number] pairs";
+  auto add = [&](int64_t id, const json& b) -> std::string {
+    if (id < 0 || id > INT32_MAX) return fmt::format("logit_bias: token {} is not a token id", id);
+    if (b.is_boolean() && !b.get<bool>()) out.push_back({int32_t(id), -INFINITY});
+    else if (b.is_number()) out.push_back({int32_t(id), b.get<float>()});
+    else return fmt::format("logit_bias: the bias of token {} must be a number (or false: never)", id);
+    return "";
+  };
+  if (v.is_object()) {
+    for (const auto& [key, b] : v.items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno == ERANGE) return fmt::format("logit_bias: '{}' is not a token id", key);
+      if (std::string e = add(id, b); !e.empty()) return e;
+    }
+    return "";
+  }
+  if (!v.is_array()) return shape;
+  for (const json& p : v) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer()) return shape;
+    if (std::string e = add(p[0].get<int64_t>(), p[1]); !e.empty()) return e;
+  }
+  return "";
 }
 
 // A repeated id is tracked by its line, so its error record never hides the first one's result.
@@ -110,6 +146,7 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
   j.seed = defaults.seed;
   j.max_tokens = defaults.max_tokens;
   j.ignore_eos = defaults.ignore_eos;
+  j.logprobs = defaults.logprobs;
   j.stop = defaults.stop;
   j.grammar = default_grammar;
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -148,12 +185,30 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
   if (!get_number(v, "max_tokens", j.max_tokens, err) || !get_number(v, "temperature", j.sampling.temperature, err) ||
       !get_number(v, "top_p", j.sampling.top_p, err) || !get_number(v, "top_k", j.sampling.top_k, err) ||
       !get_number(v, "min_p", j.sampling.min_p, err) || !get_number(v, "repeat_penalty", j.sampling.repeat_penalty, err) ||
-      !get_number(v, "seed", seed, err))
+      !get_number(v, "presence_penalty", j.sampling.presence_penalty, err) ||
+      !get_number(v, "frequency_penalty", j.sampling.frequency_penalty, err) ||
+      !get_number(v, "repeat_last_n", j.sampling.repeat_last_n, err) || !get_number(v, "seed", seed, err))
     return j;
+  if (v.contains("logit_bias")) {
+    j.sampling.logit_bias.clear();  // the line's replace the flags'
+    if (std::string e = line_logit_bias(v["logit_bias"], j.sampling.logit_bias); !e.empty()) { j.error = e; return j; }
+  }
   if (v.contains("seed")) j.seed = seed;
   if (v.contains("ignore_eos")) {
     if (!v["ignore_eos"].is_boolean()) { j.error = "field 'ignore_eos' must be true or false"; return j; }
     j.ignore_eos = v["ignore_eos"].get<bool>();
+  }
+  // OpenAI's pair: "logprobs": true, and "top_logprobs": N alternatives (0..20) with it.
+  if (v.contains("logprobs")) {
+    if (!v["logprobs"].is_boolean()) { j.error = "field 'logprobs' must be true or false"; return j; }
+    j.logprobs = v["logprobs"].get<bool>() ? std::max(j.logprobs, 0) : -1;
+  }
+  if (v.contains("top_logprobs")) {
+    int n = 0;
+    if (!get_number(v, "top_logprobs", n, err)) return j;
+    if (n < 0 || n > kMaxTopLogprobs) { j.error = fmt::format("field 'top_logprobs' must be 0 to {}", kMaxTopLogprobs); return j; }
+    if (j.logprobs < 0) { j.error = "field 'top_logprobs' needs \"logprobs\": true"; return j; }
+    j.logprobs = n;
   }
   if (v.contains("stop")) {
     const json& s = v["stop"];
@@ -246,6 +301,7 @@ int run(const BatchOpts& o) {
       j.seed = o.sampling.seed;
       j.max_tokens = o.sampling.max_tokens;
       j.ignore_eos = o.sampling.ignore_eos;
+      j.logprobs = o.sampling.logprobs;
       j.stop = o.sampling.stop;
       j.grammar = grammar;
       jobs.push_back(std::move(j));
@@ -331,6 +387,7 @@ int run(const BatchOpts& o) {
       r.sampling.seed = resolve_seed(j.seed);
       r.max_tokens = j.max_tokens;
       r.ignore_eos = j.ignore_eos;
+      r.logprobs = j.logprobs;
       r.stop = j.stop;
       r.grammar = j.grammar;
       r.tag = tag;
@@ -346,6 +403,7 @@ int run(const BatchOpts& o) {
              {"completion_tokens", r.completion_tokens()}, {"finish_reason", to_string(r.finish)},
              {"ms", int64_t(r.total_ms + 0.5)}, {"seed", r.seed}};
     if (harmony && !o.sampling.hide_thinking) rec["reasoning"] = r.reasoning;  // gpt-oss: the analysis
+    if (j.logprobs >= 0) rec["logprobs"] = logprobs_json(r, m.pipe->tokenizer());
     out.write(record_line(rec));
     n_done++;
     n_ok++;
@@ -374,6 +432,7 @@ Register reg{{"batch", "Generate for many prompts (JSONL or text, one per line) 
   auto o = std::make_shared<BatchOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
+  add_logprobs_flag(app, o->sampling);
   app.add_option("-i,--input", o->in, "input: JSONL ({\"id\", \"prompt\"|\"messages\", ...}) or plain text, one prompt per line ('-': stdin)")->required();
   app.add_option("-o,--output", o->out, "output JSONL: one line per request, appended as each finishes ('-': stdout)")
       ->required()

@@ -41,7 +41,8 @@ const char* kHelp =
     "  /exit                 leave (Ctrl-D too)\n"
     "  /reset                forget the conversation (the system prompt stays)\n"
     "  /system TEXT          set the system prompt\n"
-    "  /set NAME VALUE       temp, top_p, top_k, min_p, seed, max_tokens\n"
+    "  /set NAME VALUE       temp, top_p, top_k, min_p, repeat_penalty, presence_penalty,\n"
+    "                        frequency_penalty, seed, max_tokens\n"
     "  /set format json      replies are JSON objects (/set noformat: free text again)\n"
     "  /stats                show or hide the line after each reply\n"
     "  /save FILE            write the conversation as JSON\n"
@@ -409,11 +410,18 @@ class Chat {
       grammar_ = compile_constraint("format", "json", "/set format");
       return say("(replies are JSON objects)");
     }
-    const char* usage = "usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE, /set format json, /set noformat";
+    const char* usage =
+        "usage: /set temp|top_p|top_k|min_p|repeat_penalty|presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
+        "/set format json, /set noformat";
     if (name.empty()) return say(usage);
-    static const std::set<std::string> kNames = {"temp", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens"};
+    static const std::set<std::string> kNames = {"temp",           "temperature",      "top_p",
+                                                 "top_k",          "min_p",            "repeat_penalty",
+                                                 "presence_penalty", "frequency_penalty", "seed", "max_tokens"};
     if (!kNames.count(name))
-      return say(fmt::format("/set: '{}' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens, format)", name));
+      return say(fmt::format(
+          "/set: '{}' is not a setting (temp, top_p, top_k, min_p, repeat_penalty, presence_penalty, "
+          "frequency_penalty, seed, max_tokens, format)",
+          name));
     SamplingParams p = params_;
     int max_tokens = max_tokens_;
     if (name == "seed") {  // as --seed: -1 is a random seed each reply (std::stoull would wrap it to 2^64-1)
@@ -427,6 +435,9 @@ class Chat {
       else if (name == "top_p") p.top_p = std::stof(value, &used);
       else if (name == "top_k") p.top_k = std::stoi(value, &used);
       else if (name == "min_p") p.min_p = std::stof(value, &used);
+      else if (name == "repeat_penalty") p.repeat_penalty = std::stof(value, &used);
+      else if (name == "presence_penalty") p.presence_penalty = std::stof(value, &used);
+      else if (name == "frequency_penalty") p.frequency_penalty = std::stof(value, &used);
       else max_tokens = std::stoi(value, &used);
       if (used != value.size()) throw std::invalid_argument("trailing characters");
     } catch (const std::out_of_range&) {

@@ -30,6 +30,7 @@
 #include "runtime/model_files.h"
 #include "runtime/shape.h"
 #include "runtime/tokenizer.h"
+#include "runtime/unicode.h"
 
 namespace baton::cli {
 
@@ -157,6 +158,26 @@ std::string check_seed(const std::string& s) {
   if ((negative && neg != -1) || errno == ERANGE)
     return fmt::format("{} is not allowed (must be 0 to {}, or -1: random)", s, UINT64_MAX);
   return "";
+}
+
+// --logit-bias TOKEN(+|-)BIAS, as llama.cpp spells it: 15043+1.5, 15043-inf.
+std::string check_logit_bias(const std::string& s) {
+  const size_t sign = s.find_first_of("+-", 1);
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0])) || sign == std::string::npos)
+    return fmt::format("'{}' is not TOKEN+BIAS or TOKEN-BIAS (e.g. 15043+1.5, 15043-inf)", s);
+  if (std::string e = check_integer(s.substr(0, sign), 0, INT32_MAX, false); !e.empty())
+    return fmt::format("'{}': the token {}", s, e);
+  const std::string bias = s.substr(sign);
+  char* end = nullptr;
+  const double b = std::strtod(bias.c_str(), &end);
+  if (end == bias.c_str() || *end != '\0' || std::isnan(b)) return fmt::format("'{}': '{}' is not a number", s, bias);
+  if (std::isinf(float(b)) && b > 0) return fmt::format("'{}': a bias must be finite or -inf", s);
+  return "";
+}
+
+std::pair<int32_t, float> parse_logit_bias(const std::string& s) {
+  const size_t sign = s.find_first_of("+-", 1);
+  return {int32_t(std::strtol(s.c_str(), nullptr, 10)), float(std::strtod(s.c_str() + sign, nullptr))};
 }
 
 std::optional<uint64_t> parse_seed(const std::string& s) {
@@ -292,6 +313,34 @@ std::vector<LoraFile> lora_files(const std::vector<std::string>& lora, const std
   return scaled_files<LoraFile>("--lora", lora, lora_scaled);
 }
 
+void add_logprobs_flag(CLI::App& app, SamplingFlags& f) {
+  app.add_option("--logprobs", f.logprobs,
+                 "with each generated token, its log-probability under the model and those of the N most likely "
+                 "tokens (0 to 20; the raw logits' log-softmax, before penalties and temperature)")
+      ->check(in_range(0, kMaxTopLogprobs));
+}
+
+nlohmann::json logprobs_json(const Result& r, const Tokenizer& tok) {
+  auto entry = [&](int32_t id, float lp) {
+    const std::string text = tok.decode_piece(id, /*show_special=*/true);
+    std::string storage;
+    nlohmann::json e = {{"id", id}, {"token", std::string(unicode::with_invalid_replaced(text, storage))}, {"logprob", lp}};
+    if (!storage.empty()) {  // replaced: the bytes themselves too
+      e["bytes"] = nlohmann::json::array();
+      for (unsigned char c : text) e["bytes"].push_back(int(c));
+    }
+    return e;
+  };
+  nlohmann::json all = nlohmann::json::array();
+  for (const TokenLogprob& t : r.logprobs) {
+    nlohmann::json e = entry(t.id, t.logprob);
+    e["top_logprobs"] = nlohmann::json::array();
+    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+    all.push_back(std::move(e));
+  }
+  return all;
+}
+
 void add_placement_flags(CLI::App& app, PlacementFlags& f) {
   app.add_option("--tensor-split", f.tensor_split,
                  "layer proportions per device entry, e.g. 3,1 (default: --devices auto fills in order; a list "
@@ -327,9 +376,28 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")
       ->capture_default_str()
       ->check(number([](double v) { return v > 0; }, "must be above 0", "> 0"));
-  app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalty looks at")
+  app.add_option("--presence-penalty", p.presence_penalty,
+                 "subtract this from the logit of every token seen in the last --repeat-last-n (0: off)")
+      ->capture_default_str()
+      ->check(number([](double) { return true; }, "must be finite", ""));
+  app.add_option("--frequency-penalty", p.frequency_penalty,
+                 "subtract this times its count in the last --repeat-last-n from a token's logit (0: off)")
+      ->capture_default_str()
+      ->check(number([](double) { return true; }, "must be finite", ""));
+  app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalties look at")
       ->capture_default_str()
       ->check(at_least(0));
+  app.add_option_function<std::vector<std::string>>(
+         "-l,--logit-bias",
+         [&p](const std::vector<std::string>& v) {
+           for (const std::string& s : v) p.logit_bias.push_back(parse_logit_bias(s));
+         },
+         "add BIAS to a token's logit, as TOKEN+BIAS or TOKEN-BIAS (e.g. 15043+1.5; 15043-inf: never "
+         "that token); repeat the flag for more tokens (ids: baton tokenize)")
+      ->type_name("TOKEN(+|-)BIAS")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator(check_logit_bias, ""));
   app.add_flag("--ignore-eos", f.ignore_eos,
                "never sample an end-of-generation token: generate until -n, a stop string or the context's end "
                "(for measuring speed at a fixed length)");

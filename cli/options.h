@@ -8,9 +8,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "runtime/devices.h"
 #include "runtime/engine.h"
@@ -150,6 +152,7 @@ struct SamplingFlags {
   std::string draft_model;           // --draft-model PATH|NAME: drafts from this model instead
   int draft_max = 8;                 // --draft-max N: most tokens it drafts a step
   std::string draft_devices;         // --draft-devices LIST: where the draft model runs (empty: --devices)
+  int logprobs = -1;                 // --logprobs N (run --json, batch): each token's logprob and N alternatives
 };
 // with_prompt_flags: --system, --chat-template and --hide-thinking too (run, chat, batch).
 void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags = true);
@@ -170,6 +173,18 @@ uint64_t resolve_seed(const std::optional<uint64_t>& s);
 std::string check_seed(const std::string& s);
 // A seed check_seed accepts: the number, or nullopt for -1 (a random one each time).
 std::optional<uint64_t> parse_seed(const std::string& s);
+// --logit-bias's rule: "" for TOKEN+BIAS or TOKEN-BIAS (a token id >= 0, a finite bias or -inf), else
+// why not; and the pair such a text gives.
+std::string check_logit_bias(const std::string& s);
+std::pair<int32_t, float> parse_logit_bias(const std::string& s);
+
+// --logprobs N (run, batch): each generated token's logprob and its N most likely alternatives
+// (0..kMaxTopLogprobs) in the JSON output.
+void add_logprobs_flag(CLI::App& app, SamplingFlags& f);
+// Result::logprobs as JSON, one object per generated token: {"id", "token", "logprob", "top_logprobs":
+// [{"id", "token", "logprob"}, ...]}; a token whose text is not whole UTF-8 (part of a character)
+// also gets "bytes", its bytes as numbers ("token" then shows U+FFFD for them).
+nlohmann::json logprobs_json(const Result& r, const Tokenizer& tok);
 
 struct Loaded {
   std::unique_ptr<Pipeline> pipe;

@@ -32,6 +32,7 @@ int run(const RunOpts& o) {
     while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
   if (prompt.empty()) fail(ErrorKind::Usage, "the prompt is empty");
   if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  if (o.sampling.logprobs >= 0 && !o.json) fail(ErrorKind::Usage, "--logprobs needs --json (they are part of its object)");
   std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);  // a bad one fails before loading
 
   Loaded m = load_model(o.model, 1, generation_outputs(o.sampling, 1));
@@ -51,6 +52,7 @@ int run(const RunOpts& o) {
   req.ignore_eos = o.sampling.ignore_eos;
   req.stop = o.sampling.stop;
   req.grammar = grammar;
+  req.logprobs = o.sampling.logprobs;
   ReplyPrinter printer(!o.sampling.hide_thinking, isatty(STDOUT_FILENO) == 1);
   if (!o.json) printer.attach(req);
 
@@ -73,6 +75,7 @@ int run(const RunOpts& o) {
           {"ttft_ms", r.ttft_ms}, {"gen_ms", r.gen_ms}, {"gen_tokens_per_s", r.gen_tps()}, {"total_ms", r.total_ms}}},
     };
     if (m.vocab->harmony() && !o.sampling.hide_thinking) j["reasoning"] = r.reasoning;  // gpt-oss: the analysis
+    if (o.sampling.logprobs >= 0) j["logprobs"] = logprobs_json(r, m.pipe->tokenizer());
     if (o.sampling.lookup > 0 || !o.sampling.draft_model.empty())
       j[o.sampling.draft_model.empty() ? "lookup" : "draft"] = {{"drafted", r.drafted}, {"accepted", r.draft_accepted}};
     // A reply cut by -n inside a character ends in part of its UTF-8 bytes: those become U+FFFD
@@ -97,12 +100,13 @@ Register reg{{"run", "Answer one prompt (streams to stdout; never interactive)",
   auto o = std::make_shared<RunOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
+  add_logprobs_flag(app, o->sampling);
   o->prompt_opt = app.add_option("-p,--prompt", o->prompt, "the prompt ('-' reads it from stdin)");
   o->file_opt = app.add_option("-f,--file", o->file, "read the prompt from a file");
   app.add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
   app.add_flag("--json", o->json,
-               "print one JSON object (text, tokens, finish_reason, timings; reasoning for thinking models) instead of "
-               "streaming");
+               "print one JSON object (text, tokens, finish_reason, timings; reasoning for thinking models; logprobs "
+               "with --logprobs) instead of streaming");
   return [o] { return run(*o); };
 }}};
 

@@ -1,8 +1,10 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "gguf/error.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/batch.h"
 #include "runtime/grammar.h"
 #include "runtime/harmony.h"
@@ -57,6 +59,7 @@ struct Engine::Active {
   size_t next_prompt = 0;        // first prompt token not yet evaluated
   bool looked_for_prefix = false;  // share_prefix has been tried (before its first prompt chunk)
   int32_t pending = -1;          // sampled, to be evaluated in the next step
+  TokenLogprob logprob;          // Request::logprobs: the token take() returned, from its row
   std::vector<int32_t> draft;    // prompt lookup: drafted behind `pending` in the step in flight
   size_t step_row = 0;           // its rows of that step looked at so far
   int draft_len = 1;             // how many to draft next (end_step adapts it to how drafts fare)
@@ -72,7 +75,7 @@ struct Engine::Active {
   // ignore_eos the candidates less the n_eog end tokens must still decide the draw; a grammar
   // may refuse any number of them, so it takes the full row.
   uint8_t out_mode(int n_vocab, int n_eog) const {
-    if (grammar) return kLogitsRow;
+    if (grammar || req.logprobs >= 0) return kLogitsRow;
     const int K = top_k_candidates(n_vocab);
     if (req.ignore_eos)
       return (sampler.argmax_only() && K > n_eog) || sampler.top_k_suffices(K - n_eog) ? kTopK : kLogitsRow;
@@ -86,8 +89,28 @@ struct Engine::Active {
     if (res.tokens.empty() && vocab.strips_first_space() && !p.empty() && p[0] == ' ') p.remove_prefix(1);
     return p;
   }
-  // The next token; -1 (with res.error set) when the grammar allows none.
+  // The next token; -1 (with res.error set) when the grammar allows none. With Request::logprobs,
+  // its logprob (and the best alternatives') from the row, for accept() to keep.
   int32_t take(const float* row, int n_vocab, Engine& e) {
+    const int32_t t = pick(row, n_vocab, e);
+    if (t >= 0 && req.logprobs >= 0) {
+      float mx = -INFINITY;
+      for (int i = 0; i < n_vocab; i++) mx = std::max(mx, row[i]);
+      double sum = 0;
+      for (int i = 0; i < n_vocab; i++) sum += std::exp(double(row[i]) - mx);
+      const float lse = float(double(mx) + std::log(sum));
+      logprob.id = t;
+      logprob.logprob = row[t] - lse;
+      const int k = std::min(req.logprobs, n_vocab);
+      std::vector<int32_t> ids(static_cast<size_t>(k));
+      std::vector<float> vals(static_cast<size_t>(k));
+      const int found = k > 0 ? cpu::top_k(row, n_vocab, k, ids.data(), vals.data()) : 0;
+      logprob.top.clear();
+      for (int i = 0; i < found; i++) logprob.top.push_back({ids[size_t(i)], vals[size_t(i)] - lse});
+    }
+    return t;
+  }
+  int32_t pick(const float* row, int n_vocab, Engine& e) {
     const uint8_t mode = out_mode(n_vocab, e.n_eog_);
     if (req.ignore_eos && mode == kTopK) {
       const int32_t t = sampler.sample_top_k(row, top_k_candidates(n_vocab), [&](int32_t id) { return !e.vocab_.is_eog(id); });
@@ -222,7 +245,11 @@ bool Engine::admit(Active& a) {
                           a.req.max_tokens);
     return false;
   }
-  if (std::string e = a.req.sampling.validate(); !e.empty()) {
+  if (a.req.logprobs > kMaxTopLogprobs) {
+    r.error = fmt::format("top_logprobs {} is more than {}", a.req.logprobs, kMaxTopLogprobs);
+    return false;
+  }
+  if (std::string e = a.req.sampling.validate(n_vocab_); !e.empty()) {
     r.error = e;
     return false;
   }
@@ -280,6 +307,7 @@ void Engine::accept(Active& a, int32_t t) {
   if (vocab_.is_eog(t)) return finish(a, FinishReason::Stop);
   if (a.grammar) BATON_CHECK(a.grammar->accept(a.grammar_piece(vocab_, t)));  // sampled among allowed ones
   a.res.tokens.push_back(t);
+  if (a.req.logprobs >= 0) a.res.logprobs.push_back(std::move(a.logprob));
   a.history.push_back(t);
   a.add_text(a.text->push(t));
   if (a.stop.stopped() || (a.channels && a.channels->ended())) return finish(a, FinishReason::Stop);

@@ -53,6 +53,17 @@ class Vocab {
 };
 std::unique_ptr<Vocab> tokenizer_vocab(const Tokenizer& tok);
 
+// The most alternatives a request may ask for with each token's logprob (OpenAI's top_logprobs limit).
+constexpr int kMaxTopLogprobs = 20;
+
+// A generated token's log-probability under the model: the log-softmax of its raw logits (before
+// penalties, biases, temperature and truncation), and the most likely tokens' beside it.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), best first (ties: lower id first)
+};
+
 struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;            // sampling.seed is used as given
@@ -63,6 +74,9 @@ struct Request {
   bool ignore_eos = false;            // never sample an end-of-generation token (the reply runs to
                                       // max_tokens, a stop string or the context's end; a grammar
                                       // that is complete may still end it)
+  int logprobs = -1;                  // >= 0: each generated token's logprob in Result::logprobs,
+                                      // with this many alternatives (0..kMaxTopLogprobs); the
+                                      // pipeline then hands back whole rows
   std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
   std::function<void(std::string_view)> on_reasoning;  // harmony replies: the reasoning, streamed
   uint64_t tag = 0;                   // caller's id, returned in the Result
@@ -75,6 +89,7 @@ struct Result {
   std::string text;                   // the answer (harmony replies: the final channel)
   std::string reasoning;              // harmony replies: the analysis (and any other non-final channel)
   std::vector<int32_t> tokens;        // generated ids (an end-of-generation token not included)
+  std::vector<TokenLogprob> logprobs; // Request::logprobs >= 0: one per token of `tokens`
   FinishReason finish = FinishReason::Stop;
   int prompt_tokens = 0;              // prompt length
   int prompt_evaluated = 0;           // of those, evaluated now (the rest was already cached)

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -13,7 +12,7 @@
 
 namespace baton {
 
-std::string SamplingParams::validate() const {
+std::string SamplingParams::validate(int n_vocab) const {
   if (!std::isfinite(temperature) || temperature < 0) return fmt::format("temperature must be >= 0 (got {})", temperature);
   if (top_k < 0) return fmt::format("top_k must be >= 0 (got {})", top_k);
   if (!(top_p > 0 && top_p <= 1)) return fmt::format("top_p must be in (0, 1] (got {})", top_p);
@@ -21,6 +20,16 @@ std::string SamplingParams::validate() const {
   if (!(repeat_penalty > 0) || !std::isfinite(repeat_penalty))
     return fmt::format("repeat_penalty must be > 0 (got {})", repeat_penalty);
   if (repeat_last_n < 0) return fmt::format("repeat_last_n must be >= 0 (got {})", repeat_last_n);
+  if (!std::isfinite(presence_penalty)) return fmt::format("presence_penalty must be a finite number (got {})", presence_penalty);
+  if (!std::isfinite(frequency_penalty))
+    return fmt::format("frequency_penalty must be a finite number (got {})", frequency_penalty);
+  for (const auto& [t, b] : logit_bias) {
+    if (t < 0 || (n_vocab > 0 && t >= n_vocab))
+      return n_vocab > 0 ? fmt::format("logit_bias: token {} is not in the vocabulary (0..{})", t, n_vocab - 1)
+                         : fmt::format("logit_bias: token {} is not a token id (they are >= 0)", t);
+    if (std::isnan(b) || b == INFINITY)
+      return fmt::format("logit_bias: the bias of token {} must be a finite number or -inf (got {})", t, b);
+  }
   return "";
 }
 
@@ -58,18 +67,26 @@ double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
-// Repetition penalty: each distinct recent token once, pushed towards "less likely" whatever the
-// sign of its logit (on a copy; without a penalty the logits are read as they are).
+// Logit biases, then llama.cpp's penalties over the window of the last repeat_last_n tokens: each
+// distinct token once, its logit divided by repeat_penalty when positive and multiplied when not
+// (pushed towards "less likely" whatever its sign), then c · frequency_penalty + presence_penalty
+// taken off for a token seen c times. On a copy; with neither the logits are read as they are.
 const float* Sampler::penalized(const float* logits, int n_vocab, std::span<const int32_t> history) {
-  if (!penalizes() || history.empty()) return logits;
+  if (!penalizes()) return logits;
+  const size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
+  if (p_.logit_bias.empty() && n == 0) return logits;
   work_.assign(logits, logits + n_vocab);
-  size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
-  std::unordered_set<int32_t> seen;
-  for (size_t i = history.size() - n; i < history.size(); i++) {
-    int32_t t = history[i];
-    if (t < 0 || t >= n_vocab || !seen.insert(t).second) continue;
-    float& l = work_[t];
+  for (const auto& [t, b] : p_.logit_bias)
+    if (t >= 0 && t < n_vocab) work_[size_t(t)] += b;
+  seen_.clear();  // the window's tokens, sorted: each distinct one with its count
+  for (size_t i = history.size() - n; i < history.size(); i++)
+    if (history[i] >= 0 && history[i] < n_vocab) seen_.push_back(history[i]);
+  std::sort(seen_.begin(), seen_.end());
+  for (size_t i = 0, j = 0; i < seen_.size(); i = j) {
+    while (j < seen_.size() && seen_[j] == seen_[i]) ++j;
+    float& l = work_[size_t(seen_[i])];
     l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    l -= float(j - i) * p_.frequency_penalty + p_.presence_penalty;
   }
   return work_.data();
 }

@@ -1,5 +1,5 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p and a repetition penalty over the last N
-// tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
+// Token sampling: greedy, temperature, top-k, top-p, min-p, logit biases, and repetition, presence and
+// frequency penalties over the last N tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
 // its settings and its own logits — never on which other requests share the batch.
 #pragma once
 #include <cstdint>
@@ -16,12 +16,20 @@ struct SamplingParams {
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
-  int repeat_last_n = 64;       // tokens of history the penalty looks at (0: none)
+  // OpenAI's and llama.cpp's additive penalties: a token seen c > 0 times in the window loses
+  // c · frequency_penalty + presence_penalty from its logit (after the repetition penalty). 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int repeat_last_n = 64;       // tokens of history the penalties look at (0: none)
+  // Added to these tokens' logits before anything else (-inf: never sampled), as llama.cpp's
+  // --logit-bias and OpenAI's logit_bias. A token listed twice gets both.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;            // the RNG seed; resolved (never "random") by the time a Sampler exists
 
   bool greedy() const { return temperature <= 0.0f; }
-  // Input check with a message naming the bad value; "" when everything is in range.
-  std::string validate() const;
+  // Input check with a message naming the bad value; "" when everything is in range. With n_vocab,
+  // the logit biases' tokens must be in the vocabulary.
+  std::string validate(int n_vocab = 0) const;
 };
 
 // A seed from the system's entropy, for requests that did not ask for one.
@@ -71,7 +79,11 @@ class Sampler {
   bool top_k_suffices(int K) const { return !p_.greedy() && !penalizes() && p_.top_k > 0 && p_.top_k <= K; }
 
  private:
-  bool penalizes() const { return p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0; }
+  // The row is changed before the draw: biases, or penalties with a window to look at.
+  bool penalizes() const {
+    return !p_.logit_bias.empty() ||
+           ((p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && p_.repeat_last_n > 0);
+  }
   int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
   int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
   const float* penalized(const float* logits, int n_vocab, std::span<const int32_t> history);
@@ -81,6 +93,7 @@ class Sampler {
   SamplingParams p_;
   Rng rng_;
   std::vector<float> work_;               // penalised logits
+  std::vector<int32_t> seen_;             // penalized(): the window's tokens
   std::vector<float> masked_;             // top-k off with a filter: the refused tokens at -inf
   std::vector<int32_t> allowed_;          // AllowedSet's answer
   std::vector<float> prob_;               // sample_row(): the row's probabilities

@@ -15,10 +15,12 @@
 #include <chrono>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -87,6 +89,13 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
            {"chat -m x --min-p 1.5", "error: --min-p: 1.5 is not allowed (must be 0 to 1)"},
            {"batch -m x -i a -o b --repeat-penalty 0", "error: --repeat-penalty: 0 is not allowed (must be above 0)"},
            {"run -m x -p hi --top-k -1", "error: --top-k: -1 is not allowed (must be at least 0)"},
+           {"run -m x -p hi --presence-penalty nan", "error: --presence-penalty: nan is not allowed (must be finite)"},
+           {"batch -m x -i a -o b --frequency-penalty x", "error: --frequency-penalty: 'x' is not a number"},
+           {"run -m x -p hi -l 5x", "error: --logit-bias: '5x' is not TOKEN+BIAS or TOKEN-BIAS (e.g. 15043+1.5, 15043-inf)"},
+           {"chat -m x --logit-bias 5+inf", "error: --logit-bias: '5+inf': a bias must be finite or -inf"},
+           {"run -m x -p hi --logit-bias 5+1 -l 9-y", "error: --logit-bias: '9-y': '-y' is not a number"},
+           {"run -m x -p hi -l 99999999999+1", "error: --logit-bias: '99999999999+1': the token 99999999999 is too large"},
+           {"batch -m x -i a -o b --logprobs 21", "error: --logprobs: 21 is not allowed (must be 0 to 20)"},
            {"run -m x -p hi -n 99999999999", "error: --max-tokens: 99999999999 is too large"},
            // --seed: 0 to 2^64-1, or -1 (random); no wrapping.
            {"run -m x -p hi --seed -5", "error: --seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"},
@@ -104,6 +113,103 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
     CHECK(o.err.find("1797693") == std::string::npos);  // no DBL_MAX range
   }
   CHECK(run_baton("run --help").code == 0);
+}
+
+TEST_CASE("--logprobs and --logit-bias: the log-softmax of each token, a banned token gives way to the next best") {
+  const std::string m = tiny();
+  const std::string base = "run -m " + m + " -p 'once upon a time' --raw --temp 0 -n 6 --ignore-eos -t 2 --json ";
+  const Out a = run_baton(base + "--logprobs 3");
+  INFO(a.err);
+  REQUIRE(a.code == 0);
+  const auto j = nlohmann::json::parse(a.out);
+  const auto& lps = j["logprobs"];
+  REQUIRE(lps.size() == 6);
+  for (const auto& t : lps) {
+    REQUIRE(t["top_logprobs"].size() == 3);
+    CHECK(t["id"] == t["top_logprobs"][0]["id"]);  // greedy: the best
+    CHECK(t["logprob"].get<double>() <= 0);
+    double mass = 0, last = 0;
+    for (const auto& alt : t["top_logprobs"]) {
+      const double lp = alt["logprob"].get<double>();
+      if (&alt != &t["top_logprobs"][0]) CHECK(lp <= last);
+      last = lp;
+      mass += std::exp(lp);
+      CHECK(alt["token"].is_string());
+    }
+    CHECK(mass <= 1.0 + 1e-5);
+  }
+  std::string text;
+  for (const auto& t : lps) text += t["token"].get<std::string>();
+  CHECK(text == j["text"].get<std::string>());
+  // Banning the first token: the reply starts with what was second best.
+  const int first = lps[0]["id"], second = lps[0]["top_logprobs"][1]["id"];
+  const Out b = run_baton(base + "--logprobs 0 -l " + std::to_string(first) + "-inf");
+  INFO(b.err);
+  REQUIRE(b.code == 0);
+  const auto jb = nlohmann::json::parse(b.out);
+  CHECK(jb["logprobs"][0]["id"] == second);
+  CHECK(jb["logprobs"][0]["top_logprobs"].empty());
+  CHECK(std::abs(jb["logprobs"][0]["logprob"].get<double>() - lps[0]["top_logprobs"][1]["logprob"].get<double>()) < 1e-4);
+  // Raising the third best past the best picks it.
+  const int third = lps[0]["top_logprobs"][2]["id"];
+  const double gap = lps[0]["logprob"].get<double>() - lps[0]["top_logprobs"][2]["logprob"].get<double>();
+  const Out c = run_baton(base + "--logprobs 1 --logit-bias " + std::to_string(third) + "+" + std::to_string(gap + 0.01));
+  REQUIRE(c.code == 0);
+  CHECK(nlohmann::json::parse(c.out)["logprobs"][0]["id"] == third);
+  // Errors: a token past the vocabulary, --logprobs without --json.
+  const Out d = run_baton("run -m " + m + " -p hi -n 2 -t 2 -l 99999+1");
+  CHECK(d.code == 1);
+  CHECK_THAT(d.err, Catch::Contains("logit_bias: token 99999 is not in the vocabulary (0.."));
+  const Out e = run_baton("run -m " + m + " -p hi -n 2 -t 2 --logprobs 2");
+  CHECK(e.code == 1);
+  CHECK_THAT(e.err, Catch::Contains("--logprobs needs --json"));
+}
+
+TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL fields, bad ones as error records") {
+  const std::string m = tiny();
+  const std::string dir = temp_dir();
+  const Out first = run_baton("run -m " + m + " -p 'the cat' --raw --temp 0 -n 1 --ignore-eos -t 2 --json --logprobs 2");
+  REQUIRE(first.code == 0);
+  const auto f = nlohmann::json::parse(first.out)["logprobs"][0];
+  const std::string ban = f["id"].dump(), next = f["top_logprobs"][1]["id"].dump();
+  std::ofstream(dir + "/in.jsonl") << "{\"id\": 1, \"prompt\": \"the cat\", \"logprobs\": true, \"top_logprobs\": 2}\n"
+                                   << "{\"id\": 2, \"prompt\": \"the cat\", \"logprobs\": true, \"logit_bias\": {\"" << ban
+                                   << "\": -100}}\n"
+                                   << "{\"id\": 3, \"prompt\": \"the cat\", \"logprobs\": true, \"logit_bias\": [[" << ban
+                                   << ", false]], \"presence_penalty\": 0.5, \"frequency_penalty\": 0.25}\n"
+                                   << "{\"id\": 4, \"prompt\": \"the cat\"}\n"
+                                   << "{\"id\": 5, \"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}\n"
+                                   << "{\"id\": 6, \"prompt\": \"x\", \"logit_bias\": {\"3\": \"up\"}}\n"
+                                   << "{\"id\": 7, \"prompt\": \"x\", \"logit_bias\": 5}\n"
+                                   << "{\"id\": 8, \"prompt\": \"x\", \"top_logprobs\": 2}\n"
+                                   << "{\"id\": 9, \"prompt\": \"x\", \"logprobs\": true, \"top_logprobs\": 30}\n"
+                                   << "{\"id\": 10, \"prompt\": \"x\", \"presence_penalty\": \"high\"}\n"
+                                   << "{\"id\": 11, \"prompt\": \"x\", \"logit_bias\": {\"999999\": 1}}\n"
+                                   << "{\"id\": 12, \"prompt\": \"x\", \"logprobs\": 1}\n";
+  const Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --raw --temp 0 -n 3 " +
+                          "--ignore-eos -t 2 --parallel 3");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  std::map<int, nlohmann::json> by;
+  for (const auto& r : jsonl(slurp(dir + "/out.jsonl"))) by[r["id"].get<int>()] = r;
+  REQUIRE(by.size() == 12);
+  CHECK(by[1]["logprobs"].size() == 3);
+  CHECK(by[1]["logprobs"][0]["top_logprobs"].size() == 2);
+  CHECK(by[1]["logprobs"][0]["id"].dump() == ban);
+  CHECK(by[2]["logprobs"][0]["id"].dump() == next);  // -100: the next best
+  CHECK(by[2]["logprobs"][0]["top_logprobs"].empty());
+  CHECK(by[3]["logprobs"][0]["id"].dump() == next);  // false: banned
+  CHECK_FALSE(by[4].contains("logprobs"));
+  CHECK(by[4]["text"] == by[1]["text"]);
+  CHECK(by[5]["error"] == "logit_bias: 'abc' is not a token id");
+  CHECK(by[6]["error"] == "logit_bias: the bias of token 3 must be a number (or false: never)");
+  CHECK_THAT(by[7]["error"].get<std::string>(), Catch::StartsWith("field 'logit_bias' must be an object of token ids"));
+  CHECK(by[8]["error"] == "field 'top_logprobs' needs \"logprobs\": true");
+  CHECK(by[9]["error"] == "field 'top_logprobs' must be 0 to 20");
+  CHECK(by[10]["error"] == "field 'presence_penalty' must be a number");
+  CHECK_THAT(by[11]["error"].get<std::string>(), Catch::StartsWith("logit_bias: token 999999 is not in the vocabulary (0.."));
+  CHECK(by[12]["error"] == "field 'logprobs' must be true or false");
+  CHECK_THAT(o.err, Catch::Contains("4 ok, 8 failed"));
 }
 
 TEST_CASE("a repeated flag takes its last value, as in llama.cpp; --seed -1 is a random seed") {
@@ -304,10 +410,15 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
   CHECK_THAT(o.err, Catch::Contains("the input ended inside a \"\"\" block"));
 
   const Out s = run_baton("chat -m " + m + " -n 2 -t 2",
-                          "/set bogus 3\n/set seed 99999999999999999999999\n/set seed x\n/set top_k 5\n");
+                          "/set bogus 3\n/set seed 99999999999999999999999\n/set seed x\n/set top_k 5\n"
+                          "/set presence_penalty 0.5\n/set frequency_penalty inf\n/set repeat_penalty 0\n");
   INFO(s.err);
   CHECK(s.code == 0);
-  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, seed, max_tokens"));
+  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, repeat_penalty, "
+                                    "presence_penalty, frequency_penalty, seed, max_tokens"));
+  CHECK_THAT(s.err, Catch::Contains("(presence_penalty = 0.5)"));
+  CHECK_THAT(s.err, Catch::Contains("/set: frequency_penalty must be a finite number (got inf)"));
+  CHECK_THAT(s.err, Catch::Contains("/set: repeat_penalty must be > 0 (got 0)"));
   CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is not allowed"));
   CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a whole number"));
   CHECK_THAT(s.err, Catch::Contains("(top_k = 5)"));

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <deque>
 #include <limits>
 #include <map>
@@ -1150,4 +1152,129 @@ TEST_CASE("random workloads: drafts and copied starts never change a reply") {
     check_same_results(ref, run_all(e, reqs, parallel));
     for (int s = 0; s < parallel; s++) CHECK(p->seq_len(s) == int(e.cached(s).size()));
   }
+}
+
+TEST_CASE("logprobs: each token's log-softmax and its best alternatives, from whole rows; replies do not change") {
+  // Greedy, top-k and top-k-off requests, some with prompt lookup drafting (rows of drafts the
+  // model refuses must not leave logprobs behind), asking 0, 1, 3 or 20 alternatives.
+  auto make = [](bool logprobs) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < 8; i++) {
+      Request r;
+      r.prompt = {int32_t(1 + i), 9, 4, 9, int32_t(2 + 3 * i), 9, 4};
+      r.sampling.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+      r.sampling.top_k = i % 2 ? 5 : 0;
+      r.sampling.seed = 300 + uint64_t(i);
+      r.max_tokens = 16;
+      r.tag = uint64_t(i);
+      if (logprobs) r.logprobs = std::vector<int>{0, 1, 3, 20}[size_t(i % 4)];
+      reqs.push_back(std::move(r));
+    }
+    return reqs;
+  };
+  for (int lookup : {0, 4}) {
+    INFO("lookup " << lookup);
+    ToyVocab vocab;
+    EngineOptions opt;
+    opt.lookup = lookup;
+    ToyPipeline pl(256, 4, -3.0f), pn(256, 4, -3.0f);
+    pl.copy_bias = pn.copy_bias = 3.0f;
+    Engine el(pl, vocab, opt), en(pn, vocab, opt);
+    auto with = run_all(el, make(true), 4);
+    auto without = run_all(en, make(false), 4);
+    CHECK(pl.argmax_rows + pl.top_k_rows == 0);  // whole rows only
+    CHECK(pn.argmax_rows + pn.top_k_rows > 0);
+    REQUIRE(with.size() == 8);
+    int checked = 0;
+    for (auto& [tag, r] : with) {
+      const Request want = make(true)[tag];
+      CHECK(r.tokens == without[tag].tokens);
+      CHECK(without[tag].logprobs.empty());
+      REQUIRE(r.logprobs.size() == r.tokens.size());
+      std::vector<int32_t> seq = want.prompt;
+      std::vector<float> row(kVocab);
+      for (size_t p = 0; p < r.tokens.size(); p++) {
+        toy_logits(seq, -3.0f, row.data(), 3.0f);
+        double sum = 0;
+        const float mx = *std::max_element(row.begin(), row.end());
+        for (float x : row) sum += std::exp(double(x) - mx);
+        const double lse = mx + std::log(sum);
+        const TokenLogprob& lp = r.logprobs[p];
+        CHECK(lp.id == r.tokens[p]);
+        CHECK(std::abs(lp.logprob - (row[size_t(lp.id)] - lse)) < 1e-5);
+        std::vector<int32_t> order(kVocab);
+        for (int v = 0; v < kVocab; v++) order[size_t(v)] = v;
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[size_t(a)] > row[size_t(b)]; });
+        REQUIRE(int(lp.top.size()) == want.logprobs);
+        for (size_t k = 0; k < lp.top.size(); k++) {
+          CHECK(lp.top[k].first == order[k]);
+          CHECK(std::abs(lp.top[k].second - (row[size_t(order[k])] - lse)) < 1e-5);
+        }
+        seq.push_back(r.tokens[p]);
+        checked++;
+      }
+    }
+    CHECK(checked > 60);
+    if (lookup) CHECK(std::accumulate(with.begin(), with.end(), 0, [](int s, auto& kv) { return s + kv.second.drafted; }) > 0);
+  }
+  // More alternatives than the limit: refused with a message.
+  ToyVocab vocab;
+  ToyPipeline p(64, 1);
+  Engine e(p, vocab);
+  Request r;
+  r.prompt = {1, 2};
+  r.logprobs = kMaxTopLogprobs + 1;
+  CHECK(e.generate(std::move(r)).error == "top_logprobs 21 is more than 20");
+}
+
+TEST_CASE("logit biases and presence/frequency penalties: the engine draws what the sampler draws from whole rows") {
+  // The toy's greedy reply, then the same prompt with its first token banned, another favoured,
+  // and penalties: each equals a reference sampled token by token with Sampler from toy_logits.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; i++) {
+    Request r;
+    r.prompt = {int32_t(3 + i), 7, 11};
+    r.sampling.temperature = i < 3 ? 0.0f : 0.7f;
+    r.sampling.top_k = 8;
+    r.sampling.seed = 50 + uint64_t(i);
+    r.max_tokens = 24;
+    r.tag = uint64_t(i);
+    if (i % 3 == 0) r.sampling.logit_bias = {{5, -INFINITY}, {6, -INFINITY}, {12, 2.5f}};
+    if (i % 3 == 1) r.sampling.presence_penalty = 1.5f, r.sampling.frequency_penalty = 0.5f;
+    if (i % 3 == 2) r.sampling.logit_bias = {{int32_t(i), 1.0f}}, r.sampling.frequency_penalty = -0.3f;
+    reqs.push_back(std::move(r));
+  }
+  ToyVocab vocab;
+  ToyPipeline p(256, 3, -100.0f);
+  Engine e(p, vocab);
+  auto got = run_all(e, reqs, 3);
+  CHECK(p.argmax_rows + p.top_k_rows == 0);
+  for (const Request& r : reqs) {
+    Sampler s(r.sampling);
+    std::vector<int32_t> seq = r.prompt, want;
+    std::vector<float> row(kVocab);
+    for (int t = 0; t < r.max_tokens; t++) {
+      toy_logits(seq, -100.0f, row.data());
+      want.push_back(s.sample(row.data(), kVocab, seq));
+      seq.push_back(want.back());
+    }
+    INFO("request " << r.tag);
+    CHECK(got[r.tag].tokens == want);
+    if (r.tag % 3 == 0) {
+      CHECK(std::count(want.begin(), want.end(), 5) + std::count(want.begin(), want.end(), 6) == 0);
+      CHECK(std::count(want.begin(), want.end(), 12) > 0);
+    }
+  }
+  // The same prompt without the biases does pick the banned tokens: the bans were not idle.
+  Request plain = reqs[0];
+  plain.sampling.logit_bias.clear();
+  plain.tag = 99;
+  ToyPipeline p2(256, 1, -100.0f);
+  Engine e2(p2, vocab);
+  const Result r2 = e2.generate(std::move(plain));
+  CHECK(std::count(r2.tokens.begin(), r2.tokens.end(), 5) + std::count(r2.tokens.begin(), r2.tokens.end(), 6) > 0);
+  // A bias on a token outside the vocabulary is refused at admission.
+  Request bad = reqs[1];
+  bad.sampling.logit_bias = {{kVocab, 1.0f}};
+  CHECK(e2.generate(std::move(bad)).error == "logit_bias: token 32 is not in the vocabulary (0..31)");
 }

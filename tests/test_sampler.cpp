@@ -331,6 +331,76 @@ TEST_CASE("repetition penalty lowers recent tokens only, whatever the sign") {
   CHECK(s.sample(neg.data(), 2, hist) == 1);  // -2.0 < -1.2
 }
 
+TEST_CASE("presence and frequency penalties take c * frequency + presence off, after the repetition penalty") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repeat_last_n = 8;
+  std::vector<float> l = {2.0f, 1.0f, 0.5f, 0.0f};
+  std::vector<int32_t> hist = {0, 0, 3, 0, 1};  // token 0 three times, 1 and 3 once, 2 never
+  auto pick = [&](float freq, float presence, float repeat = 1.0f) {
+    p.frequency_penalty = freq, p.presence_penalty = presence, p.repeat_penalty = repeat;
+    return Sampler(p).sample(l.data(), 4, hist);
+  };
+  // Token 0: 2 - 3f - 0.2 against token 2's untouched 0.5 (token 1: 1 - f - 0.2).
+  CHECK(pick(0.43f, 0.2f) == 0);  // 0.51
+  CHECK(pick(0.45f, 0.2f) == 2);  // 0.45: a count of 1 would leave 1.35
+  CHECK(pick(0.0f, 1.45f) == 0);  // presence alone: 0.55 against 0.5 (token 1: -0.45)
+  CHECK(pick(0.0f, 1.55f) == 2);  // 0.45
+  // The repetition penalty first: token 0 is 2 / 2 - 0.6 = 0.4 < 0.5 (subtracting first would
+  // give (2 - 0.6) / 2 = 0.7).
+  std::vector<float> two = {2.0f, 0.5f};
+  p.frequency_penalty = 0, p.presence_penalty = 0.6f, p.repeat_penalty = 2.0f;
+  std::vector<int32_t> once = {0};
+  CHECK(Sampler(p).sample(two.data(), 2, once) == 1);
+  p.presence_penalty = 0.4f;  // 0.6 > 0.5
+  CHECK(Sampler(p).sample(two.data(), 2, once) == 0);
+  // Only the window counts: with the last 2 tokens (0 and 1) token 0 was seen once.
+  p.repeat_penalty = 1.0f, p.presence_penalty = 0.2f, p.frequency_penalty = 0.45f, p.repeat_last_n = 2;
+  CHECK(Sampler(p).sample(l.data(), 4, hist) == 0);  // 2 - 0.65 = 1.35
+  p.repeat_last_n = 0;  // no window: no penalty, and the pipeline may hand back the argmax alone
+  CHECK(Sampler(p).argmax_only());
+  p.repeat_last_n = 2;
+  CHECK_FALSE(Sampler(p).argmax_only());
+  p.presence_penalty = 0, p.frequency_penalty = 0;
+  CHECK(Sampler(p).argmax_only());
+  p.frequency_penalty = -0.5f;  // negative: repeats are favoured
+  CHECK_FALSE(Sampler(p).argmax_only());
+  std::vector<float> flat = {1.0f, 1.2f};
+  CHECK(Sampler(p).sample(flat.data(), 2, once) == 0);  // 1.5 > 1.2
+}
+
+TEST_CASE("logit biases shift, ban and add up before anything else") {
+  SamplingParams p;
+  p.temperature = 0;
+  std::vector<float> l = ramp(8);  // token 7 best (1.75), then 6 (1.5)
+  auto greedy = [&](std::vector<std::pair<int32_t, float>> bias) {
+    p.logit_bias = std::move(bias);
+    return Sampler(p).sample(l.data(), 8, {});
+  };
+  CHECK(greedy({}) == 7);
+  CHECK(greedy({{7, -INFINITY}}) == 6);
+  CHECK(greedy({{7, -INFINITY}, {6, -INFINITY}}) == 5);
+  CHECK(greedy({{0, 1.8f}}) == 0);               // 1.8 > 1.75
+  CHECK(greedy({{0, 1.7f}}) == 7);
+  CHECK(greedy({{0, 1.0f}, {0, 0.8f}}) == 0);    // listed twice: both
+  CHECK(greedy({{7, -0.2f}, {6, 0.1f}}) == 6);   // 1.55 < 1.6
+  p.logit_bias = {{3, -1.0f}};
+  CHECK_FALSE(Sampler(p).argmax_only());          // a bias needs the full row
+  p.temperature = 1, p.top_k = 4;
+  CHECK_FALSE(Sampler(p).top_k_suffices(16));
+  // Sampled: a bias of b multiplies a token's odds by e^b. Two tokens of equal logits, +ln 3 on one.
+  p.top_k = 0, p.top_p = 1, p.min_p = 0, p.seed = 5;
+  p.logit_bias = {{1, std::log(3.0f)}};
+  auto h = histogram(p, {0.0f, 0.0f}, 8000);
+  CHECK(std::abs(h[1] / 8000.0 - 0.75) < 0.02);
+  p.logit_bias = {{1, -INFINITY}};
+  h = histogram(p, {0.0f, 0.0f}, 500);
+  CHECK(h[0] == 500);
+  p.top_k = 2;  // the candidates' softmax path too
+  h = histogram(p, {0.0f, 0.0f, -1.0f}, 500);
+  CHECK(h[1] == 0);
+}
+
 TEST_CASE("settings are validated with a message") {
   SamplingParams p;
   CHECK(p.validate().empty());
@@ -342,6 +412,23 @@ TEST_CASE("settings are validated with a message") {
   p = {};
   p.min_p = 2;
   CHECK(p.validate().find("min_p") != std::string::npos);
+  p = {};
+  p.presence_penalty = NAN;
+  CHECK(p.validate().find("presence_penalty") != std::string::npos);
+  p = {};
+  p.frequency_penalty = INFINITY;
+  CHECK(p.validate().find("frequency_penalty") != std::string::npos);
+  p = {};
+  p.logit_bias = {{-1, 1.0f}};
+  CHECK(p.validate().find("token -1") != std::string::npos);
+  p.logit_bias = {{5, INFINITY}};
+  CHECK(p.validate().find("finite number or -inf") != std::string::npos);
+  p.logit_bias = {{5, NAN}};
+  CHECK(p.validate().find("finite number or -inf") != std::string::npos);
+  p.logit_bias = {{5, -INFINITY}, {9, 2.0f}};
+  CHECK(p.validate().empty());
+  CHECK(p.validate(10).empty());
+  CHECK(p.validate(9) == "logit_bias: token 9 is not in the vocabulary (0..8)");
 }
 
 TEST_CASE("stop matcher holds back partial matches and cuts at the stop string") {
