@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,39 @@ inline std::vector<int32_t> read_ids(const std::string& path) {
   int32_t v;
   while (in >> v) ids.push_back(v);
   return ids;
+}
+
+// A file of little-endian float32 values (peer *.logits.f32).
+inline std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  in.seekg(0, std::ios::end);
+  const size_t n = size_t(in.tellg()) / sizeof(float);
+  in.seekg(0);
+  std::vector<float> v(n);
+  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(float)));
+  return v;
+}
+
+// Peer *.greedy32.top5.txt: one line per greedy step: "s id:logit id:logit ...".
+inline std::vector<std::vector<std::pair<int, float>>> read_top5(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<std::vector<std::pair<int, float>>> steps;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    int step;
+    ls >> step;
+    std::vector<std::pair<int, float>> top;
+    std::string item;
+    while (ls >> item) {
+      const size_t colon = item.find(':');
+      top.emplace_back(std::stoi(item.substr(0, colon)), std::stof(item.substr(colon + 1)));
+    }
+    steps.push_back(top);
+  }
+  return steps;
 }
 
 // Greedy continuation of `ids` in sequence 0: the prompt in one batch, then one token per step

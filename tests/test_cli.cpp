@@ -165,6 +165,63 @@ TEST_CASE("--logprobs and --logit-bias: the log-softmax of each token, a banned 
   CHECK_THAT(e.err, Catch::Contains("--logprobs needs --json"));
 }
 
+TEST_CASE("--logprobs on the peer model: llama.cpp's log-softmax at the first step, its logit gaps at the greedy steps") {
+  // llama.cpp's logits for P1 (docs: ../shared/peer/README.md): the last prompt row in full, and
+  // the five best logits of each greedy step. The logits agree within 0.35 (the peer test's bound),
+  // so do log-softmax values (the normalizer moves by less than the largest logit error).
+  const std::string base = peer("logits/tiny-q4_0.P1");
+  const auto ids = read_ids(base + ".tokens.txt");
+  const auto ref = read_f32(base + ".logits.f32");
+  const auto greedy = read_ids(base + ".greedy32.txt");
+  const auto top5 = read_top5(base + ".greedy32.top5.txt");
+  const int V = 32000;
+  REQUIRE(ref.size() == ids.size() * size_t(V));
+  const Out o = run_baton("run -m " + peer("logits/tiny-q4_0.gguf") +
+                          " --raw -p 'The quick brown fox jumps over the lazy dog.' --temp 0 -n 32 --ignore-eos -t 2 "
+                          "--json --logprobs 5");
+  INFO(o.err);
+  REQUIRE(o.code == 0);
+  const auto j = nlohmann::json::parse(o.out);
+  REQUIRE(j["prompt_tokens"] == int(ids.size()));
+  const auto& lps = j["logprobs"];
+  REQUIRE(lps.size() == 32);
+  const float* last = ref.data() + (ids.size() - 1) * size_t(V);
+  double sum = 0;
+  const float mx = *std::max_element(last, last + V);
+  for (int v = 0; v < V; v++) sum += std::exp(double(last[v]) - mx);
+  const double lse = mx + std::log(sum);
+  double worst = 0;
+  for (const auto& alt : lps[0]["top_logprobs"]) {
+    const int id = alt["id"];
+    worst = std::max(worst, std::abs(alt["logprob"].get<double>() - (last[id] - lse)));
+  }
+  std::printf("peer P1 step 0: top-5 logprobs within %.4f of llama.cpp's log-softmax\n", worst);
+  CHECK(worst <= 0.35);
+  int agreed = 0;
+  double worst_gap = 0;
+  for (size_t step = 0; step < 32; step++) {
+    const auto& t = lps[step];
+    const auto& r = top5[step];
+    if (t["id"] != greedy[step]) {  // a near-tie, as the peer test tolerates it; the walk stops
+      bool near_tie = false;
+      for (auto [id, logit] : r) near_tie = near_tie || (id == t["id"].get<int>() && r[0].second - logit <= 0.1f);
+      CHECK(near_tie);
+      break;
+    }
+    agreed++;
+    CHECK(t["id"] == t["top_logprobs"][0]["id"]);
+    for (const auto& alt : t["top_logprobs"])
+      for (auto [id, logit] : r)
+        if (alt["id"] == id)
+          worst_gap = std::max(worst_gap, std::abs((alt["logprob"].get<double>() - t["logprob"].get<double>()) -
+                                                   double(logit - r[0].second)));
+  }
+  std::printf("peer P1: %d greedy steps agree; logprob gaps to the best within %.4f of llama.cpp's logit gaps\n", agreed,
+              worst_gap);
+  CHECK(agreed >= 4);  // (13 here: a near-tie at step 13)
+  CHECK(worst_gap <= 0.35);
+}
+
 TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL fields, bad ones as error records") {
   const std::string m = tiny();
   const std::string dir = temp_dir();

@@ -8,8 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "helpers.h"
 #include "gguf/error.h"
@@ -42,37 +40,6 @@ std::string test_devices() {
 }();
 
 
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  in.seekg(0, std::ios::end);
-  const size_t n = size_t(in.tellg()) / sizeof(float);
-  in.seekg(0);
-  std::vector<float> v(n);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(float)));
-  return v;
-}
-
-// One line per greedy step: "s id:logit id:logit ...".
-std::vector<std::vector<std::pair<int, float>>> read_top5(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::vector<std::vector<std::pair<int, float>>> steps;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    int step;
-    ls >> step;
-    std::vector<std::pair<int, float>> top;
-    std::string item;
-    while (ls >> item) {
-      const size_t colon = item.find(':');
-      top.emplace_back(std::stoi(item.substr(0, colon)), std::stof(item.substr(colon + 1)));
-    }
-    steps.push_back(top);
-  }
-  return steps;
-}
 
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
@@ -107,7 +74,7 @@ std::vector<float> eval_prompt(Pipeline& p, const std::vector<int32_t>& ids, boo
 void check_against_reference(const std::string& prompt, bool one_batch) {
   const std::string base = test::peer("logits/tiny-q4_0." + prompt);
   const auto ids = test::read_ids(base + ".tokens.txt");
-  const auto ref = read_f32(base + ".logits.f32");
+  const auto ref = test::read_f32(base + ".logits.f32");
   REQUIRE(ref.size() == ids.size() * kVocab);
   auto p = load_tiny();
   const auto got = eval_prompt(*p, ids, one_batch);
@@ -136,7 +103,7 @@ void check_against_reference(const std::string& prompt, bool one_batch) {
 
   // Greedy continuation through the KV cache, compared tolerance-aware.
   const auto greedy = test::read_ids(base + ".greedy32.txt");
-  const auto top5 = read_top5(base + ".greedy32.top5.txt");
+  const auto top5 = test::read_top5(base + ".greedy32.top5.txt");
   REQUIRE(greedy.size() == 32);
   REQUIRE(top5.size() == 32);
   std::vector<float> row(got.end() - kVocab, got.end());
