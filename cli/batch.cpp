@@ -187,7 +187,9 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       !get_number(v, "min_p", j.sampling.min_p, err) || !get_number(v, "repeat_penalty", j.sampling.repeat_penalty, err) ||
       !get_number(v, "presence_penalty", j.sampling.presence_penalty, err) ||
       !get_number(v, "frequency_penalty", j.sampling.frequency_penalty, err) ||
-      !get_number(v, "repeat_last_n", j.sampling.repeat_last_n, err) || !get_number(v, "seed", seed, err))
+      !get_number(v, "repeat_last_n", j.sampling.repeat_last_n, err) || !get_number(v, "typical_p", j.sampling.typical_p, err) ||
+      !get_number(v, "mirostat", j.sampling.mirostat, err) || !get_number(v, "mirostat_tau", j.sampling.mirostat_tau, err) ||
+      !get_number(v, "mirostat_eta", j.sampling.mirostat_eta, err) || !get_number(v, "seed", seed, err))
     return j;
   if (v.contains("logit_bias")) {
     j.sampling.logit_bias.clear();  // the line's replace the flags'

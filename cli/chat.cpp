@@ -41,8 +41,9 @@ const char* kHelp =
     "  /exit                 leave (Ctrl-D too)\n"
     "  /reset                forget the conversation (the system prompt stays)\n"
     "  /system TEXT          set the system prompt\n"
-    "  /set NAME VALUE       temp, top_p, top_k, min_p, repeat_penalty, presence_penalty,\n"
-    "                        frequency_penalty, seed, max_tokens\n"
+    "  /set NAME VALUE       temp, top_p, top_k, min_p, typical_p, mirostat, mirostat_tau,\n"
+    "                        mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty,\n"
+    "                        seed, max_tokens\n"
     "  /set format json      replies are JSON objects (/set noformat: free text again)\n"
     "  /stats                show or hide the line after each reply\n"
     "  /save FILE            write the conversation as JSON\n"
@@ -411,16 +412,18 @@ class Chat {
       return say("(replies are JSON objects)");
     }
     const char* usage =
-        "usage: /set temp|top_p|top_k|min_p|repeat_penalty|presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
+        "usage: /set temp|top_p|top_k|min_p|typical_p|mirostat|mirostat_tau|mirostat_eta|repeat_penalty|"
+        "presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
         "/set format json, /set noformat";
     if (name.empty()) return say(usage);
-    static const std::set<std::string> kNames = {"temp",           "temperature",      "top_p",
-                                                 "top_k",          "min_p",            "repeat_penalty",
-                                                 "presence_penalty", "frequency_penalty", "seed", "max_tokens"};
+    static const std::set<std::string> kNames = {
+        "temp",         "temperature",  "top_p",          "top_k",           "min_p",             "typical_p",
+        "mirostat",     "mirostat_tau", "mirostat_eta",   "repeat_penalty",  "presence_penalty",  "frequency_penalty",
+        "seed",         "max_tokens"};
     if (!kNames.count(name))
       return say(fmt::format(
-          "/set: '{}' is not a setting (temp, top_p, top_k, min_p, repeat_penalty, presence_penalty, "
-          "frequency_penalty, seed, max_tokens, format)",
+          "/set: '{}' is not a setting (temp, top_p, top_k, min_p, typical_p, mirostat, mirostat_tau, "
+          "mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, seed, max_tokens, format)",
           name));
     SamplingParams p = params_;
     int max_tokens = max_tokens_;
@@ -435,6 +438,10 @@ class Chat {
       else if (name == "top_p") p.top_p = std::stof(value, &used);
       else if (name == "top_k") p.top_k = std::stoi(value, &used);
       else if (name == "min_p") p.min_p = std::stof(value, &used);
+      else if (name == "typical_p") p.typical_p = std::stof(value, &used);
+      else if (name == "mirostat") p.mirostat = std::stoi(value, &used);
+      else if (name == "mirostat_tau") p.mirostat_tau = std::stof(value, &used);
+      else if (name == "mirostat_eta") p.mirostat_eta = std::stof(value, &used);
       else if (name == "repeat_penalty") p.repeat_penalty = std::stof(value, &used);
       else if (name == "presence_penalty") p.presence_penalty = std::stof(value, &used);
       else if (name == "frequency_penalty") p.frequency_penalty = std::stof(value, &used);

@@ -373,6 +373,21 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")
       ->capture_default_str()
       ->check(number([](double v) { return v >= 0 && v <= 1; }, "must be 0 to 1", "0 to 1"));
+  app.add_option("--typical,--typical-p", p.typical_p,
+                 "locally typical sampling: keep the tokens whose surprise is closest to the entropy, up to this "
+                 "probability mass (1: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]", "(0, 1]"));
+  app.add_option("--mirostat", p.mirostat,
+                 "Mirostat sampling, version 1 or 2, instead of top-k, typical, top-p and min-p (0: off)")
+      ->capture_default_str()
+      ->check(in_range(0, 2));
+  app.add_option("--mirostat-ent,--mirostat-tau", p.mirostat_tau, "Mirostat's target surprise (tau, in bits)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0; }, "must be at least 0", ">= 0"));
+  app.add_option("--mirostat-lr,--mirostat-eta", p.mirostat_eta, "Mirostat's learning rate (eta)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0; }, "must be at least 0", ">= 0"));
   app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens (1: off)")
       ->capture_default_str()
       ->check(number([](double v) { return v > 0; }, "must be above 0", "> 0"));

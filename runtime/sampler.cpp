@@ -20,6 +20,12 @@ std::string SamplingParams::validate(int n_vocab) const {
   if (!(repeat_penalty > 0) || !std::isfinite(repeat_penalty))
     return fmt::format("repeat_penalty must be > 0 (got {})", repeat_penalty);
   if (repeat_last_n < 0) return fmt::format("repeat_last_n must be >= 0 (got {})", repeat_last_n);
+  if (!(typical_p > 0 && typical_p <= 1)) return fmt::format("typical_p must be in (0, 1] (got {})", typical_p);
+  if (mirostat < 0 || mirostat > 2) return fmt::format("mirostat must be 0 (off), 1 or 2 (got {})", mirostat);
+  if (!(mirostat_tau >= 0) || !std::isfinite(mirostat_tau))
+    return fmt::format("mirostat_tau must be a finite number >= 0 (got {})", mirostat_tau);
+  if (!(mirostat_eta >= 0) || !std::isfinite(mirostat_eta))
+    return fmt::format("mirostat_eta must be a finite number >= 0 (got {})", mirostat_eta);
   if (!std::isfinite(presence_penalty)) return fmt::format("presence_penalty must be a finite number (got {})", presence_penalty);
   if (!std::isfinite(frequency_penalty))
     return fmt::format("frequency_penalty must be a finite number (got {})", frequency_penalty);
@@ -65,7 +71,7 @@ uint64_t Rng::next() {
 
 double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed), mu_(2 * p.mirostat_tau) {}
 
 // Logit biases, then llama.cpp's penalties over the window of the last repeat_last_n tokens: each
 // distinct token once, its logit divided by repeat_penalty when positive and multiplied when not
@@ -98,7 +104,7 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
   const float* src = penalized(logits, n_vocab, history);
   if (p_.greedy()) return cpu::argmax(src, n_vocab);
 
-  if (p_.top_k <= 0 || p_.top_k >= n_vocab) return sample_row(src, n_vocab);
+  if (p_.mirostat || p_.top_k <= 0 || p_.top_k >= n_vocab) return full_row(src, n_vocab);
   // Candidates sorted by logit, highest first; equal logits by id so the order never depends on
   // how they were found: top-k in one pass over the row (cpu::top_k).
   top_idx_.resize(size_t(p_.top_k));
@@ -114,8 +120,8 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
                         const AllowedSet& all) {
   BATON_CHECK(n_vocab > 0);
   const float* src = penalized(logits, n_vocab, history);
-  if (!p_.greedy() && (p_.top_k <= 0 || p_.top_k >= n_vocab)) {
-    // Top-k off: the whole row's softmax needs every refused token out of it.
+  if (!p_.greedy() && (p_.mirostat || p_.top_k <= 0 || p_.top_k >= n_vocab)) {
+    // Top-k off (or Mirostat): the whole row's softmax needs every refused token out of it.
     bool any = false;
     if (all) {
       all(allowed_);
@@ -129,7 +135,7 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
         else masked_[size_t(i)] = -INFINITY;
       }
     }
-    return any ? sample_row(masked_.data(), n_vocab) : -1;
+    return any ? full_row(masked_.data(), n_vocab) : -1;
   }
   if (!allowed_best(src, n_vocab, p_.greedy() ? 1 : size_t(p_.top_k), allow, all)) return -1;
   return p_.greedy() ? cand_[0].second : draw(cand_.size());
@@ -166,6 +172,82 @@ bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const Tok
   std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(keep), cand_.end(), better);
   cand_.resize(keep);
   return keep > 0;
+}
+
+int32_t Sampler::full_row(const float* src, int n_vocab) {
+  if (p_.mirostat) return mirostat(src, n_vocab);
+  if (p_.typical_p >= 1.0f) return sample_row(src, n_vocab);
+  // Typical sampling ranks tokens by how far their surprise is from the row's entropy, which is no
+  // prefix of the logits' order: every (non-NaN, finite) token a candidate, sorted.
+  top_idx_.resize(size_t(n_vocab));
+  top_val_.resize(size_t(n_vocab));
+  const int found = cpu::top_k(src, n_vocab, n_vocab, top_idx_.data(), top_val_.data());
+  cand_.clear();
+  for (int i = 0; i < found && top_val_[size_t(i)] > -INFINITY; i++) cand_.push_back({top_val_[size_t(i)], top_idx_[size_t(i)]});
+  if (cand_.empty()) return cpu::argmax(src, n_vocab);  // every logit NaN or -inf
+  return draw(cand_.size());
+}
+
+// Mirostat: the row's probabilities at the temperature, cut to the tokens whose surprise -log2 p the
+// current cut-off mu allows, renormalized, drawn from; mu then moves by eta times how far the drawn
+// token's surprise (under the cut distribution) was from tau. Version 1 (Basu et al., algorithm 1)
+// cuts to the top k, k from a Zipf exponent estimated on the best 100 tokens; version 2 cuts at
+// surprise mu directly.
+int32_t Sampler::mirostat(const float* src, int n_vocab) {
+  prob_.resize(size_t(n_vocab));
+  const float inv_t = 1.0f / p_.temperature;
+  for (int i = 0; i < n_vocab; i++) prob_[size_t(i)] = src[i] * inv_t;
+  cpu::softmax(prob_.data(), n_vocab);
+  int32_t x = -1;
+  double total = 0;
+  if (p_.mirostat == 2) {
+    const double cut = std::exp2(-double(mu_));
+    for (float q : prob_)
+      if (q >= cut) total += q;
+    if (!(total > 0)) {  // nothing as likely as the cut: the best token alone
+      x = cpu::argmax(prob_.data(), n_vocab);
+      total = prob_[size_t(x)];
+    } else {
+      double r = rng_.uniform() * total;
+      for (int i = 0; i < n_vocab && x < 0; i++) {
+        const double q = prob_[size_t(i)];
+        if (q < cut) continue;
+        if ((r -= q) < 0) x = i;
+      }
+      if (x < 0)  // rounding left a sliver: the last token kept
+        for (int i = n_vocab; i-- > 0 && x < 0;)
+          if (prob_[size_t(i)] >= cut) x = i;
+    }
+  } else {
+    // s: the Zipf exponent that fits the best m probabilities (least squares through the origin of
+    // log(p_i / p_i+1) against log((i + 2) / (i + 1))); then the k whose tail has surprise mu.
+    const int m = std::min(n_vocab, 100);
+    top_idx_.resize(size_t(m));
+    top_val_.resize(size_t(m));
+    const int found = cpu::top_k(src, n_vocab, m, top_idx_.data(), top_val_.data());
+    double tb = 0, tt = 0;
+    for (int i = 0; i + 1 < found; i++) {
+      const double a = prob_[size_t(top_idx_[size_t(i)])], b = prob_[size_t(top_idx_[size_t(i + 1)])];
+      if (!(b > 0)) break;
+      const double t = std::log(double(i + 2) / double(i + 1));
+      tb += t * std::log(a / b);
+      tt += t * t;
+    }
+    const double s_hat = tt > 0 ? tb / tt : 1.0, eps = s_hat - 1;
+    const double k = std::pow(eps * std::exp2(double(mu_)) / (1 - std::pow(double(n_vocab), -eps)), 1 / s_hat);
+    const int kk = std::isnan(k) ? n_vocab : int(std::clamp(k, 1.0, double(n_vocab)));
+    top_idx_.resize(size_t(kk));
+    top_val_.resize(size_t(kk));
+    const int kept = std::max(1, cpu::top_k(src, n_vocab, kk, top_idx_.data(), top_val_.data()));
+    for (int i = 0; i < kept; i++) total += prob_[size_t(top_idx_[size_t(i)])];
+    double r = rng_.uniform() * total;
+    for (int i = 0; i < kept && x < 0; i++)
+      if ((r -= prob_[size_t(top_idx_[size_t(i)])]) < 0) x = top_idx_[size_t(i)];
+    if (x < 0) x = top_idx_[size_t(kept - 1)];
+  }
+  const double surprise = -std::log2(double(prob_[size_t(x)]) / total);
+  mu_ -= float(double(p_.mirostat_eta) * (surprise - double(p_.mirostat_tau)));
+  return x;
 }
 
 int32_t Sampler::sample_row(const float* src, int n_vocab) {
@@ -245,6 +327,27 @@ int32_t Sampler::draw(size_t k) {
     sum += prob[i];
   }
   for (auto& p : prob) p /= sum;
+
+  // Typical sampling: the candidates by how far their surprise is from the distribution's entropy,
+  // closest first, until their mass reaches typical_p; renormalized, in their logits' order again.
+  if (p_.typical_p < 1.0f && k > 1) {
+    double entropy = 0;
+    for (size_t i = 0; i < k; i++)
+      if (prob[i] > 0) entropy -= prob[i] * std::log(prob[i]);
+    typical_.resize(k);
+    for (size_t i = 0; i < k; i++) typical_[i] = i;
+    auto distance = [&](size_t i) { return prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY; };
+    std::stable_sort(typical_.begin(), typical_.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+    double mass = 0;
+    size_t n = 0;
+    while (n < k && mass < p_.typical_p) mass += prob[typical_[n++]];
+    std::sort(typical_.begin(), typical_.begin() + ptrdiff_t(n));
+    for (size_t i = 0; i < n; i++) {
+      cand_[i] = cand_[typical_[i]];
+      prob[i] = prob[typical_[i]] / mass;
+    }
+    k = n;
+  }
 
   // Top-p: the smallest prefix whose mass reaches top_p. Min-p: drop tokens below min_p × the best.
   size_t keep = k;

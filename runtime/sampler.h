@@ -1,5 +1,5 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, logit biases, and repetition, presence and
-// frequency penalties over the last N tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
+// Token sampling: greedy, temperature, top-k, locally typical sampling, top-p, min-p, Mirostat (1 and
+// 2), logit biases, and repetition, presence and frequency penalties over the last N tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
 // its settings and its own logits — never on which other requests share the batch.
 #pragma once
 #include <cstdint>
@@ -15,6 +15,12 @@ struct SamplingParams {
   int top_k = 40;               // <= 0: off
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
+  float typical_p = 1.0f;       // locally typical sampling (Meister et al. 2022) after top-k; >= 1: off
+  // Mirostat (Basu et al. 2021) instead of top-k/typical/top-p/min-p: 1 or 2 (0: off). It steers
+  // each token's surprise (-log2 p) towards tau, learning its cut-off at rate eta.
+  int mirostat = 0;
+  float mirostat_tau = 5.0f;
+  float mirostat_eta = 0.1f;
   float repeat_penalty = 1.0f;  // 1: off
   // OpenAI's and llama.cpp's additive penalties: a token seen c > 0 times in the window loses
   // c · frequency_penalty + presence_penalty from its logit (after the repetition penalty). 0: off.
@@ -76,7 +82,9 @@ class Sampler {
   bool argmax_only() const { return p_.greedy() && !penalizes(); }
   // sample() needs only the K best logits of the row, sorted (kTopK in runtime/batch.h): it draws
   // among its top_k <= K and applies no repetition penalty.
-  bool top_k_suffices(int K) const { return !p_.greedy() && !penalizes() && p_.top_k > 0 && p_.top_k <= K; }
+  bool top_k_suffices(int K) const {
+    return !p_.greedy() && !penalizes() && p_.mirostat == 0 && p_.top_k > 0 && p_.top_k <= K;
+  }
 
  private:
   // The row is changed before the draw: biases, or penalties with a window to look at.
@@ -86,6 +94,8 @@ class Sampler {
   }
   int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
   int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
+  int32_t full_row(const float* logits, int n_vocab);    // top-k off or Mirostat: the draw from a whole row
+  int32_t mirostat(const float* logits, int n_vocab);
   const float* penalized(const float* logits, int n_vocab, std::span<const int32_t> history);
   // cand_ = the best `want` tokens `allow` accepts, in top_k's order; false when there are none.
   bool allowed_best(const float* src, int n_vocab, size_t want, const TokenFilter& allow, const AllowedSet& all);
@@ -101,6 +111,8 @@ class Sampler {
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output
   std::vector<float> top_val_;
   std::vector<double> draw_prob_;               // draw(): the candidates' probabilities
+  std::vector<size_t> typical_;                 // draw(): candidates by their distance from the entropy
+  float mu_ = 0;                                // Mirostat's cut-off surprise (2 tau at the start)
 };
 
 }  // namespace baton

@@ -96,6 +96,9 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
            {"run -m x -p hi --logit-bias 5+1 -l 9-y", "error: --logit-bias: '9-y': '-y' is not a number"},
            {"run -m x -p hi -l 99999999999+1", "error: --logit-bias: '99999999999+1': the token 99999999999 is too large"},
            {"batch -m x -i a -o b --logprobs 21", "error: --logprobs: 21 is not allowed (must be 0 to 20)"},
+           {"run -m x -p hi --mirostat 3", "error: --mirostat: 3 is not allowed (must be 0 to 2)"},
+           {"chat -m x --typical 0", "error: --typical: 0 is not allowed (must be in (0, 1])"},
+           {"run -m x -p hi --mirostat-lr -1", "error: --mirostat-lr: -1 is not allowed (must be at least 0)"},
            {"run -m x -p hi -n 99999999999", "error: --max-tokens: 99999999999 is too large"},
            // --seed: 0 to 2^64-1, or -1 (random); no wrapping.
            {"run -m x -p hi --seed -5", "error: --seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"},
@@ -242,14 +245,19 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
                                    << "{\"id\": 9, \"prompt\": \"x\", \"logprobs\": true, \"top_logprobs\": 30}\n"
                                    << "{\"id\": 10, \"prompt\": \"x\", \"presence_penalty\": \"high\"}\n"
                                    << "{\"id\": 11, \"prompt\": \"x\", \"logit_bias\": {\"999999\": 1}}\n"
-                                   << "{\"id\": 12, \"prompt\": \"x\", \"logprobs\": 1}\n";
+                                   << "{\"id\": 12, \"prompt\": \"x\", \"logprobs\": 1}\n"
+                                   << "{\"id\": 13, \"prompt\": \"x\", \"temperature\": 1, \"mirostat\": 2, \"mirostat_tau\": 3, "
+                                      "\"mirostat_eta\": 0.2, \"seed\": 4}\n"
+                                   << "{\"id\": 14, \"prompt\": \"x\", \"temperature\": 1, \"typical_p\": 0.5, \"seed\": 4}\n"
+                                   << "{\"id\": 15, \"prompt\": \"x\", \"mirostat\": 5}\n"
+                                   << "{\"id\": 16, \"prompt\": \"x\", \"typical_p\": \"low\"}\n";
   const Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --raw --temp 0 -n 3 " +
                           "--ignore-eos -t 2 --parallel 3");
   INFO(o.err);
   REQUIRE(o.code == 0);
   std::map<int, nlohmann::json> by;
   for (const auto& r : jsonl(slurp(dir + "/out.jsonl"))) by[r["id"].get<int>()] = r;
-  REQUIRE(by.size() == 12);
+  REQUIRE(by.size() == 16);
   CHECK(by[1]["logprobs"].size() == 3);
   CHECK(by[1]["logprobs"][0]["top_logprobs"].size() == 2);
   CHECK(by[1]["logprobs"][0]["id"].dump() == ban);
@@ -266,7 +274,11 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
   CHECK(by[10]["error"] == "field 'presence_penalty' must be a number");
   CHECK_THAT(by[11]["error"].get<std::string>(), Catch::StartsWith("logit_bias: token 999999 is not in the vocabulary (0.."));
   CHECK(by[12]["error"] == "field 'logprobs' must be true or false");
-  CHECK_THAT(o.err, Catch::Contains("4 ok, 8 failed"));
+  CHECK(by[13]["completion_tokens"] == 3);
+  CHECK(by[14]["completion_tokens"] == 3);
+  CHECK(by[15]["error"] == "mirostat must be 0 (off), 1 or 2 (got 5)");
+  CHECK(by[16]["error"] == "field 'typical_p' must be a number");
+  CHECK_THAT(o.err, Catch::Contains("6 ok, 10 failed"));
 }
 
 TEST_CASE("a repeated flag takes its last value, as in llama.cpp; --seed -1 is a random seed") {
@@ -468,14 +480,18 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
 
   const Out s = run_baton("chat -m " + m + " -n 2 -t 2",
                           "/set bogus 3\n/set seed 99999999999999999999999\n/set seed x\n/set top_k 5\n"
-                          "/set presence_penalty 0.5\n/set frequency_penalty inf\n/set repeat_penalty 0\n");
+                          "/set presence_penalty 0.5\n/set frequency_penalty inf\n/set repeat_penalty 0\n"
+                          "/set mirostat 2\n/set mirostat 7\n");
   INFO(s.err);
   CHECK(s.code == 0);
-  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, repeat_penalty, "
-                                    "presence_penalty, frequency_penalty, seed, max_tokens"));
+  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, typical_p, mirostat, "
+                                    "mirostat_tau, mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, "
+                                    "seed, max_tokens"));
   CHECK_THAT(s.err, Catch::Contains("(presence_penalty = 0.5)"));
   CHECK_THAT(s.err, Catch::Contains("/set: frequency_penalty must be a finite number (got inf)"));
   CHECK_THAT(s.err, Catch::Contains("/set: repeat_penalty must be > 0 (got 0)"));
+  CHECK_THAT(s.err, Catch::Contains("(mirostat = 2)"));
+  CHECK_THAT(s.err, Catch::Contains("/set: mirostat must be 0 (off), 1 or 2 (got 7)"));
   CHECK_THAT(s.err, Catch::Contains("/set seed: 99999999999999999999999 is not allowed"));
   CHECK_THAT(s.err, Catch::Contains("/set seed: 'x' is not a whole number"));
   CHECK_THAT(s.err, Catch::Contains("(top_k = 5)"));

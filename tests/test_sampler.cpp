@@ -94,6 +94,7 @@ TEST_CASE("a kTopK row of candidates draws what the full row draws, for any sett
       p.top_k = 1 + int(g() % uint32_t(K));
       p.top_p = trial % 2 ? 0.8f : 1.0f;
       p.min_p = trial % 5 ? 0.02f : 0.0f;
+      p.typical_p = trial % 3 == 2 ? 0.7f : 1.0f;
       p.seed = 1234 + uint64_t(trial);
       Sampler full(p), cand(p);
       REQUIRE(cand.top_k_suffices(K));
@@ -219,11 +220,13 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
       {"three", [](int32_t t) { return t == 998 || t == 3 || t == 600; }},
       {"one", [](int32_t t) { return t == 421; }},
   };
-  struct Setting { float temp; int top_k; float top_p, min_p, penalty; };
+  struct Setting { float temp; int top_k; float top_p, min_p, penalty, typical = 1.0f; int mirostat = 0; };
   const std::vector<Setting> settings = {
       {0.0f, 40, 0.95f, 0.05f, 1.0f}, {0.0f, 40, 1.0f, 0.0f, 1.3f}, {0.9f, 40, 0.95f, 0.05f, 1.0f},
       {1.2f, 5, 1.0f, 0.0f, 1.0f},    {0.7f, 40, 0.9f, 0.0f, 1.2f},  {1.0f, 0, 0.9f, 0.05f, 1.0f},
-      {1.0f, 0, 1.0f, 0.0f, 1.0f},    {1.0f, 1000, 1.0f, 0.1f, 1.0f}};
+      {1.0f, 0, 1.0f, 0.0f, 1.0f},    {1.0f, 1000, 1.0f, 0.1f, 1.0f},
+      {1.0f, 40, 0.95f, 0.0f, 1.0f, 0.6f}, {0.8f, 0, 1.0f, 0.0f, 1.1f, 0.5f},
+      {1.0f, 40, 1.0f, 0.0f, 1.0f, 1.0f, 1}, {0.9f, 0, 1.0f, 0.0f, 1.2f, 1.0f, 2}};
   for (const auto& f : filters)
     for (const auto& st : settings) {
       SamplingParams p;
@@ -232,6 +235,8 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
       p.top_p = st.top_p;
       p.min_p = st.min_p;
       p.repeat_penalty = st.penalty;
+      p.typical_p = st.typical;
+      p.mirostat = st.mirostat;
       p.seed = 77;
       std::vector<float> masked = l;
       for (int t = 0; t < 1000; t++)
@@ -245,7 +250,8 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
         for (int t = 999; t >= 0; t--)
           if (f.allow((t * 7) % 1000)) ids.push_back((t * 7) % 1000);
       };
-      INFO(f.name << " temp " << st.temp << " top_k " << st.top_k << " top_p " << st.top_p << " penalty " << st.penalty);
+      INFO(f.name << " temp " << st.temp << " top_k " << st.top_k << " top_p " << st.top_p << " penalty " << st.penalty
+                  << " typical " << st.typical << " mirostat " << st.mirostat);
       for (int i = 0; i < 200; i++) {
         const int32_t want = a.sample(masked.data(), 1000, history);
         const int32_t got = b.sample(l.data(), 1000, history, counting);
@@ -254,7 +260,7 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
         REQUIRE(c.sample(l.data(), 1000, history, f.allow, listing) == want);
       }
       // With top-k on, the filter is asked about the best candidates only when enough of them pass.
-      if (std::string(f.name) == "every other" && st.top_k > 0 && st.top_k < 100) CHECK(asked <= 200 * 128);
+      if (std::string(f.name) == "every other" && st.top_k > 0 && st.top_k < 100 && !st.mirostat) CHECK(asked <= 200 * 128);
     }
   SamplingParams p;
   Sampler s(p);
@@ -266,6 +272,127 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
   p.top_k = 0;
   Sampler row(p);
   CHECK(row.sample(l.data(), 1000, {}, [](int32_t) { return false; }) == -1);
+}
+
+TEST_CASE("typical sampling keeps the tokens whose surprise is nearest the entropy, up to the mass") {
+  // The reference: the candidates (the whole row, or the top k) at the temperature, their entropy
+  // H, sorted by |-ln p - H| (ties in logit order), the shortest prefix of that order whose mass
+  // reaches typical_p, renormalized and drawn in logit order with the same RNG stream.
+  std::mt19937 g(21);
+  int compared = 0, not_best = 0;
+  for (int n : {5, 300, 3000}) {
+    for (int trial = 0; trial < 8; trial++) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (auto& x : row) x = std::normal_distribution<float>(0.0f, trial % 2 ? 3.0f : 1.0f)(g);
+      SamplingParams p;
+      p.top_k = trial % 4 < 2 ? 0 : 50;
+      p.top_p = 1.0f;
+      p.min_p = 0.0f;
+      p.temperature = 0.7f + 0.2f * float(trial % 3);
+      p.typical_p = trial % 3 == 0 ? 0.2f : 0.9f;
+      p.seed = 40 + uint64_t(trial);
+      std::vector<int32_t> order(row.size());
+      for (int i = 0; i < n; i++) order[size_t(i)] = i;
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      if (p.top_k > 0 && p.top_k < n) order.resize(size_t(p.top_k));
+      std::vector<double> prob(order.size());
+      double sum = 0;
+      for (size_t i = 0; i < order.size(); i++) sum += prob[i] = std::exp((double(row[size_t(order[i])]) - row[size_t(order[0])]) / p.temperature);
+      double H = 0;
+      for (auto& q : prob) q /= sum;
+      for (double q : prob) H -= q * std::log(q);
+      std::vector<size_t> by(order.size());
+      for (size_t i = 0; i < by.size(); i++) by[i] = i;
+      std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return std::abs(-std::log(prob[a]) - H) < std::abs(-std::log(prob[b]) - H); });
+      double mass = 0;
+      size_t keep = 0;
+      while (keep < by.size() && mass < p.typical_p) mass += prob[by[keep++]];
+      std::sort(by.begin(), by.begin() + ptrdiff_t(keep));
+      Sampler s(p);
+      Rng ref(p.seed);
+      for (int d = 0; d < 25; d++) {
+        double r = ref.uniform() * 1.0;  // (the kept mass, renormalized)
+        int32_t want = order[by[keep - 1]];
+        for (size_t i = 0; i < keep; i++)
+          if ((r -= prob[by[i]] / mass) < 0) { want = order[by[i]]; break; }
+        INFO("n " << n << " trial " << trial << " draw " << d << " keep " << keep);
+        REQUIRE(s.sample(row.data(), n, {}) == want);
+        compared++;
+        not_best += want != order[0];
+      }
+      if (n >= 300 && p.typical_p < 0.5f) CHECK(std::find(by.begin(), by.begin() + ptrdiff_t(keep), 0) == by.begin() + ptrdiff_t(keep));
+    }
+  }
+  CHECK(compared == 3 * 8 * 25);
+  CHECK(not_best > 100);
+}
+
+TEST_CASE("Mirostat steers each token's surprise towards tau; the draws follow its algorithm step by step") {
+  // A Zipf-like row of 2000 tokens (p_i ~ 1/(i+1)^1.1, ids shuffled). The reference runs Mirostat's
+  // algorithms as the paper states them (version 2: the tokens with surprise <= mu; version 1: the
+  // top k, k from the fitted Zipf exponent), with the sampler's RNG stream, and tracks mu.
+  const int n = 2000;
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; i++) ids[size_t(i)] = i;
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
+  std::vector<float> row(n);
+  for (int i = 0; i < n; i++) row[size_t(ids[size_t(i)])] = -1.1f * std::log(float(i + 1));
+  for (int version : {1, 2}) {
+    for (float tau : {2.0f, 5.0f}) {
+      SamplingParams p;
+      p.mirostat = version;
+      p.mirostat_tau = tau;
+      p.mirostat_eta = 0.1f;
+      p.temperature = 1.0f;
+      p.top_k = 3;  // ignored: Mirostat replaces the other filters
+      p.seed = 8;
+      Sampler s(p);
+      Rng rng(p.seed);
+      std::vector<float> prob(row);
+      cpu::softmax(prob.data(), n);
+      std::vector<int32_t> sorted(ids);  // ids by probability, best first: sorted[i] = ids[i]
+      float mu = 2 * tau;  // (a float, as the sampler keeps it: the cut-off k is sensitive to its last bits)
+      double surprise_sum = 0;
+      int late = 0;
+      for (int step = 0; step < 600; step++) {
+        std::vector<int32_t> kept;
+        if (version == 2) {
+          for (int t = 0; t < n; t++)
+            if (prob[size_t(t)] >= std::exp2(-double(mu))) kept.push_back(t);  // id order
+          if (kept.empty()) kept.push_back(sorted[0]);
+        } else {
+          double tb = 0, tt = 0;
+          for (int i = 0; i + 1 < 100; i++) {
+            const double t = std::log(double(i + 2) / double(i + 1));
+            tb += t * std::log(double(prob[size_t(sorted[size_t(i)])]) / prob[size_t(sorted[size_t(i + 1)])]);
+            tt += t * t;
+          }
+          const double sh = tb / tt, eps = sh - 1;
+          const double k = std::pow(eps * std::exp2(double(mu)) / (1 - std::pow(double(n), -eps)), 1 / sh);
+          kept.assign(sorted.begin(), sorted.begin() + std::clamp(int(k), 1, n));
+        }
+        double total = 0;
+        for (int32_t t : kept) total += prob[size_t(t)];
+        double r = rng.uniform() * total;
+        int32_t want = kept.back();
+        for (int32_t t : kept)
+          if ((r -= prob[size_t(t)]) < 0) { want = t; break; }
+        const double surprise = -std::log2(prob[size_t(want)] / total);
+        mu -= float(double(p.mirostat_eta) * (surprise - double(tau)));
+        INFO("version " << version << " tau " << tau << " step " << step);
+        REQUIRE(s.sample(row.data(), n, {}) == want);
+        if (step >= 200) surprise_sum += surprise, late++;
+      }
+      const double mean = surprise_sum / late;
+      std::printf("mirostat %d, tau %.1f: mean surprise %.3f bits over steps 200..599\n", version, tau, mean);
+      CHECK(std::abs(mean - tau) < 0.35);
+    }
+  }
+  SamplingParams p;
+  p.mirostat = 2;
+  CHECK_FALSE(Sampler(p).top_k_suffices(256));  // it needs the whole row
+  p.temperature = 0;
+  CHECK(Sampler(p).argmax_only());  // greedy still wins
 }
 
 TEST_CASE("top-p keeps the smallest set reaching the mass") {
@@ -412,6 +539,18 @@ TEST_CASE("settings are validated with a message") {
   p = {};
   p.min_p = 2;
   CHECK(p.validate().find("min_p") != std::string::npos);
+  p = {};
+  p.typical_p = 0;
+  CHECK(p.validate().find("typical_p") != std::string::npos);
+  p = {};
+  p.mirostat = 3;
+  CHECK(p.validate() == "mirostat must be 0 (off), 1 or 2 (got 3)");
+  p = {};
+  p.mirostat_tau = -1;
+  CHECK(p.validate().find("mirostat_tau") != std::string::npos);
+  p = {};
+  p.mirostat_eta = NAN;
+  CHECK(p.validate().find("mirostat_eta") != std::string::npos);
   p = {};
   p.presence_penalty = NAN;
   CHECK(p.validate().find("presence_penalty") != std::string::npos);
