@@ -27,12 +27,17 @@ namespace {
 
 constexpr float kGroupEps = 1e-15f;  // a group whose values are all below this quantizes to zero
 
-// Round half to even (the default FP mode), clamped to [lo, hi]. The clamp happens in float so
-// that huge or non-finite ratios cannot overflow the int conversion.
+// Round half to even, clamped to [lo, hi]. The clamp happens in float so that huge or non-finite
+// ratios cannot overflow the int conversion. Within the clamp (|v| < 2^22) adding 1.5·2^23 leaves
+// v's integer part, rounded half to even by the addition itself, in the low mantissa bits: the
+// same integer as std::nearbyint, without a libm call per value (a quarter of Q4_K's time).
 inline int round_clamp(float v, int lo, int hi) {
   if (!(v > float(lo))) return lo;  // also catches NaN
   if (v >= float(hi)) return hi;
-  return int(std::nearbyint(v));
+  const float shifted = v + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  return (bits & 0x007fffff) - 0x00400000;
 }
 
 // Truncation toward zero capped to [0, top], as the legacy formats round (x + 0.5 truncated).

@@ -275,11 +275,10 @@ GgmlType weight_type_for_row(GgmlType wanted, int64_t row) {
   if (row % block == 0) return wanted;
   GgmlType alt = GgmlType::F16;
   switch (wanted) {
-    case GgmlType::Q2_K: case GgmlType::Q3_K: alt = GgmlType::Q4_0; break;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::IQ4_XS: alt = GgmlType::IQ4_NL; break;
     case GgmlType::Q4_K: alt = GgmlType::Q5_0; break;
     case GgmlType::Q5_K: alt = GgmlType::Q5_1; break;
     case GgmlType::Q6_K: alt = GgmlType::Q8_0; break;
-    case GgmlType::IQ4_XS: alt = GgmlType::IQ4_NL; break;
     default: break;
   }
   return row % traits(alt).block_elems == 0 ? alt : GgmlType::F16;

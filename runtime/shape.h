@@ -111,7 +111,8 @@ struct TensorSpec {
 std::vector<TensorSpec> preset_tensors(const ShapePreset& p, GgmlType type);
 
 // K-quants need rows that are a multiple of 256 elements, the other quants 32. When a row does not
-// fit, use the customary substitute (Q4_K -> Q5_0, Q6_K -> Q8_0, ...) and F16 as the last resort.
+// fit, use llama-quantize's substitute (Q2_K, Q3_K, IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0) and F16 as the last resort (also for a 32-element type whose blocks do not fit).
 GgmlType weight_type_for_row(GgmlType wanted, int64_t row);
 
 // The shape of a preset in a given weight type (exact bytes from preset_tensors).

@@ -281,6 +281,44 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
   CHECK_THAT(o.err, Catch::Contains("6 ok, 10 failed"));
 }
 
+TEST_CASE("quantize: a plan, a file that runs, and errors that name the problem") {
+  const std::string m = tiny(), dir = temp_dir();
+  // The tiny model is Q8_0: quantizing it again is refused unless asked.
+  const Out refused = run_baton("quantize " + m + " " + dir + "/q.gguf Q4_K_M");
+  CHECK(refused.code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("is already Q8_0") && Catch::Contains("--allow-requantize"));
+  const Out dry = run_baton("quantize " + m + " Q4_0 --dry-run --allow-requantize -v");
+  INFO(dry.err);
+  CHECK(dry.code == 0);
+  CHECK_THAT(dry.err, Catch::Contains("converted to Q4_0") && Catch::Contains("size "));
+  CHECK_THAT(dry.err, Catch::Contains("blk.0.attn_q.weight") && Catch::Contains("Q8_0 -> Q4_0"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/q.gguf"));
+  const Out ok = run_baton("quantize " + m + " " + dir + "/q.gguf q4_0 --allow-requantize -t 2");
+  INFO(ok.err);
+  REQUIRE(ok.code == 0);
+  CHECK_THAT(ok.err, Catch::Contains("wrote " + dir + "/q.gguf"));
+  const Out inspect = run_baton("inspect " + dir + "/q.gguf");
+  CHECK_THAT(inspect.out, Catch::Contains("Q4_0"));
+  const Out run = run_baton("run -m " + dir + "/q.gguf -p hi -n 3 --temp 0 -t 2 --ignore-eos --json");
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  CHECK(nlohmann::json::parse(run.out)["tokens"] == 3);
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {m + " " + dir + "/x.gguf Q9_K", "unknown type 'Q9_K'"},
+           {m + " " + m + " Q4_0", "is the input file"},
+           {m + " " + dir + "/x.gguf", "give the type to write"},
+           {m + " " + dir + "/x.gguf Q4_0 --output-tensor-type q9", "--output-tensor-type 'q9' is not a tensor type"},
+           {dir + "/missing.gguf " + dir + "/x.gguf Q4_0", "missing.gguf"},
+       }) {
+    const Out e = run_baton("quantize " + args);
+    INFO(args << "\n" << e.err);
+    CHECK(e.code != 0);
+    CHECK_THAT(e.err, Catch::Contains(says));
+    CHECK(count_lines(e.err) == 1);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/x.gguf"));
+}
+
 TEST_CASE("a repeated flag takes its last value, as in llama.cpp; --seed -1 is a random seed") {
   const std::string m = tiny();
   const Out o = run_baton("run -m " + m + " -p hi --json --ignore-eos -n 9 -n 2 --temp 0.7 --temp 0 -t 1 -t 2 -c 64 -c 128 " +
