@@ -159,6 +159,15 @@ TEST_CASE("the plan: llama-quantize's recipes by tensor, layer and head grouping
   CHECK(layers_of(em, "ffn_down_exps.weight", T::Q6_K) == std::set<int>{0, 3, 6, 7});
   CHECK(layers_of(em, "ffn_up_exps.weight", T::Q4_K) == all(8));
 
+  // A fused q/k/v (Phi-3): Q4_K_M gives it Q5_K, Q5_K_M Q6_K, Q3_K_M and Q3_K_L Q4_K.
+  ShapePreset phi = shape(4, 4);
+  phi.architecture = "phi3";
+  const Model fused = model(phi);
+  REQUIRE(fused.file->tensor("blk.0.attn_qkv.weight") != nullptr);
+  for (const auto& [type, want] : std::vector<std::pair<const char*, T>>{
+           {"Q4_K_M", T::Q5_K}, {"Q5_K_M", T::Q6_K}, {"Q3_K_M", T::Q4_K}, {"Q3_K_L", T::Q4_K}, {"Q4_K_S", T::Q4_K}})
+    CHECK(layers_of(types(*fused.file, as(type)), "attn_qkv.weight", want) == all(4));
+
   // Rows that do not fit: SmolLM2's 576-wide rows take llama-quantize's stand-ins.
   const Model smol = model(find_preset("smollm2-135m"));
   int stand_ins = 0;
