@@ -105,6 +105,8 @@ Register reg{{"quantize", "Write a model with its weights quantized (Q4_K_M, Q8_
   return [a] {
     // `baton quantize IN TYPE --dry-run`: the second word is the type.
     if (a->dry_run && a->type.empty()) std::swap(a->type, a->out);
+    if (a->type.empty() && find_quant_file_type(a->out))
+      fail(ErrorKind::Usage, "give the file to write: baton quantize IN OUT {} (or --dry-run to see the plan only)", a->out);
     if (a->type.empty()) fail(ErrorKind::Usage, "give the type to write: baton quantize IN OUT TYPE (e.g. Q4_K_M)");
     return run_quantize(*a);
   };

@@ -200,23 +200,21 @@ int32_t Sampler::mirostat(const float* src, int n_vocab) {
   cpu::softmax(prob_.data(), n_vocab);
   int32_t x = -1;
   double total = 0;
+  // A token of probability 0 (a refused one at -inf) is never kept, however low the cut falls.
   if (p_.mirostat == 2) {
     const double cut = std::exp2(-double(mu_));
-    for (float q : prob_)
-      if (q >= cut) total += q;
-    if (!(total > 0)) {  // nothing as likely as the cut: the best token alone
+    auto kept = [&](int i) { return prob_[size_t(i)] > 0 && prob_[size_t(i)] >= cut; };
+    int last = -1;
+    for (int i = 0; i < n_vocab; i++)
+      if (kept(i)) total += prob_[size_t(i)], last = i;
+    if (last < 0) {  // nothing as likely as the cut: the best token alone
       x = cpu::argmax(prob_.data(), n_vocab);
       total = prob_[size_t(x)];
     } else {
       double r = rng_.uniform() * total;
-      for (int i = 0; i < n_vocab && x < 0; i++) {
-        const double q = prob_[size_t(i)];
-        if (q < cut) continue;
-        if ((r -= q) < 0) x = i;
-      }
-      if (x < 0)  // rounding left a sliver: the last token kept
-        for (int i = n_vocab; i-- > 0 && x < 0;)
-          if (prob_[size_t(i)] >= cut) x = i;
+      for (int i = 0; i < n_vocab && x < 0; i++)
+        if (kept(i) && (r -= prob_[size_t(i)]) < 0) x = i;
+      if (x < 0) x = last;  // rounding left a sliver: the last token kept
     }
   } else {
     // s: the Zipf exponent that fits the best m probabilities (least squares through the origin of
@@ -238,7 +236,8 @@ int32_t Sampler::mirostat(const float* src, int n_vocab) {
     const int kk = std::isnan(k) ? n_vocab : int(std::clamp(k, 1.0, double(n_vocab)));
     top_idx_.resize(size_t(kk));
     top_val_.resize(size_t(kk));
-    const int kept = std::max(1, cpu::top_k(src, n_vocab, kk, top_idx_.data(), top_val_.data()));
+    int kept = std::max(1, cpu::top_k(src, n_vocab, kk, top_idx_.data(), top_val_.data()));
+    while (kept > 1 && !(prob_[size_t(top_idx_[size_t(kept - 1)])] > 0)) --kept;  // the best first: zeros last
     for (int i = 0; i < kept; i++) total += prob_[size_t(top_idx_[size_t(i)])];
     double r = rng_.uniform() * total;
     for (int i = 0; i < kept && x < 0; i++)

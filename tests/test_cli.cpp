@@ -307,6 +307,7 @@ TEST_CASE("quantize: a plan, a file that runs, and errors that name the problem"
            {m + " " + dir + "/x.gguf Q9_K", "unknown type 'Q9_K'"},
            {m + " " + m + " Q4_0", "is the input file"},
            {m + " " + dir + "/x.gguf", "give the type to write"},
+           {m + " Q4_K_M", "give the file to write: baton quantize IN OUT Q4_K_M (or --dry-run"},
            {m + " " + dir + "/x.gguf Q4_0 --output-tensor-type q9", "--output-tensor-type 'q9' is not a tensor type"},
            {dir + "/missing.gguf " + dir + "/x.gguf Q4_0", "missing.gguf"},
        }) {

@@ -388,6 +388,20 @@ TEST_CASE("Mirostat steers each token's surprise towards tau; the draws follow i
       CHECK(std::abs(mean - tau) < 0.35);
     }
   }
+  // A cut-off so high that it keeps every token (tau 1000: 2^-2000 is 0 in a double): still never a
+  // refused one, in either version.
+  for (int version : {1, 2}) {
+    SamplingParams p;
+    p.mirostat = version;
+    p.mirostat_tau = 1000;
+    p.seed = 3;
+    Sampler s(p);
+    for (int d = 0; d < 200; d++) {
+      const int32_t t = s.sample(row.data(), n, {}, [](int32_t id) { return id % 2 == 0; });
+      REQUIRE(t >= 0);
+      REQUIRE(t % 2 == 0);
+    }
+  }
   SamplingParams p;
   p.mirostat = 2;
   CHECK_FALSE(Sampler(p).top_k_suffices(256));  // it needs the whole row
