@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -65,7 +66,15 @@ bool get_number(const json& j, const char* name, T& out, std::string& err) {
   const json& v = j[name];
   if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer()) { err = fmt::format("field '{}' must be an integer", name); return false; }
-    if (std::is_unsigned_v<T> && v.get<int64_t>() < 0) { err = fmt::format("field '{}' must be >= 0", name); return false; }
+    if (std::is_unsigned_v<T> && v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0) {
+      err = fmt::format("field '{}' must be >= 0", name);
+      return false;
+    }
+    // A value the field's type cannot hold is an error, not a wrapped number.
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                                             : v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                                   (std::is_unsigned_v<T> || v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
+    if (!fits) { err = fmt::format("field '{}' is out of range", name); return false; }
     out = v.get<T>();
   } else {
     if (!v.is_number()) { err = fmt::format("field '{}' must be a number", name); return false; }

@@ -250,14 +250,15 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
                                       "\"mirostat_eta\": 0.2, \"seed\": 4}\n"
                                    << "{\"id\": 14, \"prompt\": \"x\", \"temperature\": 1, \"typical_p\": 0.5, \"seed\": 4}\n"
                                    << "{\"id\": 15, \"prompt\": \"x\", \"mirostat\": 5}\n"
-                                   << "{\"id\": 16, \"prompt\": \"x\", \"typical_p\": \"low\"}\n";
+                                   << "{\"id\": 16, \"prompt\": \"x\", \"typical_p\": \"low\"}\n"
+                                   << "{\"id\": 17, \"prompt\": \"x\", \"max_tokens\": 4294967301}\n";
   const Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --raw --temp 0 -n 3 " +
                           "--ignore-eos -t 2 --parallel 3");
   INFO(o.err);
   REQUIRE(o.code == 0);
   std::map<int, nlohmann::json> by;
   for (const auto& r : jsonl(slurp(dir + "/out.jsonl"))) by[r["id"].get<int>()] = r;
-  REQUIRE(by.size() == 16);
+  REQUIRE(by.size() == 17);
   CHECK(by[1]["logprobs"].size() == 3);
   CHECK(by[1]["logprobs"][0]["top_logprobs"].size() == 2);
   CHECK(by[1]["logprobs"][0]["id"].dump() == ban);
@@ -278,7 +279,8 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
   CHECK(by[14]["completion_tokens"] == 3);
   CHECK(by[15]["error"] == "mirostat must be 0 (off), 1 or 2 (got 5)");
   CHECK(by[16]["error"] == "field 'typical_p' must be a number");
-  CHECK_THAT(o.err, Catch::Contains("6 ok, 10 failed"));
+  CHECK(by[17]["error"] == "field 'max_tokens' is out of range");  // not 5, wrapped
+  CHECK_THAT(o.err, Catch::Contains("6 ok, 11 failed"));
 }
 
 TEST_CASE("quantize: a plan, a file that runs, and errors that name the problem") {
