@@ -197,6 +197,9 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       !get_number(v, "presence_penalty", j.sampling.presence_penalty, err) ||
       !get_number(v, "frequency_penalty", j.sampling.frequency_penalty, err) ||
       !get_number(v, "repeat_last_n", j.sampling.repeat_last_n, err) || !get_number(v, "typical_p", j.sampling.typical_p, err) ||
+      !get_number(v, "top_n_sigma", j.sampling.top_n_sigma, err) ||
+      !get_number(v, "xtc_probability", j.sampling.xtc_probability, err) ||
+      !get_number(v, "xtc_threshold", j.sampling.xtc_threshold, err) ||
       !get_number(v, "mirostat", j.sampling.mirostat, err) || !get_number(v, "mirostat_tau", j.sampling.mirostat_tau, err) ||
       !get_number(v, "mirostat_eta", j.sampling.mirostat_eta, err) || !get_number(v, "seed", seed, err))
     return j;

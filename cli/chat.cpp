@@ -41,9 +41,9 @@ const char* kHelp =
     "  /exit                 leave (Ctrl-D too)\n"
     "  /reset                forget the conversation (the system prompt stays)\n"
     "  /system TEXT          set the system prompt\n"
-    "  /set NAME VALUE       temp, top_p, top_k, min_p, typical_p, mirostat, mirostat_tau,\n"
-    "                        mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty,\n"
-    "                        seed, max_tokens\n"
+    "  /set NAME VALUE       temp, top_p, top_k, min_p, typical_p, top_n_sigma, xtc_probability,\n"
+    "                        xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty,\n"
+    "                        presence_penalty, frequency_penalty, seed, max_tokens\n"
     "  /set format json      replies are JSON objects (/set noformat: free text again)\n"
     "  /stats                show or hide the line after each reply\n"
     "  /save FILE            write the conversation as JSON\n"
@@ -412,18 +412,20 @@ class Chat {
       return say("(replies are JSON objects)");
     }
     const char* usage =
-        "usage: /set temp|top_p|top_k|min_p|typical_p|mirostat|mirostat_tau|mirostat_eta|repeat_penalty|"
-        "presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
+        "usage: /set temp|top_p|top_k|min_p|typical_p|top_n_sigma|xtc_probability|xtc_threshold|mirostat|"
+        "mirostat_tau|mirostat_eta|repeat_penalty|presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
         "/set format json, /set noformat";
     if (name.empty()) return say(usage);
     static const std::set<std::string> kNames = {
-        "temp",         "temperature",  "top_p",          "top_k",           "min_p",             "typical_p",
-        "mirostat",     "mirostat_tau", "mirostat_eta",   "repeat_penalty",  "presence_penalty",  "frequency_penalty",
-        "seed",         "max_tokens"};
+        "temp",           "temperature",      "top_p",          "top_k",           "min_p",
+        "typical_p",      "top_n_sigma",      "xtc_probability", "xtc_threshold",  "mirostat",
+        "mirostat_tau",   "mirostat_eta",     "repeat_penalty", "presence_penalty", "frequency_penalty",
+        "seed",           "max_tokens"};
     if (!kNames.count(name))
       return say(fmt::format(
-          "/set: '{}' is not a setting (temp, top_p, top_k, min_p, typical_p, mirostat, mirostat_tau, "
-          "mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, seed, max_tokens, format)",
+          "/set: '{}' is not a setting (temp, top_p, top_k, min_p, typical_p, top_n_sigma, xtc_probability, "
+          "xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, "
+          "seed, max_tokens, format)",
           name));
     SamplingParams p = params_;
     int max_tokens = max_tokens_;
@@ -439,6 +441,9 @@ class Chat {
       else if (name == "top_k") p.top_k = std::stoi(value, &used);
       else if (name == "min_p") p.min_p = std::stof(value, &used);
       else if (name == "typical_p") p.typical_p = std::stof(value, &used);
+      else if (name == "top_n_sigma") p.top_n_sigma = std::stof(value, &used);
+      else if (name == "xtc_probability") p.xtc_probability = std::stof(value, &used);
+      else if (name == "xtc_threshold") p.xtc_threshold = std::stof(value, &used);
       else if (name == "mirostat") p.mirostat = std::stoi(value, &used);
       else if (name == "mirostat_tau") p.mirostat_tau = std::stof(value, &used);
       else if (name == "mirostat_eta") p.mirostat_eta = std::stof(value, &used);

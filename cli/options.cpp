@@ -373,6 +373,17 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--min-p", p.min_p, "drop tokens below this fraction of the best one (0: off)")
       ->capture_default_str()
       ->check(number([](double v) { return v >= 0 && v <= 1; }, "must be 0 to 1", "0 to 1"));
+  app.add_option("--top-n-sigma,--top-nsigma", p.top_n_sigma,
+                 "keep the tokens whose logit is within N standard deviations of the best (-1: off)")
+      ->capture_default_str()
+      ->check(number([](double) { return true; }, "must be finite", ""));
+  app.add_option("--xtc-probability", p.xtc_probability,
+                 "XTC: how often a step drops every token at or above --xtc-threshold but the least likely (0: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0 && v <= 1; }, "must be 0 to 1", "0 to 1"));
+  app.add_option("--xtc-threshold", p.xtc_threshold, "XTC: the probability a top choice has (above 0.5: off)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0 && v <= 1; }, "must be 0 to 1", "0 to 1"));
   app.add_option("--typical,--typical-p", p.typical_p,
                  "locally typical sampling: keep the tokens whose surprise is closest to the entropy, up to this "
                  "probability mass (1: off)")

@@ -21,6 +21,10 @@ std::string SamplingParams::validate(int n_vocab) const {
     return fmt::format("repeat_penalty must be > 0 (got {})", repeat_penalty);
   if (repeat_last_n < 0) return fmt::format("repeat_last_n must be >= 0 (got {})", repeat_last_n);
   if (!(typical_p > 0 && typical_p <= 1)) return fmt::format("typical_p must be in (0, 1] (got {})", typical_p);
+  if (!std::isfinite(top_n_sigma)) return fmt::format("top_n_sigma must be a finite number (got {})", top_n_sigma);
+  if (!(xtc_probability >= 0 && xtc_probability <= 1))
+    return fmt::format("xtc_probability must be 0 to 1 (got {})", xtc_probability);
+  if (!(xtc_threshold >= 0 && xtc_threshold <= 1)) return fmt::format("xtc_threshold must be 0 to 1 (got {})", xtc_threshold);
   if (mirostat < 0 || mirostat > 2) return fmt::format("mirostat must be 0 (off), 1 or 2 (got {})", mirostat);
   if (!(mirostat_tau >= 0) || !std::isfinite(mirostat_tau))
     return fmt::format("mirostat_tau must be a finite number >= 0 (got {})", mirostat_tau);
@@ -71,7 +75,18 @@ uint64_t Rng::next() {
 
 double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed), mu_(2 * p.mirostat_tau) {}
+Sampler::Sampler(const SamplingParams& p)
+    : p_(p), rng_(p.seed), mu_(2 * p.mirostat_tau), xtc_rng_(p.seed ^ 0x585443ull /* "XTC" */) {}
+
+size_t Sampler::xtc_drop(size_t n, const std::function<double(size_t)>& prob) {
+  // Two tokens cannot both reach a threshold above 1/2 (llama.cpp's "off" too); the coin is tossed
+  // on every step otherwise, so whether it fires does not depend on the row.
+  if (p_.xtc_probability <= 0 || p_.xtc_threshold > 0.5f) return 0;
+  if (xtc_rng_.uniform() >= p_.xtc_probability) return 0;
+  size_t above = 0;
+  while (above < n && prob(above) >= p_.xtc_threshold) above++;
+  return above >= 2 ? above - 1 : 0;
+}
 
 // Logit biases, then llama.cpp's penalties over the window of the last repeat_last_n tokens: each
 // distinct token once, its logit divided by repeat_penalty when positive and multiplied when not
@@ -176,6 +191,22 @@ bool Sampler::allowed_best(const float* src, int n_vocab, size_t want, const Tok
 
 int32_t Sampler::full_row(const float* src, int n_vocab) {
   if (p_.mirostat) return mirostat(src, n_vocab);
+  if (p_.top_n_sigma >= 0) {
+    // The tokens within n deviations of the best logit (the row's mean and deviation over its
+    // finite logits): usually few, so only they are sorted.
+    double sum = 0, sum2 = 0, n = 0;
+    float best = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+      if (std::isfinite(src[i])) sum += src[i], sum2 += double(src[i]) * src[i], n++, best = std::max(best, src[i]);
+    if (n == 0) return cpu::argmax(src, n_vocab);
+    const double mean = sum / n, sd = std::sqrt(std::max(0.0, sum2 / n - mean * mean));
+    const double floor = double(best) - double(p_.top_n_sigma) * sd;
+    cand_.clear();
+    for (int i = 0; i < n_vocab; i++)
+      if (std::isfinite(src[i]) && src[i] >= floor) cand_.push_back({src[i], i});
+    std::sort(cand_.begin(), cand_.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    return draw(cand_.size(), /*sigma_done=*/true);
+  }
   if (p_.typical_p >= 1.0f) return sample_row(src, n_vocab);
   // Typical sampling ranks tokens by how far their surprise is from the row's entropy, which is no
   // prefix of the logits' order: every (non-NaN, finite) token a candidate, sorted.
@@ -256,7 +287,20 @@ int32_t Sampler::sample_row(const float* src, int n_vocab) {
   for (int i = 0; i < n_vocab; i++) prob_[size_t(i)] = src[i] * inv_t;
   cpu::softmax(prob_.data(), n_vocab);
   const bool top_p = p_.top_p < 1.0f, min_p = p_.min_p > 0.0f;
-  if (!top_p && !min_p) {  // every token stays: one draw in id order, nothing to sort
+  if (!top_p && !min_p) {  // every token stays but XTC's: one draw in id order, nothing to sort
+    // XTC drops best tokens: at most 1/threshold of them reach it, so only those are sorted.
+    const int m = p_.xtc_threshold > 0 ? int(std::min<double>(n_vocab, std::floor(1.0 / p_.xtc_threshold) + 2)) : n_vocab;
+    bool sorted = false;
+    const size_t drop = xtc_drop(size_t(m), [&](size_t i) {
+      if (!sorted) {
+        top_idx_.resize(size_t(m));
+        top_val_.resize(size_t(m));
+        top_idx_.resize(size_t(cpu::top_k(src, n_vocab, m, top_idx_.data(), top_val_.data())));
+        sorted = true;
+      }
+      return i < top_idx_.size() ? double(prob_[size_t(top_idx_[i])]) : -1.0;  // (past the NaNs: none)
+    });
+    for (size_t i = 0; i < drop; i++) prob_[size_t(top_idx_[i])] = 0;
     double total = 0;
     for (float q : prob_) total += q;
     double r = rng_.uniform() * total;
@@ -287,10 +331,11 @@ int32_t Sampler::sample_row(const float* src, int n_vocab) {
     }
     if (keep == 0 && (found < m || m == n_vocab)) keep = found;  // the prefix is all of them
     if (keep == 0) continue;
+    const int first = int(xtc_drop(size_t(keep), [&](size_t i) { return double(prob_[size_t(top_idx_[i])]); }));
     double total = 0;
-    for (int i = 0; i < keep; i++) total += prob_[size_t(top_idx_[size_t(i)])];
+    for (int i = first; i < keep; i++) total += prob_[size_t(top_idx_[size_t(i)])];
     double r = rng_.uniform() * total;
-    for (int i = 0; i < keep; i++) {
+    for (int i = first; i < keep; i++) {
       r -= prob_[size_t(top_idx_[size_t(i)])];
       if (r < 0) return top_idx_[size_t(i)];
     }
@@ -315,7 +360,20 @@ int32_t Sampler::sample_top_k(const float* row, int K, const TokenFilter& allow)
   return p_.greedy() ? cand_[0].second : draw(cand_.size());
 }
 
-int32_t Sampler::draw(size_t k) {
+int32_t Sampler::draw(size_t k, bool sigma_done) {
+  // Top-n-sigma over the candidates: those within n deviations of the best (a prefix).
+  if (p_.top_n_sigma >= 0 && !sigma_done && k > 1) {
+    double sum = 0, sum2 = 0, n = 0;
+    for (size_t i = 0; i < k; i++)
+      if (std::isfinite(cand_[i].first)) sum += cand_[i].first, sum2 += double(cand_[i].first) * cand_[i].first, n++;
+    if (n > 0) {
+      const double mean = sum / n, sd = std::sqrt(std::max(0.0, sum2 / n - mean * mean));
+      const double floor = double(cand_[0].first) - double(p_.top_n_sigma) * sd;
+      size_t keep = 1;
+      while (keep < k && cand_[keep].first >= floor) keep++;
+      k = keep;
+    }
+  }
   // Softmax with temperature, in double for a stable sum.
   double mx = cand_[0].first;
   double sum = 0;
@@ -364,10 +422,11 @@ int32_t Sampler::draw(size_t k) {
     keep = n;
   }
 
+  const size_t first = xtc_drop(keep, [&](size_t i) { return prob[i]; });
   double total = 0;
-  for (size_t i = 0; i < keep; i++) total += prob[i];
+  for (size_t i = first; i < keep; i++) total += prob[i];
   double r = rng_.uniform() * total;
-  for (size_t i = 0; i < keep; i++) {
+  for (size_t i = first; i < keep; i++) {
     r -= prob[i];
     if (r < 0) return cand_[i].second;
   }

@@ -1,5 +1,6 @@
-// Token sampling: greedy, temperature, top-k, locally typical sampling, top-p, min-p, Mirostat (1 and
-// 2), logit biases, and repetition, presence and frequency penalties over the last N tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
+// Token sampling: greedy, temperature, top-k, top-n-sigma, locally typical sampling, top-p, min-p, XTC,
+// Mirostat (1 and 2), logit biases, and repetition, presence and frequency penalties over the last N
+// tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
 // its settings and its own logits — never on which other requests share the batch.
 #pragma once
 #include <cstdint>
@@ -15,7 +16,12 @@ struct SamplingParams {
   int top_k = 40;               // <= 0: off
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
+  float top_n_sigma = -1.0f;    // keep the logits within n standard deviations of the best (Tang et al. 2024); < 0: off
   float typical_p = 1.0f;       // locally typical sampling (Meister et al. 2022) after top-k; >= 1: off
+  // XTC ("exclude top choices"): with this probability a step drops every token at or above
+  // xtc_threshold but the least likely of them (when there are two or more). 0: off.
+  float xtc_probability = 0.0f;
+  float xtc_threshold = 0.1f;
   // Mirostat (Basu et al. 2021) instead of top-k/typical/top-p/min-p: 1 or 2 (0: off). It steers
   // each token's surprise (-log2 p) towards tau, learning its cut-off at rate eta.
   int mirostat = 0;
@@ -92,7 +98,12 @@ class Sampler {
     return !p_.logit_bias.empty() ||
            ((p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && p_.repeat_last_n > 0);
   }
-  int32_t draw(size_t k);  // the draw among cand_[0, k), sorted by logit, highest first
+  // The draw among cand_[0, k), sorted by logit, highest first (top-n-sigma already applied to
+  // them when sigma_done: the whole row's deviation, not the candidates').
+  int32_t draw(size_t k, bool sigma_done = false);
+  // XTC: how many of the best tokens this step drops (0: it does not fire or finds fewer than two
+  // at the threshold); prob(i) is the i-th best's probability, n how many there are.
+  size_t xtc_drop(size_t n, const std::function<double(size_t)>& prob);
   int32_t sample_row(const float* logits, int n_vocab);  // top-k off: the whole row's softmax
   int32_t full_row(const float* logits, int n_vocab);    // top-k off or Mirostat: the draw from a whole row
   int32_t mirostat(const float* logits, int n_vocab);
@@ -113,6 +124,7 @@ class Sampler {
   std::vector<double> draw_prob_;               // draw(): the candidates' probabilities
   std::vector<size_t> typical_;                 // draw(): candidates by their distance from the entropy
   float mu_ = 0;                                // Mirostat's cut-off surprise (2 tau at the start)
+  Rng xtc_rng_;                                 // XTC's coin, apart from the draws' stream
 };
 
 }  // namespace baton

@@ -99,6 +99,8 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
            {"run -m x -p hi --mirostat 3", "error: --mirostat: 3 is not allowed (must be 0 to 2)"},
            {"chat -m x --typical 0", "error: --typical: 0 is not allowed (must be in (0, 1])"},
            {"run -m x -p hi --mirostat-lr -1", "error: --mirostat-lr: -1 is not allowed (must be at least 0)"},
+           {"run -m x -p hi --xtc-probability 2", "error: --xtc-probability: 2 is not allowed (must be 0 to 1)"},
+           {"batch -m x -i a -o b --top-n-sigma inf", "error: --top-n-sigma: inf is too large"},
            {"run -m x -p hi -n 99999999999", "error: --max-tokens: 99999999999 is too large"},
            // --seed: 0 to 2^64-1, or -1 (random); no wrapping.
            {"run -m x -p hi --seed -5", "error: --seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"},
@@ -248,7 +250,8 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
                                    << "{\"id\": 12, \"prompt\": \"x\", \"logprobs\": 1}\n"
                                    << "{\"id\": 13, \"prompt\": \"x\", \"temperature\": 1, \"mirostat\": 2, \"mirostat_tau\": 3, "
                                       "\"mirostat_eta\": 0.2, \"seed\": 4}\n"
-                                   << "{\"id\": 14, \"prompt\": \"x\", \"temperature\": 1, \"typical_p\": 0.5, \"seed\": 4}\n"
+                                   << "{\"id\": 14, \"prompt\": \"x\", \"temperature\": 1, \"typical_p\": 0.5, \"seed\": 4, "
+                                      "\"top_n_sigma\": 1.5, \"xtc_probability\": 0.5, \"xtc_threshold\": 0.05}\n"
                                    << "{\"id\": 15, \"prompt\": \"x\", \"mirostat\": 5}\n"
                                    << "{\"id\": 16, \"prompt\": \"x\", \"typical_p\": \"low\"}\n"
                                    << "{\"id\": 17, \"prompt\": \"x\", \"max_tokens\": 4294967301}\n";
@@ -525,9 +528,9 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
                           "/set mirostat 2\n/set mirostat 7\n");
   INFO(s.err);
   CHECK(s.code == 0);
-  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, typical_p, mirostat, "
-                                    "mirostat_tau, mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, "
-                                    "seed, max_tokens"));
+  CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, typical_p, top_n_sigma, "
+                                    "xtc_probability, xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty, "
+                                    "presence_penalty, frequency_penalty, seed, max_tokens"));
   CHECK_THAT(s.err, Catch::Contains("(presence_penalty = 0.5)"));
   CHECK_THAT(s.err, Catch::Contains("/set: frequency_penalty must be a finite number (got inf)"));
   CHECK_THAT(s.err, Catch::Contains("/set: repeat_penalty must be > 0 (got 0)"));

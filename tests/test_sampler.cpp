@@ -95,6 +95,8 @@ TEST_CASE("a kTopK row of candidates draws what the full row draws, for any sett
       p.top_p = trial % 2 ? 0.8f : 1.0f;
       p.min_p = trial % 5 ? 0.02f : 0.0f;
       p.typical_p = trial % 3 == 2 ? 0.7f : 1.0f;
+      p.top_n_sigma = trial % 4 == 3 ? 1.0f : -1.0f;
+      p.xtc_probability = trial % 5 == 2 ? 0.6f : 0.0f;
       p.seed = 1234 + uint64_t(trial);
       Sampler full(p), cand(p);
       REQUIRE(cand.top_k_suffices(K));
@@ -220,13 +222,15 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
       {"three", [](int32_t t) { return t == 998 || t == 3 || t == 600; }},
       {"one", [](int32_t t) { return t == 421; }},
   };
-  struct Setting { float temp; int top_k; float top_p, min_p, penalty, typical = 1.0f; int mirostat = 0; };
+  struct Setting { float temp; int top_k; float top_p, min_p, penalty, typical = 1.0f; int mirostat = 0; float sigma = -1, xtc = 0; };
   const std::vector<Setting> settings = {
       {0.0f, 40, 0.95f, 0.05f, 1.0f}, {0.0f, 40, 1.0f, 0.0f, 1.3f}, {0.9f, 40, 0.95f, 0.05f, 1.0f},
       {1.2f, 5, 1.0f, 0.0f, 1.0f},    {0.7f, 40, 0.9f, 0.0f, 1.2f},  {1.0f, 0, 0.9f, 0.05f, 1.0f},
       {1.0f, 0, 1.0f, 0.0f, 1.0f},    {1.0f, 1000, 1.0f, 0.1f, 1.0f},
       {1.0f, 40, 0.95f, 0.0f, 1.0f, 0.6f}, {0.8f, 0, 1.0f, 0.0f, 1.1f, 0.5f},
-      {1.0f, 40, 1.0f, 0.0f, 1.0f, 1.0f, 1}, {0.9f, 0, 1.0f, 0.0f, 1.2f, 1.0f, 2}};
+      {1.0f, 40, 1.0f, 0.0f, 1.0f, 1.0f, 1}, {0.9f, 0, 1.0f, 0.0f, 1.2f, 1.0f, 2},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 1.0f, 0, 1.5f}, {1.0f, 40, 0.9f, 0.0f, 1.0f, 1.0f, 0, 0.5f, 0.5f},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 1.0f, 0, -1.0f, 0.7f}, {0.8f, 0, 0.95f, 0.02f, 1.0f, 1.0f, 0, -1.0f, 0.7f}};
   for (const auto& f : filters)
     for (const auto& st : settings) {
       SamplingParams p;
@@ -237,6 +241,9 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
       p.repeat_penalty = st.penalty;
       p.typical_p = st.typical;
       p.mirostat = st.mirostat;
+      p.top_n_sigma = st.sigma;
+      p.xtc_probability = st.xtc;
+      p.xtc_threshold = 0.05f;
       p.seed = 77;
       std::vector<float> masked = l;
       for (int t = 0; t < 1000; t++)
@@ -251,7 +258,7 @@ TEST_CASE("a token filter draws exactly what the logits with the refused tokens 
           if (f.allow((t * 7) % 1000)) ids.push_back((t * 7) % 1000);
       };
       INFO(f.name << " temp " << st.temp << " top_k " << st.top_k << " top_p " << st.top_p << " penalty " << st.penalty
-                  << " typical " << st.typical << " mirostat " << st.mirostat);
+                  << " typical " << st.typical << " mirostat " << st.mirostat << " sigma " << st.sigma << " xtc " << st.xtc);
       for (int i = 0; i < 200; i++) {
         const int32_t want = a.sample(masked.data(), 1000, history);
         const int32_t got = b.sample(l.data(), 1000, history, counting);
@@ -325,6 +332,80 @@ TEST_CASE("typical sampling keeps the tokens whose surprise is nearest the entro
   }
   CHECK(compared == 3 * 8 * 25);
   CHECK(not_best > 100);
+}
+
+TEST_CASE("top-n-sigma keeps the logits within n deviations of the best; XTC drops the top choices but one") {
+  // References written from the definitions, drawing with the sampler's streams: the main one
+  // (seed) for the draw, XTC's own (seed ^ 0x585443) for its coin.
+  std::mt19937 g(9);
+  int compared = 0, fired = 0, dropped_best = 0;
+  for (int n : {50, 4000}) {
+    for (int trial = 0; trial < 8; trial++) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (auto& x : row) x = std::normal_distribution<float>(0.0f, 1.0f)(g);
+      for (int i = 0; i < 4; i++) row[g() % size_t(n)] += 6.0f - float(i);  // a few clear favourites
+      SamplingParams p;
+      p.top_k = trial % 2 ? 0 : 30;
+      p.top_p = 1.0f;
+      p.min_p = 0.0f;
+      p.temperature = 0.8f + 0.3f * float(trial % 3);
+      const bool sigma = trial < 4;
+      if (sigma) p.top_n_sigma = trial % 4 < 2 ? 1.0f : 2.5f;
+      else p.xtc_probability = 0.5f, p.xtc_threshold = 0.08f;
+      p.seed = 500 + uint64_t(trial);
+      std::vector<int32_t> order(row.size());
+      for (int i = 0; i < n; i++) order[size_t(i)] = i;
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      if (p.top_k > 0) order.resize(size_t(p.top_k));
+      if (sigma) {  // the deviation of the candidates' logits (the whole row with top-k off)
+        double m = 0, m2 = 0;
+        for (int32_t t : order) m += row[size_t(t)], m2 += double(row[size_t(t)]) * row[size_t(t)];
+        m /= double(order.size());
+        const double floor = row[size_t(order[0])] - p.top_n_sigma * std::sqrt(m2 / double(order.size()) - m * m);
+        while (order.size() > 1 && row[size_t(order.back())] < floor) order.pop_back();
+      }
+      std::vector<double> prob(order.size());
+      double sum = 0;
+      for (size_t i = 0; i < order.size(); i++) sum += prob[i] = std::exp((double(row[size_t(order[i])]) - row[size_t(order[0])]) / p.temperature);
+      for (auto& q : prob) q /= sum;
+      Sampler s(p);
+      Rng main(p.seed), coin(p.seed ^ 0x585443ull);
+      for (int d = 0; d < 30; d++) {
+        size_t first = 0;
+        if (!sigma && coin.uniform() < p.xtc_probability) {
+          size_t above = 0;
+          while (above < prob.size() && prob[above] >= p.xtc_threshold) above++;
+          if (above >= 2) first = above - 1, fired++;
+        }
+        int32_t want = order.back();
+        if (p.top_k == 0 && !sigma) {  // top-k off, nothing else: the id-order draw over the row, the dropped at 0
+          std::vector<double> full(row.size());
+          double t = 0;
+          for (int i = 0; i < n; i++) t += full[size_t(i)] = std::exp((double(row[size_t(i)]) - row[size_t(order[0])]) / p.temperature);
+          for (auto& q : full) q /= t;
+          for (size_t i = 0; i < first; i++) full[size_t(order[i])] = 0;
+          double total = 0;
+          for (double q : full) total += q;
+          double r = main.uniform() * total;
+          for (int i = 0; i < n; i++)
+            if (full[size_t(i)] > 0 && (r -= full[size_t(i)]) < 0) { want = i; break; }
+        } else {
+          double total = 0;
+          for (size_t i = first; i < prob.size(); i++) total += prob[i];
+          double r = main.uniform() * total;
+          for (size_t i = first; i < prob.size(); i++)
+            if ((r -= prob[i]) < 0) { want = order[i]; break; }
+        }
+        INFO("n " << n << " trial " << trial << " draw " << d << " kept " << order.size() << " first " << first);
+        REQUIRE(s.sample(row.data(), n, {}) == want);
+        compared++;
+        dropped_best += first > 0 && want != order[0];
+      }
+    }
+  }
+  CHECK(compared == 2 * 8 * 30);
+  CHECK(fired > 20);  // XTC fired, and then the best token was never drawn
+  CHECK(dropped_best == fired);
 }
 
 TEST_CASE("Mirostat steers each token's surprise towards tau; the draws follow its algorithm step by step") {
@@ -565,6 +646,15 @@ TEST_CASE("settings are validated with a message") {
   p = {};
   p.mirostat_eta = NAN;
   CHECK(p.validate().find("mirostat_eta") != std::string::npos);
+  p = {};
+  p.top_n_sigma = INFINITY;
+  CHECK(p.validate().find("top_n_sigma") != std::string::npos);
+  p = {};
+  p.xtc_probability = 1.5f;
+  CHECK(p.validate() == "xtc_probability must be 0 to 1 (got 1.5)");
+  p = {};
+  p.xtc_threshold = -0.1f;
+  CHECK(p.validate().find("xtc_threshold") != std::string::npos);
   p = {};
   p.presence_penalty = NAN;
   CHECK(p.validate().find("presence_penalty") != std::string::npos);
