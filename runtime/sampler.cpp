@@ -78,6 +78,20 @@ double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 Sampler::Sampler(const SamplingParams& p)
     : p_(p), rng_(p.seed), mu_(2 * p.mirostat_tau), xtc_rng_(p.seed ^ 0x585443ull /* "XTC" */) {}
 
+namespace {
+// Top-n-sigma's floor: the best logit less n standard deviations of the finite logits added.
+struct SigmaFloor {
+  double sum = 0, sum2 = 0, n = 0;
+  void add(float v) {
+    if (std::isfinite(v)) sum += v, sum2 += double(v) * v, n++;
+  }
+  double floor(double best, float n_sigma) const {
+    const double mean = sum / n;
+    return best - double(n_sigma) * std::sqrt(std::max(0.0, sum2 / n - mean * mean));
+  }
+};
+}  // namespace
+
 size_t Sampler::xtc_drop(size_t n, const std::function<double(size_t)>& prob) {
   // Two tokens cannot both reach a threshold above 1/2 (llama.cpp's "off" too); the coin is tossed
   // on every step otherwise, so whether it fires does not depend on the row.
@@ -194,17 +208,17 @@ int32_t Sampler::full_row(const float* src, int n_vocab) {
   if (p_.top_n_sigma >= 0) {
     // The tokens within n deviations of the best logit (the row's mean and deviation over its
     // finite logits): usually few, so only they are sorted.
-    double sum = 0, sum2 = 0, n = 0;
+    SigmaFloor sf;
     float best = -INFINITY;
     for (int i = 0; i < n_vocab; i++)
-      if (std::isfinite(src[i])) sum += src[i], sum2 += double(src[i]) * src[i], n++, best = std::max(best, src[i]);
-    if (n == 0) return cpu::argmax(src, n_vocab);
-    const double mean = sum / n, sd = std::sqrt(std::max(0.0, sum2 / n - mean * mean));
-    const double floor = double(best) - double(p_.top_n_sigma) * sd;
+      if (sf.add(src[i]); std::isfinite(src[i])) best = std::max(best, src[i]);
+    if (sf.n == 0) return cpu::argmax(src, n_vocab);
+    const double floor = sf.floor(best, p_.top_n_sigma);
     cand_.clear();
     for (int i = 0; i < n_vocab; i++)
       if (std::isfinite(src[i]) && src[i] >= floor) cand_.push_back({src[i], i});
-    std::sort(cand_.begin(), cand_.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::sort(cand_.begin(), cand_.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
     return draw(cand_.size(), /*sigma_done=*/true);
   }
   if (p_.typical_p >= 1.0f) return sample_row(src, n_vocab);
@@ -363,12 +377,10 @@ int32_t Sampler::sample_top_k(const float* row, int K, const TokenFilter& allow)
 int32_t Sampler::draw(size_t k, bool sigma_done) {
   // Top-n-sigma over the candidates: those within n deviations of the best (a prefix).
   if (p_.top_n_sigma >= 0 && !sigma_done && k > 1) {
-    double sum = 0, sum2 = 0, n = 0;
-    for (size_t i = 0; i < k; i++)
-      if (std::isfinite(cand_[i].first)) sum += cand_[i].first, sum2 += double(cand_[i].first) * cand_[i].first, n++;
-    if (n > 0) {
-      const double mean = sum / n, sd = std::sqrt(std::max(0.0, sum2 / n - mean * mean));
-      const double floor = double(cand_[0].first) - double(p_.top_n_sigma) * sd;
+    SigmaFloor sf;
+    for (size_t i = 0; i < k; i++) sf.add(cand_[i].first);
+    if (sf.n > 0) {
+      const double floor = sf.floor(cand_[0].first, p_.top_n_sigma);
       size_t keep = 1;
       while (keep < k && cand_[keep].first >= floor) keep++;
       k = keep;
