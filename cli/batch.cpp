@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -200,9 +201,21 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       !get_number(v, "top_n_sigma", j.sampling.top_n_sigma, err) ||
       !get_number(v, "xtc_probability", j.sampling.xtc_probability, err) ||
       !get_number(v, "xtc_threshold", j.sampling.xtc_threshold, err) ||
+      !get_number(v, "dry_multiplier", j.sampling.dry_multiplier, err) || !get_number(v, "dry_base", j.sampling.dry_base, err) ||
+      !get_number(v, "dry_allowed_length", j.sampling.dry_allowed_length, err) ||
+      !get_number(v, "dry_penalty_last_n", j.sampling.dry_penalty_last_n, err) ||
       !get_number(v, "mirostat", j.sampling.mirostat, err) || !get_number(v, "mirostat_tau", j.sampling.mirostat_tau, err) ||
       !get_number(v, "mirostat_eta", j.sampling.mirostat_eta, err) || !get_number(v, "seed", seed, err))
     return j;
+  if (v.contains("dry_sequence_breakers")) {
+    const json& b = v["dry_sequence_breakers"];
+    if (!b.is_array() || !std::all_of(b.begin(), b.end(), [](const json& x) { return x.is_string(); })) {
+      j.error = "field 'dry_sequence_breakers' must be an array of strings";
+      return j;
+    }
+    j.sampling.dry_sequence_breakers.clear();
+    for (const json& x : b) j.sampling.dry_sequence_breakers.push_back(x.get<std::string>());
+  }
   if (v.contains("logit_bias")) {
     j.sampling.logit_bias.clear();  // the line's replace the flags'
     if (std::string e = line_logit_bias(v["logit_bias"], j.sampling.logit_bias); !e.empty()) { j.error = e; return j; }

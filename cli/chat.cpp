@@ -43,7 +43,7 @@ const char* kHelp =
     "  /system TEXT          set the system prompt\n"
     "  /set NAME VALUE       temp, top_p, top_k, min_p, typical_p, top_n_sigma, xtc_probability,\n"
     "                        xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty,\n"
-    "                        presence_penalty, frequency_penalty, seed, max_tokens\n"
+    "                        presence_penalty, frequency_penalty, dry_multiplier, seed, max_tokens\n"
     "  /set format json      replies are JSON objects (/set noformat: free text again)\n"
     "  /stats                show or hide the line after each reply\n"
     "  /save FILE            write the conversation as JSON\n"
@@ -413,19 +413,20 @@ class Chat {
     }
     const char* usage =
         "usage: /set temp|top_p|top_k|min_p|typical_p|top_n_sigma|xtc_probability|xtc_threshold|mirostat|"
-        "mirostat_tau|mirostat_eta|repeat_penalty|presence_penalty|frequency_penalty|seed|max_tokens VALUE, "
+        "mirostat_tau|mirostat_eta|repeat_penalty|presence_penalty|frequency_penalty|dry_multiplier|seed|max_tokens "
+        "VALUE, "
         "/set format json, /set noformat";
     if (name.empty()) return say(usage);
     static const std::set<std::string> kNames = {
         "temp",           "temperature",      "top_p",          "top_k",           "min_p",
         "typical_p",      "top_n_sigma",      "xtc_probability", "xtc_threshold",  "mirostat",
         "mirostat_tau",   "mirostat_eta",     "repeat_penalty", "presence_penalty", "frequency_penalty",
-        "seed",           "max_tokens"};
+        "dry_multiplier", "seed",             "max_tokens"};
     if (!kNames.count(name))
       return say(fmt::format(
           "/set: '{}' is not a setting (temp, top_p, top_k, min_p, typical_p, top_n_sigma, xtc_probability, "
           "xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty, presence_penalty, frequency_penalty, "
-          "seed, max_tokens, format)",
+          "dry_multiplier, seed, max_tokens, format)",
           name));
     SamplingParams p = params_;
     int max_tokens = max_tokens_;
@@ -450,6 +451,7 @@ class Chat {
       else if (name == "repeat_penalty") p.repeat_penalty = std::stof(value, &used);
       else if (name == "presence_penalty") p.presence_penalty = std::stof(value, &used);
       else if (name == "frequency_penalty") p.frequency_penalty = std::stof(value, &used);
+      else if (name == "dry_multiplier") p.dry_multiplier = std::stof(value, &used);
       else max_tokens = std::stoi(value, &used);
       if (used != value.size()) throw std::invalid_argument("trailing characters");
     } catch (const std::out_of_range&) {

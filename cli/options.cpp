@@ -413,6 +413,33 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
   app.add_option("--repeat-last-n", p.repeat_last_n, "how many recent tokens the penalties look at")
       ->capture_default_str()
       ->check(at_least(0));
+  app.add_option("--dry-multiplier", p.dry_multiplier,
+                 "DRY: penalty for a token that would continue a sequence repeated from earlier (0: off; 0.8 is "
+                 "typical)")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 0; }, "must be at least 0", ">= 0"));
+  app.add_option("--dry-base", p.dry_base, "DRY: how fast the penalty grows with the repeat's length")
+      ->capture_default_str()
+      ->check(number([](double v) { return v >= 1; }, "must be at least 1", ">= 1"));
+  app.add_option("--dry-allowed-length", p.dry_allowed_length, "DRY: repeats this long are not penalized")
+      ->capture_default_str()
+      ->check(at_least(1));
+  app.add_option("--dry-penalty-last-n", p.dry_penalty_last_n, "DRY: how many recent tokens it looks at (-1: all)")
+      ->capture_default_str()
+      ->check(in_range(-1, INT_MAX));
+  app.add_option_function<std::vector<std::string>>(
+         "--dry-sequence-breaker",
+         [&p](const std::vector<std::string>& v) {
+           p.dry_sequence_breakers.clear();
+           for (const std::string& b : v)
+             if (b != "none") p.dry_sequence_breakers.push_back(b);
+         },
+         "DRY: a string no repeat is matched across (repeat the flag for more; replaces the default \\n : \" *; "
+         "'none': no breakers)")
+      ->type_name("STRING")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(not_empty("the breaker"));
   app.add_option_function<std::vector<std::string>>(
          "-l,--logit-bias",
          [&p](const std::vector<std::string>& v) {

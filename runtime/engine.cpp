@@ -194,6 +194,19 @@ const TokenTrie& Engine::trie(bool first) {
   return first && trie_first_ ? *trie_first_ : *trie_;
 }
 
+std::shared_ptr<const std::vector<bool>> Engine::dry_breakers(const std::vector<std::string>& breakers) {
+  for (const auto& [list, flags] : dry_breakers_)
+    if (list == breakers) return flags;
+  auto flags = std::make_shared<std::vector<bool>>(size_t(n_vocab_));
+  for (int32_t t = 0; t < n_vocab_; t++) {
+    const std::string_view p = vocab_.piece(t);
+    (*flags)[size_t(t)] = std::any_of(breakers.begin(), breakers.end(),
+                                      [&](const std::string& b) { return !b.empty() && p.find(b) != std::string_view::npos; });
+  }
+  dry_breakers_.push_back({breakers, flags});
+  return flags;
+}
+
 void Engine::forget(int slot) {
   pipe_.truncate_seq(slot, 0);
   cached_.at(slot).clear();
@@ -531,6 +544,8 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       // The vocabulary's tries, once per engine before the first grammar's timing starts (0.1 s
       // for 262k tokens): setup, not this request's prompt time, and never between two tokens.
       if (r->grammar) trie(false);
+      if (r->sampling.dry_multiplier > 0 && !r->sampling.dry_breaker && !r->sampling.dry_sequence_breakers.empty())
+        r->sampling.dry_breaker = dry_breakers(r->sampling.dry_sequence_breakers);
       auto a = std::make_unique<Active>(std::move(*r), vocab_.stream());
       if (vocab_.harmony()) a->channels.emplace();
       a->slot = free_slots.back();

@@ -200,6 +200,9 @@ class Engine {
   // The vocabulary's pieces for grammars (first: as a reply's first token shows them), built on
   // first use.
   const TokenTrie& trie(bool first);
+  // DRY's breakers as a flag per token (a token whose piece holds one of the strings), built once
+  // per list of strings.
+  std::shared_ptr<const std::vector<bool>> dry_breakers(const std::vector<std::string>& breakers);
 
   Pipeline& pipe_;
   const Vocab& vocab_;
@@ -211,6 +214,7 @@ class Engine {
   std::vector<size_t> submitted_;             // per slot: cached_'s length before the step being built
   std::unique_ptr<TokenTrie> trie_, trie_first_;
   std::vector<int32_t> eog_ids_;              // with trie_: the end-of-generation tokens
+  std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const std::vector<bool>>>> dry_breakers_;
 };
 
 }  // namespace baton

@@ -30,6 +30,11 @@ std::string SamplingParams::validate(int n_vocab) const {
     return fmt::format("mirostat_tau must be a finite number >= 0 (got {})", mirostat_tau);
   if (!(mirostat_eta >= 0) || !std::isfinite(mirostat_eta))
     return fmt::format("mirostat_eta must be a finite number >= 0 (got {})", mirostat_eta);
+  if (!(dry_multiplier >= 0) || !std::isfinite(dry_multiplier))
+    return fmt::format("dry_multiplier must be a finite number >= 0 (got {})", dry_multiplier);
+  if (!(dry_base >= 1) || !std::isfinite(dry_base)) return fmt::format("dry_base must be a finite number >= 1 (got {})", dry_base);
+  if (dry_allowed_length < 1) return fmt::format("dry_allowed_length must be >= 1 (got {})", dry_allowed_length);
+  if (dry_penalty_last_n < -1) return fmt::format("dry_penalty_last_n must be >= -1 (got {})", dry_penalty_last_n);
   if (!std::isfinite(presence_penalty)) return fmt::format("presence_penalty must be a finite number (got {})", presence_penalty);
   if (!std::isfinite(frequency_penalty))
     return fmt::format("frequency_penalty must be a finite number (got {})", frequency_penalty);
@@ -109,7 +114,7 @@ size_t Sampler::xtc_drop(size_t n, const std::function<double(size_t)>& prob) {
 const float* Sampler::penalized(const float* logits, int n_vocab, std::span<const int32_t> history) {
   if (!penalizes()) return logits;
   const size_t n = std::min<size_t>(history.size(), size_t(p_.repeat_last_n));
-  if (p_.logit_bias.empty() && n == 0) return logits;
+  if (p_.logit_bias.empty() && n == 0 && !(dry() && history.size() >= 2)) return logits;
   work_.assign(logits, logits + n_vocab);
   for (const auto& [t, b] : p_.logit_bias)
     if (t >= 0 && t < n_vocab) work_[size_t(t)] += b;
@@ -123,7 +128,36 @@ const float* Sampler::penalized(const float* logits, int n_vocab, std::span<cons
     l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
     l -= float(j - i) * p_.frequency_penalty + p_.presence_penalty;
   }
+  if (dry()) dry_penalize(history, n_vocab);
   return work_.data();
+}
+
+// DRY over the window: for each earlier position i holding the last token, the repeat length n is
+// how many tokens back from i match those back from the end (none a breaker); the token after i
+// would make it n + 1, so it loses multiplier · base^(n - allowed_length) when n >= allowed_length,
+// its longest n counting. Lengths are capped at 64 (base^62 already bans a token), which also
+// bounds the work to 64 comparisons per occurrence of the last token.
+void Sampler::dry_penalize(std::span<const int32_t> history, int n_vocab) {
+  const size_t L = p_.dry_penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p_.dry_penalty_last_n));
+  if (L < 2) return;
+  const int32_t* w = history.data() + (history.size() - L);
+  const std::vector<bool>* breaker = p_.dry_breaker.get();
+  auto breaks = [&](int32_t t) { return t < 0 || t >= n_vocab || (breaker && size_t(t) < breaker->size() && (*breaker)[size_t(t)]); };
+  if (breaks(w[L - 1])) return;
+  constexpr size_t kMaxLen = 64;
+  dry_len_.clear();
+  for (size_t i = 0; i + 1 < L; i++) {
+    if (w[i] != w[L - 1]) continue;
+    size_t len = 0;
+    while (len < kMaxLen && len <= i && w[i - len] == w[L - 1 - len] && !breaks(w[i - len])) len++;
+    const int32_t next = w[i + 1];
+    if (int(len) < p_.dry_allowed_length || next < 0 || next >= n_vocab) continue;
+    auto it = std::find_if(dry_len_.begin(), dry_len_.end(), [&](const auto& e) { return e.first == next; });
+    if (it == dry_len_.end()) dry_len_.push_back({next, int(len)});
+    else it->second = std::max(it->second, int(len));
+  }
+  for (const auto& [t, len] : dry_len_)
+    work_[size_t(t)] -= float(double(p_.dry_multiplier) * std::pow(double(p_.dry_base), len - p_.dry_allowed_length));
 }
 
 int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history) {

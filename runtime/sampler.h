@@ -1,10 +1,11 @@
 // Token sampling: greedy, temperature, top-k, top-n-sigma, locally typical sampling, top-p, min-p, XTC,
-// Mirostat (1 and 2), logit biases, and repetition, presence and frequency penalties over the last N
-// tokens. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
+// Mirostat (1 and 2), logit biases, repetition, presence and frequency penalties over the last N
+// tokens, and DRY's penalty on tokens that would continue a repeated sequence. Each request owns a Sampler with its own RNG, so what it draws depends only on its seed,
 // its settings and its own logits — never on which other requests share the batch.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,17 @@ struct SamplingParams {
   // Added to these tokens' logits before anything else (-inf: never sampled), as llama.cpp's
   // --logit-bias and OpenAI's logit_bias. A token listed twice gets both.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // DRY ("don't repeat yourself", p-e-w 2024): when the last n tokens occurred before followed by
+  // token t, and n >= dry_allowed_length, t loses dry_multiplier · dry_base^(n - allowed_length).
+  // Sequences do not match across a breaker: a token whose text holds one of the strings (the
+  // engine turns them into dry_breaker, a flag per token). dry_penalty_last_n: how far back it
+  // looks (-1: the whole history; 0: off). dry_multiplier 0: off.
+  float dry_multiplier = 0.0f;
+  float dry_base = 1.75f;
+  int dry_allowed_length = 2;
+  int dry_penalty_last_n = -1;
+  std::vector<std::string> dry_sequence_breakers = {"\n", ":", "\"", "*"};
+  std::shared_ptr<const std::vector<bool>> dry_breaker;  // per token id (null: no breakers)
   uint64_t seed = 0;            // the RNG seed; resolved (never "random") by the time a Sampler exists
 
   bool greedy() const { return temperature <= 0.0f; }
@@ -95,9 +107,11 @@ class Sampler {
  private:
   // The row is changed before the draw: biases, or penalties with a window to look at.
   bool penalizes() const {
-    return !p_.logit_bias.empty() ||
+    return !p_.logit_bias.empty() || dry() ||
            ((p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && p_.repeat_last_n > 0);
   }
+  bool dry() const { return p_.dry_multiplier > 0 && p_.dry_penalty_last_n != 0; }
+  void dry_penalize(std::span<const int32_t> history, int n_vocab);  // on work_
   // The draw among cand_[0, k), sorted by logit, highest first (top-n-sigma already applied to
   // them when sigma_done: the whole row's deviation, not the candidates').
   int32_t draw(size_t k, bool sigma_done = false);
@@ -115,6 +129,7 @@ class Sampler {
   Rng rng_;
   std::vector<float> work_;               // penalised logits
   std::vector<int32_t> seen_;             // penalized(): the window's tokens
+  std::vector<std::pair<int32_t, int>> dry_len_;  // DRY: (token, longest repeat it would continue)
   std::vector<float> masked_;             // top-k off with a filter: the refused tokens at -inf
   std::vector<int32_t> allowed_;          // AllowedSet's answer
   std::vector<float> prob_;               // sample_row(): the row's probabilities

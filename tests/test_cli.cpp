@@ -101,6 +101,9 @@ TEST_CASE("parse errors are one line, error: ..., naming the flag and its rule")
            {"run -m x -p hi --mirostat-lr -1", "error: --mirostat-lr: -1 is not allowed (must be at least 0)"},
            {"run -m x -p hi --xtc-probability 2", "error: --xtc-probability: 2 is not allowed (must be 0 to 1)"},
            {"batch -m x -i a -o b --top-n-sigma inf", "error: --top-n-sigma: inf is too large"},
+           {"run -m x -p hi --dry-base 0.5", "error: --dry-base: 0.5 is not allowed (must be at least 1)"},
+           {"run -m x -p hi --dry-penalty-last-n -2", "error: --dry-penalty-last-n: -2 is not allowed"},
+           {"chat -m x --dry-sequence-breaker ''", "error: --dry-sequence-breaker: the breaker is empty"},
            {"run -m x -p hi -n 99999999999", "error: --max-tokens: 99999999999 is too large"},
            // --seed: 0 to 2^64-1, or -1 (random); no wrapping.
            {"run -m x -p hi --seed -5", "error: --seed: -5 is not allowed (must be 0 to 18446744073709551615, or -1: random)"},
@@ -251,17 +254,20 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
                                    << "{\"id\": 13, \"prompt\": \"x\", \"temperature\": 1, \"mirostat\": 2, \"mirostat_tau\": 3, "
                                       "\"mirostat_eta\": 0.2, \"seed\": 4}\n"
                                    << "{\"id\": 14, \"prompt\": \"x\", \"temperature\": 1, \"typical_p\": 0.5, \"seed\": 4, "
-                                      "\"top_n_sigma\": 1.5, \"xtc_probability\": 0.5, \"xtc_threshold\": 0.05}\n"
+                                      "\"top_n_sigma\": 1.5, \"xtc_probability\": 0.5, \"xtc_threshold\": 0.05, \"dry_multiplier\": 0.8, "
+                                      "\"dry_base\": 2, \"dry_allowed_length\": 3, \"dry_penalty_last_n\": 64, "
+                                      "\"dry_sequence_breakers\": [\"\\n\", \".\"]}\n"
                                    << "{\"id\": 15, \"prompt\": \"x\", \"mirostat\": 5}\n"
                                    << "{\"id\": 16, \"prompt\": \"x\", \"typical_p\": \"low\"}\n"
-                                   << "{\"id\": 17, \"prompt\": \"x\", \"max_tokens\": 4294967301}\n";
+                                   << "{\"id\": 17, \"prompt\": \"x\", \"max_tokens\": 4294967301}\n"
+                                   << "{\"id\": 18, \"prompt\": \"x\", \"dry_sequence_breakers\": \".\"}\n";
   const Out o = run_baton("batch -m " + m + " -i " + dir + "/in.jsonl -o " + dir + "/out.jsonl --raw --temp 0 -n 3 " +
                           "--ignore-eos -t 2 --parallel 3");
   INFO(o.err);
   REQUIRE(o.code == 0);
   std::map<int, nlohmann::json> by;
   for (const auto& r : jsonl(slurp(dir + "/out.jsonl"))) by[r["id"].get<int>()] = r;
-  REQUIRE(by.size() == 17);
+  REQUIRE(by.size() == 18);
   CHECK(by[1]["logprobs"].size() == 3);
   CHECK(by[1]["logprobs"][0]["top_logprobs"].size() == 2);
   CHECK(by[1]["logprobs"][0]["id"].dump() == ban);
@@ -283,7 +289,8 @@ TEST_CASE("batch: logprobs, top_logprobs, logit_bias and the penalties as JSONL 
   CHECK(by[15]["error"] == "mirostat must be 0 (off), 1 or 2 (got 5)");
   CHECK(by[16]["error"] == "field 'typical_p' must be a number");
   CHECK(by[17]["error"] == "field 'max_tokens' is out of range");  // not 5, wrapped
-  CHECK_THAT(o.err, Catch::Contains("6 ok, 11 failed"));
+  CHECK(by[18]["error"] == "field 'dry_sequence_breakers' must be an array of strings");
+  CHECK_THAT(o.err, Catch::Contains("6 ok, 12 failed"));
 }
 
 TEST_CASE("quantize: a plan, a file that runs, and errors that name the problem") {
@@ -530,7 +537,7 @@ TEST_CASE("chat, piped: an unclosed \"\"\" block at the end is sent with a note;
   CHECK(s.code == 0);
   CHECK_THAT(s.err, Catch::Contains("/set: 'bogus' is not a setting (temp, top_p, top_k, min_p, typical_p, top_n_sigma, "
                                     "xtc_probability, xtc_threshold, mirostat, mirostat_tau, mirostat_eta, repeat_penalty, "
-                                    "presence_penalty, frequency_penalty, seed, max_tokens"));
+                                    "presence_penalty, frequency_penalty, dry_multiplier, seed, max_tokens"));
   CHECK_THAT(s.err, Catch::Contains("(presence_penalty = 0.5)"));
   CHECK_THAT(s.err, Catch::Contains("/set: frequency_penalty must be a finite number (got inf)"));
   CHECK_THAT(s.err, Catch::Contains("/set: repeat_penalty must be > 0 (got 0)"));

@@ -1278,3 +1278,43 @@ TEST_CASE("logit biases and presence/frequency penalties: the engine draws what 
   bad.sampling.logit_bias = {{kVocab, 1.0f}};
   CHECK(e2.generate(std::move(bad)).error == "logit_bias: token 32 is not in the vocabulary (0..31)");
 }
+
+TEST_CASE("DRY: the engine flags the tokens whose text holds a breaker and draws what the sampler draws") {
+  // The toy repeats itself (copy bias); DRY with '.' and ' ' as breakers, against a reference
+  // sampled from toy_logits with those tokens flagged by hand (27 ' ', 28 '.').
+  auto reference = [](const Request& r, std::shared_ptr<const std::vector<bool>> breaker) {
+    SamplingParams sp = r.sampling;
+    sp.dry_breaker = std::move(breaker);
+    Sampler s(sp);
+    std::vector<int32_t> seq = r.prompt, out;
+    std::vector<float> row(kVocab);
+    for (int t = 0; t < r.max_tokens; t++) {
+      toy_logits(seq, -100.0f, row.data(), 3.0f);
+      out.push_back(s.sample(row.data(), kVocab, seq));
+      seq.push_back(out.back());
+    }
+    return out;
+  };
+  Request r;
+  r.prompt = {3, 1, 20, 27, 3, 1, 20, 28, 3, 1};
+  r.sampling.temperature = 0;
+  r.sampling.dry_multiplier = 1.5f;
+  r.sampling.dry_allowed_length = 1;
+  r.sampling.dry_sequence_breakers = {".", " "};
+  r.max_tokens = 40;
+  auto flags = std::make_shared<std::vector<bool>>(kVocab, false);
+  (*flags)[27] = (*flags)[28] = true;
+  const std::vector<int32_t> want = reference(r, flags);
+  ToyVocab vocab;
+  ToyPipeline p(256, 1, -100.0f);
+  p.copy_bias = 3.0f;
+  Engine e(p, vocab);
+  const Result got = e.generate(r);
+  CHECK(got.tokens == want);
+  CHECK(p.argmax_rows == 0);  // DRY needs the whole row
+  // The breakers changed the reply, and so did DRY itself.
+  CHECK(reference(r, nullptr) != want);
+  Request plain = r;
+  plain.sampling.dry_multiplier = 0;
+  CHECK(reference(plain, nullptr) != want);
+}

@@ -5,6 +5,7 @@
 #include <functional>
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -591,6 +592,54 @@ TEST_CASE("presence and frequency penalties take c * frequency + presence off, a
   CHECK(Sampler(p).sample(flat.data(), 2, once) == 0);  // 1.5 > 1.2
 }
 
+TEST_CASE("DRY penalizes the token that would continue a repeat, by its length, not across breakers") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.dry_multiplier = 0.5f;
+  p.dry_base = 2.0f;
+  p.dry_allowed_length = 2;
+  // History 5 6 7 8 ... 5 6 7: the last 3 tokens occurred before, followed by 8 (a repeat of 3).
+  std::vector<int32_t> hist = {5, 6, 7, 8, 1, 2, 5, 6, 7};
+  std::vector<float> l(10, 0.0f);
+  l[8] = 1.0f;   // the continuation: 1 - 0.5 · 2^(3 - 2) = 0
+  l[3] = 0.05f;  // the runner-up
+  auto pick = [&](const SamplingParams& q) { return Sampler(q).sample(l.data(), 10, hist); };
+  CHECK(pick(p) == 3);                 // 8 lost 1.0
+  l[8] = 1.06f;
+  CHECK(pick(p) == 8);                 // 0.06 > 0.05: exactly 1.0 taken off
+  SamplingParams q = p;
+  q.dry_allowed_length = 3;            // 0.5 · 2^0 = 0.5 off: 0.56
+  CHECK(pick(q) == 8);
+  q.dry_allowed_length = 4;            // a repeat of 3 is allowed
+  l[8] = 0.06f;
+  CHECK(pick(q) == 8);
+  CHECK(pick(p) == 3);
+  q = p;
+  q.dry_penalty_last_n = 4;            // the earlier 5 6 7 8 is out of the window
+  CHECK(pick(q) == 8);
+  q = p;
+  q.dry_multiplier = 0;                // off
+  CHECK(pick(q) == 8);
+  CHECK(Sampler(q).argmax_only());
+  CHECK_FALSE(Sampler(p).argmax_only());
+  // A breaker inside the repeat cuts it: 6 a breaker leaves a match of 1 (7), under the allowed 2.
+  auto breaker = std::make_shared<std::vector<bool>>(10, false);
+  (*breaker)[6] = true;
+  q = p;
+  q.dry_breaker = breaker;
+  CHECK(pick(q) == 8);
+  (*breaker)[6] = false, (*breaker)[5] = true;  // 5 a breaker: the match is 6 7 (2), 0.5 off: -0.44
+  CHECK(pick(q) == 3);
+  (*breaker)[5] = false, (*breaker)[7] = true;  // the last token a breaker: nothing matches
+  CHECK(pick(q) == 8);
+  // The longest repeat a token would continue counts: 7 is followed by 8 after 5 6 7 (3) and by 9
+  // after 4 7 (1); 9 is not penalized.
+  hist = {5, 6, 7, 8, 4, 7, 9, 5, 6, 7};
+  l.assign(10, 0.0f);
+  l[8] = 1.0f, l[9] = 0.5f, l[3] = 0.02f;
+  CHECK(pick(p) == 9);  // 8: 1 - 1 = 0; 9 untouched
+}
+
 TEST_CASE("logit biases shift, ban and add up before anything else") {
   SamplingParams p;
   p.temperature = 0;
@@ -655,6 +704,15 @@ TEST_CASE("settings are validated with a message") {
   p = {};
   p.xtc_threshold = -0.1f;
   CHECK(p.validate().find("xtc_threshold") != std::string::npos);
+  p = {};
+  p.dry_base = 0.5f;
+  CHECK(p.validate().find("dry_base") != std::string::npos);
+  p = {};
+  p.dry_allowed_length = 0;
+  CHECK(p.validate().find("dry_allowed_length") != std::string::npos);
+  p = {};
+  p.dry_penalty_last_n = -2;
+  CHECK(p.validate().find("dry_penalty_last_n") != std::string::npos);
   p = {};
   p.presence_penalty = NAN;
   CHECK(p.validate().find("presence_penalty") != std::string::npos);
