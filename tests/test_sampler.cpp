@@ -683,42 +683,26 @@ TEST_CASE("settings are validated with a message") {
   p = {};
   p.min_p = 2;
   CHECK(p.validate().find("min_p") != std::string::npos);
-  p = {};
-  p.typical_p = 0;
-  CHECK(p.validate().find("typical_p") != std::string::npos);
-  p = {};
-  p.mirostat = 3;
-  CHECK(p.validate() == "mirostat must be 0 (off), 1 or 2 (got 3)");
-  p = {};
-  p.mirostat_tau = -1;
-  CHECK(p.validate().find("mirostat_tau") != std::string::npos);
-  p = {};
-  p.mirostat_eta = NAN;
-  CHECK(p.validate().find("mirostat_eta") != std::string::npos);
-  p = {};
-  p.top_n_sigma = INFINITY;
-  CHECK(p.validate().find("top_n_sigma") != std::string::npos);
-  p = {};
-  p.xtc_probability = 1.5f;
-  CHECK(p.validate() == "xtc_probability must be 0 to 1 (got 1.5)");
-  p = {};
-  p.xtc_threshold = -0.1f;
-  CHECK(p.validate().find("xtc_threshold") != std::string::npos);
-  p = {};
-  p.dry_base = 0.5f;
-  CHECK(p.validate().find("dry_base") != std::string::npos);
-  p = {};
-  p.dry_allowed_length = 0;
-  CHECK(p.validate().find("dry_allowed_length") != std::string::npos);
-  p = {};
-  p.dry_penalty_last_n = -2;
-  CHECK(p.validate().find("dry_penalty_last_n") != std::string::npos);
-  p = {};
-  p.presence_penalty = NAN;
-  CHECK(p.validate().find("presence_penalty") != std::string::npos);
-  p = {};
-  p.frequency_penalty = INFINITY;
-  CHECK(p.validate().find("frequency_penalty") != std::string::npos);
+  // One bad value at a time, each named in the message.
+  const std::vector<std::pair<std::function<void(SamplingParams&)>, std::string>> bad = {
+      {[](SamplingParams& q) { q.typical_p = 0; }, "typical_p must be in (0, 1] (got 0)"},
+      {[](SamplingParams& q) { q.mirostat = 3; }, "mirostat must be 0 (off), 1 or 2 (got 3)"},
+      {[](SamplingParams& q) { q.mirostat_tau = -1; }, "mirostat_tau must be a finite number >= 0 (got -1)"},
+      {[](SamplingParams& q) { q.mirostat_eta = NAN; }, "mirostat_eta must be a finite number >= 0 (got nan)"},
+      {[](SamplingParams& q) { q.top_n_sigma = INFINITY; }, "top_n_sigma must be a finite number (got inf)"},
+      {[](SamplingParams& q) { q.xtc_probability = 1.5f; }, "xtc_probability must be 0 to 1 (got 1.5)"},
+      {[](SamplingParams& q) { q.xtc_threshold = -0.5f; }, "xtc_threshold must be 0 to 1 (got -0.5)"},
+      {[](SamplingParams& q) { q.dry_base = 0.5f; }, "dry_base must be a finite number >= 1 (got 0.5)"},
+      {[](SamplingParams& q) { q.dry_allowed_length = 0; }, "dry_allowed_length must be >= 1 (got 0)"},
+      {[](SamplingParams& q) { q.dry_penalty_last_n = -2; }, "dry_penalty_last_n must be >= -1 (got -2)"},
+      {[](SamplingParams& q) { q.presence_penalty = NAN; }, "presence_penalty must be a finite number (got nan)"},
+      {[](SamplingParams& q) { q.frequency_penalty = INFINITY; }, "frequency_penalty must be a finite number (got inf)"},
+  };
+  for (const auto& [set, says] : bad) {
+    p = {};
+    set(p);
+    CHECK(p.validate() == says);
+  }
   p = {};
   p.logit_bias = {{-1, 1.0f}};
   CHECK(p.validate().find("token -1") != std::string::npos);
