@@ -1,7 +1,6 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "gguf/error.h"
 #include "kernels/cpu/ops.h"
@@ -94,11 +93,7 @@ struct Engine::Active {
   int32_t take(const float* row, int n_vocab, Engine& e) {
     const int32_t t = pick(row, n_vocab, e);
     if (t >= 0 && req.logprobs >= 0) {
-      float mx = -INFINITY;
-      for (int i = 0; i < n_vocab; i++) mx = std::max(mx, row[i]);
-      double sum = 0;
-      for (int i = 0; i < n_vocab; i++) sum += std::exp(double(row[i]) - mx);
-      const float lse = float(double(mx) + std::log(sum));
+      const float lse = float(cpu::log_sum_exp(row, n_vocab));
       logprob.id = t;
       logprob.logprob = row[t] - lse;
       const int k = std::min(req.logprobs, n_vocab);
