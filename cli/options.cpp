@@ -390,7 +390,7 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f, bool with_prompt_flags)
       ->capture_default_str()
       ->check(number([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]", "(0, 1]"));
   app.add_option("--mirostat", p.mirostat,
-                 "Mirostat sampling, version 1 or 2, instead of top-k, typical, top-p and min-p (0: off)")
+                 "Mirostat sampling, version 1 or 2, instead of top-k and the other truncations (0: off)")
       ->capture_default_str()
       ->check(in_range(0, 2));
   app.add_option("--mirostat-ent,--mirostat-tau", p.mirostat_tau, "Mirostat's target surprise (tau, in bits)")

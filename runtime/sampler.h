@@ -23,7 +23,7 @@ struct SamplingParams {
   // xtc_threshold but the least likely of them (when there are two or more). 0: off.
   float xtc_probability = 0.0f;
   float xtc_threshold = 0.1f;
-  // Mirostat (Basu et al. 2021) instead of top-k/typical/top-p/min-p: 1 or 2 (0: off). It steers
+  // Mirostat (Basu et al. 2021) instead of top-k and the other truncations: 1 or 2 (0: off). It steers
   // each token's surprise (-log2 p) towards tau, learning its cut-off at rate eta.
   int mirostat = 0;
   float mirostat_tau = 5.0f;
