@@ -24,6 +24,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/request_json.h"
 #include "gguf/error.h"
 
 namespace baton::cli {
@@ -41,124 +42,27 @@ struct BatchOpts {
 };
 
 // One input line, parsed: either a request to run or an error record to write.
-struct Job {
+struct Job : RequestFields {  // the flags' settings, or the line's own
   int line = 0;
   json id;                     // null: the line has no usable id (error records then carry "line")
   bool id_given = false;       // the line's own "id" (else the line number stands in)
   std::string error;
   std::string prompt;          // prompt text, or
   std::vector<Message> messages;
-  SamplingParams sampling;
-  std::optional<uint64_t> seed;
-  int max_tokens = -1;
-  bool ignore_eos = false;
-  int logprobs = -1;           // Request::logprobs
-  std::vector<std::string> stop;
-  std::shared_ptr<const Grammar> grammar;  // the line's own, or the flags'
   bool duplicate = false;      // an id seen on an earlier line
 };
 
 // The key --resume and the duplicate check compare: the id as JSON text, or the line number.
 std::string key_of(const json& id, int line) { return id.is_null() ? fmt::format("line:{}", line) : "id:" + id.dump(); }
 
-template <class T>
-bool get_number(const json& j, const char* name, T& out, std::string& err) {
-  if (!j.contains(name)) return true;
-  const json& v = j[name];
-  if constexpr (std::is_integral_v<T>) {
-    if (!v.is_number_integer()) { err = fmt::format("field '{}' must be an integer", name); return false; }
-    if (std::is_unsigned_v<T> && v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0) {
-      err = fmt::format("field '{}' must be >= 0", name);
-      return false;
-    }
-    // A value the field's type cannot hold is an error, not a wrapped number.
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                                             : v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
-                                                   (std::is_unsigned_v<T> || v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
-    if (!fits) { err = fmt::format("field '{}' is out of range", name); return false; }
-    out = v.get<T>();
-  } else {
-    if (!v.is_number()) { err = fmt::format("field '{}' must be a number", name); return false; }
-    out = v.get<T>();
-  }
-  return true;
-}
-
-// A line's "logit_bias": OpenAI's object of token ids (as strings) to biases, {"15043": -100}, or
-// llama.cpp's array of [id, bias] pairs; a bias of false bans the token (-inf), as llama.cpp's
-// server takes it. The ids' range is checked with the vocabulary (SamplingParams::validate).
-std::string line_logit_bias(const json& v, std::vector<std::pair<int32_t, float>>& out) {
-  const char* shape = "field 'logit_bias' must be an object of token ids to numbers ({\"15043\": -100}) or an array of "
-                      "[id, number] pairs";
-  auto add = [&](int64_t id, const json& b) -> std::string {
-    if (id < 0 || id > INT32_MAX) return fmt::format("logit_bias: token {} is not a token id", id);
-    if (b.is_boolean() && !b.get<bool>()) out.push_back({int32_t(id), -INFINITY});
-    else if (b.is_number()) out.push_back({int32_t(id), b.get<float>()});
-    else return fmt::format("logit_bias: the bias of token {} must be a number (or false: never)", id);
-    return "";
-  };
-  if (v.is_object()) {
-    for (const auto& [key, b] : v.items()) {
-      char* end = nullptr;
-      errno = 0;
-      const long long id = std::strtoll(key.c_str(), &end, 10);
-      if (key.empty() || *end != '\0' || errno == ERANGE) return fmt::format("logit_bias: '{}' is not a token id", key);
-      if (std::string e = add(id, b); !e.empty()) return e;
-    }
-    return "";
-  }
-  if (!v.is_array()) return shape;
-  for (const json& p : v) {
-    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer()) return shape;
-    if (std::string e = add(p[0].get<int64_t>(), p[1]); !e.empty()) return e;
-  }
-  return "";
-}
-
 // A repeated id is tracked by its line, so its error record never hides the first one's result.
 std::string key_of(const Job& j) { return j.duplicate ? key_of(json(), j.line) : key_of(j.id, j.line); }
-
-// A line's "grammar" (GBNF text), "json_schema" (a schema) or "format" ("json" or a schema, as
-// Ollama takes it): compiled, or an error message. Schemas are read again from the line in key
-// order, since properties are generated in the order the schema lists them.
-std::string line_grammar(const json& v, const std::string& text, Job& j) {
-  int given = 0;
-  for (const char* k : {"grammar", "json_schema", "format"}) given += v.contains(k);
-  if (given == 0) return "";
-  if (given > 1) return "give at most one of 'grammar', 'json_schema' and 'format'";
-  try {
-    if (v.contains("grammar")) {
-      if (!v["grammar"].is_string()) return "field 'grammar' must be a string (GBNF)";
-      j.grammar = compile_constraint("grammar", v["grammar"].get<std::string>(), "field 'grammar'");
-      return "";
-    }
-    const char* key = v.contains("json_schema") ? "json_schema" : "format";
-    const auto ordered = nlohmann::ordered_json::parse(text)[key];
-    if (ordered.is_string() && std::string(key) == "format") {
-      if (ordered.get<std::string>() != "json") return "field 'format' must be \"json\" or a JSON Schema object";
-      j.grammar = compile_constraint("format", "json", "field 'format'");
-    } else if (ordered.is_object() || ordered.is_boolean()) {
-      j.grammar = compile_constraint("json_schema", ordered.dump(), fmt::format("field '{}'", key));
-    } else {
-      return fmt::format("field '{}' must be a JSON Schema object", key);
-    }
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 Job parse_json_line(const std::string& text, int line, const SamplingFlags& defaults,
                     const std::shared_ptr<const Grammar>& default_grammar) {
   Job j;
+  static_cast<RequestFields&>(j) = RequestFields::from(defaults, default_grammar);
   j.line = line;
-  j.sampling = defaults.params;
-  j.seed = defaults.seed;
-  j.max_tokens = defaults.max_tokens;
-  j.ignore_eos = defaults.ignore_eos;
-  j.logprobs = defaults.logprobs;
-  j.stop = defaults.stop;
-  j.grammar = default_grammar;
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) { j.error = "invalid JSON"; return j; }
   if (!v.is_object()) { j.error = "expected a JSON object"; return j; }
@@ -190,70 +94,7 @@ Job parse_json_line(const std::string& text, int line, const SamplingFlags& defa
       j.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
   }
-  std::string& err = j.error;
-  uint64_t seed = 0;
-  if (!get_number(v, "max_tokens", j.max_tokens, err) || !get_number(v, "temperature", j.sampling.temperature, err) ||
-      !get_number(v, "top_p", j.sampling.top_p, err) || !get_number(v, "top_k", j.sampling.top_k, err) ||
-      !get_number(v, "min_p", j.sampling.min_p, err) || !get_number(v, "repeat_penalty", j.sampling.repeat_penalty, err) ||
-      !get_number(v, "presence_penalty", j.sampling.presence_penalty, err) ||
-      !get_number(v, "frequency_penalty", j.sampling.frequency_penalty, err) ||
-      !get_number(v, "repeat_last_n", j.sampling.repeat_last_n, err) || !get_number(v, "typical_p", j.sampling.typical_p, err) ||
-      !get_number(v, "top_n_sigma", j.sampling.top_n_sigma, err) ||
-      !get_number(v, "xtc_probability", j.sampling.xtc_probability, err) ||
-      !get_number(v, "xtc_threshold", j.sampling.xtc_threshold, err) ||
-      !get_number(v, "dry_multiplier", j.sampling.dry_multiplier, err) || !get_number(v, "dry_base", j.sampling.dry_base, err) ||
-      !get_number(v, "dry_allowed_length", j.sampling.dry_allowed_length, err) ||
-      !get_number(v, "dry_penalty_last_n", j.sampling.dry_penalty_last_n, err) ||
-      !get_number(v, "mirostat", j.sampling.mirostat, err) || !get_number(v, "mirostat_tau", j.sampling.mirostat_tau, err) ||
-      !get_number(v, "mirostat_eta", j.sampling.mirostat_eta, err) || !get_number(v, "seed", seed, err))
-    return j;
-  if (v.contains("dry_sequence_breakers")) {
-    const json& b = v["dry_sequence_breakers"];
-    if (!b.is_array() || !std::all_of(b.begin(), b.end(), [](const json& x) { return x.is_string(); })) {
-      j.error = "field 'dry_sequence_breakers' must be an array of strings";
-      return j;
-    }
-    j.sampling.dry_sequence_breakers.clear();
-    for (const json& x : b) j.sampling.dry_sequence_breakers.push_back(x.get<std::string>());
-  }
-  if (v.contains("logit_bias")) {
-    j.sampling.logit_bias.clear();  // the line's replace the flags'
-    if (std::string e = line_logit_bias(v["logit_bias"], j.sampling.logit_bias); !e.empty()) { j.error = e; return j; }
-  }
-  if (v.contains("seed")) j.seed = seed;
-  if (v.contains("ignore_eos")) {
-    if (!v["ignore_eos"].is_boolean()) { j.error = "field 'ignore_eos' must be true or false"; return j; }
-    j.ignore_eos = v["ignore_eos"].get<bool>();
-  }
-  // OpenAI's pair: "logprobs": true, and "top_logprobs": N alternatives (0..20) with it.
-  if (v.contains("logprobs")) {
-    if (!v["logprobs"].is_boolean()) { j.error = "field 'logprobs' must be true or false"; return j; }
-    j.logprobs = v["logprobs"].get<bool>() ? std::max(j.logprobs, 0) : -1;
-  }
-  if (v.contains("top_logprobs")) {
-    int n = 0;
-    if (!get_number(v, "top_logprobs", n, err)) return j;
-    if (n < 0 || n > kMaxTopLogprobs) { j.error = fmt::format("field 'top_logprobs' must be 0 to {}", kMaxTopLogprobs); return j; }
-    if (j.logprobs < 0) { j.error = "field 'top_logprobs' needs \"logprobs\": true"; return j; }
-    j.logprobs = n;
-  }
-  if (v.contains("stop")) {
-    const json& s = v["stop"];
-    j.stop.clear();
-    if (s.is_string()) {
-      j.stop.push_back(s.get<std::string>());
-    } else if (s.is_array()) {
-      for (const json& x : s) {
-        if (!x.is_string()) { j.error = "field 'stop' must be a string or an array of strings"; return j; }
-        j.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      j.error = "field 'stop' must be a string or an array of strings";
-      return j;
-    }
-  }
-  if (std::string e = line_grammar(v, text, j); !e.empty()) { j.error = e; return j; }
-  if (std::string e = j.sampling.validate(); !e.empty()) j.error = e;
+  if (std::string e = read_request_fields(v, text, j); !e.empty()) j.error = e;
   return j;
 }
 
@@ -321,16 +162,10 @@ int run(const BatchOpts& o) {
       jobs.push_back(parse_json_line(l, line, o.sampling, grammar));
     } else {
       Job j;
+      static_cast<RequestFields&>(j) = RequestFields::from(o.sampling, grammar);
       j.line = line;
       j.id = line;
       j.prompt = l;
-      j.sampling = o.sampling.params;
-      j.seed = o.sampling.seed;
-      j.max_tokens = o.sampling.max_tokens;
-      j.ignore_eos = o.sampling.ignore_eos;
-      j.logprobs = o.sampling.logprobs;
-      j.stop = o.sampling.stop;
-      j.grammar = grammar;
       jobs.push_back(std::move(j));
     }
   }

@@ -69,6 +69,7 @@ struct Engine::Active {
   Active(Request&& r, std::unique_ptr<TokenStream> ts)
       : req(std::move(r)), sampler(req.sampling), stop(req.stop), text(std::move(ts)) {}
   bool prefilling() const { return next_prompt < req.prompt.size(); }
+  bool cancelled() const { return req.cancel && req.cancel->load(std::memory_order_relaxed); }
   // What its output rows hold: a greedy request takes only the argmax from the pipeline, a
   // top-k one only the best candidates (runtime/batch.h), the others the full row. With
   // ignore_eos the candidates less the n_eog end tokens must still decide the draw; a grammar
@@ -223,13 +224,21 @@ Result Engine::generate(Request req, const std::atomic<bool>* cancel, int slot) 
   return out;
 }
 
-void Engine::run(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel) {
-  if (parallel < 1 || parallel > n_seq())
+static std::vector<int> first_slots(int parallel, int n_seq) {
+  if (parallel < 1 || parallel > n_seq)
     fail(ErrorKind::Usage, "parallel must be 1..{} (the pipeline was loaded with {} sequence slots), got {}",
-         n_seq(), n_seq(), parallel);
-  std::vector<int> slots(parallel);
-  for (int i = 0; i < parallel; i++) slots[i] = i;
-  run_slots(next, done, std::move(slots), cancel);
+         n_seq, n_seq, parallel);
+  std::vector<int> slots(static_cast<size_t>(parallel));
+  for (int i = 0; i < parallel; i++) slots[size_t(i)] = i;
+  return slots;
+}
+
+void Engine::run(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel) {
+  run_slots(next, done, first_slots(parallel, n_seq()), cancel);
+}
+
+void Engine::serve(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel) {
+  run_slots(next, done, first_slots(parallel, n_seq()), cancel, /*keep_open=*/true);
 }
 
 // Binds a request to its slot: checks it fits, keeps the cached prefix it shares with the slot.
@@ -406,6 +415,10 @@ struct Engine::Step {
   std::vector<Active*> rows;                        // which request each logits row belongs to
   std::vector<std::pair<Active*, bool>> chunks;     // prompt chunks: (request, its last chunk)
   bool evaluated = false;                           // ran synchronously: nothing to wait for
+  bool uses(const Active* a) const {
+    return std::find(rows.begin(), rows.end(), a) != rows.end() ||
+           std::any_of(chunks.begin(), chunks.end(), [&](const auto& c) { return c.first == a; });
+  }
 };
 
 // Builds the next batch from requests that have something to evaluate: at most `cap` decoders
@@ -430,7 +443,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   std::vector<Active*> decoding;
   std::vector<Drafter::Job> jobs;
   for (auto& a : active) {
-    if (a->pending < 0 || a->waiting || decoding.size() == cap) continue;
+    if (a->pending < 0 || a->waiting || decoding.size() == cap || a->cancelled()) continue;
     decoding.push_back(a.get());
     cached_[a->slot].push_back(a->pending);
     a->draft.clear();
@@ -469,7 +482,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
   }
   for (auto it = active.begin(); it != active.end(); ++it) {
     auto& a = *it;
-    if (!a->prefilling() || budget <= 0) continue;
+    if (!a->prefilling() || budget <= 0 || a->cancelled()) continue;
     if (!a->looked_for_prefix && !share_prefix(active, it, st.batch)) continue;  // waits for a shared start
     size_t take = std::min(a->req.prompt.size() - a->next_prompt, size_t(budget));
     size_t pos = cached_[a->slot].size();
@@ -499,7 +512,7 @@ bool Engine::build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap,
 // submitted (stage 0 works on batch A's next token while stage 1 finishes batch B). Each request
 // samples with its own sampler, so how requests are grouped never changes what they generate.
 void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> free_slots,
-                       const std::atomic<bool>* cancel) {
+                       const std::atomic<bool>* cancel, bool keep_open) {
   std::deque<std::unique_ptr<Active>> active;  // admission order: earlier prompts are served first
   std::deque<Step> in_flight;
   std::vector<Step> spare;  // finished steps, reused for their buffers
@@ -532,10 +545,28 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       if (error) std::rethrow_exception(error);
       return;
     }
+    // Requests cancelled on their own leave once nothing of theirs is in the pipeline (a step in
+    // flight still writes their cache rows and logits); build_step gives them nothing more.
+    for (auto it = active.begin(); it != active.end();) {
+      Active& a = **it;
+      if (!a.cancelled() || std::any_of(in_flight.begin(), in_flight.end(), [&](const Step& st) { return st.uses(&a); })) {
+        ++it;
+        continue;
+      }
+      end_step(a);
+      finish(a, FinishReason::Cancelled);
+      free_slots.push_back(a.slot);
+      done(std::move(a.res));
+      it = active.erase(it);
+    }
     // Fill free slots. A rejected request is answered at once and does not take a slot.
     while (source_open && !free_slots.empty()) {
       std::optional<Request> r = next();
-      if (!r) { source_open = false; break; }
+      if (!r) {
+        // An open source has nothing now; it ends the run only when nothing is running.
+        if (!keep_open || active.empty()) source_open = false;
+        break;
+      }
       // The vocabulary's tries, once per engine before the first grammar's timing starts (0.1 s
       // for 262k tokens): setup, not this request's prompt time, and never between two tokens.
       if (r->grammar) trie(false);
@@ -607,6 +638,11 @@ void Engine::run_slots(const Source& next, const Sink& done, std::vector<int> fr
       const size_t j = a.step_row++;  // its row j: the logits after its token and j drafts
       if (j > 0 && (a.done || a.pending >= 0)) continue;  // it stopped at an earlier row
       a.waiting = false;
+      if (a.cancelled()) {  // nothing more is sampled or shown; it leaves when its steps are back
+        if (!a.draft.empty()) end_step(a);
+        finish(a, FinishReason::Cancelled);
+        continue;
+      }
       const float* row = st.logits.data() + r * size_t(n_vocab_);
       const int32_t t = a.take(row, n_vocab_, *this);
       if (a.res.tokens.empty()) a.res.ttft_ms = ms_between(a.t_admit, Clock::now());

@@ -79,6 +79,9 @@ struct Request {
                                       // pipeline then hands back whole rows
   std::function<void(std::string_view)> on_text;  // streamed text, already stop-filtered
   std::function<void(std::string_view)> on_reasoning;  // harmony replies: the reasoning, streamed
+  // Set from any thread: this request stops between steps (its compute too) and finishes as
+  // Cancelled, the others go on (a server's client that went away). Null: only the engine's flag.
+  std::shared_ptr<const std::atomic<bool>> cancel;
   uint64_t tag = 0;                   // caller's id, returned in the Result
 };
 
@@ -175,6 +178,10 @@ class Engine {
   using Source = std::function<std::optional<Request>()>;
   using Sink = std::function<void(Result&&)>;
   void run(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel = nullptr);
+  // The same for a source that stays open (a server): nullopt means "nothing now" while requests
+  // are running, and ends the run only when none is (so `next` should wait for work, or for the
+  // end, when every request it handed out has reached `done`).
+  void serve(const Source& next, const Sink& done, int parallel, const std::atomic<bool>* cancel = nullptr);
 
   // What a slot holds in its KV cache; forget() empties it.
   const std::vector<int32_t>& cached(int slot) const { return cached_.at(slot); }
@@ -186,7 +193,8 @@ class Engine {
   struct Active;
   struct Step;
   bool build_step(std::deque<std::unique_ptr<Active>>& active, size_t cap, Step& st);
-  void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel);
+  void run_slots(const Source& next, const Sink& done, std::vector<int> slots, const std::atomic<bool>* cancel,
+                 bool keep_open = false);
   bool admit(Active& a);
   size_t draft_room(const Active& a, size_t budget) const;
   // A request waits for an earlier one evaluating a start they share when it is this much longer

@@ -729,6 +729,72 @@ TEST_CASE("several batches in flight: each request's output is the same as one b
   }
 }
 
+TEST_CASE("serve: an open source's nothing-now keeps the run going; a request cancelled on its own stops alone") {
+  auto reqs = make_requests(30, 11);
+  ToyVocab vocab;
+  EngineOptions opt;
+  opt.prefill_chunk = 32;
+  ToyPipeline ref_pipe(256, 8);
+  Engine ref_engine(ref_pipe, vocab, opt);
+  const auto ref = run_all(ref_engine, reqs, 8);
+  REQUIRE(ref.size() == 30);
+  for (int in_flight : {1, 2, 3}) {
+    INFO(in_flight << " in flight");
+    std::unique_ptr<ToyPipeline> p = in_flight == 1 ? std::make_unique<ToyPipeline>(256, 8)
+                                                    : std::make_unique<AsyncToyPipeline>(256, 8, in_flight);
+    Engine e(*p, vocab, opt);
+    std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> flags;
+    std::vector<Request> mine = reqs;
+    for (auto& r : mine) r.cancel = flags[r.tag] = std::make_shared<std::atomic<bool>>(false);
+    flags[10]->store(true);  // cancelled before it is admitted: nothing generated
+    // Request 5 has a prompt of several chunks: cancelled while they are in flight, from request
+    // 1's first text; request 2 after three tokens of its own.
+    mine[1].on_text = [&](std::string_view) { flags[5]->store(true); };
+    int seen2 = 0;
+    mine[2].on_text = [&](std::string_view) { if (++seen2 == 3) flags[2]->store(true); };
+    size_t next = 0, calls = 0, idle_calls = 0;
+    int outstanding = 0;
+    std::map<uint64_t, Result> got;
+    e.serve(
+        [&]() -> std::optional<Request> {
+          // Idle: the next request (the end after the last); busy: one call in three has one.
+          if (outstanding == 0) {
+            idle_calls++;
+            if (next == mine.size()) return std::nullopt;
+          } else if (++calls % 3 != 0 || next == mine.size()) {
+            return std::nullopt;
+          }
+          outstanding++;
+          return std::move(mine[next++]);
+        },
+        [&](Result&& r) {
+          outstanding--;
+          REQUIRE(got.count(r.tag) == 0);
+          got[r.tag] = std::move(r);
+        },
+        8);
+    REQUIRE(got.size() == 30);
+    CHECK(outstanding == 0);
+    CHECK(idle_calls >= 2);  // it ran dry in between and was handed more
+    for (auto& [tag, a] : ref) {
+      INFO("request " << tag);
+      const Result& b = got.at(tag);
+      if (tag == 10 || tag == 5 || tag == 2) {
+        CHECK(b.finish == FinishReason::Cancelled);
+        REQUIRE(b.tokens.size() <= a.tokens.size());
+        CHECK(std::equal(b.tokens.begin(), b.tokens.end(), a.tokens.begin()));
+        if (tag == 10) CHECK(b.tokens.empty());
+        if (tag == 2) CHECK(b.tokens.size() == 3);
+        continue;
+      }
+      CHECK(a.tokens == b.tokens);
+      CHECK(a.text == b.text);
+      CHECK(a.finish == b.finish);
+    }
+    CHECK(got.at(5).tokens.empty());  // its prompt was not finished when the flag went up
+  }
+}
+
 TEST_CASE("a long prompt is evaluated in chunks that are in flight together") {
   ToyVocab vocab;
   EngineOptions opt;
