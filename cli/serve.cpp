@@ -1,0 +1,554 @@
+// `baton serve`: the model behind an HTTP server that speaks OpenAI's API (the one llama-server and
+// Ollama also offer): POST /v1/chat/completions and /v1/completions, streamed as server-sent
+// events or whole, GET /v1/models and /health. The requests of all connections decode together in
+// one engine with continuous batching (--parallel slots), as `baton batch` does; a client that goes
+// away stops its request's compute at the next step.
+//
+// Threads: the main thread runs the engine (Engine::serve) and turns queued jobs into token
+// requests (tokenizing there, where the tokenizer is used alone); one thread accepts connections;
+// each connection has a thread that reads its request, queues a job and writes what the engine
+// streams into the job.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "cli/request_json.h"
+#include "gguf/error.h"
+#include "runtime/http.h"
+#include "runtime/tokenizer.h"
+
+namespace baton::cli {
+namespace {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // replies keep OpenAI's key order: id, object, created, model, ...
+using namespace std::chrono_literals;
+
+struct ServeOpts {
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  std::string api_key, alias;
+  size_t max_body = 8 << 20;
+  int max_connections = 256;
+  int timeout_s = 600;  // a request's whole life: reading it, queueing and generating
+};
+
+// One request's generation, shared by its connection's thread and the engine's.
+struct Job {
+  enum Api { Chat, Completion } api = Chat;
+  std::vector<Message> messages;  // Chat
+  std::string prompt;             // Completion (raw text)
+  RequestFields fields;
+  bool stream = false;
+  std::string endpoint;           // "/v1/chat/completions", for the log
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::string text, reasoning;  // streamed and not yet written
+  bool finished = false;
+  Result result;                // when finished (result.error: rejected)
+};
+
+struct Server {
+  ServeOpts o;
+  std::string model_id;
+  std::time_t started = std::time(nullptr);
+  std::atomic<bool> stopping{false};
+  std::atomic<int> connections{0};
+  std::atomic<uint64_t> next_id{1};
+
+  std::mutex qm;
+  std::condition_variable qcv;
+  std::deque<std::shared_ptr<Job>> queue;
+
+  void push(std::shared_ptr<Job> j) {
+    {
+      std::lock_guard<std::mutex> lk(qm);
+      queue.push_back(std::move(j));
+    }
+    qcv.notify_one();
+  }
+};
+
+const char* kCors = "Access-Control-Allow-Origin: *\r\n";
+
+std::string error_body(const std::string& message, const char* type = "invalid_request_error") {
+  return json{{"error", {{"message", message}, {"type", type}, {"code", nullptr}}}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
+bool send_json(int fd, int status, const ojson& body) {
+  return http::write_all(fd, http::response(status, "application/json",
+                                            body.dump(-1, ' ', false, json::error_handler_t::replace), kCors));
+}
+bool send_error(int fd, int status, const std::string& message, const char* type = "invalid_request_error") {
+  return http::write_all(fd, http::response(status, "application/json", error_body(message, type), kCors));
+}
+
+const char* finish_reason(FinishReason f) { return f == FinishReason::Stop ? "stop" : "length"; }
+
+// A message's content: a string, or OpenAI's array of parts of which only text ones are taken.
+std::string message_content(const json& c, std::string& err) {
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_null()) return "";
+  if (!c.is_array()) { err = "a message's 'content' must be a string or an array of text parts"; return ""; }
+  std::string text;
+  for (const json& p : c) {
+    if (!p.is_object() || p.value("type", "") != "text" || !p.contains("text") || !p["text"].is_string()) {
+      err = "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported";
+      return "";
+    }
+    text += p["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The body of a completion request into a job; "" or the error (a 400).
+std::string read_job(const std::string& body, Job::Api api, const ServeOpts& o,
+                     const std::shared_ptr<const Grammar>& default_grammar, Job& j) {
+  json v = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return "the body is not valid JSON";
+  if (!v.is_object()) return "the body must be a JSON object";
+  j.api = api;
+  j.fields = RequestFields::from(o.sampling, default_grammar);
+  for (const char* k : {"tools", "tool_choice", "functions"})
+    if (v.contains(k) && !v[k].is_null()) return fmt::format("field '{}' is not supported (no tool calls)", k);
+  if (v.contains("n") && !(v["n"].is_number_integer() && v["n"].get<int64_t>() == 1)) return "field 'n' must be 1";
+  if (v.contains("best_of") && !(v["best_of"].is_number_integer() && v["best_of"].get<int64_t>() == 1))
+    return "field 'best_of' must be 1";
+  if (v.contains("echo") && v["echo"] != false) return "field 'echo' is not supported";
+  if (v.contains("suffix") && !v["suffix"].is_null() && v["suffix"] != "") return "field 'suffix' is not supported";
+  if (v.contains("stream")) {
+    if (!v["stream"].is_boolean()) return "field 'stream' must be true or false";
+    j.stream = v["stream"].get<bool>();
+  }
+  if (v.contains("max_completion_tokens")) {
+    if (v.contains("max_tokens")) return "give 'max_tokens' or 'max_completion_tokens', not both";
+    v["max_tokens"] = v["max_completion_tokens"];
+  }
+  if (v.contains("max_tokens") && v["max_tokens"].is_null()) v.erase("max_tokens");
+  if (v.contains("stop") && v["stop"].is_null()) v.erase("stop");
+  // The legacy completions API's "logprobs" is a count of alternatives, the chat API's a switch.
+  if (api == Job::Completion && v.contains("logprobs") && !v["logprobs"].is_boolean()) {
+    int n = -1;
+    if (!v["logprobs"].is_null()) {
+      if (std::string e = read_number(v, "logprobs", n); !e.empty()) return e;
+      if (n < 0 || n > kMaxTopLogprobs) return fmt::format("field 'logprobs' must be 0 to {}", kMaxTopLogprobs);
+    }
+    v.erase("logprobs");
+    j.fields.logprobs = n;
+  }
+  if (std::string e = read_request_fields(v, body, j.fields); !e.empty()) return e;
+  if (v.contains("response_format") && !v["response_format"].is_null()) {
+    const auto rf = nlohmann::ordered_json::parse(body)["response_format"];
+    const std::string type = rf.is_object() && rf.contains("type") && rf["type"].is_string() ? rf["type"].get<std::string>() : "";
+    if (type == "json_object") {
+      if (std::string e = read_constraint("format", "json", "field 'response_format'", j.fields); !e.empty()) return e;
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
+        return "field 'response_format' of type json_schema needs {\"json_schema\": {\"schema\": ...}}";
+      if (std::string e = read_constraint("json_schema", rf["json_schema"]["schema"], "field 'response_format'", j.fields);
+          !e.empty())
+        return e;
+    } else if (type != "text") {
+      return "field 'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+             "\"json_schema\", \"json_schema\": {\"schema\": ...}}";
+    }
+  }
+  if (j.stream && j.fields.logprobs >= 0) return "logprobs are not streamed: ask for them without 'stream'";
+  if (api == Job::Chat) {
+    if (!v.contains("messages") || !v["messages"].is_array() || v["messages"].empty())
+      return "field 'messages' must be a non-empty array";
+    for (const json& m : v["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        return "each message needs a string field 'role'";
+      std::string err;
+      std::string content = message_content(m.value("content", json()), err);
+      if (!err.empty()) return err;
+      j.messages.push_back({m["role"].get<std::string>(), std::move(content)});
+    }
+    if (!o.sampling.system.empty() && j.messages[0].role != "system")
+      j.messages.insert(j.messages.begin(), {"system", o.sampling.system});
+  } else {
+    const json& p = v.value("prompt", json());
+    if (p.is_string()) j.prompt = p.get<std::string>();
+    else if (p.is_array() && p.size() == 1 && p[0].is_string()) j.prompt = p[0].get<std::string>();
+    else return "field 'prompt' must be a string (or an array of one string)";
+    if (j.prompt.empty()) return "field 'prompt' is empty";
+  }
+  return "";
+}
+
+// OpenAI's logprobs: the chat API's {"content": [{token, logprob, bytes, top_logprobs}]}, the
+// completions API's {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+json openai_logprobs(const Result& r, const Tokenizer& tok, Job::Api api) {
+  const json ours = logprobs_json(r, tok);
+  auto bytes_of = [&](int32_t id) {
+    json b = json::array();
+    for (unsigned char c : tok.decode_piece(id, /*show_special=*/true)) b.push_back(int(c));
+    return b;
+  };
+  if (api == Job::Chat) {
+    json content = json::array();
+    for (const json& t : ours) {
+      json e{{"token", t["token"]}, {"logprob", t["logprob"]}, {"bytes", bytes_of(t["id"].get<int32_t>())},
+             {"top_logprobs", json::array()}};
+      for (const json& a : t["top_logprobs"])
+        e["top_logprobs"].push_back({{"token", a["token"]}, {"logprob", a["logprob"]}, {"bytes", bytes_of(a["id"].get<int32_t>())}});
+      content.push_back(std::move(e));
+    }
+    return {{"content", std::move(content)}};
+  }
+  json out{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+           {"text_offset", json::array()}};
+  size_t offset = 0;
+  for (const json& t : ours) {
+    out["tokens"].push_back(t["token"]);
+    out["token_logprobs"].push_back(t["logprob"]);
+    json top = json::object();
+    for (const json& a : t["top_logprobs"]) top[a["token"].get<std::string>()] = a["logprob"];
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset);
+    offset += tok.decode_piece(t["id"].get<int32_t>(), true).size();
+  }
+  return out;
+}
+
+ojson usage_of(const Result& r) {
+  return {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens()},
+          {"total_tokens", r.prompt_tokens + r.completion_tokens()}};
+}
+// llama-server's "timings" beside the usage: what the prompt and the reply took.
+ojson timings_of(const Result& r) {
+  return {{"prompt_n", r.prompt_evaluated}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", r.prompt_tps()},
+          {"predicted_n", r.completion_tokens()}, {"predicted_ms", r.gen_ms}, {"predicted_per_second", r.gen_tps()}};
+}
+
+class Connection {
+ public:
+  Connection(std::shared_ptr<Server> s, int fd, std::shared_ptr<const Grammar> grammar, const Tokenizer& tok)
+      : s_(std::move(s)), fd_(fd), grammar_(std::move(grammar)), tok_(tok) {}
+  ~Connection() { ::close(fd_); }
+
+  void serve() {
+    const auto t0 = std::chrono::steady_clock::now();
+    http::Request req;
+    std::string buf;
+    bool continued = false;
+    for (;;) {
+      const http::Parsed p = http::parse_request(buf, req, s_->o.max_body);
+      if (p.state == http::Parsed::Bad) return (void)send_error(fd_, p.status, p.error);
+      if (p.state == http::Parsed::Done) break;
+      if (p.expect_continue && !continued) {
+        continued = true;
+        if (!http::write_all(fd_, "HTTP/1.1 100 Continue\r\n\r\n")) return;
+      }
+      if (s_->stopping) return (void)send_error(fd_, 503, "the server is stopping", "server_error");
+      if (std::chrono::steady_clock::now() - t0 > 30s) return (void)send_error(fd_, 408, "the request took too long to arrive");
+      const long n = http::read_some(fd_, buf, 200);
+      if (n == 0) return;  // the client left
+    }
+    route(req);
+  }
+
+ private:
+  void route(const http::Request& req) {
+    const std::string& path = req.path;
+    const bool v1 = path.rfind("/v1/", 0) == 0;
+    if (req.method == "OPTIONS")  // a browser's preflight
+      return (void)http::write_all(fd_, http::response(204, "", "",
+                                                       "Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: "
+                                                       "GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: *\r\n"));
+    if (path == "/health" || path == "/") {
+      if (req.method != "GET" && req.method != "HEAD") return method_not_allowed("GET");
+      return (void)send_json(fd_, 200, {{"status", "ok"}});
+    }
+    if (v1 && !s_->o.api_key.empty() && req.header("authorization") != "Bearer " + s_->o.api_key)
+      return (void)send_error(fd_, 401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error");
+    if (path == "/v1/models") {
+      if (req.method != "GET") return method_not_allowed("GET");
+      ojson m{{"id", s_->model_id}, {"object", "model"}, {"created", s_->started}, {"owned_by", "baton"}};
+      return (void)send_json(fd_, 200, {{"object", "list"}, {"data", ojson::array({m})}});
+    }
+    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      if (req.method != "POST") return method_not_allowed("POST");
+      return complete(req, path == "/v1/chat/completions" ? Job::Chat : Job::Completion);
+    }
+    send_error(fd_, 404, fmt::format("no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET "
+                                     "/v1/models, GET /health)",
+                                     req.method, path));
+  }
+
+  void method_not_allowed(const char* allow) {
+    http::write_all(fd_, http::response(405, "application/json", error_body(fmt::format("use {} here", allow)),
+                                        fmt::format("{}Allow: {}\r\n", kCors, allow)));
+  }
+
+  void complete(const http::Request& req, Job::Api api) {
+    auto job = std::make_shared<Job>();
+    job->endpoint = req.path;
+    if (std::string e = read_job(req.body, api, s_->o, grammar_, *job); !e.empty()) return (void)send_error(fd_, 400, e);
+    const uint64_t id = s_->next_id++;
+    const std::string oid = fmt::format("{}-{:x}{:06x}", api == Job::Chat ? "chatcmpl" : "cmpl", s_->started, id);
+    const std::time_t created = std::time(nullptr);
+    const char* object = api == Job::Chat ? "chat.completion" : "text_completion";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(s_->o.timeout_s);
+    s_->push(job);
+
+    bool head_sent = false;
+    // A streamed chunk: the chat API's delta, the completions API's text.
+    auto chunk = [&](const ojson& delta, const ojson& finish) {
+      ojson c{{"id", oid}, {"object", api == Job::Chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+             {"model", s_->model_id}};
+      if (api == Job::Chat) c["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+      else c["choices"] = ojson::array({{{"index", 0}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+      return http::event(c.dump(-1, ' ', false, json::error_handler_t::replace));
+    };
+    std::unique_lock<std::mutex> lk(job->m);
+    for (;;) {
+      job->cv.wait_for(lk, 100ms, [&] { return job->finished || (job->stream && !(job->text.empty() && job->reasoning.empty())); });
+      std::string text, reasoning;
+      if (job->stream) text.swap(job->text), reasoning.swap(job->reasoning);
+      const bool finished = job->finished;
+      lk.unlock();
+      if (!text.empty() || !reasoning.empty()) {
+        std::string out;
+        if (!head_sent) {
+          out += http::event_stream_head(kCors);
+          if (api == Job::Chat) out += chunk({{"role", "assistant"}, {"content", ""}}, nullptr);
+          head_sent = true;
+        }
+        if (!reasoning.empty()) out += chunk({{"reasoning_content", reasoning}}, nullptr);
+        if (!text.empty()) out += chunk({{"content", text}}, nullptr);
+        if (!http::write_all(fd_, out)) return cancel(*job);
+      }
+      if (finished) break;
+      if (http::peer_closed(fd_)) return cancel(*job);
+      if (s_->stopping && !finished) {
+        // The engine is gone: a job it never took will not finish.
+        cancel(*job);
+        if (!head_sent) send_error(fd_, 503, "the server is stopping", "server_error");
+        return;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        cancel(*job);
+        if (!head_sent) send_error(fd_, 503, fmt::format("no answer within --timeout {} s", s_->o.timeout_s), "server_error");
+        return;
+      }
+      lk.lock();
+    }
+    const Result& r = job->result;
+    if (!r.error.empty()) {
+      if (!head_sent) send_error(fd_, 400, r.error);
+      else http::write_all(fd_, http::event(error_body(r.error)));
+      return;
+    }
+    if (r.finish == FinishReason::Cancelled) {
+      if (!head_sent) send_error(fd_, 503, "the server is stopping", "server_error");
+      return;
+    }
+    if (job->stream) {
+      std::string out;
+      if (!head_sent) {
+        out += http::event_stream_head(kCors);
+        if (api == Job::Chat) out += chunk({{"role", "assistant"}, {"content", ""}}, nullptr);
+      }
+      out += chunk(ojson::object(), finish_reason(r.finish));
+      const json& so = json::parse(req.body, nullptr, false).value("stream_options", json::object());
+      if (so.is_object() && so.value("include_usage", false)) {
+        ojson u{{"id", oid}, {"object", api == Job::Chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+               {"model", s_->model_id}, {"choices", ojson::array()}, {"usage", usage_of(r)}, {"timings", timings_of(r)}};
+        out += http::event(u.dump(-1, ' ', false, json::error_handler_t::replace));
+      }
+      out += http::event("[DONE]");
+      http::write_all(fd_, out);
+      return;
+    }
+    ojson choice{{"index", 0}};
+    if (api == Job::Chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+      if (!r.reasoning.empty() && !s_->o.sampling.hide_thinking) choice["message"]["reasoning_content"] = r.reasoning;
+    } else {
+      choice["text"] = r.text;
+    }
+    choice["logprobs"] = job->fields.logprobs >= 0 ? ojson(openai_logprobs(r, tok_, api)) : ojson();
+    choice["finish_reason"] = finish_reason(r.finish);
+    send_json(fd_, 200, {{"id", oid}, {"object", object}, {"created", created}, {"model", s_->model_id},
+                         {"choices", ojson::array({choice})}, {"usage", usage_of(r)}, {"timings", timings_of(r)}});
+  }
+
+  void cancel(Job& j) { j.cancel->store(true); }
+
+  std::shared_ptr<Server> s_;
+  int fd_;
+  std::shared_ptr<const Grammar> grammar_;
+  const Tokenizer& tok_;
+};
+
+int run(const ServeOpts& o) {
+  if (std::string e = o.sampling.params.validate(); !e.empty()) fail(ErrorKind::Usage, "{}", e);
+  if (o.sampling.logprobs >= 0) fail(ErrorKind::Usage, "--logprobs: ask for them per request (\"logprobs\": true)");
+  const std::shared_ptr<const Grammar> grammar = reply_grammar(o.sampling, o.model.verbose);
+  auto s = std::make_shared<Server>();
+  s->o = o;
+  // The port first: a busy one fails before a long load.
+  const int listen_fd = http::listen_on(o.host, o.port);
+  const int port = http::bound_port(listen_fd);
+
+  Loaded m = load_model(o.model, o.parallel, generation_outputs(o.sampling, o.parallel));
+  s->model_id = !o.alias.empty() ? o.alias : std::filesystem::path(m.path).stem().string();
+  Prompter prompter(*m.pipe, o.sampling.chat_template);
+  Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
+  const Tokenizer& tok = m.pipe->tokenizer();
+  install_interrupt_handler();
+
+  std::thread acceptor([&, s] {
+    while (!s->stopping) {
+      const int fd = http::accept_within(listen_fd, 200);
+      if (fd < 0) continue;
+      if (s->connections >= s->o.max_connections) {
+        send_error(fd, 503, fmt::format("the server has {} connections open; try again", s->o.max_connections), "server_error");
+        ::close(fd);
+        continue;
+      }
+      s->connections++;
+      std::thread([s, fd, grammar, &tok] {
+        {
+          Connection c(s, fd, grammar, tok);
+          try {
+            c.serve();
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "connection: %s\n", e.what());
+          }
+        }
+        s->connections--;
+      }).detach();
+    }
+  });
+  std::fprintf(stderr, "baton serve: %s on http://%s:%d (%d slots of %d tokens). Ctrl-C stops.\n", s->model_id.c_str(),
+               o.host.c_str(), port, o.parallel, engine.n_ctx());
+  std::fflush(stderr);
+
+  std::map<uint64_t, std::shared_ptr<Job>> running;
+  uint64_t next_tag = 0;
+  Engine::Source source = [&]() -> std::optional<Request> {
+    for (;;) {
+      std::shared_ptr<Job> j;
+      {
+        std::unique_lock<std::mutex> lk(s->qm);
+        // Idle: wait for work (or the end); busy: only what is there now.
+        while (running.empty() && s->queue.empty() && !interrupted()) s->qcv.wait_for(lk, 100ms);
+        if (s->queue.empty() || interrupted()) return std::nullopt;
+        j = std::move(s->queue.front());
+        s->queue.pop_front();
+      }
+      Request r;
+      try {
+        r.prompt = j->api == Job::Chat ? prompter.chat(j->messages) : prompter.raw(j->prompt);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s: refused: %s\n", j->endpoint.c_str(), e.what());
+        std::lock_guard<std::mutex> lk(j->m);
+        j->result.error = e.what();
+        j->finished = true;
+        j->cv.notify_all();
+        continue;
+      }
+      const RequestFields& f = j->fields;
+      r.sampling = f.sampling;
+      r.sampling.seed = resolve_seed(f.seed);
+      r.max_tokens = f.max_tokens;
+      r.ignore_eos = f.ignore_eos;
+      r.logprobs = f.logprobs;
+      r.stop = f.stop;
+      r.grammar = f.grammar;
+      r.cancel = j->cancel;
+      Job* raw = j.get();
+      if (j->stream) {
+        r.on_text = [raw](std::string_view t) {
+          std::lock_guard<std::mutex> lk(raw->m);
+          raw->text += t;
+          raw->cv.notify_all();
+        };
+        if (!o.sampling.hide_thinking)
+          r.on_reasoning = [raw](std::string_view t) {
+            std::lock_guard<std::mutex> lk(raw->m);
+            raw->reasoning += t;
+            raw->cv.notify_all();
+          };
+      }
+      r.tag = next_tag++;
+      running[r.tag] = std::move(j);
+      return r;
+    }
+  };
+  Engine::Sink sink = [&](Result&& r) {
+    auto it = running.find(r.tag);
+    BATON_CHECK(it != running.end());
+    std::shared_ptr<Job> j = std::move(it->second);
+    running.erase(it);
+    // One line per request: what it took, or why it was refused; a client that left shows as cancelled.
+    if (!r.error.empty())
+      std::fprintf(stderr, "%s: refused: %s\n", j->endpoint.c_str(), r.error.c_str());
+    else
+      std::fprintf(stderr, "%s: %s | %s\n", j->endpoint.c_str(), speed_stats(r).c_str(), to_string(r.finish));
+    std::lock_guard<std::mutex> lk(j->m);
+    j->result = std::move(r);
+    j->finished = true;
+    j->cv.notify_all();
+  };
+  std::exception_ptr error;
+  try {
+    engine.serve(source, sink, o.parallel, &interrupted());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  s->stopping = true;
+  acceptor.join();
+  ::close(listen_fd);
+  // Connections finish what they were writing (their requests ended as cancelled); a few seconds at most.
+  for (int i = 0; i < 50 && s->connections > 0; i++) std::this_thread::sleep_for(100ms);
+  if (error) std::rethrow_exception(error);
+  std::fprintf(stderr, "baton serve: stopped\n");
+  return 0;
+}
+
+Register reg{{"serve", "Serve the model over HTTP with OpenAI's API (chat and text completions, streamed)", [](CLI::App& app) {
+  auto o = std::make_shared<ServeOpts>();
+  add_model_flags(app, o->model);
+  add_sampling_flags(app, o->sampling);
+  app.add_option("--host", o->host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  app.add_option("--port", o->port, "port to listen on (0: any free one, printed at start)")
+      ->check(in_range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--parallel", o->parallel, "requests decoding together (each gets a slot of --ctx tokens)")
+      ->check(in_range(1, 256))
+      ->capture_default_str();
+  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/ requests");
+  app.add_option("--alias", o->alias, "the model's name in /v1/models and in replies (default: the file's name)");
+  app.add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its last token")
+      ->check(at_least(1))
+      ->capture_default_str();
+  return [o] { return run(*o); };
+}}};
+
+}  // namespace
+}  // namespace baton::cli
