@@ -29,6 +29,7 @@
 #include "cli/options.h"
 #include "cli/request_json.h"
 #include "gguf/error.h"
+#include "runtime/config.h"
 #include "runtime/http.h"
 #include "runtime/tokenizer.h"
 
@@ -53,9 +54,12 @@ struct ServeOpts {
 
 // One request's generation, shared by its connection's thread and the engine's.
 struct Job {
-  enum Api { Chat, Completion } api = Chat;
-  std::vector<Message> messages;  // Chat
-  std::string prompt;             // Completion (raw text)
+  // Which API asked: its reply's shape. OpenAI's chat and text completions, Ollama's chat and generate.
+  enum Api { Chat, Completion, OllamaChat, OllamaGenerate } api = Chat;
+  bool templated = true;          // messages through the chat template, or the raw prompt
+  bool load_only = false;         // Ollama's empty request, which only loads the model
+  std::vector<Message> messages;
+  std::string prompt;
   RequestFields fields;
   bool stream = false;
   std::string endpoint;           // "/v1/chat/completions", for the log
@@ -70,7 +74,8 @@ struct Job {
 
 struct Server {
   ServeOpts o;
-  std::string model_id;
+  std::string model_id, family;  // family: the GGUF's architecture
+  uint64_t model_bytes = 0;
   std::time_t started = std::time(nullptr);
   std::atomic<bool> stopping{false};
   std::atomic<int> connections{0};
@@ -129,6 +134,7 @@ std::string read_job(const std::string& body, Job::Api api, const ServeOpts& o,
   if (v.is_discarded()) return "the body is not valid JSON";
   if (!v.is_object()) return "the body must be a JSON object";
   j.api = api;
+  j.templated = api == Job::Chat;
   j.fields = RequestFields::from(o.sampling, default_grammar);
   for (const char* k : {"tools", "tool_choice", "functions"})
     if (v.contains(k) && !v[k].is_null()) return fmt::format("field '{}' is not supported (no tool calls)", k);
@@ -198,6 +204,69 @@ std::string read_job(const std::string& body, Job::Api api, const ServeOpts& o,
   return "";
 }
 
+// Ollama's /api/chat and /api/generate body into a job: "messages", or "prompt" with "system" and
+// "raw"; "stream" (true unless false); "format" ("json" or a schema); and "options", whose sampling
+// keys are Baton's request fields but "num_predict" (max_tokens). "" or the error.
+std::string read_ollama_job(const std::string& body, Job::Api api, const ServeOpts& o,
+                            const std::shared_ptr<const Grammar>& default_grammar, Job& j) {
+  json v = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return "the body is not valid JSON";
+  if (!v.is_object()) return "the body must be a JSON object";
+  j.api = api;
+  j.fields = RequestFields::from(o.sampling, default_grammar);
+  j.stream = true;
+  if (v.contains("stream")) {
+    if (!v["stream"].is_boolean()) return "field 'stream' must be true or false";
+    j.stream = v["stream"].get<bool>();
+  }
+  json fields = json::object();
+  if (v.contains("options") && !v["options"].is_null()) {
+    if (!v["options"].is_object()) return "field 'options' must be an object";
+    for (const auto& [k, x] : v["options"].items()) {
+      if (k == "num_predict") fields["max_tokens"] = x;
+      else if (k == "num_ctx" || k == "num_batch" || k == "num_gpu" || k == "num_thread" || k == "num_keep" ||
+               k == "use_mmap" || k == "numa" || k == "main_gpu" || k == "low_vram")
+        continue;  // the server's, set by its flags
+      else fields[k] = x;
+    }
+  }
+  if (v.contains("format") && !v["format"].is_null() && v["format"] != "") fields["format"] = v["format"];
+  if (std::string e = read_request_fields(fields, body, j.fields); !e.empty()) {
+    // Named as the request spells it: options.num_predict, options.top_k.
+    for (const auto& [k, x] : fields.items()) {
+      const std::string ours = fmt::format("field '{}'", k);
+      if (k != "format" && e.find(ours) != std::string::npos)
+        e.replace(e.find(ours), ours.size(), fmt::format("field 'options.{}'", k == "max_tokens" ? "num_predict" : k));
+    }
+    return e;
+  }
+  for (const char* k : {"tools", "images"})
+    if (v.contains(k) && !v[k].is_null() && !(v[k].is_array() && v[k].empty())) return fmt::format("field '{}' is not supported", k);
+  const std::string system = v.contains("system") && v["system"].is_string() ? v["system"].get<std::string>() : o.sampling.system;
+  if (api == Job::OllamaChat) {
+    if (!v.contains("messages") || !v["messages"].is_array()) return "field 'messages' must be an array";
+    for (const json& m : v["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
+        return "each message needs string fields 'role' and 'content'";
+      if (m.contains("images") && !m["images"].is_null() && !m["images"].empty()) return "images are not supported";
+      j.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    j.load_only = j.messages.empty();
+    if (!system.empty() && (j.messages.empty() || j.messages[0].role != "system")) j.messages.insert(j.messages.begin(), {"system", system});
+    return "";
+  }
+  const json& p = v.value("prompt", json(""));
+  if (!p.is_string()) return "field 'prompt' must be a string";
+  j.prompt = p.get<std::string>();
+  j.load_only = j.prompt.empty();
+  j.templated = !(v.contains("raw") && v["raw"] == true);
+  if (j.templated) {
+    if (!system.empty()) j.messages.push_back({"system", system});
+    j.messages.push_back({"user", j.prompt});
+  }
+  return "";
+}
+
 // OpenAI's logprobs: the chat API's {"content": [{token, logprob, bytes, top_logprobs}]}, the
 // completions API's {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
 json openai_logprobs(const Result& r, const Tokenizer& tok, Job::Api api) {
@@ -243,6 +312,153 @@ ojson timings_of(const Result& r) {
           {"predicted_n", r.completion_tokens()}, {"predicted_ms", r.gen_ms}, {"predicted_per_second", r.gen_tps()}};
 }
 
+constexpr const char* kVersion = "0.1.0";  // baton --version's
+
+// "2026-12-07T23:40:05Z", as Ollama writes times.
+std::string rfc3339(std::time_t t) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Whether an OpenAI streaming request asked for the usage at the end (stream_options.include_usage).
+bool stream_usage(const std::string& body) {
+  const json v = json::parse(body, nullptr, false);
+  if (!v.is_object() || !v.contains("stream_options") || !v["stream_options"].is_object()) return false;
+  const json& u = v["stream_options"].value("include_usage", json(false));
+  return u.is_boolean() && u.get<bool>();
+}
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// How an API shapes a reply: a stream (its head, a piece per batch of text, its end) or the whole
+// reply at once.
+class ReplyFormat {
+ public:
+  virtual ~ReplyFormat() = default;
+  virtual std::string head() const = 0;  // the stream's HTTP head and its opening
+  virtual std::string piece(const std::string& text, const std::string& reasoning) const = 0;
+  virtual std::string end(const Result& r) const = 0;
+  virtual std::string stream_error(const std::string& message) const = 0;  // after the head
+  virtual ojson whole(const Result& r) const = 0;
+  virtual ojson loaded() const { return ojson::object(); }  // Ollama's empty request
+};
+
+// OpenAI's: chat.completion / text_completion objects; streams of server-sent events ending in
+// "data: [DONE]", the chat API's opening with the role.
+class OpenAIReply : public ReplyFormat {
+ public:
+  OpenAIReply(Job::Api api, std::string model, std::time_t started, uint64_t n, const Tokenizer& tok, bool logprobs,
+              bool usage_at_end)
+      : chat_(api == Job::Chat), model_(std::move(model)), created_(std::time(nullptr)), tok_(tok),
+        logprobs_(logprobs), usage_at_end_(usage_at_end) {
+    id_ = fmt::format("{}-{:x}{:06x}", chat_ ? "chatcmpl" : "cmpl", started, n);
+  }
+  std::string head() const override {
+    return http::stream_head("text/event-stream", kCors) + (chat_ ? chunk({{"role", "assistant"}, {"content", ""}}, nullptr) : "");
+  }
+  std::string piece(const std::string& text, const std::string& reasoning) const override {
+    std::string out;
+    if (!reasoning.empty()) out += chunk({{"reasoning_content", reasoning}}, nullptr);
+    if (!text.empty()) out += chunk({{"content", text}}, nullptr);
+    return out;
+  }
+  std::string end(const Result& r) const override {
+    std::string out = chunk(ojson::object(), finish_reason(r.finish));
+    if (usage_at_end_) {
+      ojson u = top(chunk_object());
+      u["choices"] = ojson::array();
+      u["usage"] = usage_of(r);
+      u["timings"] = timings_of(r);
+      out += http::event(dump(u));
+    }
+    return out + http::event("[DONE]");
+  }
+  std::string stream_error(const std::string& message) const override { return http::event(error_body(message)); }
+  ojson whole(const Result& r) const override {
+    ojson choice{{"index", 0}};
+    if (chat_) {
+      choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+      if (!r.reasoning.empty()) choice["message"]["reasoning_content"] = r.reasoning;
+    } else {
+      choice["text"] = r.text;
+    }
+    choice["logprobs"] = logprobs_ ? ojson(openai_logprobs(r, tok_, chat_ ? Job::Chat : Job::Completion)) : ojson();
+    choice["finish_reason"] = finish_reason(r.finish);
+    ojson o = top(chat_ ? "chat.completion" : "text_completion");
+    o["choices"] = ojson::array({choice});
+    o["usage"] = usage_of(r);
+    o["timings"] = timings_of(r);
+    return o;
+  }
+
+ private:
+  const char* chunk_object() const { return chat_ ? "chat.completion.chunk" : "text_completion"; }
+  ojson top(const char* object) const { return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}}; }
+  // A streamed chunk: the chat API's delta, the completions API's text.
+  std::string chunk(const ojson& delta, const ojson& finish) const {
+    ojson c = top(chunk_object());
+    if (chat_) c["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+    else c["choices"] = ojson::array({{{"index", 0}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+    return http::event(dump(c));
+  }
+  bool chat_;
+  std::string model_, id_;
+  std::time_t created_;
+  const Tokenizer& tok_;
+  bool logprobs_, usage_at_end_;
+};
+
+// Ollama's: one JSON object per line (application/x-ndjson), the last with "done": true, the
+// durations in nanoseconds and the token counts; /api/chat's text in "message", /api/generate's in
+// "response", a thinking model's reasoning in "thinking".
+class OllamaReply : public ReplyFormat {
+ public:
+  OllamaReply(Job::Api api, std::string model) : chat_(api == Job::OllamaChat), model_(std::move(model)) {}
+  std::string head() const override { return http::stream_head("application/x-ndjson", kCors); }
+  std::string piece(const std::string& text, const std::string& reasoning) const override {
+    return dump(line(text, reasoning, false)) + "\n";
+  }
+  std::string end(const Result& r) const override { return dump(last(r, "", "")) + "\n"; }
+  std::string stream_error(const std::string& message) const override { return dump({{"error", message}}) + "\n"; }
+  ojson whole(const Result& r) const override { return last(r, r.text, r.reasoning); }
+  ojson loaded() const override {
+    ojson o = line("", "", true);
+    o["done_reason"] = "load";
+    return o;
+  }
+
+ private:
+  ojson line(const std::string& text, const std::string& reasoning, bool done) const {
+    ojson o{{"model", model_}, {"created_at", rfc3339(std::time(nullptr))}};
+    if (chat_) {
+      o["message"] = {{"role", "assistant"}, {"content", text}};
+      if (!reasoning.empty()) o["message"]["thinking"] = reasoning;
+    } else {
+      o["response"] = text;
+      if (!reasoning.empty()) o["thinking"] = reasoning;
+    }
+    o["done"] = done;
+    return o;
+  }
+  ojson last(const Result& r, const std::string& text, const std::string& reasoning) const {
+    ojson o = line(text, reasoning, true);
+    auto ns = [](double ms) { return int64_t(ms * 1e6); };
+    o["done_reason"] = finish_reason(r.finish);
+    o["total_duration"] = ns(r.total_ms);
+    o["load_duration"] = 0;
+    o["prompt_eval_count"] = r.prompt_evaluated;
+    o["prompt_eval_duration"] = ns(r.prompt_ms);
+    o["eval_count"] = r.completion_tokens();
+    o["eval_duration"] = ns(r.gen_ms);
+    return o;
+  }
+  bool chat_;
+  std::string model_;
+};
+
 class Connection {
  public:
   Connection(std::shared_ptr<Server> s, int fd, std::shared_ptr<const Grammar> grammar, const Tokenizer& tok)
@@ -256,14 +472,14 @@ class Connection {
     bool continued = false;
     for (;;) {
       const http::Parsed p = http::parse_request(buf, req, s_->o.max_body);
-      if (p.state == http::Parsed::Bad) return (void)send_error(fd_, p.status, p.error);
+      if (p.state == http::Parsed::Bad) return (void)fail(p.status, p.error);
       if (p.state == http::Parsed::Done) break;
       if (p.expect_continue && !continued) {
         continued = true;
         if (!http::write_all(fd_, "HTTP/1.1 100 Continue\r\n\r\n")) return;
       }
-      if (s_->stopping) return (void)send_error(fd_, 503, "the server is stopping", "server_error");
-      if (std::chrono::steady_clock::now() - t0 > 30s) return (void)send_error(fd_, 408, "the request took too long to arrive");
+      if (s_->stopping) return (void)fail(503, "the server is stopping", "server_error");
+      if (std::chrono::steady_clock::now() - t0 > 30s) return (void)fail(408, "the request took too long to arrive");
       const long n = http::read_some(fd_, buf, 200);
       if (n == 0) return;  // the client left
     }
@@ -274,6 +490,7 @@ class Connection {
   void route(const http::Request& req) {
     const std::string& path = req.path;
     const bool v1 = path.rfind("/v1/", 0) == 0;
+    ollama_ = path.rfind("/api/", 0) == 0;
     if (req.method == "OPTIONS")  // a browser's preflight
       return (void)http::write_all(fd_, http::response(204, "", "",
                                                        "Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: "
@@ -282,8 +499,8 @@ class Connection {
       if (req.method != "GET" && req.method != "HEAD") return method_not_allowed("GET");
       return (void)send_json(fd_, 200, {{"status", "ok"}});
     }
-    if (v1 && !s_->o.api_key.empty() && req.header("authorization") != "Bearer " + s_->o.api_key)
-      return (void)send_error(fd_, 401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error");
+    if ((v1 || ollama_) && !s_->o.api_key.empty() && req.header("authorization") != "Bearer " + s_->o.api_key)
+      return (void)fail(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error");
     if (path == "/v1/models") {
       if (req.method != "GET") return method_not_allowed("GET");
       ojson m{{"id", s_->model_id}, {"object", "model"}, {"created", s_->started}, {"owned_by", "baton"}};
@@ -293,36 +510,55 @@ class Connection {
       if (req.method != "POST") return method_not_allowed("POST");
       return complete(req, path == "/v1/chat/completions" ? Job::Chat : Job::Completion);
     }
-    send_error(fd_, 404, fmt::format("no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET "
-                                     "/v1/models, GET /health)",
-                                     req.method, path));
+    if (path == "/api/chat" || path == "/api/generate") {
+      if (req.method != "POST") return method_not_allowed("POST");
+      return complete(req, path == "/api/chat" ? Job::OllamaChat : Job::OllamaGenerate);
+    }
+    if (path == "/api/tags" || path == "/api/ps") {
+      if (req.method != "GET") return method_not_allowed("GET");
+      ojson m{{"name", s_->model_id}, {"model", s_->model_id}, {"modified_at", rfc3339(s_->started)}, {"size", s_->model_bytes},
+              {"details", {{"format", "gguf"}, {"family", s_->family}}}};
+      return (void)send_json(fd_, 200, {{"models", ojson::array({m})}});
+    }
+    if (path == "/api/version") {
+      if (req.method != "GET") return method_not_allowed("GET");
+      return (void)send_json(fd_, 200, {{"version", kVersion}});
+    }
+    fail(404, fmt::format("no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
+                          "POST /api/chat, POST /api/generate, GET /api/tags, GET /health)",
+                          req.method, path));
   }
 
   void method_not_allowed(const char* allow) {
-    http::write_all(fd_, http::response(405, "application/json", error_body(fmt::format("use {} here", allow)),
+    http::write_all(fd_, http::response(405, "application/json", error_text(fmt::format("use {} here", allow)),
                                         fmt::format("{}Allow: {}\r\n", kCors, allow)));
+  }
+  // Errors in the shape of the API asked: OpenAI's {"error": {"message", "type", "code"}}, Ollama's
+  // {"error": "..."}.
+  std::string error_text(const std::string& message, const char* type = "invalid_request_error") const {
+    return ollama_ ? json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace) : error_body(message, type);
+  }
+  bool fail(int status, const std::string& message, const char* type = "invalid_request_error") const {
+    return http::write_all(fd_, http::response(status, "application/json", error_text(message, type), kCors));
   }
 
   void complete(const http::Request& req, Job::Api api) {
     auto job = std::make_shared<Job>();
     job->endpoint = req.path;
-    if (std::string e = read_job(req.body, api, s_->o, grammar_, *job); !e.empty()) return (void)send_error(fd_, 400, e);
-    const uint64_t id = s_->next_id++;
-    const std::string oid = fmt::format("{}-{:x}{:06x}", api == Job::Chat ? "chatcmpl" : "cmpl", s_->started, id);
-    const std::time_t created = std::time(nullptr);
-    const char* object = api == Job::Chat ? "chat.completion" : "text_completion";
+    const bool ollama = api == Job::OllamaChat || api == Job::OllamaGenerate;
+    const std::string e = ollama ? read_ollama_job(req.body, api, s_->o, grammar_, *job)
+                                 : read_job(req.body, api, s_->o, grammar_, *job);
+    if (!e.empty()) return (void)fail(400, e);
+    std::unique_ptr<ReplyFormat> fmt;
+    if (ollama) fmt = std::make_unique<OllamaReply>(api, s_->model_id);
+    else fmt = std::make_unique<OpenAIReply>(api, s_->model_id, s_->started, s_->next_id++, tok_, job->fields.logprobs >= 0,
+                                             stream_usage(req.body));
+    if (job->load_only)
+      return (void)send_json(fd_, 200, fmt->loaded());  // Ollama's way to load a model: nothing to generate
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(s_->o.timeout_s);
     s_->push(job);
 
     bool head_sent = false;
-    // A streamed chunk: the chat API's delta, the completions API's text.
-    auto chunk = [&](const ojson& delta, const ojson& finish) {
-      ojson c{{"id", oid}, {"object", api == Job::Chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-             {"model", s_->model_id}};
-      if (api == Job::Chat) c["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
-      else c["choices"] = ojson::array({{{"index", 0}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", finish}}});
-      return http::event(c.dump(-1, ' ', false, json::error_handler_t::replace));
-    };
     std::unique_lock<std::mutex> lk(job->m);
     for (;;) {
       job->cv.wait_for(lk, 100ms, [&] { return job->finished || (job->stream && !(job->text.empty() && job->reasoning.empty())); });
@@ -331,75 +567,44 @@ class Connection {
       const bool finished = job->finished;
       lk.unlock();
       if (!text.empty() || !reasoning.empty()) {
-        std::string out;
-        if (!head_sent) {
-          out += http::event_stream_head(kCors);
-          if (api == Job::Chat) out += chunk({{"role", "assistant"}, {"content", ""}}, nullptr);
-          head_sent = true;
-        }
-        if (!reasoning.empty()) out += chunk({{"reasoning_content", reasoning}}, nullptr);
-        if (!text.empty()) out += chunk({{"content", text}}, nullptr);
+        std::string out = head_sent ? "" : fmt->head();
+        head_sent = true;
+        out += fmt->piece(text, reasoning);
         if (!http::write_all(fd_, out)) return cancel(*job);
       }
       if (finished) break;
       if (http::peer_closed(fd_)) return cancel(*job);
-      if (s_->stopping && !finished) {
-        // The engine is gone: a job it never took will not finish.
+      if (s_->stopping || std::chrono::steady_clock::now() > deadline) {
+        // A stopping server's engine is gone: a job it never took would not finish.
         cancel(*job);
-        if (!head_sent) send_error(fd_, 503, "the server is stopping", "server_error");
-        return;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        cancel(*job);
-        if (!head_sent) send_error(fd_, 503, fmt::format("no answer within --timeout {} s", s_->o.timeout_s), "server_error");
+        if (!head_sent) fail(503, s_->stopping ? "the server is stopping" : fmt::format("no answer within --timeout {} s", s_->o.timeout_s), "server_error");
         return;
       }
       lk.lock();
     }
-    const Result& r = job->result;
+    Result& r = job->result;  // finished: the engine is done with it
+    if (s_->o.sampling.hide_thinking) r.reasoning.clear();
     if (!r.error.empty()) {
-      if (!head_sent) send_error(fd_, 400, r.error);
-      else http::write_all(fd_, http::event(error_body(r.error)));
+      if (!head_sent) fail(400, r.error);
+      else http::write_all(fd_, fmt->stream_error(r.error));
       return;
     }
     if (r.finish == FinishReason::Cancelled) {
-      if (!head_sent) send_error(fd_, 503, "the server is stopping", "server_error");
+      if (!head_sent) fail(503, "the server is stopping", "server_error");
       return;
     }
     if (job->stream) {
-      std::string out;
-      if (!head_sent) {
-        out += http::event_stream_head(kCors);
-        if (api == Job::Chat) out += chunk({{"role", "assistant"}, {"content", ""}}, nullptr);
-      }
-      out += chunk(ojson::object(), finish_reason(r.finish));
-      const json& so = json::parse(req.body, nullptr, false).value("stream_options", json::object());
-      if (so.is_object() && so.value("include_usage", false)) {
-        ojson u{{"id", oid}, {"object", api == Job::Chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-               {"model", s_->model_id}, {"choices", ojson::array()}, {"usage", usage_of(r)}, {"timings", timings_of(r)}};
-        out += http::event(u.dump(-1, ' ', false, json::error_handler_t::replace));
-      }
-      out += http::event("[DONE]");
-      http::write_all(fd_, out);
+      http::write_all(fd_, (head_sent ? "" : fmt->head()) + fmt->end(r));
       return;
     }
-    ojson choice{{"index", 0}};
-    if (api == Job::Chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-      if (!r.reasoning.empty() && !s_->o.sampling.hide_thinking) choice["message"]["reasoning_content"] = r.reasoning;
-    } else {
-      choice["text"] = r.text;
-    }
-    choice["logprobs"] = job->fields.logprobs >= 0 ? ojson(openai_logprobs(r, tok_, api)) : ojson();
-    choice["finish_reason"] = finish_reason(r.finish);
-    send_json(fd_, 200, {{"id", oid}, {"object", object}, {"created", created}, {"model", s_->model_id},
-                         {"choices", ojson::array({choice})}, {"usage", usage_of(r)}, {"timings", timings_of(r)}});
+    send_json(fd_, 200, fmt->whole(r));
   }
 
   void cancel(Job& j) { j.cancel->store(true); }
 
   std::shared_ptr<Server> s_;
   int fd_;
+  bool ollama_ = false;  // an /api/ path: Ollama's error shape
   std::shared_ptr<const Grammar> grammar_;
   const Tokenizer& tok_;
 };
@@ -416,6 +621,9 @@ int run(const ServeOpts& o) {
 
   Loaded m = load_model(o.model, o.parallel, generation_outputs(o.sampling, o.parallel));
   s->model_id = !o.alias.empty() ? o.alias : std::filesystem::path(m.path).stem().string();
+  s->family = m.pipe->config().arch;
+  std::error_code ec;
+  s->model_bytes = std::filesystem::file_size(m.path, ec);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
   Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   const Tokenizer& tok = m.pipe->tokenizer();
@@ -463,7 +671,7 @@ int run(const ServeOpts& o) {
       }
       Request r;
       try {
-        r.prompt = j->api == Job::Chat ? prompter.chat(j->messages) : prompter.raw(j->prompt);
+        r.prompt = j->templated ? prompter.chat(j->messages) : prompter.raw(j->prompt);
       } catch (const Error& e) {
         std::fprintf(stderr, "%s: refused: %s\n", j->endpoint.c_str(), e.what());
         std::lock_guard<std::mutex> lk(j->m);

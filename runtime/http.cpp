@@ -152,8 +152,9 @@ std::string response(int status, std::string_view content_type, std::string_view
   return r;
 }
 
-std::string event_stream_head(std::string_view extra_headers) {
-  std::string r = "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
+std::string stream_head(std::string_view content_type, std::string_view extra_headers) {
+  std::string r = fmt::format("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: {}\r\nCache-Control: no-cache\r\n",
+                              content_type);
   r += extra_headers;
   r += "\r\n";
   return r;

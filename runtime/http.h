@@ -42,9 +42,10 @@ const char* reason_phrase(int status);
 // header lines (each "Name: value\r\n"), the body.
 std::string response(int status, std::string_view content_type, std::string_view body,
                      std::string_view extra_headers = "");
-// The head of a server-sent event stream (text/event-stream, no length: the stream ends when the
-// connection closes), and one event: "data: <payload>\n\n".
-std::string event_stream_head(std::string_view extra_headers = "");
+// The head of a streamed response (no length: the stream ends when the connection closes), e.g.
+// text/event-stream (server-sent events) or application/x-ndjson; and one server-sent event,
+// "data: <payload>\n\n".
+std::string stream_head(std::string_view content_type, std::string_view extra_headers = "");
 std::string event(std::string_view data);
 
 // Sockets. A listening socket on host:port (port 0: any free one); Error(Usage) naming the

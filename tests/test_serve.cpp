@@ -16,6 +16,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -301,6 +302,40 @@ TEST_CASE("serve: OpenAI's completions and chat completions, whole and streamed,
   CHECK(text == chat_want);
   CHECK(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"] == "length");
 
+  // Ollama's API: /api/chat streams one JSON object per line, the last one "done" with the counts;
+  // /api/generate with "raw" is the text completion; an empty request only loads.
+  r = call(s.port, "POST", "/api/chat",
+           R"({"model": "x", "messages": [{"role": "user", "content": "Tell me about the sea."}],
+               "options": {"num_predict": 20, "temperature": 0, "ignore_eos": true}})",
+           auth);
+  REQUIRE(r.status == 200);
+  CHECK(r.head.find("Content-Type: application/x-ndjson") != std::string::npos);
+  std::vector<json> lines = jsonl(r.body);
+  REQUIRE(lines.size() >= 2);
+  text.clear();
+  for (size_t i = 0; i + 1 < lines.size(); i++) {
+    CHECK(lines[i]["done"] == false);
+    text += lines[i]["message"]["content"].get<std::string>();
+  }
+  CHECK(text == chat_want);
+  CHECK(lines.back()["done"] == true);
+  CHECK(lines.back()["done_reason"] == "length");
+  CHECK(lines.back()["eval_count"] == 20);
+  r = call(s.port, "POST", "/api/generate",
+           R"({"prompt": "Once upon a time", "raw": true, "stream": false, "options": {"num_predict": 24, "temperature": 0, "ignore_eos": true}})",
+           auth);
+  REQUIRE(r.status == 200);
+  v = json::parse(r.body);
+  CHECK(v["response"] == want);
+  CHECK(v["done"] == true);
+  r = call(s.port, "POST", "/api/generate", R"({"model": "tiny"})", auth);
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["done_reason"] == "load");
+  r = call(s.port, "GET", "/api/tags", "", auth);
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["models"][0]["name"] == "tiny");
+  CHECK(json::parse(r.body)["models"][0]["details"]["family"] == "llama");
+
   // Logprobs, the chat API's shape: the chosen token's and its alternatives, best first.
   r = call(s.port, "POST", "/v1/chat/completions",
            R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "ignore_eos": true,
@@ -367,6 +402,21 @@ TEST_CASE("serve: bad requests are answered with a status and a message naming t
     const json e = json::parse(r.body, nullptr, false);
     REQUIRE(e.is_object());
     CHECK(e["error"]["message"].get<std::string>().find(c.says) != std::string::npos);
+  }
+  // Ollama's endpoints answer errors in Ollama's shape, {"error": "..."}.
+  for (const auto& [path, body, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"/api/chat", R"({"messages": 5})", "'messages'"},
+           {"/api/generate", R"({"prompt": "a", "options": {"num_predict": "x"}})", "field 'options.num_predict' must be"},
+           {"/api/generate", R"({"prompt": "a", "options": 3})", "'options'"},
+           {"/api/generate", R"({"prompt": "a", "images": ["AAAA"]})", "images"},
+           {"/api/generate", R"({"prompt": "a", "format": "yaml"})", "format"}}) {
+    INFO(path << " " << body);
+    const Reply x = call(s.port, "POST", path, body);
+    CHECK(x.status == 400);
+    const json e = json::parse(x.body, nullptr, false);
+    REQUIRE(e.is_object());
+    REQUIRE(e["error"].is_string());
+    CHECK(e["error"].get<std::string>().find(says) != std::string::npos);
   }
   // Malformed HTTP, and a declared body over the limit (refused before it is sent).
   Reply r = send_raw(s.port, "HELLO\r\n\r\n");
