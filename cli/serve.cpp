@@ -1,6 +1,7 @@
 // `baton serve`: the model behind an HTTP server that speaks OpenAI's API (the one llama-server and
-// Ollama also offer): POST /v1/chat/completions and /v1/completions, streamed as server-sent
-// events or whole, GET /v1/models and /health. The requests of all connections decode together in
+// Ollama also offer: POST /v1/chat/completions and /v1/completions, streamed as server-sent events
+// or whole, GET /v1/models) and Ollama's own (POST /api/chat and /api/generate, streamed as JSON
+// lines; GET /api/tags), and GET /health. The requests of all connections decode together in
 // one engine with continuous batching (--parallel slots), as `baton batch` does; a client that goes
 // away stops its request's compute at the next step.
 //
@@ -549,12 +550,12 @@ class Connection {
     const std::string e = ollama ? read_ollama_job(req.body, api, s_->o, grammar_, *job)
                                  : read_job(req.body, api, s_->o, grammar_, *job);
     if (!e.empty()) return (void)fail(400, e);
-    std::unique_ptr<ReplyFormat> fmt;
-    if (ollama) fmt = std::make_unique<OllamaReply>(api, s_->model_id);
-    else fmt = std::make_unique<OpenAIReply>(api, s_->model_id, s_->started, s_->next_id++, tok_, job->fields.logprobs >= 0,
+    std::unique_ptr<ReplyFormat> reply;
+    if (ollama) reply = std::make_unique<OllamaReply>(api, s_->model_id);
+    else reply = std::make_unique<OpenAIReply>(api, s_->model_id, s_->started, s_->next_id++, tok_, job->fields.logprobs >= 0,
                                              stream_usage(req.body));
     if (job->load_only)
-      return (void)send_json(fd_, 200, fmt->loaded());  // Ollama's way to load a model: nothing to generate
+      return (void)send_json(fd_, 200, reply->loaded());  // Ollama's way to load a model: nothing to generate
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(s_->o.timeout_s);
     s_->push(job);
 
@@ -567,9 +568,9 @@ class Connection {
       const bool finished = job->finished;
       lk.unlock();
       if (!text.empty() || !reasoning.empty()) {
-        std::string out = head_sent ? "" : fmt->head();
+        std::string out = head_sent ? "" : reply->head();
         head_sent = true;
-        out += fmt->piece(text, reasoning);
+        out += reply->piece(text, reasoning);
         if (!http::write_all(fd_, out)) return cancel(*job);
       }
       if (finished) break;
@@ -586,7 +587,7 @@ class Connection {
     if (s_->o.sampling.hide_thinking) r.reasoning.clear();
     if (!r.error.empty()) {
       if (!head_sent) fail(400, r.error);
-      else http::write_all(fd_, fmt->stream_error(r.error));
+      else http::write_all(fd_, reply->stream_error(r.error));
       return;
     }
     if (r.finish == FinishReason::Cancelled) {
@@ -594,10 +595,10 @@ class Connection {
       return;
     }
     if (job->stream) {
-      http::write_all(fd_, (head_sent ? "" : fmt->head()) + fmt->end(r));
+      http::write_all(fd_, (head_sent ? "" : reply->head()) + reply->end(r));
       return;
     }
-    send_json(fd_, 200, fmt->whole(r));
+    send_json(fd_, 200, reply->whole(r));
   }
 
   void cancel(Job& j) { j.cancel->store(true); }
@@ -739,7 +740,7 @@ int run(const ServeOpts& o) {
   return 0;
 }
 
-Register reg{{"serve", "Serve the model over HTTP with OpenAI's API (chat and text completions, streamed)", [](CLI::App& app) {
+Register reg{{"serve", "Serve the model over HTTP with OpenAI's and Ollama's APIs (chat and completions, streamed, batched)", [](CLI::App& app) {
   auto o = std::make_shared<ServeOpts>();
   add_model_flags(app, o->model);
   add_sampling_flags(app, o->sampling);
@@ -750,7 +751,7 @@ Register reg{{"serve", "Serve the model over HTTP with OpenAI's API (chat and te
   app.add_option("--parallel", o->parallel, "requests decoding together (each gets a slot of --ctx tokens)")
       ->check(in_range(1, 256))
       ->capture_default_str();
-  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/ requests");
+  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/ and /api/ requests");
   app.add_option("--alias", o->alias, "the model's name in /v1/models and in replies (default: the file's name)");
   app.add_option("--timeout", o->timeout_s, "seconds a request may take from arrival to its last token")
       ->check(at_least(1))

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -199,7 +200,17 @@ int bound_port(int fd) {
 int accept_within(int listen_fd, int timeout_ms) {
   pollfd p{listen_fd, POLLIN, 0};
   if (::poll(&p, 1, timeout_ms) <= 0) return -1;
-  return ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    // Out of descriptors: the connection waits in the backlog; do not spin on it meanwhile.
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) ::poll(nullptr, 0, 100);
+    return -1;
+  }
+  // A client that stops reading a long reply fails the write after a minute instead of holding
+  // its thread for ever.
+  timeval tv{kSendTimeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return fd;
 }
 
 bool write_all(int fd, std::string_view data) {

@@ -52,7 +52,9 @@ std::string event(std::string_view data);
 // address when it cannot be had. Returns the fd; bound_port() says which port it got.
 int listen_on(const std::string& host, int port);
 int bound_port(int fd);
-// accept() that gives up after timeout_ms (-1: nothing came, or a signal); the connection's fd.
+// accept() that gives up after timeout_ms (-1: nothing came, or a signal); the connection's fd,
+// whose writes fail after kSendTimeoutS seconds without progress (a client that stopped reading).
+constexpr int kSendTimeoutS = 60;
 int accept_within(int listen_fd, int timeout_ms);
 // Writes all of data (never raising SIGPIPE); false when the peer is gone.
 bool write_all(int fd, std::string_view data);

@@ -437,14 +437,24 @@ int32_t Sampler::draw(size_t k, bool sigma_done) {
     double entropy = 0;
     for (size_t i = 0; i < k; i++)
       if (prob[i] > 0) entropy -= prob[i] * std::log(prob[i]);
-    typical_.resize(k);
-    for (size_t i = 0; i < k; i++) typical_[i] = i;
-    auto distance = [&](size_t i) { return prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY; };
-    std::stable_sort(typical_.begin(), typical_.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+    // Each distance once; ties keep the better logit first. The closest m are sorted, m growing
+    // until their mass reaches typical_p: with top-k off that is a few hundred of a whole
+    // vocabulary, not a sort of all of it.
+    auto& key = typical_key_;
+    key.resize(k);
+    for (size_t i = 0; i < k; i++) key[i] = {prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY, i};
     double mass = 0;
     size_t n = 0;
-    while (n < k && mass < p_.typical_p) mass += prob[typical_[n++]];
-    std::sort(typical_.begin(), typical_.begin() + ptrdiff_t(n));
+    for (size_t m = std::min(k, size_t(64));; m = std::min(k, 4 * m)) {
+      std::partial_sort(key.begin(), key.begin() + ptrdiff_t(m), key.end());
+      mass = 0;
+      n = 0;
+      while (n < m && mass < p_.typical_p) mass += prob[key[n++].second];
+      if (mass >= p_.typical_p || m == k) break;
+    }
+    typical_.resize(n);
+    for (size_t i = 0; i < n; i++) typical_[i] = key[i].second;
+    std::sort(typical_.begin(), typical_.end());
     for (size_t i = 0; i < n; i++) {
       cand_[i] = cand_[typical_[i]];
       prob[i] = prob[typical_[i]] / mass;

@@ -137,7 +137,8 @@ class Sampler {
   std::vector<int32_t> top_idx_;                 // cpu::top_k's output
   std::vector<float> top_val_;
   std::vector<double> draw_prob_;               // draw(): the candidates' probabilities
-  std::vector<size_t> typical_;                 // draw(): candidates by their distance from the entropy
+  std::vector<size_t> typical_;                 // draw(): the typical set's candidates
+  std::vector<std::pair<double, size_t>> typical_key_;  // draw(): (distance from the entropy, candidate)
   float mu_ = 0;                                // Mirostat's cut-off surprise (2 tau at the start)
   Rng xtc_rng_;                                 // XTC's coin, apart from the draws' stream
 };
