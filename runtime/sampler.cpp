@@ -257,14 +257,13 @@ int32_t Sampler::full_row(const float* src, int n_vocab) {
   }
   if (p_.typical_p >= 1.0f) return sample_row(src, n_vocab);
   // Typical sampling ranks tokens by how far their surprise is from the row's entropy, which is no
-  // prefix of the logits' order: every (non-NaN, finite) token a candidate, sorted.
-  top_idx_.resize(size_t(n_vocab));
-  top_val_.resize(size_t(n_vocab));
-  const int found = cpu::top_k(src, n_vocab, n_vocab, top_idx_.data(), top_val_.data());
+  // prefix of the logits' order: every (non-NaN, finite) token a candidate, in vocabulary order;
+  // draw() puts the typical set it keeps in logit order (sorting the whole row cost 4x the step).
   cand_.clear();
-  for (int i = 0; i < found && top_val_[size_t(i)] > -INFINITY; i++) cand_.push_back({top_val_[size_t(i)], top_idx_[size_t(i)]});
+  for (int i = 0; i < n_vocab; i++)
+    if (std::isfinite(src[i])) cand_.push_back({src[i], i});
   if (cand_.empty()) return cpu::argmax(src, n_vocab);  // every logit NaN or -inf
-  return draw(cand_.size());
+  return draw(cand_.size(), /*sigma_done=*/true, /*sorted=*/false);
 }
 
 // Mirostat: the row's probabilities at the temperature, cut to the tokens whose surprise -log2 p the
@@ -408,7 +407,8 @@ int32_t Sampler::sample_top_k(const float* row, int K, const TokenFilter& allow)
   return p_.greedy() ? cand_[0].second : draw(cand_.size());
 }
 
-int32_t Sampler::draw(size_t k, bool sigma_done) {
+int32_t Sampler::draw(size_t k, bool sigma_done, bool sorted) {
+  BATON_CHECK(sorted || (sigma_done && p_.typical_p < 1.0f));
   // Top-n-sigma over the candidates: those within n deviations of the best (a prefix).
   if (p_.top_n_sigma >= 0 && !sigma_done && k > 1) {
     SigmaFloor sf;
@@ -422,6 +422,8 @@ int32_t Sampler::draw(size_t k, bool sigma_done) {
   }
   // Softmax with temperature, in double for a stable sum.
   double mx = cand_[0].first;
+  if (!sorted)
+    for (size_t i = 1; i < k; i++) mx = std::max(mx, double(cand_[i].first));
   double sum = 0;
   std::vector<double>& prob = draw_prob_;
   prob.resize(k);
@@ -454,10 +456,24 @@ int32_t Sampler::draw(size_t k, bool sigma_done) {
     }
     typical_.resize(n);
     for (size_t i = 0; i < n; i++) typical_[i] = key[i].second;
-    std::sort(typical_.begin(), typical_.end());
-    for (size_t i = 0; i < n; i++) {
-      cand_[i] = cand_[typical_[i]];
-      prob[i] = prob[typical_[i]] / mass;
+    if (sorted) {
+      std::sort(typical_.begin(), typical_.end());
+    } else {  // the logits' order: higher first, ties by token id
+      std::sort(typical_.begin(), typical_.end(), [&](size_t a, size_t b) {
+        return cand_[a].first > cand_[b].first || (cand_[a].first == cand_[b].first && cand_[a].second < cand_[b].second);
+      });
+    }
+    if (sorted) {  // ascending positions: moving them down in place overwrites nothing still to read
+      for (size_t i = 0; i < n; i++) {
+        cand_[i] = cand_[typical_[i]];
+        prob[i] = prob[typical_[i]] / mass;
+      }
+    } else {
+      std::vector<std::pair<float, int32_t>> kept(n);
+      std::vector<double> kept_prob(n);
+      for (size_t i = 0; i < n; i++) kept[i] = cand_[typical_[i]], kept_prob[i] = prob[typical_[i]] / mass;
+      std::copy(kept.begin(), kept.end(), cand_.begin());
+      std::copy(kept_prob.begin(), kept_prob.end(), prob.begin());
     }
     k = n;
   }

@@ -113,8 +113,9 @@ class Sampler {
   bool dry() const { return p_.dry_multiplier > 0 && p_.dry_penalty_last_n != 0; }
   void dry_penalize(std::span<const int32_t> history, int n_vocab);  // on work_
   // The draw among cand_[0, k), sorted by logit, highest first (top-n-sigma already applied to
-  // them when sigma_done: the whole row's deviation, not the candidates').
-  int32_t draw(size_t k, bool sigma_done = false);
+  // them when sigma_done: the whole row's deviation, not the candidates'). Unsorted only for
+  // typical sampling (the whole row): its kept set is then put in logit order.
+  int32_t draw(size_t k, bool sigma_done = false, bool sorted = true);
   // XTC: how many of the best tokens this step drops (0: it does not fire or finds fewer than two
   // at the threshold); prob(i) is the i-th best's probability, n how many there are.
   size_t xtc_drop(size_t n, const std::function<double(size_t)>& prob);
