@@ -245,13 +245,7 @@ int run(const BatchOpts& o) {
         record_error(j, e.what());
         continue;
       }
-      r.sampling = j.sampling;
-      r.sampling.seed = resolve_seed(j.seed);
-      r.max_tokens = j.max_tokens;
-      r.ignore_eos = j.ignore_eos;
-      r.logprobs = j.logprobs;
-      r.stop = j.stop;
-      r.grammar = j.grammar;
+      j.apply(r);
       r.tag = tag;
       return r;
     }

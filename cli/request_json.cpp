@@ -24,6 +24,16 @@ RequestFields RequestFields::from(const SamplingFlags& f, std::shared_ptr<const 
   return r;
 }
 
+void RequestFields::apply(Request& r) const {
+  r.sampling = sampling;
+  r.sampling.seed = resolve_seed(seed);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = ignore_eos;
+  r.logprobs = logprobs;
+  r.stop = stop;
+  r.grammar = grammar;
+}
+
 namespace {
 
 // "logit_bias": OpenAI's object of token ids (as strings) to biases, {"15043": -100}, or

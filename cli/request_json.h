@@ -28,6 +28,8 @@ struct RequestFields {
 
   // The flags' settings (and the grammar they compiled) as a request's defaults.
   static RequestFields from(const SamplingFlags& f, std::shared_ptr<const Grammar> grammar);
+  // Into the engine's request; an unset seed is drawn now.
+  void apply(Request& r) const;
 };
 
 // Reads the fields `v` sets over `out`: "" when all are good, else the first problem, naming the

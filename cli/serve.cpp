@@ -681,14 +681,7 @@ int run(const ServeOpts& o) {
         j->cv.notify_all();
         continue;
       }
-      const RequestFields& f = j->fields;
-      r.sampling = f.sampling;
-      r.sampling.seed = resolve_seed(f.seed);
-      r.max_tokens = f.max_tokens;
-      r.ignore_eos = f.ignore_eos;
-      r.logprobs = f.logprobs;
-      r.stop = f.stop;
-      r.grammar = f.grammar;
+      j->fields.apply(r);
       r.cancel = j->cancel;
       Job* raw = j.get();
       if (j->stream) {

@@ -2,6 +2,7 @@
 // also builds the binary before a test that includes this header).
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -46,6 +47,15 @@ inline Out run_command(const std::string& command, const std::string& stdin_text
 // `baton ARGS` through the shell (so tests can pipe into it), as run_command.
 inline Out run_baton(const std::string& args, const std::string& stdin_text = "", const std::string& stdout_to = "") {
   return run_command(std::string(BATON_BINARY) + " " + args, stdin_text, stdout_to);
+}
+
+// In a forked child: becomes `baton ARGS` (exit 127 if it cannot).
+[[noreturn]] inline void exec_baton(const std::vector<std::string>& args) {
+  std::vector<char*> argv{const_cast<char*>(BATON_BINARY)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(BATON_BINARY, argv.data());
+  _exit(127);
 }
 
 // The JSON objects of JSONL text, one per non-empty line.

@@ -574,11 +574,7 @@ struct Child {
       dup2(i[0], 0);
       dup2(o[1], 1);
       dup2(e, 2);
-      std::vector<char*> argv{const_cast<char*>(BATON_BINARY)};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(BATON_BINARY, argv.data());
-      _exit(127);
+      exec_baton(args);
     }
     REQUIRE(::write(o[1], std::string(filler_, '.').data(), filler_) == ssize_t(filler_));
     ::close(i[0]);

@@ -127,11 +127,7 @@ struct ServerProcess {
       dup2(null, 0);
       dup2(null, 1);
       dup2(e, 2);
-      std::vector<char*> argv{const_cast<char*>(BATON_BINARY)};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(BATON_BINARY, argv.data());
-      _exit(127);
+      exec_baton(args);
     }
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     for (int i = 0; i < 1200 && port < 0; i++) {  // 2 minutes (the sanitizers' build loads slowly)
