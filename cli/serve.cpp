@@ -5,10 +5,9 @@
 // one engine with continuous batching (--parallel slots), as `baton batch` does; a client that goes
 // away stops its request's compute at the next step.
 //
-// Threads: the main thread runs the engine (Engine::serve) and turns queued jobs into token
-// requests (tokenizing there, where the tokenizer is used alone); one thread accepts connections;
-// each connection has a thread that reads its request, queues a job and writes what the engine
-// streams into the job.
+// Threads: the main thread runs the engine (Engine::serve), taking queued jobs as requests; one
+// thread accepts connections; each connection has a thread that reads its request, tokenizes its
+// prompt (one connection at a time), queues a job and writes what the engine streams into it.
 #include <unistd.h>
 
 #include <atomic>
@@ -61,6 +60,7 @@ struct Job {
   bool load_only = false;         // Ollama's empty request, which only loads the model
   std::vector<Message> messages;
   std::string prompt;
+  std::vector<int32_t> tokens;    // the prompt, tokenized
   RequestFields fields;
   bool stream = false;
   std::string endpoint;           // "/v1/chat/completions", for the log
@@ -85,6 +85,11 @@ struct Server {
   std::mutex qm;
   std::condition_variable qcv;
   std::deque<std::shared_ptr<Job>> queue;
+
+  // Prompts are tokenized by the connections' threads, one at a time, not by the engine's (a long
+  // one would hold up every reply's next token).
+  const Prompter* prompter = nullptr;
+  std::mutex prompter_mutex;
 
   void push(std::shared_ptr<Job> j) {
     {
@@ -498,6 +503,10 @@ class Connection {
                                                        "GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: *\r\n"));
     if (path == "/health" || path == "/") {
       if (req.method != "GET" && req.method != "HEAD") return method_not_allowed("GET");
+      if (req.method == "HEAD") {  // the head GET would send, without its body
+        const std::string head = http::response(200, "application/json", R"({"status":"ok"})", kCors);
+        return (void)http::write_all(fd_, std::string_view(head).substr(0, head.find("\r\n\r\n") + 4));
+      }
       return (void)send_json(fd_, 200, {{"status", "ok"}});
     }
     if ((v1 || ollama_) && !s_->o.api_key.empty() && req.header("authorization") != "Bearer " + s_->o.api_key)
@@ -557,6 +566,13 @@ class Connection {
     if (job->load_only)
       return (void)send_json(fd_, 200, reply->loaded());  // Ollama's way to load a model: nothing to generate
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(s_->o.timeout_s);
+    try {
+      std::lock_guard<std::mutex> lk(s_->prompter_mutex);
+      job->tokens = job->templated ? s_->prompter->chat(job->messages) : s_->prompter->raw(job->prompt);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s: refused: %s\n", req.path.c_str(), e.what());
+      return (void)fail(400, e.what());
+    }
     s_->push(job);
 
     bool head_sent = false;
@@ -626,6 +642,7 @@ int run(const ServeOpts& o) {
   std::error_code ec;
   s->model_bytes = std::filesystem::file_size(m.path, ec);
   Prompter prompter(*m.pipe, o.sampling.chat_template);
+  s->prompter = &prompter;
   Engine engine(*m.pipe, *m.vocab, engine_options(o.sampling, o.model, *m.pipe));
   const Tokenizer& tok = m.pipe->tokenizer();
   install_interrupt_handler();
@@ -660,47 +677,36 @@ int run(const ServeOpts& o) {
   std::map<uint64_t, std::shared_ptr<Job>> running;
   uint64_t next_tag = 0;
   Engine::Source source = [&]() -> std::optional<Request> {
-    for (;;) {
-      std::shared_ptr<Job> j;
-      {
-        std::unique_lock<std::mutex> lk(s->qm);
-        // Idle: wait for work (or the end); busy: only what is there now.
-        while (running.empty() && s->queue.empty() && !interrupted()) s->qcv.wait_for(lk, 100ms);
-        if (s->queue.empty() || interrupted()) return std::nullopt;
-        j = std::move(s->queue.front());
-        s->queue.pop_front();
-      }
-      Request r;
-      try {
-        r.prompt = j->templated ? prompter.chat(j->messages) : prompter.raw(j->prompt);
-      } catch (const Error& e) {
-        std::fprintf(stderr, "%s: refused: %s\n", j->endpoint.c_str(), e.what());
-        std::lock_guard<std::mutex> lk(j->m);
-        j->result.error = e.what();
-        j->finished = true;
-        j->cv.notify_all();
-        continue;
-      }
-      j->fields.apply(r);
-      r.cancel = j->cancel;
-      Job* raw = j.get();
-      if (j->stream) {
-        r.on_text = [raw](std::string_view t) {
+    std::shared_ptr<Job> j;
+    {
+      std::unique_lock<std::mutex> lk(s->qm);
+      // Idle: wait for work (or the end); busy: only what is there now.
+      while (running.empty() && s->queue.empty() && !interrupted()) s->qcv.wait_for(lk, 100ms);
+      if (s->queue.empty() || interrupted()) return std::nullopt;
+      j = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    Request r;
+    r.prompt = std::move(j->tokens);
+    j->fields.apply(r);
+    r.cancel = j->cancel;
+    Job* raw = j.get();
+    if (j->stream) {
+      r.on_text = [raw](std::string_view t) {
+        std::lock_guard<std::mutex> lk(raw->m);
+        raw->text += t;
+        raw->cv.notify_all();
+      };
+      if (!o.sampling.hide_thinking)
+        r.on_reasoning = [raw](std::string_view t) {
           std::lock_guard<std::mutex> lk(raw->m);
-          raw->text += t;
+          raw->reasoning += t;
           raw->cv.notify_all();
         };
-        if (!o.sampling.hide_thinking)
-          r.on_reasoning = [raw](std::string_view t) {
-            std::lock_guard<std::mutex> lk(raw->m);
-            raw->reasoning += t;
-            raw->cv.notify_all();
-          };
-      }
-      r.tag = next_tag++;
-      running[r.tag] = std::move(j);
-      return r;
     }
+    r.tag = next_tag++;
+    running[r.tag] = std::move(j);
+    return r;
   };
   Engine::Sink sink = [&](Result&& r) {
     auto it = running.find(r.tag);

@@ -26,28 +26,31 @@ if [ -f "$MODEL" ]; then gguf=$MODEL; else gguf=$(bash scripts/fetch-model.sh "$
 source scripts/prompts.sh
 long_prompts "$dir/prompts.jsonl" "$MAX_TOKENS" 4
 
-# serve NAME COMMAND...: starts the server, waits for /health, runs the load, stops the server.
+# serve NAME PORT COMMAND...: starts the server, waits for /health, runs the load, stops the server.
+# Each run gets a port of its own: the last run's connections linger in TIME_WAIT, which some
+# servers cannot bind over.
 serve() {
-  local name=$1
-  shift
+  local name=$1 port=$2
+  shift 2
   "$@" > "$dir/$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
     kill -0 $pid 2>/dev/null || { echo "bench-serve: $name did not start:" >&2; tail -5 "$dir/$name.log" >&2; return 1; }
     sleep 0.2
   done
   printf '%-12s ' "$name"
-  python3 scripts/bench_serve.py "http://127.0.0.1:$PORT" "$dir/prompts.jsonl" "$CONCURRENCY"
+  python3 scripts/bench_serve.py "http://127.0.0.1:$port" "$dir/prompts.jsonl" "$CONCURRENCY"
   kill -INT $pid
   wait $pid 2>/dev/null || true
 }
 
 echo "model $gguf, $THREADS threads, $SLOTS slots, $CONCURRENCY clients, 64 requests x $MAX_TOKENS tokens"
-for _ in $(seq 1 "$ROUNDS"); do
-  serve baton "$BATON" serve -m "$gguf" --port "$PORT" -t "$THREADS" --parallel "$SLOTS" -c 2048
+for round in $(seq 1 "$ROUNDS"); do
+  p=$((PORT + 2 * round))
+  serve baton $p "$BATON" serve -m "$gguf" --port $p -t "$THREADS" --parallel "$SLOTS" -c 2048
   if [ -x "$LLAMA_SERVER" ]; then
-    serve llama-server "$LLAMA_SERVER" -m "$gguf" --port "$PORT" -t "$THREADS" -tb "$THREADS" -np "$SLOTS" \
-      -c $((SLOTS * 2048)) -cb
+    serve llama-server $((p + 1)) "$LLAMA_SERVER" -m "$gguf" --port $((p + 1)) -t "$THREADS" -tb "$THREADS" \
+      -np "$SLOTS" -c $((SLOTS * 2048)) -cb
   fi
 done
