@@ -76,6 +76,7 @@ Parsed parse_request(std::string_view buf, Request& out, size_t max_body) {
                          version = line.substr(sp2 + 1);
   if (method.empty() || !std::all_of(method.begin(), method.end(), token_char)) return bad(400, "malformed request line");
   if (target.empty() || target.find(' ') != std::string_view::npos) return bad(400, "malformed request line");
+  if (target[0] != '/' && target != "*") return bad(400, fmt::format("the target '{}' does not start with /", target.substr(0, 100)));
   if (version != "HTTP/1.1" && version != "HTTP/1.0") {
     if (version.substr(0, 5) != "HTTP/") return bad(400, "malformed request line");
     return bad(505, fmt::format("{} is not supported (HTTP/1.1 is)", version));

@@ -74,6 +74,8 @@ TEST_CASE("http: malformed, oversized and chunked requests get the status that s
       {"GET  HTTP/1.1\r\n\r\n", 400, "request line"},
       {"G(T / HTTP/1.1\r\n\r\n", 400, "request line"},
       {"GET / SPDY/3\r\n\r\n", 400, "request line"},
+      {"GET ?x HTTP/1.1\r\n\r\n", 400, "does not start with /"},
+      {"GET http://a/ HTTP/1.1\r\n\r\n", 400, "does not start with /"},
       {"GET / HTTP/2.0\r\n\r\n", 505, "HTTP/2.0"},
       {"GET / HTTP/1.1\r\nno colon here\r\n\r\n", 400, "header"},
       {"GET / HTTP/1.1\r\n: empty name\r\n\r\n", 400, "header"},
