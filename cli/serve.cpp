@@ -320,6 +320,13 @@ ojson timings_of(const Result& r) {
 
 constexpr const char* kVersion = "0.1.0";  // baton --version's
 
+// The key check in time that does not depend on where a guess first differs.
+bool same_secret(std::string_view given, std::string_view key) {
+  unsigned diff = given.size() != key.size();
+  for (size_t i = 0; i < key.size(); i++) diff |= unsigned(uint8_t(key[i]) ^ uint8_t(i < given.size() ? given[i] : 0));
+  return diff == 0;
+}
+
 // "2026-12-07T23:40:05Z", as Ollama writes times.
 std::string rfc3339(std::time_t t) {
   std::tm tm{};
@@ -509,7 +516,7 @@ class Connection {
       }
       return (void)send_json(fd_, 200, {{"status", "ok"}});
     }
-    if ((v1 || ollama_) && !s_->o.api_key.empty() && req.header("authorization") != "Bearer " + s_->o.api_key)
+    if ((v1 || ollama_) && !s_->o.api_key.empty() && !same_secret(req.header("authorization"), "Bearer " + s_->o.api_key))
       return (void)fail(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error");
     if (path == "/v1/models") {
       if (req.method != "GET") return method_not_allowed("GET");
