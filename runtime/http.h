@@ -27,7 +27,7 @@ struct Parsed {
   bool headers_done = false;  // NeedMore with the head read: the body is still coming
   bool expect_continue = false;  // the client waits for "100 Continue" before sending its body
   size_t consumed = 0;        // Done: the request's bytes
-  int status = 0;             // Bad: the status to answer with (400, 411, 413, 414, 431, 501, 505)
+  int status = 0;             // Bad: the status to answer with (400, 411, 413, 414, 431, 505)
   std::string error;          // Bad: why, for the client
 };
 
